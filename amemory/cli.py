@@ -1,0 +1,72 @@
+"""The `amemory` command line: one entry point, one subcommand per job.
+
+Each subcommand lives in the module that owns the job and exposes
+``main(argv: list[str]) -> int``; this file only dispatches, so importing it is
+cheap (no jax import until a subcommand runs).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+# name -> (module with main(argv), one-line help)
+SUBCOMMANDS: dict[str, tuple[str, str]] = {
+    "train": ("amemory.train.cli", "train a transformer or associative memory from a config"),
+    "check": ("theory_checks.cli", "numerically verify the papers' statements"),
+    "reproduce": ("experiments.reproduce", "run the papers' experiments and write a report"),
+    "data": ("amemory.data.cli", "prepare corpora and print their statistics"),
+    "bench": ("experiments.bench.cli", "benchmarks: optimizer update and train step"),
+}
+
+
+class _Parser(argparse.ArgumentParser):
+    """ArgumentParser whose errors are one line and exit with status 2."""
+
+    def error(self, message: str) -> None:  # noqa: D401 - argparse API
+        sys.stderr.write(f"amemory: error: {message} (see `amemory --help`)\n")
+        raise SystemExit(2)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(
+        prog="amemory",
+        description=(
+            "Muon vs Adam vs SignGD on associative memories: train, check theorems, "
+            "reproduce experiments, prepare data, benchmark."
+        ),
+    )
+    parser.add_argument("--version", action="store_true", help="print the version and exit")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+    for name, (_, help_) in SUBCOMMANDS.items():
+        sub.add_parser(name, help=help_, add_help=False)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = build_parser()
+    # Split at the subcommand: everything after it belongs to the subcommand's own parser.
+    split = next((i for i, a in enumerate(argv) if not a.startswith("-")), len(argv))
+    top, rest = argv[:split], argv[split + 1 :]
+    args = parser.parse_args(top + argv[split : split + 1])
+    if args.version:
+        from amemory import __version__
+
+        print(__version__)
+        return 0
+    if args.command is None:
+        parser.print_help()
+        return 0
+    module_name = SUBCOMMANDS[args.command][0]
+    try:
+        module = importlib.import_module(module_name)
+    except ModuleNotFoundError as e:
+        sys.stderr.write(f"amemory: error: `{args.command}` is not available yet ({e})\n")
+        return 2
+    return int(module.main(rest) or 0)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

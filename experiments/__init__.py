@@ -1,0 +1,1 @@
+"""Experiments reproducing the papers' figures; one module per experiment."""

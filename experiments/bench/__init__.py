@@ -1,0 +1,1 @@
+"""Benchmarks: `amemory bench optim` and `amemory bench train`."""

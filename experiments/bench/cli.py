@@ -1,0 +1,29 @@
+"""`amemory bench NAME`: dispatch to the benchmark module `experiments.bench.NAME`."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+BENCHMARKS = {
+    "optim": "Muon update time vs optax.contrib.muon, orthogonality error, GFLOP/s",
+    "train": "train-step time and tokens/s: Muon/Adam and SignGD/Adam ratios",
+}
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="amemory bench", description=__doc__)
+    parser.add_argument("name", choices=sorted(BENCHMARKS), help="which benchmark")
+    if not argv or argv[0] in ("-h", "--help"):
+        parser.print_help()
+        for k, v in BENCHMARKS.items():
+            print(f"  {k:8s} {v}")
+        return 0
+    if argv[0] not in BENCHMARKS:
+        sys.stderr.write(
+            f"amemory bench: error: unknown benchmark {argv[0]!r}; choose from {sorted(BENCHMARKS)}\n"
+        )
+        return 2
+    module = importlib.import_module(f"experiments.bench.{argv[0]}")
+    return int(module.main(argv[1:]) or 0)
