@@ -1,0 +1,34 @@
+"""amemory.data: priors, associative-memory tasks, synthetic biographies, real text.
+
+Submodules are imported lazily so that ``import amemory.data.frequencies`` stays
+cheap (no jax, no tokenizers):
+
+  * :mod:`amemory.data.frequencies`: class priors (two-level, power law, hierarchical, counts).
+  * :mod:`amemory.data.memory_tasks`: (query, answer) samplers with label noise; exact joints.
+  * :mod:`amemory.data.biographies`: paper A's heavy-tailed biography QA and first-token accuracy.
+  * :mod:`amemory.data.corpus`: Shakespeare / user text / .bin tokens, BPE and word tokenizers,
+    resumable multi-process batches, token-frequency buckets.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+from amemory.data.frequencies import from_counts, hierarchical, power_law, two_level
+
+__all__ = [
+    "frequencies",
+    "memory_tasks",
+    "biographies",
+    "corpus",
+    "two_level",
+    "power_law",
+    "hierarchical",
+    "from_counts",
+]
+
+
+def __getattr__(name: str):
+    if name in ("frequencies", "memory_tasks", "biographies", "corpus"):
+        return importlib.import_module(f"amemory.data.{name}")
+    raise AttributeError(f"module 'amemory.data' has no attribute {name!r}")

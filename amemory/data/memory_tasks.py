@@ -1,0 +1,202 @@
+"""Samplers and exact population quantities for associative-memory tasks.
+
+A task is a prior p over K queries (see :mod:`amemory.data.frequencies`) and a
+conditional answer distribution with label noise α (paper B, B.1):
+
+    p(i | k) = (1 - α) 1[i = k] + α / K.
+
+So a noisy answer is drawn uniformly from all K classes, the true one
+included: the probability that the answer differs from the query is
+α (K - 1) / K, not α.
+
+Sources: Li et al. 2026 (arXiv 2602.05725), label-noise model; Wang et al.
+2025 (arXiv 2509.26030) is the noiseless case α = 0.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+__all__ = [
+    "sample_pairs",
+    "conditional",
+    "joint",
+    "optimal_loss",
+    "mismatch_rate",
+    "empirical_joint",
+]
+
+
+def _check_noise(noise) -> float:
+    if isinstance(noise, bool) or not isinstance(noise, numbers.Real):
+        raise ValueError(f"noise must be a real number in [0, 1), got {noise!r}")
+    v = float(noise)
+    if not (math.isfinite(v) and 0.0 <= v < 1.0):
+        raise ValueError(f"noise must lie in [0, 1), got {noise!r}")
+    return v
+
+
+def _check_K(K) -> int:
+    if isinstance(K, bool) or not isinstance(K, numbers.Integral) or K < 1:
+        raise ValueError(f"K must be an integer >= 1, got {K!r}")
+    return int(K)
+
+
+def _check_prior(prior) -> np.ndarray:
+    p = np.asarray(prior, dtype=np.float64)
+    if p.ndim != 1 or p.size == 0:
+        raise ValueError(f"prior must be a non-empty 1-D array, got shape {p.shape}")
+    if not np.all(np.isfinite(p)) or np.any(p < 0):
+        raise ValueError("prior must have finite, non-negative entries")
+    if abs(p.sum() - 1.0) > 1e-6:
+        raise ValueError(f"prior must sum to 1 (tolerance 1e-6), got sum {p.sum()!r}")
+    return p
+
+
+def conditional(K: int, noise: float = 0.0) -> np.ndarray:
+    """Exact answer distribution p(i | k) = (1 - noise) 1[i = k] + noise / K.
+
+    Args:
+      K: number of classes, integer >= 1.
+      noise: label-noise rate α in [0, 1).
+
+    Returns:
+      float64 array [K, K]; row k is p(. | k) and sums to 1.
+
+    Raises:
+      ValueError: naming ``K`` or ``noise`` when out of range.
+    """
+    K = _check_K(K)
+    a = _check_noise(noise)
+    return (1.0 - a) * np.eye(K) + a / K
+
+
+def joint(prior, noise: float = 0.0) -> np.ndarray:
+    """Exact population joint P[k, i] = p_k p(i | k) of (query k, answer i).
+
+    Args:
+      prior: [K] class prior summing to 1.
+      noise: label-noise rate α in [0, 1).
+
+    Returns:
+      float64 array [K, K] summing to 1.
+
+    Raises:
+      ValueError: naming ``prior`` or ``noise`` when invalid.
+    """
+    p = _check_prior(prior)
+    return p[:, None] * conditional(p.size, noise)
+
+
+def optimal_loss(prior, noise: float = 0.0) -> float:
+    """Bayes-optimal population cross-entropy L* = Σ_k p_k H(p(. | k)) in nats.
+
+    This is the infimum of paper B's loss over all predictors; with noise it is
+    attained at p̂ = p(. | k). Closed form per query:
+    H = -(1 - α + α/K) log(1 - α + α/K) - (K - 1)(α/K) log(α/K).
+
+    Args:
+      prior: [K] class prior summing to 1.
+      noise: label-noise rate α in [0, 1).
+
+    Returns:
+      L* as a Python float (nats); 0.0 when noise == 0.
+
+    Raises:
+      ValueError: naming ``prior`` or ``noise`` when invalid.
+    """
+    p = _check_prior(prior)
+    a = _check_noise(noise)
+    K = p.size
+    if a == 0.0:
+        return 0.0
+    hit = 1.0 - a + a / K
+    h = -hit * math.log(hit)
+    if K > 1:
+        h -= (K - 1) * (a / K) * math.log(a / K)
+    return float(h * p.sum())
+
+
+def mismatch_rate(K: int, noise: float) -> float:
+    """Probability that a sampled answer differs from its query: noise (K - 1) / K.
+
+    Raises:
+      ValueError: naming ``K`` or ``noise`` when out of range.
+    """
+    K = _check_K(K)
+    return _check_noise(noise) * (K - 1) / K
+
+
+def sample_pairs(
+    key: jax.Array, prior, batch_size: int, noise: float = 0.0
+) -> tuple[jax.Array, jax.Array]:
+    """Sample i.i.d. (query, answer) pairs: k ~ prior, i ~ p(. | k) with label noise.
+
+    Deterministic in ``key``. The prior is validated on the host (it must be a
+    concrete array) and the sampling itself runs in jax, so the function may be
+    called inside ``jax.jit`` only with ``prior``, ``batch_size`` and ``noise``
+    static.
+
+    Args:
+      key: a ``jax.random`` key.
+      prior: [K] class prior summing to 1 (numpy or jax array).
+      batch_size: B, integer >= 1.
+      noise: label-noise rate α in [0, 1); with probability α the answer is
+        replaced by a uniform draw over all K classes (the true one included).
+
+    Returns:
+      (queries, answers), both int32 arrays of shape [B] with values in [0, K).
+
+    Raises:
+      ValueError: naming ``prior``, ``batch_size`` or ``noise`` when invalid.
+    """
+    p = _check_prior(prior)
+    if isinstance(batch_size, bool) or not isinstance(batch_size, numbers.Integral):
+        raise ValueError(f"batch_size must be an integer >= 1, got {batch_size!r}")
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be an integer >= 1, got {batch_size!r}")
+    a = _check_noise(noise)
+    K = p.size
+    kq, kflip, kuni = jax.random.split(key, 3)
+    with np.errstate(divide="ignore"):
+        logp = jnp.asarray(np.log(p), dtype=jnp.float32)
+    queries = jax.random.categorical(kq, logp, shape=(int(batch_size),)).astype(jnp.int32)
+    if a == 0.0:
+        return queries, queries
+    flip = jax.random.bernoulli(kflip, a, shape=(int(batch_size),))
+    uniform = jax.random.randint(kuni, (int(batch_size),), 0, K, dtype=jnp.int32)
+    answers = jnp.where(flip, uniform, queries).astype(jnp.int32)
+    return queries, answers
+
+
+def empirical_joint(queries, answers, K: int) -> np.ndarray:
+    """Normalised histogram of sampled pairs, the Monte-Carlo estimate of :func:`joint`.
+
+    Args:
+      queries: [B] ints in [0, K).
+      answers: [B] ints in [0, K).
+      K: number of classes.
+
+    Returns:
+      float64 array [K, K] summing to 1.
+
+    Raises:
+      ValueError: naming ``K``, ``queries`` or ``answers`` when shapes or values are invalid.
+    """
+    K = _check_K(K)
+    q = np.asarray(queries).astype(np.int64).ravel()
+    a = np.asarray(answers).astype(np.int64).ravel()
+    if q.shape != a.shape or q.size == 0:
+        raise ValueError(
+            f"queries and answers must be non-empty and equal length, got {q.shape}, {a.shape}"
+        )
+    for name, x in (("queries", q), ("answers", a)):
+        if x.min() < 0 or x.max() >= K:
+            raise ValueError(f"{name} must lie in [0, {K}), got range [{x.min()}, {x.max()}]")
+    counts = np.bincount(q * K + a, minlength=K * K).astype(np.float64)
+    return (counts / counts.sum()).reshape(K, K)
