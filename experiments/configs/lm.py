@@ -1,0 +1,154 @@
+"""Transformer language model on a real corpus or on synthetic biographies.
+
+Launch (quick scale, about a minute of CPU)::
+
+    amemory train --config experiments/configs/lm.py --workdir runs/lm_muon \
+        --config.optimizer.name=muon --config.steps=2000
+
+Full scale: ``--config experiments/configs/lm.py:full`` (``small`` preset,
+batch 32x128; about 1.1 s per step on 2 CPU cores, see shared/measured.md).
+Biographies (heavy-tailed knowledge QA, papers.md A.3)::
+
+    amemory train --config experiments/configs/lm.py --workdir runs/bio \
+        --config.data.kind=biographies --config.optimizer.name=muon
+
+Any field can be overridden with ``--config.a.b=value``; an unknown field or a
+value outside the allowed set fails before any compilation.
+"""
+
+from __future__ import annotations
+
+from ml_collections import ConfigDict, config_dict
+
+SCALES = ("quick", "full")
+
+
+def get_config(scale: str = "quick") -> ConfigDict:
+    """Return the language-model run config.
+
+    Args:
+      scale: ``"quick"`` (tiny preset, CPU minutes) or ``"full"`` (``small``
+        preset, CPU hours / GPU minutes).
+
+    Raises:
+      ValueError: if ``scale`` is not one of ``SCALES``.
+    """
+    if scale not in SCALES:
+        raise ValueError(f"scale={scale!r}; allowed values: {SCALES}")
+    quick = scale == "quick"
+    c = ConfigDict()
+    c.task = "lm"  # model family: "lm" (transformer) | "memory" (see memory.py)
+    c.scale = scale  # recorded for reports; "quick" | "full"
+
+    # ---- data -----------------------------------------------------------------
+    c.data = ConfigDict()
+    c.data.kind = "corpus"  # "corpus" (real text, next-token LM) | "biographies" (synthetic QA)
+    c.data.corpus = (
+        "shakespeare"  # corpus name known to amemory.data.corpus, or a path / glob of .txt files
+    )
+    c.data.tokenizer = "bpe"  # "bpe" (byte-level BPE, tokenizers) | "word"
+    c.data.vocab_size = 2048 if quick else 8192  # tokenizer vocabulary size (corpus only)
+    c.data.seq_len = 128  # tokens per training sequence T (model sees T, predicts T next tokens)
+    c.data.batch_size = (
+        16 if quick else 32
+    )  # GLOBAL sequences per step (split over devices / hosts)
+    c.data.n_buckets = 5  # token-frequency buckets for the per-bucket eval loss (LM on corpus)
+    c.data.eval_batches = 4  # validation batches per evaluation (each data.batch_size x seq_len)
+    c.data.biographies = ConfigDict()
+    c.data.biographies.m = (
+        8 if quick else 15
+    )  # groups g = 0..m, N_g = 2^(g-1) people, S_g = 2^(m-g) selections
+    c.data.biographies.seed = (
+        0  # seed of the synthetic population (independent of the training seed)
+    )
+
+    # ---- model (amemory.models.transformer) -----------------------------------
+    c.model = ConfigDict()
+    c.model.preset = (
+        "tiny" if quick else "small"
+    )  # "tiny" | "small" | "gpt2-small" | "nanogpt-160m"
+    # Overrides of the preset; None keeps the preset's value. vocab_size and
+    # max_len always come from the data (tokenizer size, data.seq_len).
+    c.model.d_model = config_dict.placeholder(int)  # residual width
+    c.model.n_layers = config_dict.placeholder(int)  # number of decoder blocks
+    c.model.n_heads = config_dict.placeholder(int)  # attention heads (d_model divisible by it)
+    c.model.d_ff = config_dict.placeholder(int)  # FFN hidden width
+    c.model.ffn = config_dict.placeholder(str)  # "gelu" (non-gated) | "swiglu" (gated)
+    c.model.norm = config_dict.placeholder(str)  # "layernorm" | "rmsnorm"
+    c.model.position = config_dict.placeholder(str)  # "rope" | "learned"
+    c.model.qk_norm = config_dict.placeholder(bool)  # normalise q and k per head
+    c.model.tied_head = config_dict.placeholder(bool)  # LM head = embedding transpose
+    c.model.dropout = 0.0  # dropout rate in the blocks (the papers use 0)
+    c.model.remat = False  # rematerialise blocks to save activation memory
+    c.model.dtype = "float32"  # compute dtype: "float32" | "bfloat16"
+    c.model.param_dtype = "float32"  # parameter dtype: "float32" | "bfloat16"
+
+    # ---- optimizer (amemory.optim; resolved in amemory.train.optimizers) ---------
+    c.optimizer = ConfigDict()
+    c.optimizer.name = "muon"  # "adam" | "muon" | "normuon" | "signgd" | "signum" | "sgd"
+    # Roles given to optimizer.name; every other parameter (embed, head, norm,
+    # bias, and unlisted matrices) is trained by Adam. Roles/groups: q k v o w_in
+    # w_gate w_out embed head norm bias, qk vo ffn hidden; join with "+"
+    # ("vo+ffn"); "all" = every parameter; "none" = all Adam. Ignored for "adam".
+    c.optimizer.muon_roles = "hidden"
+    c.optimizer.lr = (
+        0.02  # peak learning rate of optimizer.name on its roles (per step; Muon: spectral step)
+    )
+    c.optimizer.adam_lr = (
+        3e-3  # peak learning rate of Adam (the "rest" roles, or everything for "adam")
+    )
+    c.optimizer.b1 = 0.9  # Adam beta1 (papers.md A.3 uses 0.8)
+    c.optimizer.b2 = 0.95  # Adam beta2
+    c.optimizer.eps = 1e-8  # Adam epsilon
+    c.optimizer.momentum = 0.95  # Muon/NorMuon momentum mu; SGD heavy-ball momentum (0 = plain GD)
+    c.optimizer.nesterov = True  # Nesterov momentum for Muon/NorMuon/SGD
+    c.optimizer.signum_beta = 0.9  # Signum momentum (EMA) before the sign
+    c.optimizer.preset = config_dict.placeholder(
+        str
+    )  # Muon preset: None | "jordan" | "moonlight" | "torch" | "optax" | "wang2025"
+    c.optimizer.ns_steps = 5  # Newton-Schulz iterations
+    c.optimizer.orthogonalizer = "newton_schulz"  # "newton_schulz" | "polar" (exact SVD)
+    c.optimizer.shape_scale = (
+        "jordan"  # Muon update scale: "jordan" | "none" | "rms_match" | "spectral"
+    )
+    c.optimizer.weight_decay = 0.0  # decoupled weight decay on both halves (papers use 0)
+    c.optimizer.grad_clip = 0.0  # clip gradients to this global L2 norm first; 0 = off
+    c.optimizer.diagnostics = (
+        True  # log orthogonality error of the Muon update (amemory.optim diagnostics)
+    )
+
+    # ---- schedule: one multiplier in [0, 1] applied to both learning rates -------
+    c.schedule = ConfigDict()
+    c.schedule.name = "cosine"  # "constant" | "cosine" | "linear" | "wsd" (warmup-stable-decay)
+    c.schedule.warmup_steps = 50 if quick else 200  # linear warmup from 0
+    c.schedule.final_fraction = 0.1  # multiplier at the last step (cosine / linear / wsd)
+    c.schedule.decay_fraction = 0.2  # wsd: fraction of steps spent decaying at the end
+
+    # ---- run -----------------------------------------------------------------------
+    c.seed = 0  # init / dropout seed; data order uses it too
+    c.seeds = ()  # non-empty tuple, e.g. (0, 1, 2) -> vmapped multi-seed in one program (overrides seed for init)
+    c.steps = 500 if quick else 5000  # optimizer steps
+    c.log_every = 10  # train metrics record every N steps
+    c.eval_every = 100 if quick else 500  # evaluation every N steps (and at the last step)
+    c.spectrum_every = 100 if quick else 500  # spectrum metrics every N steps; 0 = off
+    c.spectrum_roles = "vo+ffn"  # roles whose spectra are logged (groups as in muon_roles; "vo" = per-head W_o W_v)
+    c.checkpoint_every = (
+        250 if quick else 1000
+    )  # checkpoint every N steps (and at the end); 0 = only at the end
+    c.keep_checkpoints = 3  # Orbax max_to_keep
+    c.progress = True  # tqdm progress bar (process 0, stderr)
+
+    # ---- parallelism ------------------------------------------------------------
+    c.parallel = ConfigDict()
+    c.parallel.mode = "single"  # "single" | "pmap" (data parallel, pmean grads) | "sharded" (jit over Mesh("data","fsdp"))
+    c.parallel.fsdp = (
+        1  # sharded: size of the "fsdp" mesh axis (the "data" axis gets the remaining devices)
+    )
+    c.parallel.distributed = False  # call jax.distributed.initialize() (multi-host / multi-process)
+    c.parallel.coordinator_address = config_dict.placeholder(
+        str
+    )  # "host:port"; None = auto-detect (SLURM, TPU, ...)
+    c.parallel.num_processes = config_dict.placeholder(int)  # None = auto-detect
+    c.parallel.process_id = config_dict.placeholder(int)  # None = auto-detect
+    c.parallel.cpu_collectives = "gloo"  # CPU-only multi-process collectives: "gloo" | "mpi"
+    return c
