@@ -1,0 +1,300 @@
+"""Matplotlib figures used by the experiments and reports (Agg backend, small PNGs).
+
+Every function takes plain numpy-compatible data (no models, no training code: the
+analysis layer imports none of amemory's models/data/train), writes one PNG and
+returns its path. Figures are sized for a report page (about 100 dpi, < 200 KB).
+
+Colours are fixed per optimizer name so every figure of a report agrees.
+"""
+
+from __future__ import annotations
+
+import os
+import pathlib
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import matplotlib
+
+matplotlib.use("Agg")  # headless; must precede pyplot
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+
+__all__ = [
+    "COLORS",
+    "color_for",
+    "save",
+    "plot_gap_vs_loss",
+    "plot_curves",
+    "plot_bucket_losses",
+    "plot_group_accuracy",
+    "plot_bars",
+    "plot_band_curves",
+    "plot_scaling",
+]
+
+COLORS = {
+    "gd": "#7f7f7f",
+    "sgd": "#7f7f7f",
+    "adam": "#1f77b4",
+    "signgd": "#2ca02c",
+    "signum": "#2ca02c",
+    "muon": "#d62728",
+    "normuon": "#9467bd",
+    "muon_vo+ffn": "#ff7f0e",
+    "muon_qk": "#8c564b",
+}
+_FALLBACK = plt.get_cmap("tab10")
+
+
+def color_for(name: str, index: int = 0) -> Any:
+    """Fixed colour for an optimizer/label name; a tab10 colour by ``index`` otherwise."""
+    key = name.lower()
+    if key in COLORS:
+        return COLORS[key]
+    for k, v in COLORS.items():
+        if key.startswith(k + " ") or key.startswith(k + "("):
+            return v
+    return _FALLBACK(index % 10)
+
+
+def save(fig: plt.Figure, path: str | os.PathLike, dpi: int = 100) -> pathlib.Path:
+    """Save ``fig`` as PNG at ``path`` (parents created), close it, return the path."""
+    path = pathlib.Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.tight_layout()
+    fig.savefig(path, dpi=dpi)
+    plt.close(fig)
+    return path
+
+
+def plot_gap_vs_loss(
+    panels: Mapping[str, Mapping[str, tuple[Sequence[float], Sequence[float]]]],
+    path: str | os.PathLike,
+    *,
+    ncols: int = 4,
+    suptitle: str | None = None,
+) -> pathlib.Path:
+    """Grid of panels, each the gap Δ(W) against the loss for several optimizers.
+
+    Paper A Fig. 4b/c layout: x = population loss (nats, log scale, decreasing to the
+    right as training proceeds), y = Δ(W) = max_i f_ii - min_j f_jj in [0, 1].
+
+    Args:
+      panels: title -> {optimizer name -> (loss [n], gap [n])}.
+      path: output PNG.
+      ncols: panels per row.
+      suptitle: optional figure title.
+
+    Returns:
+      The PNG path.
+    """
+    n = len(panels)
+    ncols = max(1, min(ncols, n))
+    nrows = int(np.ceil(n / ncols))
+    fig, axes = plt.subplots(nrows, ncols, figsize=(3.2 * ncols, 2.7 * nrows), squeeze=False)
+    for ax, (title, curves) in zip(axes.flat, panels.items(), strict=False):
+        for i, (name, (loss, gap)) in enumerate(curves.items()):
+            loss = np.asarray(loss, dtype=float)
+            gap = np.asarray(gap, dtype=float)
+            ok = np.isfinite(loss) & np.isfinite(gap) & (loss > 0)
+            ax.plot(loss[ok], gap[ok], label=name, color=color_for(name, i), lw=1.5)
+        ax.set_xscale("log")
+        ax.invert_xaxis()
+        ax.set_ylim(-0.02, 1.02)
+        ax.set_title(title, fontsize=9)
+        ax.set_xlabel("loss (nats)", fontsize=8)
+        ax.set_ylabel("gap Δ", fontsize=8)
+        ax.tick_params(labelsize=7)
+        ax.grid(alpha=0.3)
+    for ax in list(axes.flat)[n:]:
+        ax.axis("off")
+    axes.flat[0].legend(fontsize=7)
+    if suptitle:
+        fig.suptitle(suptitle, fontsize=10)
+    return save(fig, path)
+
+
+def plot_curves(
+    series: Mapping[str, tuple[Sequence[float], Sequence[float]]],
+    path: str | os.PathLike,
+    *,
+    xlabel: str,
+    ylabel: str,
+    title: str = "",
+    logx: bool = False,
+    logy: bool = False,
+    hline: float | None = None,
+) -> pathlib.Path:
+    """One axes with one line per series (label -> (x [n], y [n])); returns the PNG path."""
+    fig, ax = plt.subplots(figsize=(4.6, 3.2))
+    for i, (name, (x, y)) in enumerate(series.items()):
+        ax.plot(np.asarray(x, float), np.asarray(y, float), label=name, color=color_for(name, i))
+    if hline is not None:
+        ax.axhline(hline, color="k", lw=0.8, ls="--")
+    if logx:
+        ax.set_xscale("log")
+    if logy:
+        ax.set_yscale("log")
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    if title:
+        ax.set_title(title, fontsize=10)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
+    return save(fig, path)
+
+
+def plot_bucket_losses(
+    steps: Mapping[str, Sequence[float]],
+    losses: Mapping[str, Sequence[Sequence[float]]],
+    bucket_labels: Sequence[str],
+    path: str | os.PathLike,
+    *,
+    title: str = "validation loss per frequency bucket",
+) -> pathlib.Path:
+    """One panel per frequency bucket (head to tail): loss against step per optimizer.
+
+    Args:
+      steps: optimizer -> steps ``[n]``.
+      losses: optimizer -> ``[n, n_buckets]`` loss (nats per token) per bucket.
+      bucket_labels: ``[n_buckets]`` labels, head first.
+      path: output PNG.
+
+    Returns:
+      The PNG path.
+    """
+    nb = len(bucket_labels)
+    fig, axes = plt.subplots(1, nb, figsize=(2.6 * nb, 2.7), squeeze=False)
+    for b, ax in enumerate(axes.flat):
+        for i, (name, arr) in enumerate(losses.items()):
+            arr = np.asarray(arr, dtype=float)
+            if arr.ndim != 2 or arr.shape[1] <= b:
+                continue
+            ax.plot(np.asarray(steps[name], float), arr[:, b], label=name, color=color_for(name, i))
+        ax.set_title(str(bucket_labels[b]), fontsize=8)
+        ax.set_xlabel("step", fontsize=8)
+        ax.tick_params(labelsize=7)
+        ax.grid(alpha=0.3)
+    axes.flat[0].set_ylabel("val loss (nats/token)", fontsize=8)
+    axes.flat[0].legend(fontsize=7)
+    fig.suptitle(title, fontsize=10)
+    return save(fig, path)
+
+
+def plot_group_accuracy(
+    groups: Sequence[int],
+    accuracy: Mapping[str, Sequence[float]],
+    path: str | os.PathLike,
+    *,
+    title: str = "first-token accuracy per group",
+    xlabel: str = "group g (larger = rarer)",
+) -> pathlib.Path:
+    """First-token accuracy against frequency group, one line per optimizer."""
+    fig, ax = plt.subplots(figsize=(4.8, 3.2))
+    for i, (name, acc) in enumerate(accuracy.items()):
+        ax.plot(list(groups), np.asarray(acc, float), marker="o", ms=3, label=name,
+                color=color_for(name, i))  # fmt: skip
+    ax.set_ylim(-0.03, 1.03)
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel("first-token accuracy")
+    ax.set_title(title, fontsize=10)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
+    return save(fig, path)
+
+
+def plot_bars(
+    values: Mapping[str, float],
+    path: str | os.PathLike,
+    *,
+    ylabel: str,
+    title: str = "",
+    reference: Mapping[str, float] | None = None,
+    ylim: tuple[float, float] | None = None,
+) -> pathlib.Path:
+    """Bar chart of ``values`` (label -> value); optional paper ``reference`` as markers."""
+    labels = list(values)
+    x = np.arange(len(labels))
+    fig, ax = plt.subplots(figsize=(max(3.5, 0.8 * len(labels) + 1.5), 3.0))
+    ax.bar(x, [values[k] for k in labels], color="#4c72b0", label="ours")
+    if reference:
+        ref = [reference.get(k, np.nan) for k in labels]
+        ax.plot(x, ref, "k_", ms=18, mew=2, label="paper")
+    ax.set_xticks(x, labels, rotation=30, ha="right", fontsize=8)
+    ax.set_ylabel(ylabel)
+    if ylim:
+        ax.set_ylim(*ylim)
+    if title:
+        ax.set_title(title, fontsize=10)
+    ax.grid(alpha=0.3, axis="y")
+    ax.legend(fontsize=7)
+    return save(fig, path)
+
+
+def plot_band_curves(
+    panels: Mapping[str, Mapping[str, tuple[Sequence[float], Sequence[float], Sequence[float]]]],
+    path: str | os.PathLike,
+    *,
+    xlabel: str = "step",
+    ncols: int = 4,
+) -> pathlib.Path:
+    """Panels of mean ± spread curves: title -> {name -> (x [n], mean [n], std [n])}."""
+    n = len(panels)
+    ncols = max(1, min(ncols, n))
+    nrows = int(np.ceil(n / ncols))
+    fig, axes = plt.subplots(nrows, ncols, figsize=(3.0 * ncols, 2.5 * nrows), squeeze=False)
+    for ax, (title, curves) in zip(axes.flat, panels.items(), strict=False):
+        for i, (name, (x, mean, std)) in enumerate(curves.items()):
+            x = np.asarray(x, float)
+            mean = np.asarray(mean, float)
+            std = np.asarray(std, float)
+            c = color_for(name, i)
+            ax.plot(x, mean, color=c, label=name)
+            ax.fill_between(x, mean - std, mean + std, color=c, alpha=0.25)
+        ax.set_title(title, fontsize=8)
+        ax.set_xlabel(xlabel, fontsize=8)
+        ax.tick_params(labelsize=7)
+        ax.grid(alpha=0.3)
+    for ax in list(axes.flat)[n:]:
+        ax.axis("off")
+    axes.flat[0].legend(fontsize=7)
+    return save(fig, path)
+
+
+def plot_scaling(
+    series: Mapping[str, tuple[Sequence[float], Sequence[float]]],
+    fits: Mapping[str, tuple[float, float]],
+    path: str | os.PathLike,
+    *,
+    xlabel: str = "T (steps)",
+    ylabel: str = "excess loss (nats)",
+    title: str = "",
+) -> pathlib.Path:
+    """Log-log points per series plus fitted lines ``y = exp(intercept) x^slope``.
+
+    Args:
+      series: name -> (x [n], y [n]) with positive values.
+      fits: name -> (slope, intercept) in natural-log space; drawn dashed.
+      path: output PNG.
+    """
+    fig, ax = plt.subplots(figsize=(4.6, 3.4))
+    for i, (name, (x, y)) in enumerate(series.items()):
+        x = np.asarray(x, float)
+        y = np.asarray(y, float)
+        c = color_for(name.split(" ")[0], i)
+        ax.plot(x, y, "o", ms=3, color=c, label=name)
+        if name in fits:
+            slope, intercept = fits[name]
+            xx = np.geomspace(x.min(), x.max(), 50)
+            ax.plot(xx, np.exp(intercept) * xx**slope, "--", color=c, lw=1,
+                    label=f"fit slope {slope:.2f}")  # fmt: skip
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    if title:
+        ax.set_title(title, fontsize=10)
+    ax.grid(alpha=0.3, which="both")
+    ax.legend(fontsize=7)
+    return save(fig, path)

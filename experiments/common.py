@@ -1,0 +1,279 @@
+"""Shared plumbing for the experiments: run directories, JSON, claims, configs, LR grids.
+
+Every experiment module ``experiments/<name>.py`` exposes
+
+* ``run(config, out_dir, *, progress=None) -> dict``: runs the experiment described by
+  the ``ml_collections.ConfigDict`` ``config`` (from ``experiments/configs/<name>.py``),
+  writes ``result.json`` and ``figures/*.png`` into ``out_dir`` and returns the result
+  dict (see :func:`result_dict`);
+* ``main(argv) -> int``: ``python -m experiments.<name> --scale quick --out DIR``.
+
+The result dict always holds ``name``, ``scale``, ``wall_s``, ``figures`` (paths
+relative to ``out_dir``), ``claims`` (list of :class:`Claim` as dicts) and an
+experiment-specific ``metrics`` dict. ``amemory reproduce`` reads only these keys.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import datetime as _dt
+import hashlib
+import importlib
+import json
+import math
+import os
+import pathlib
+import sys
+import time
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
+
+import numpy as np
+
+SCALES = ("quick", "full")
+
+
+@dataclasses.dataclass
+class Claim:
+    """One statement of a paper set beside our measurement.
+
+    Attributes:
+      key: short stable identifier, e.g. ``"tail_lm/tail_bucket_loss"``.
+      paper: where the claim comes from, e.g. ``"A, Fig. 5"``.
+      statement: the claim in words (what the paper reports).
+      paper_value: the paper's number(s) in words, e.g. ``"Muon 0.976 vs Adam 0.264"``.
+      ours: our measurement in words, same units as ``paper_value``.
+      held: ``True`` / ``False`` when the test below decided it, ``None`` when the
+        measurement could not decide (e.g. the run failed).
+      test: the decision rule we applied, stated so a reader can re-check it.
+    """
+
+    key: str
+    paper: str
+    statement: str
+    paper_value: str
+    ours: str
+    held: bool | None
+    test: str
+
+    def as_dict(self) -> dict[str, Any]:
+        """Return a JSON-friendly dict of the fields."""
+        return dataclasses.asdict(self)
+
+
+def verdict(held: bool | None) -> str:
+    """Human verdict string for a claim's ``held`` field."""
+    return {True: "held", False: "not held", None: "undecided"}[held]
+
+
+def to_jsonable(obj: Any) -> Any:
+    """Convert numpy / jax scalars and arrays (recursively) to plain Python for json.
+
+    Non-finite floats become ``None`` so the JSON stays standard.
+    """
+    if isinstance(obj, dict):
+        return {str(k): to_jsonable(v) for k, v in obj.items()}
+    if isinstance(obj, list | tuple):
+        return [to_jsonable(v) for v in obj]
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        return to_jsonable(dataclasses.asdict(obj))
+    if hasattr(obj, "to_dict") and callable(obj.to_dict):
+        return to_jsonable(obj.to_dict())
+    if isinstance(obj, np.generic):
+        obj = obj.item()
+    if hasattr(obj, "shape") and hasattr(obj, "dtype"):  # numpy or jax array
+        return to_jsonable(np.asarray(obj).tolist())
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return None
+    if isinstance(obj, pathlib.Path):
+        return str(obj)
+    return obj
+
+
+def save_json(path: str | os.PathLike, obj: Any) -> pathlib.Path:
+    """Write ``obj`` as indented JSON (via :func:`to_jsonable`); returns the path."""
+    path = pathlib.Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(to_jsonable(obj), indent=1, sort_keys=False) + "\n")
+    return path
+
+
+def load_json(path: str | os.PathLike) -> Any:
+    """Read a JSON file."""
+    return json.loads(pathlib.Path(path).read_text())
+
+
+def read_jsonl(path: str | os.PathLike) -> list[dict[str, Any]]:
+    """Read a JSON-lines file (one dict per line; blank lines ignored)."""
+    rows = []
+    p = pathlib.Path(path)
+    if not p.exists():
+        return rows
+    for line in p.read_text().splitlines():
+        line = line.strip()
+        if line:
+            rows.append(json.loads(line))
+    return rows
+
+
+def timestamp() -> str:
+    """UTC timestamp ``YYYYmmdd-HHMMSS`` for run directory names."""
+    return _dt.datetime.now(_dt.UTC).strftime("%Y%m%d-%H%M%S")
+
+
+def make_run_dir(out: str | os.PathLike | None, name: str) -> pathlib.Path:
+    """Create and return the run directory: ``out`` if given, else ``runs/<name>-<ts>``."""
+    path = pathlib.Path(out) if out else pathlib.Path("runs") / f"{name}-{timestamp()}"
+    path.mkdir(parents=True, exist_ok=True)
+    (path / "figures").mkdir(exist_ok=True)
+    return path
+
+
+def load_config(name: str, scale: str = "quick"):
+    """Load ``experiments/configs/<name>.py`` and return ``get_config(scale)``.
+
+    Raises:
+      ValueError: if ``scale`` is not one of :data:`SCALES` or the config module is missing.
+    """
+    if scale not in SCALES:
+        raise ValueError(f"scale must be one of {SCALES}, got {scale!r}")
+    try:
+        module = importlib.import_module(f"experiments.configs.{name}")
+    except ModuleNotFoundError as e:
+        raise ValueError(f"no config experiments/configs/{name}.py ({e})") from e
+    return module.get_config(scale)
+
+
+def config_hash(cfg: Any) -> str:
+    """Stable 12-hex-digit hash of a (ConfigDict or dict) config, for run caching."""
+    d = cfg.to_dict() if hasattr(cfg, "to_dict") else cfg
+    text = json.dumps(to_jsonable(d), sort_keys=True)
+    return hashlib.sha256(text.encode()).hexdigest()[:12]
+
+
+def result_dict(
+    name: str,
+    scale: str,
+    *,
+    metrics: dict[str, Any],
+    figures: Sequence[str],
+    claims: Iterable[Claim],
+    wall_s: float,
+    config: Any = None,
+    notes: Sequence[str] = (),
+) -> dict[str, Any]:
+    """Assemble the standard result dict of an experiment (see module docstring)."""
+    return {
+        "name": name,
+        "scale": scale,
+        "wall_s": float(wall_s),
+        "figures": list(figures),
+        "claims": [c.as_dict() for c in claims],
+        "metrics": metrics,
+        "notes": list(notes),
+        "config": (config.to_dict() if hasattr(config, "to_dict") else config),
+    }
+
+
+def experiment_main(
+    name: str,
+    run_fn: Callable[..., dict[str, Any]],
+    argv: Sequence[str] | None,
+    *,
+    description: str,
+) -> int:
+    """Common ``main`` for ``python -m experiments.<name> [--scale] [--out] [--set k=v]``.
+
+    ``--set a.b=value`` overrides a config field (value parsed as JSON when possible).
+    Prints a one-line summary per claim and the run directory.
+    """
+    parser = argparse.ArgumentParser(prog=f"python -m experiments.{name}", description=description)
+    parser.add_argument("--scale", default="quick", choices=SCALES, help="quick (CPU) or full")
+    parser.add_argument("--out", default=None, help="run directory (default runs/<name>-<ts>)")
+    parser.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="FIELD=VALUE",
+        help="override a config field, e.g. --set steps=50 (repeatable)",
+    )
+    args = parser.parse_args(list(sys.argv[1:] if argv is None else argv))
+    cfg = load_config(name, args.scale)
+    for item in args.set:
+        apply_override(cfg, item)
+    out = make_run_dir(args.out, name)
+    result = run_fn(cfg, out)
+    print(format_summary(result))
+    print(f"run dir: {out}")
+    return 0
+
+
+def apply_override(cfg: Any, item: str) -> None:
+    """Apply ``"a.b.c=value"`` to a ConfigDict (value parsed as JSON, else kept as str).
+
+    Raises:
+      ValueError: if ``item`` has no ``=`` or the field does not exist.
+    """
+    if "=" not in item:
+        raise ValueError(f"--set expects FIELD=VALUE, got {item!r}")
+    key, raw = item.split("=", 1)
+    try:
+        value = json.loads(raw)
+    except json.JSONDecodeError:
+        value = raw
+    parts = key.split(".")
+    node = cfg
+    for p in parts[:-1]:
+        if p not in node:
+            raise ValueError(f"unknown config field {key!r}")
+        node = node[p]
+    if parts[-1] not in node:
+        raise ValueError(f"unknown config field {key!r}; fields here: {sorted(node.keys())}")
+    old = node[parts[-1]]
+    if isinstance(old, tuple | list) and isinstance(value, list):
+        value = type(old)(value)
+    node[parts[-1]] = value
+
+
+def format_summary(result: dict[str, Any]) -> str:
+    """One line per claim: verdict, key, ours vs paper."""
+    lines = [f"[{result['name']} @ {result['scale']}] {result['wall_s']:.0f} s"]
+    for c in result.get("claims", []):
+        lines.append(
+            f"  {verdict(c['held']):10s} {c['key']}: ours {c['ours']} | paper {c['paper_value']}"
+        )
+    return "\n".join(lines)
+
+
+class Timer:
+    """Context manager measuring wall seconds: ``with Timer() as t: ...; t.seconds``."""
+
+    def __enter__(self) -> Timer:
+        self.start = time.perf_counter()
+        self.seconds = 0.0
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.seconds = time.perf_counter() - self.start
+
+
+def nanmin(values: Iterable[float]) -> float:
+    """Minimum ignoring NaN/None; NaN if nothing finite."""
+    finite = [float(v) for v in values if v is not None and math.isfinite(float(v))]
+    return min(finite) if finite else float("nan")
+
+
+def fmt(x: Any, digits: int = 3) -> str:
+    """Format a number for tables (``nan`` for missing)."""
+    if x is None:
+        return "nan"
+    try:
+        xf = float(x)
+    except (TypeError, ValueError):
+        return str(x)
+    if not math.isfinite(xf):
+        return "nan"
+    if xf != 0 and (abs(xf) < 1e-3 or abs(xf) >= 1e4):
+        return f"{xf:.{digits - 1}e}"
+    return f"{xf:.{digits}f}"

@@ -1,0 +1,54 @@
+"""Config of ``experiments/one_layer.py``: paper A Fig. 4 on the one-layer memory.
+
+Launch::
+
+    python -m experiments.one_layer --scale quick --out runs/one_layer
+
+Quick scale: K = 300 classes, 300 steps per trajectory, about 20 s on 2 CPU cores.
+Full scale: K = 999 (the paper's Fig. 4b/c), 600 steps, a few minutes on a CPU.
+"""
+
+from __future__ import annotations
+
+from ml_collections import ConfigDict
+
+SCALES = ("quick", "full")
+
+
+def get_config(scale: str = "quick") -> ConfigDict:
+    """Return the one_layer experiment config.
+
+    Raises:
+      ValueError: if ``scale`` is not one of ``SCALES``.
+    """
+    if scale not in SCALES:
+        raise ValueError(f"scale={scale!r}; allowed values: {SCALES}")
+    quick = scale == "quick"
+    c = ConfigDict()
+    c.scale = scale
+    c.K = 300 if quick else 999  # classes = embedding dim d (Assumption 5.1); K % 3 == 0 (coupled)
+    c.alpha = 0.8  # two-level prior: head mass (papers.md A.2, Fig. 4: 0.8)
+    c.beta = 0.2  # two-level prior: head fraction L/K (Fig. 4: 0.2)
+    c.corpus = (
+        "shakespeare"  # heavy-tailed prior: counts of the K most frequent words of this corpus
+    )
+    c.priors = ("two_level", "corpus")  # which priors to run
+    c.embeddings = ("decoupled", "coupled")  # E = Et = I, and paper A's ZYZ-rotation blocks
+    c.optimizers = ("gd", "signgd", "muon")  # no momentum, as in the theorems
+    c.eps = 0.1  # one-step balance rho^eps: smallest eta with max_k f_kk >= 1 - eps
+    c.one_step_points = 60  # eta values of the one-step sweep (log-spaced in mean correct logit)
+    c.one_step_max_logit = 40.0  # sweep up to this mean correct-class logit
+    c.steps = 300 if quick else 600  # steps of the many-step trajectories
+    # Learning rates of the many-step runs (constant, no momentum). GD's is relative to the
+    # largest class frequency: eta_GD = gd_lr_times_pmax_inv / p_max (linear stability needs
+    # eta p_max <~ 1, papers.md B.2). Muon moves every correct logit by ~eta per step, SignGD
+    # (decoupled) by eta on the correct logit and -eta on each wrong one, hence eta/2 for it.
+    c.lr = ConfigDict()
+    c.lr.gd_times_pmax_inv = 0.5
+    c.lr.signgd = 0.025
+    c.lr.muon = 0.05
+    # Thresholds of the verdicts (stated in the report): a path is "balanced" when its
+    # largest gap stays below `balanced`, "imbalanced" when it exceeds `imbalanced`.
+    c.balanced = 0.2
+    c.imbalanced = 0.5
+    return c
