@@ -1,0 +1,334 @@
+"""Balance of an associative memory across classes: per-class error, gap Δ, one-step ϱ^ε.
+
+Paper A (Wang et al. 2025, arXiv 2509.26030, Section 5) measures how evenly a memory has
+learned its K facts by the probability it puts on the correct answer of each query,
+``q_k = [f_W(E_k)]_k``:
+
+* the gap ``Δ(W) = max_{i,j} (q_i - q_j) = max_k q_k - min_k q_k``;
+* the one-step balance ``ϱ^ε = inf_{η >= 0} min_k q_k(W_η)`` subject to
+  ``max_k q_k(W_η) >= 1 - ε``, with ``W_η = W_0 - η G(W_0)`` one optimizer step of size η.
+  A balanced optimizer has ``ϱ^ε`` close to ``1 - ε`` (the best class has reached
+  ``1 - ε`` and the worst is as good); an imbalanced one has ``ϱ^ε`` close to 0.
+
+Everything here works on the ``[..., K, K]`` probability matrices (row k = the prediction
+for query k, as ``amemory.models.memory.probabilities`` returns) or on the ``[..., K]``
+correct-class probabilities, so this module imports no amemory model code. Array
+functions are ``jax.numpy`` (jit/vmap friendly, dtype preserved); the ϱ^ε search and the
+bucket helpers run on the host with numpy.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+__all__ = [
+    "RhoResult",
+    "bucket_means",
+    "correct_class_probability",
+    "error_ratio",
+    "frequency_buckets",
+    "gap",
+    "head_tail_masks",
+    "one_step_rho",
+    "per_class_error",
+    "per_class_top1_error",
+]
+
+
+def _check_square(probs: jax.Array) -> None:
+    shape = jnp.shape(probs)
+    if len(shape) < 2 or shape[-1] != shape[-2]:
+        raise ValueError(f"probs must be [..., K, K] (row k = query k), got shape {shape}")
+
+
+def correct_class_probability(probs: jax.Array) -> jax.Array:
+    """Probability of the correct answer per query, ``q_k = probs[..., k, k]``.
+
+    Args:
+      probs: ``[..., K, K]`` row-stochastic predictions, row k = query k.
+
+    Returns:
+      ``[..., K]`` correct-class probabilities (dimensionless).
+
+    Raises:
+      ValueError: if the last two axes are not square.
+    """
+    _check_square(probs)
+    return jnp.diagonal(probs, axis1=-2, axis2=-1)
+
+
+def per_class_error(probs: jax.Array) -> jax.Array:
+    """Expected error per class ``1 - q_k`` (the prediction sampled from ``f_W(E_k)``).
+
+    Args:
+      probs: ``[..., K, K]`` row-stochastic predictions, row k = query k.
+
+    Returns:
+      ``[..., K]`` in ``[0, 1]``.
+
+    Raises:
+      ValueError: if the last two axes are not square.
+    """
+    return 1.0 - correct_class_probability(probs)
+
+
+def per_class_top1_error(probs: jax.Array) -> jax.Array:
+    """Top-1 error per class: 1 where ``argmax_i probs[k, i] != k``, else 0.
+
+    Args:
+      probs: ``[..., K, K]`` predictions (or logits), row k = query k.
+
+    Returns:
+      ``[..., K]`` float array of 0/1 (ties resolved by the first maximum, as argmax).
+
+    Raises:
+      ValueError: if the last two axes are not square.
+    """
+    _check_square(probs)
+    k = jnp.shape(probs)[-1]
+    return (jnp.argmax(probs, axis=-1) != jnp.arange(k)).astype(jnp.result_type(probs, 1.0))
+
+
+def gap(correct: jax.Array) -> jax.Array:
+    """Paper A's gap ``Δ = max_k q_k - min_k q_k`` of correct-class probabilities.
+
+    Args:
+      correct: ``[..., K]`` correct-class probabilities (see
+        :func:`correct_class_probability`).
+
+    Returns:
+      ``[...]`` gap in ``[0, 1]``; 0 means perfectly balanced.
+
+    Raises:
+      ValueError: if ``correct`` is a scalar.
+    """
+    if jnp.ndim(correct) < 1:
+        raise ValueError(f"correct must be [..., K], got a scalar of shape {jnp.shape(correct)}")
+    return jnp.max(correct, axis=-1) - jnp.min(correct, axis=-1)
+
+
+def error_ratio(correct: jax.Array) -> jax.Array:
+    """Worst over best class error, ``(1 - min_k q_k) / (1 - max_k q_k)``.
+
+    Theorem 5.3/5.4 of paper A say that for Muon, whenever ``max_k q_k >= 1 - ε`` also
+    ``min_k q_k >= 1 - ε (1 + O(log K / K))``: this ratio is ``1 + O(log K / K)``. For GD it
+    grows without bound as training proceeds (the head is learned, the tail is not).
+
+    Args:
+      correct: ``[..., K]`` correct-class probabilities, all ``< 1``.
+
+    Returns:
+      ``[...]`` ratio >= 1 (inf if the best class has probability exactly 1).
+
+    Raises:
+      ValueError: if ``correct`` is a scalar.
+    """
+    if jnp.ndim(correct) < 1:
+        raise ValueError(f"correct must be [..., K], got a scalar of shape {jnp.shape(correct)}")
+    return (1.0 - jnp.min(correct, axis=-1)) / (1.0 - jnp.max(correct, axis=-1))
+
+
+class RhoResult(NamedTuple):
+    """Result of :func:`one_step_rho`.
+
+    Attributes:
+      rho: ϱ^ε, the smallest worst-class probability over feasible step sizes.
+      eta: the step size (same units as the grid) at which ``rho`` was attained.
+      eta_boundary: smallest feasible step size found (``max_k q_k = 1 - ε`` there, up
+        to the bisection tolerance).
+      n_feasible_grid: number of grid points that were feasible (diagnostic).
+    """
+
+    rho: float
+    eta: float
+    eta_boundary: float
+    n_feasible_grid: int
+
+
+def one_step_rho(
+    correct_fn: Callable[[np.ndarray], np.ndarray],
+    eps: float,
+    *,
+    eta_max: float,
+    eta_min: float | None = None,
+    n_grid: int = 129,
+    rtol: float = 1e-13,
+) -> RhoResult:
+    """One-step balance ``ϱ^ε`` of paper A by search over the step size η.
+
+    ``ϱ^ε = inf_{η >= 0} min_k q_k(η)`` subject to ``max_k q_k(η) >= 1 - ε``, where
+    ``q(η)`` are the correct-class probabilities after one step of size η from ``W_0``
+    (paper A, Section 5.2).
+
+    Search: ``q`` is evaluated on a geometric grid of ``n_grid`` step sizes in
+    ``[eta_min, eta_max]``; the feasibility boundary (the first grid interval where
+    ``max_k q_k`` crosses ``1 - ε``) is refined by bisection to relative width ``rtol``;
+    ``ϱ^ε`` is the minimum of ``min_k q_k`` over the boundary point and all feasible grid
+    points. This is exact when ``min_k q_k`` is non-decreasing on the feasible set
+    (true for one step of GD, SignGD and Muon from ``W_0 = 0``: every logit margin grows
+    linearly in η) and a grid approximation of the infimum otherwise. Feasible step sizes
+    above ``eta_max`` are not searched.
+
+    Args:
+      correct_fn: maps a float64 array of step sizes ``[n]`` to correct-class
+        probabilities ``[n, K]`` (e.g. a jitted vmap of the model's probabilities).
+      eps: ε in (0, 1).
+      eta_max: largest step size searched, > 0; must be feasible.
+      eta_min: smallest step size searched, default ``eta_max * 1e-8``; must not be
+        feasible (so that the boundary is bracketed).
+      n_grid: number of geometric grid points, >= 3.
+      rtol: relative bisection tolerance on the boundary step size, > 0.
+
+    Returns:
+      :class:`RhoResult`.
+
+    Raises:
+      ValueError: on eps outside (0, 1), non-positive or inverted step range, n_grid < 3,
+      rtol <= 0, a ``correct_fn`` output that is not ``[n, K]``, or when the boundary is
+      not bracketed (``eta_max`` infeasible or ``eta_min`` already feasible).
+    """
+    if not 0.0 < eps < 1.0:
+        raise ValueError(f"eps must lie in (0, 1), got {eps}")
+    if not eta_max > 0:
+        raise ValueError(f"eta_max must be > 0, got {eta_max}")
+    eta_min = eta_max * 1e-8 if eta_min is None else eta_min
+    if not 0 < eta_min < eta_max:
+        raise ValueError(f"eta_min must satisfy 0 < eta_min < eta_max={eta_max}, got {eta_min}")
+    if n_grid < 3:
+        raise ValueError(f"n_grid must be >= 3, got {n_grid}")
+    if not rtol > 0:
+        raise ValueError(f"rtol must be > 0, got {rtol}")
+
+    def q_of(etas: np.ndarray) -> np.ndarray:
+        q = np.asarray(correct_fn(np.asarray(etas, dtype=np.float64)), dtype=np.float64)
+        if q.ndim != 2 or q.shape[0] != len(etas):
+            raise ValueError(f"correct_fn must return [n, K], got shape {q.shape}")
+        return q
+
+    target = 1.0 - eps
+    grid = np.geomspace(eta_min, eta_max, n_grid)
+    q = q_of(grid)
+    feasible = q.max(axis=1) >= target
+    if not feasible.any():
+        raise ValueError(
+            f"no step size up to eta_max={eta_max} reaches max_k q_k >= 1 - eps = {target}; "
+            "increase eta_max"
+        )
+    first = int(np.argmax(feasible))
+    if first == 0:
+        raise ValueError(
+            f"eta_min={eta_min} is already feasible (max_k q_k >= {target}); decrease eta_min"
+        )
+    lo, hi = grid[first - 1], grid[first]
+    while hi - lo > rtol * hi:
+        mid = 0.5 * (lo + hi)
+        if q_of(np.array([mid]))[0].max() >= target:
+            hi = mid
+        else:
+            lo = mid
+    best_eta, best = hi, float(q_of(np.array([hi]))[0].min())
+    worst_grid = q[feasible].min(axis=1)
+    j = int(np.argmin(worst_grid))
+    if worst_grid[j] < best:
+        best, best_eta = float(worst_grid[j]), float(grid[feasible][j])
+    return RhoResult(
+        rho=best, eta=float(best_eta), eta_boundary=float(hi), n_feasible_grid=int(feasible.sum())
+    )
+
+
+def frequency_buckets(prior: object, n_buckets: int) -> np.ndarray:
+    """Equal-count frequency buckets: bucket 0 holds the most frequent classes.
+
+    Classes are ranked by decreasing prior (ties keep index order) and cut into
+    ``n_buckets`` contiguous groups of sizes differing by at most one.
+
+    Args:
+      prior: ``[K]`` non-negative class frequencies (need not sum to 1).
+      n_buckets: number of buckets, ``1 <= n_buckets <= K``.
+
+    Returns:
+      ``[K]`` int32 bucket id per class (0 = head, ``n_buckets - 1`` = tail).
+
+    Raises:
+      ValueError: if prior is not 1-D, has negative or non-finite entries, or n_buckets is
+      out of range.
+    """
+    p = np.asarray(prior, dtype=np.float64)
+    if p.ndim != 1 or p.size == 0:
+        raise ValueError(f"prior must be a non-empty [K] array, got shape {p.shape}")
+    if not np.all(np.isfinite(p)) or np.any(p < 0):
+        raise ValueError("prior must be finite and non-negative")
+    if isinstance(n_buckets, bool) or not isinstance(n_buckets, (int, np.integer)):
+        raise ValueError(f"n_buckets must be an int, got {n_buckets!r}")
+    if not 1 <= n_buckets <= p.size:
+        raise ValueError(f"n_buckets must lie in [1, K={p.size}], got {n_buckets}")
+    order = np.argsort(-p, kind="stable")
+    ids = np.empty(p.size, dtype=np.int32)
+    ids[order] = (np.arange(p.size) * n_buckets) // p.size
+    return ids
+
+
+def head_tail_masks(prior: object) -> tuple[np.ndarray, np.ndarray]:
+    """Split classes into head and tail at the largest gap of the sorted log-frequencies.
+
+    For paper A's two-level prior (Assumption 5.2) this recovers exactly the L head
+    classes ``p_k = α/L`` and the ``K - L`` tail classes ``p_k = (1-α)/(K-L)``.
+
+    Args:
+      prior: ``[K]`` positive class frequencies, not all equal, K >= 2.
+
+    Returns:
+      ``(head, tail)``: two boolean ``[K]`` masks, complementary.
+
+    Raises:
+      ValueError: if prior is not 1-D with K >= 2, has non-positive entries, or is
+      constant (no head/tail split exists).
+    """
+    p = np.asarray(prior, dtype=np.float64)
+    if p.ndim != 1 or p.size < 2:
+        raise ValueError(f"prior must be [K] with K >= 2, got shape {p.shape}")
+    if not np.all(np.isfinite(p)) or np.any(p <= 0):
+        raise ValueError("prior must be finite and positive")
+    lp = np.sort(np.log(p))[::-1]
+    drops = lp[:-1] - lp[1:]
+    if drops.max() <= 0:
+        raise ValueError("prior is constant: no head/tail split")
+    cut = int(np.argmax(drops))
+    threshold = 0.5 * (lp[cut] + lp[cut + 1])
+    head = np.log(p) > threshold
+    return head, ~head
+
+
+def bucket_means(values: jax.Array, bucket_ids: object, n_buckets: int) -> jax.Array:
+    """Mean of a per-class quantity within each bucket.
+
+    Args:
+      values: ``[..., K]`` per-class values (error, loss, correct probability, ...).
+      bucket_ids: ``[K]`` int ids in ``[0, n_buckets)`` (e.g. from
+        :func:`frequency_buckets`).
+      n_buckets: number of buckets.
+
+    Returns:
+      ``[..., n_buckets]``; an empty bucket gives NaN.
+
+    Raises:
+      ValueError: if shapes disagree or an id is out of range.
+    """
+    ids = np.asarray(bucket_ids)
+    if ids.ndim != 1 or jnp.shape(values)[-1:] != ids.shape:
+        raise ValueError(
+            f"bucket_ids must be [K] matching values [..., K], got {ids.shape} and "
+            f"{jnp.shape(values)}"
+        )
+    if ids.size and (ids.min() < 0 or ids.max() >= n_buckets):
+        raise ValueError(f"bucket ids must lie in [0, {n_buckets}), got {ids.min()}..{ids.max()}")
+    onehot = jnp.asarray(
+        ids[:, None] == np.arange(n_buckets)[None, :], dtype=jnp.result_type(values, 1.0)
+    )
+    counts = onehot.sum(axis=0)
+    return (values @ onehot) / jnp.where(counts > 0, counts, jnp.nan)

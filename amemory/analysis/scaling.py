@@ -1,0 +1,154 @@
+"""Power-law fits with confidence intervals.
+
+A power law ``y = A x^s`` is a straight line in log-log coordinates,
+``log y = log A + s log x``. :func:`fit_power_law` fits that line by ordinary least
+squares and returns the slope s (the exponent), the intercept ``log A`` (natural log) and
+two-sided Student-t confidence intervals for both, computed from the residual scatter
+around the line. The interval is the usual OLS one: exact when the log-residuals are
+i.i.d. Gaussian, approximate otherwise. In the theory checks the residuals are mostly
+*systematic* (finite-size corrections that bend the log-log curve), not noise; there the
+interval measures how straight the curve is over the fitted window, and each check states
+its own tolerance for the remaining bias.
+
+Used by ``theory_checks`` (every fitted exponent) and by the experiments' scaling plots.
+Imports no other part of amemory.
+
+Reference: any regression text, e.g. Draper & Smith, *Applied Regression Analysis*,
+ch. 1 (slope standard error ``sqrt(RSS / (n - 2) / Sxx)``, t quantile with ``n - 2``
+degrees of freedom).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import NamedTuple
+
+import numpy as np
+from scipy import stats
+
+__all__ = ["PowerLawFit", "fit_power_law", "local_slopes"]
+
+
+class PowerLawFit(NamedTuple):
+    """Result of :func:`fit_power_law` for ``y ≈ exp(intercept) * x**slope``.
+
+    Attributes:
+      slope: fitted exponent s (dimensionless).
+      intercept: fitted ``log A`` (natural log of the prefactor, units of log y).
+      slope_ci: ``(lo, hi)`` two-sided confidence interval of the slope.
+      intercept_ci: ``(lo, hi)`` two-sided confidence interval of the intercept.
+      slope_stderr: standard error of the slope.
+      r2: coefficient of determination of the log-log fit (1 for an exact power law).
+      n: number of points used.
+      confidence: the confidence level of the intervals, e.g. 0.95.
+    """
+
+    slope: float
+    intercept: float
+    slope_ci: tuple[float, float]
+    intercept_ci: tuple[float, float]
+    slope_stderr: float
+    r2: float
+    n: int
+    confidence: float
+
+    def predict(self, x: np.ndarray | float) -> np.ndarray:
+        """The fitted curve ``exp(intercept) * x**slope`` at ``x`` (any shape, x > 0)."""
+        return np.exp(self.intercept) * np.asarray(x, dtype=np.float64) ** self.slope
+
+    def describe(self) -> str:
+        """One-line summary ``s = -0.937 [-0.941, -0.933] (95% CI, n=6)``."""
+        lo, hi = self.slope_ci
+        pct = round(100 * self.confidence)
+        return f"s = {self.slope:.4g} [{lo:.4g}, {hi:.4g}] ({pct}% CI, n={self.n})"
+
+
+def _as_positive_1d(name: str, v: object) -> np.ndarray:
+    a = np.asarray(v, dtype=np.float64)
+    if a.ndim != 1:
+        raise ValueError(f"{name} must be 1-D, got shape {a.shape}")
+    if not np.all(np.isfinite(a)):
+        raise ValueError(f"{name} must be finite, got {a}")
+    if np.any(a <= 0):
+        raise ValueError(f"{name} must be > 0 for a log-log fit, got minimum {a.min()}")
+    return a
+
+
+def fit_power_law(x: object, y: object, *, confidence: float = 0.95) -> PowerLawFit:
+    """Least-squares fit of ``log y = intercept + slope * log x`` with t-based CIs.
+
+    Args:
+      x: ``[n]`` positive finite numbers (e.g. K, T, ε), at least 3 distinct values.
+      y: ``[n]`` positive finite numbers (the measured quantity).
+      confidence: level of the two-sided intervals, in (0, 1); default 0.95.
+
+    Returns:
+      :class:`PowerLawFit`. The slope interval is
+      ``slope ± t_{n-2, (1+confidence)/2} * sqrt(RSS / (n-2) / Σ(log x - mean)^2)``
+      (``scipy.stats.t.ppf``); the intercept interval uses the standard error
+      ``sqrt(RSS / (n-2) * (1/n + mean(log x)^2 / Sxx))``. For an exact power law the
+      intervals collapse to the point estimate.
+
+    Raises:
+      ValueError: if x or y is not 1-D, they differ in length, contain non-positive or
+      non-finite values, fewer than 3 points are given, x has fewer than 2 distinct
+      values, or ``confidence`` is outside (0, 1).
+    """
+    if not (isinstance(confidence, (int, float)) and 0.0 < confidence < 1.0):
+        raise ValueError(f"confidence must lie in (0, 1), got {confidence!r}")
+    xa = _as_positive_1d("x", x)
+    ya = _as_positive_1d("y", y)
+    if xa.shape != ya.shape:
+        raise ValueError(f"x and y must have the same length, got {xa.shape} and {ya.shape}")
+    n = xa.size
+    if n < 3:
+        raise ValueError(f"need at least 3 points for a fit with a confidence interval, got {n}")
+    lx, ly = np.log(xa), np.log(ya)
+    mx, my = lx.mean(), ly.mean()
+    sxx = float(np.sum((lx - mx) ** 2))
+    if sxx <= 0.0:
+        raise ValueError("x must take at least 2 distinct values")
+    slope = float(np.sum((lx - mx) * (ly - my)) / sxx)
+    intercept = float(my - slope * mx)
+    resid = ly - (intercept + slope * lx)
+    rss = float(np.sum(resid**2))
+    syy = float(np.sum((ly - my) ** 2))
+    s2 = rss / (n - 2)
+    se_slope = math.sqrt(s2 / sxx)
+    se_int = math.sqrt(s2 * (1.0 / n + mx**2 / sxx))
+    tq = float(stats.t.ppf(0.5 + confidence / 2.0, n - 2))
+    r2 = 1.0 - rss / syy if syy > 0 else 1.0
+    return PowerLawFit(
+        slope=slope,
+        intercept=intercept,
+        slope_ci=(slope - tq * se_slope, slope + tq * se_slope),
+        intercept_ci=(intercept - tq * se_int, intercept + tq * se_int),
+        slope_stderr=se_slope,
+        r2=float(r2),
+        n=int(n),
+        confidence=float(confidence),
+    )
+
+
+def local_slopes(x: object, y: object) -> np.ndarray:
+    """Successive log-log slopes ``Δ log y / Δ log x`` between neighbouring points.
+
+    Useful to see where a curve enters its power-law window (the slopes settle).
+
+    Args:
+      x: ``[n]`` positive, strictly increasing; y: ``[n]`` positive.
+
+    Returns:
+      ``[n - 1]`` float64 slopes.
+
+    Raises:
+      ValueError: on shape mismatch, non-positive values, fewer than 2 points or x not
+      strictly increasing.
+    """
+    xa = _as_positive_1d("x", x)
+    ya = _as_positive_1d("y", y)
+    if xa.shape != ya.shape or xa.size < 2:
+        raise ValueError(f"x and y must have the same length >= 2, got {xa.shape}, {ya.shape}")
+    if np.any(np.diff(xa) <= 0):
+        raise ValueError("x must be strictly increasing")
+    return np.diff(np.log(ya)) / np.diff(np.log(xa))
