@@ -3,8 +3,40 @@
 - :mod:`amemory.models.memory`: functional one-layer memory ``softmax(Ẽᵀ W E_k)`` of
   papers A and B, its losses and embedding builders (``decoupled``, ``coupled_rotation``,
   ``random_orthonormal``, ``gaussian``, ``coherent``).
+- :mod:`amemory.models.transformer`: decoder-only Flax NNX transformer with separate 2-D
+  q/k/v/o and FFN kernels, role-named parameter paths, presets (``tiny``, ``small``,
+  ``gpt2-small``, ``nanogpt-160m``) and a functional ``init``/``apply`` API.
 """
 
-from amemory.models import memory
+from amemory.models import memory, transformer
+from amemory.models.transformer import (
+    ROLES,
+    Transformer,
+    TransformerConfig,
+    apply,
+    ffn_matrices,
+    hidden_matrices,
+    init,
+    init_params,
+    param_roles,
+    preset,
+    role_of,
+    vo_maps,
+)
 
-__all__ = ["memory"]
+__all__ = [
+    "ROLES",
+    "Transformer",
+    "TransformerConfig",
+    "apply",
+    "ffn_matrices",
+    "hidden_matrices",
+    "init",
+    "init_params",
+    "memory",
+    "param_roles",
+    "preset",
+    "role_of",
+    "transformer",
+    "vo_maps",
+]
