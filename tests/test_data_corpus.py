@@ -349,3 +349,9 @@ def test_real_shakespeare_when_cached(monkeypatch):
     assert data.decode(doc) == text
     stats = C.corpus_stats(data)
     assert 0.8 < stats["zipf_exponent"] < 1.3
+
+
+def test_text_corpus_unpacks(text_dir):
+    train, val = C.load_text_corpus(text_dir, val_fraction=0.2)
+    assert len(train) == 8 and len(val) == 2
+    assert C.TokenStream is C.Batcher

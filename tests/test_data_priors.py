@@ -141,3 +141,18 @@ def test_sample_pairs_deterministic_and_validates():
         mt.sample_pairs(jax.random.key(0), prior, 0)
     with pytest.raises(ValueError, match="noise"):
         mt.sample_pairs(jax.random.key(0), prior, 4, noise=-0.1)
+
+
+def test_make_sampler_matches_sample_pairs_under_jit():
+    prior = fq.two_level(12, 0.7, 0.25)
+    sample = mt.make_sampler(prior, 32, noise=0.2)
+    key = jax.random.key(7)
+    q1, a1 = sample(key)
+    q2, a2 = mt.sample_pairs(key, prior, 32, noise=0.2)
+    np.testing.assert_array_equal(q1, q2)
+    np.testing.assert_array_equal(a1, a2)
+    keys = jax.random.split(key, 3)
+    qs, _ = jax.vmap(sample)(keys)
+    chex.assert_shape(qs, (3, 32))
+    with pytest.raises(ValueError, match="noise"):
+        mt.make_sampler(prior, 32, noise=2.0)

@@ -317,6 +317,11 @@ class BiographyData:
         return self.tokenizer.vocab_size
 
     @property
+    def train_sequences(self) -> tuple[np.ndarray, np.ndarray]:
+        """(train_tokens int32 [N, T], train_mask float32 [N, T])."""
+        return self.train_tokens, self.train_mask
+
+    @property
     def seq_len(self) -> int:
         """Row length T (model context must be >= T - 1)."""
         return int(self.train_tokens.shape[1])

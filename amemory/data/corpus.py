@@ -75,6 +75,7 @@ __all__ = [
     "TextCorpus",
     "Corpus",
     "Batcher",
+    "TokenStream",
     "data_dir",
     "fetch_shakespeare",
     "strip_gutenberg",
@@ -316,6 +317,10 @@ class TextCorpus:
     train_names: tuple[str, ...]
     val_names: tuple[str, ...]
     cache_dir: pathlib.Path
+
+    def __iter__(self):
+        """Unpacks as ``train_texts, val_texts = load_text_corpus(...)``."""
+        return iter((self.train_texts, self.val_texts))
 
 
 def _expand_paths(spec: Sequence[str | os.PathLike]) -> list[pathlib.Path]:
@@ -593,7 +598,9 @@ class Corpus:
       vocab_size: V, number of token ids (embedding rows); every id is < V.
       counts: int64 [V], occurrences of each id in ``train_tokens``.
       tokenizer: the ``tokenizers.Tokenizer`` (None for ``.bin`` corpora).
-      tokenizer_kind: ``"bpe"``, ``"word"`` or ``"pretokenized"``.
+      tokenizer_kind: ``"bpe"``, ``"word"`` or ``"pretokenized"``. With ``"word"``,
+        id 0 is ``<unk>`` and pools every out-of-vocabulary word, so its count can be
+        large: exclude it from tail statistics if that matters.
       eot_id: id of the document separator (None for ``.bin`` corpora).
       train_names / val_names: document names per split.
     """
@@ -900,6 +907,10 @@ class Batcher:
         if epoch < 0 or cursor < 0 or cursor % self.batch_size:
             raise ValueError(f"state has an invalid position epoch={epoch}, cursor={cursor}")
         self._epoch, self._cursor = epoch, cursor
+
+
+#: Alias matching the interface contract's name for the token batch iterator.
+TokenStream = Batcher
 
 
 def eval_batches(

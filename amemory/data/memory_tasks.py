@@ -24,6 +24,7 @@ import numpy as np
 
 __all__ = [
     "sample_pairs",
+    "make_sampler",
     "conditional",
     "joint",
     "optimal_loss",
@@ -172,6 +173,26 @@ def sample_pairs(
     uniform = jax.random.randint(kuni, (int(batch_size),), 0, K, dtype=jnp.int32)
     answers = jnp.where(flip, uniform, queries).astype(jnp.int32)
     return queries, answers
+
+
+def make_sampler(prior, batch_size: int, noise: float = 0.0):
+    """A jitted ``sample(key) -> (queries [B] int32, answers [B] int32)`` for a fixed task.
+
+    Same distribution and same numbers as :func:`sample_pairs` with the same key;
+    validation happens once here, so the returned function can be called inside
+    ``jax.jit`` / ``jax.lax.scan`` with a traced key.
+
+    Raises:
+      ValueError: naming ``prior``, ``batch_size`` or ``noise`` when invalid.
+    """
+    p = _check_prior(prior)
+    sample_pairs(jax.random.key(0), p, batch_size, noise)  # validates all arguments
+
+    @jax.jit
+    def sample(key):
+        return sample_pairs(key, p, batch_size, noise)
+
+    return sample
 
 
 def empirical_joint(queries, answers, K: int) -> np.ndarray:
