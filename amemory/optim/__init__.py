@@ -1,11 +1,29 @@
 """amemory.optim: Muon family, SignGD and role routing as pure Optax transformations.
 
-Imports nothing of amemory outside this package. See ``orthogonalize`` for the
-matrix kernels (Newton-Schulz, exact polar), ``muon`` for the optimizers,
-``sign`` for SignGD/Signum, ``routing`` for role-based partitioning and
-``presets`` for peer-faithful Muon settings.
+Imports nothing of amemory outside this package.
+
+- ``orthogonalize``: matrix kernels (Newton-Schulz coefficient sets, exact polar
+  factor, orthogonality error, singular-value range).
+- ``muon``: ``scale_by_muon``/``muon``, ``scale_by_normuon``/``normuon``,
+  ``collect_diagnostics``.
+- ``sign``: ``signgd``, ``signum``. Adam is ``optax.adam``/``optax.adamw``.
+- ``routing``: roles -> transforms (``routed``, ``label_params``, ``routing_table``).
+- ``presets``: peer-faithful Muon settings (``muon(lr, preset=NAME)``).
 """
 
+from amemory.optim.muon import (
+    MOMENTUM_FORMS,
+    ORTHOGONALIZERS,
+    SHAPE_SCALES,
+    MuonState,
+    NorMuonState,
+    collect_diagnostics,
+    muon,
+    normuon,
+    scale_by_muon,
+    scale_by_normuon,
+    shape_scale_factor,
+)
 from amemory.optim.orthogonalize import (
     COEFFICIENT_SETS,
     coefficient_table,
@@ -14,14 +32,48 @@ from amemory.optim.orthogonalize import (
     polar,
     singular_value_range,
 )
+from amemory.optim.presets import PRESETS, preset_options
+from amemory.optim.routing import (
+    GROUPS,
+    REST,
+    ROLES,
+    RoutingRow,
+    format_routing_table,
+    label_params,
+    parse_spec,
+    routed,
+    routing_table,
+)
 from amemory.optim.sign import signgd, signum
 
 __all__ = [
     "COEFFICIENT_SETS",
+    "GROUPS",
+    "MOMENTUM_FORMS",
+    "ORTHOGONALIZERS",
+    "PRESETS",
+    "REST",
+    "ROLES",
+    "SHAPE_SCALES",
+    "MuonState",
+    "NorMuonState",
+    "RoutingRow",
     "coefficient_table",
+    "collect_diagnostics",
+    "format_routing_table",
+    "label_params",
+    "muon",
     "newton_schulz",
+    "normuon",
     "orthogonality_error",
+    "parse_spec",
     "polar",
+    "preset_options",
+    "routed",
+    "routing_table",
+    "scale_by_muon",
+    "scale_by_normuon",
+    "shape_scale_factor",
     "signgd",
     "signum",
     "singular_value_range",

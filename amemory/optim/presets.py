@@ -1,0 +1,101 @@
+"""Peer-faithful Muon settings, used as ``muon(learning_rate, preset=NAME, **overrides)``.
+
+Each preset is a dict of :func:`amemory.optim.scale_by_muon` options plus an
+optional ``weight_decay``. Matrix convention: amemory sees every leaf as
+``[fan_in, fan_out]`` (Flax kernels); the PyTorch peers store ``[out, in]`` and
+scale by ``sqrt(max(1, rows/cols)) = sqrt(max(1, fan_out/fan_in))``, which is
+our ``shape_scale="jordan"``, so the presets agree with the peers on every
+layer once the layouts are matched.
+
+``ns_dtype="auto"`` means bfloat16 on GPU/TPU, as the PyTorch references do,
+and float32 on CPU (XLA:CPU bf16 matmuls are slower than fp32, and the
+references were never run on CPU); pass ``ns_dtype=jnp.bfloat16`` to force it.
+
+- jordan: EMA (lerp) 0.95, Nesterov, jordan x5 eps 1e-7, scale jordan, wd 0.
+  Source: github.com/KellerJordan/Muon.
+- torch: as jordan with wd 0.1 (torch.optim.Muon defaults, adjust_lr "original").
+- moonlight: sum momentum 0.95, Nesterov U = G + mu M, jordan x5 eps 1e-7,
+  scale rms_match 0.2, wd 0.1. Source: arXiv 2502.16982 (Moonlight).
+- optax: EMA 0.95 with bias correction, NAdam-form Nesterov, jordan x5 eps 1e-8
+  in fp32, scale jordan, wd 0. Source: optax.contrib.muon 0.2.8.
+- wang2025: sum momentum 0.95, no Nesterov, jordan x5, no scaling, wd 0.
+  Source: arXiv 2509.26030 (Wang et al. 2025), transformer experiments.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = ["PRESETS", "preset_options"]
+
+_NS = {"orthogonalizer": "newton_schulz", "ns_coeffs": "jordan", "ns_steps": 5}
+
+PRESETS: dict[str, dict[str, Any]] = {
+    "jordan": {
+        **_NS,
+        "momentum": 0.95,
+        "momentum_form": "ema",
+        "nesterov": True,
+        "bias_correction": False,
+        "ns_eps": 1e-7,
+        "ns_dtype": "auto",
+        "shape_scale": "jordan",
+        "weight_decay": 0.0,
+    },
+    "torch": {
+        **_NS,
+        "momentum": 0.95,
+        "momentum_form": "ema",
+        "nesterov": True,
+        "bias_correction": False,
+        "ns_eps": 1e-7,
+        "ns_dtype": "auto",
+        "shape_scale": "jordan",
+        "weight_decay": 0.1,
+    },
+    "moonlight": {
+        **_NS,
+        "momentum": 0.95,
+        "momentum_form": "sum",
+        "nesterov": True,
+        "bias_correction": False,
+        "ns_eps": 1e-7,
+        "ns_dtype": "auto",
+        "shape_scale": "rms_match",
+        "rms_scale": 0.2,
+        "weight_decay": 0.1,
+    },
+    "optax": {
+        **_NS,
+        "momentum": 0.95,
+        "momentum_form": "ema",
+        "nesterov": True,
+        "bias_correction": True,
+        "ns_eps": 1e-8,
+        "ns_dtype": None,
+        "shape_scale": "jordan",
+        "weight_decay": 0.0,
+    },
+    "wang2025": {
+        **_NS,
+        "momentum": 0.95,
+        "momentum_form": "sum",
+        "nesterov": False,
+        "bias_correction": False,
+        "ns_eps": 1e-7,
+        "ns_dtype": "auto",
+        "shape_scale": "none",
+        "weight_decay": 0.0,
+    },
+}
+
+
+def preset_options(name: str) -> dict[str, Any]:
+    """A copy of preset ``name``'s options.
+
+    Raises:
+      ValueError: unknown name (lists the allowed ones).
+    """
+    if name not in PRESETS:
+        raise ValueError(f"preset={name!r} is not known; allowed: {sorted(PRESETS)}")
+    return dict(PRESETS[name])
