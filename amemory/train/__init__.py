@@ -1,12 +1,15 @@
 """Training engine: one device, ``pmap``, sharded ``jit`` over a mesh, or many hosts.
 
 Public API:
-  train(config, workdir) -> summary dict      run one config (amemory.train.loop)
-  TrainState                                   the pytree carried between steps
-  CheckpointManager                            Orbax wrapper with shape-checked restore
-  load_config(path, overrides) -> ConfigDict   config file + ``--config.a.b=v`` overrides
+  train(config, workdir, *, resume=False) -> summary dict   (amemory.train.loop)
+  run(config, workdir, *, resume=False) -> (summary, final TrainState as numpy)
+  load_config(path, overrides) -> ConfigDict                (config file + a.b=value overrides)
+  TrainState, Checkpointer, NonFiniteLossError
 """
 
-from amemory.train.loop import train
+from amemory.train.checkpoint import Checkpointer
+from amemory.train.config import load_config
+from amemory.train.loop import NonFiniteLossError, run, train
+from amemory.train.state import TrainState
 
-__all__ = ["train"]
+__all__ = ["Checkpointer", "NonFiniteLossError", "TrainState", "load_config", "run", "train"]

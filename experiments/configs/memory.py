@@ -37,9 +37,8 @@ def get_config(scale: str = "quick") -> ConfigDict:
 
     # ---- model (amemory.models.memory) ------------------------------------------
     c.memory = ConfigDict()
-    c.memory.K = (
-        99 if quick else 999
-    )  # number of classes / facts (coupled_rotation needs K % 3 == 0)
+    # number of classes / facts (coupled_rotation needs K % 3 == 0)
+    c.memory.K = 99 if quick else 999
     c.memory.d = config_dict.placeholder(
         int
     )  # embedding dim (d_in = d_out); None = K (required by decoupled / coupled_rotation)
@@ -53,18 +52,15 @@ def get_config(scale: str = "quick") -> ConfigDict:
     c.prior.alpha = 0.8  # two_level: total mass of the head
     c.prior.beta = 0.2  # two_level: head fraction L / K
     c.prior.exponent = 1.5  # power_law: p_k ~ k^-exponent; hierarchical: group mass ~ g^-exponent
-    c.prior.groups = (
-        33 if quick else 111
-    )  # hierarchical: number of groups M (K divisible by M; C = K / M)
-    c.prior.head_fraction = (
-        0.2  # head/tail split for metrics when kind != two_level: top fraction of classes by p_k
-    )
+    # hierarchical: number of groups M (K divisible by M; C = K / M)
+    c.prior.groups = 33 if quick else 111
+    # head/tail split for metrics when kind != two_level: top fraction of classes by p_k
+    c.prior.head_fraction = 0.2
     c.noise = 0.0  # label noise: p(i|k) = (1 - noise) 1[i=k] + noise / K
 
     # ---- objective --------------------------------------------------------------
-    c.batch_size = (
-        0  # 0 = exact population loss (deterministic); > 0 = sampled (query, answer) pairs per step
-    )
+    # 0 = exact population loss (deterministic); > 0 = sampled (query, answer) pairs per step
+    c.batch_size = 0
 
     # ---- optimizer (amemory.optim) -----------------------------------------------
     c.optimizer = ConfigDict()
@@ -80,9 +76,8 @@ def get_config(scale: str = "quick") -> ConfigDict:
     c.optimizer.signum_beta = 0.9  # Signum momentum
     c.optimizer.preset = config_dict.placeholder(str)  # Muon preset name or None
     c.optimizer.ns_steps = 5  # Newton-Schulz iterations
-    c.optimizer.orthogonalizer = (
-        "polar"  # "polar" (exact msgn via SVD, as in the theorems) | "newton_schulz"
-    )
+    # "polar" (exact msgn via SVD, as in the theorems) | "newton_schulz"
+    c.optimizer.orthogonalizer = "polar"
     c.optimizer.shape_scale = "none"  # "none" keeps W <- W - eta msgn(G) exactly
     c.optimizer.weight_decay = 0.0  # decoupled weight decay
     c.optimizer.grad_clip = 0.0  # global-norm clip; 0 = off

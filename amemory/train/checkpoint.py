@@ -1,0 +1,138 @@
+"""Checkpoints: a thin wrapper over Orbax ``CheckpointManager``.
+
+One checkpoint step holds two items:
+  state   the ``TrainState`` (params, opt_state, step, rng), saved with
+          ``StandardSave``; restored against an abstract target so optax states
+          come back as their NamedTuples and arrays land with the target's sharding;
+  extra   JSON: data position (list of ints), the run config, and free metadata.
+
+Saves are asynchronous (training continues while the arrays are written) and
+atomic (Orbax writes to a temporary directory and renames it when complete), so a
+process killed mid-save leaves the previous step as the latest one. ``max_to_keep``
+bounds the number of steps on disk. Multi-process runs call every method on every
+process; Orbax writes each process's shards and the JSON once.
+"""
+
+from __future__ import annotations
+
+import pathlib
+from typing import Any
+
+import jax
+import numpy as np
+import orbax.checkpoint as ocp
+
+from amemory.train import state as state_lib
+
+
+def _key_name(entry: Any) -> str:
+    for attr in ("key", "name", "idx"):
+        if hasattr(entry, attr):
+            return str(getattr(entry, attr))
+    return str(entry)
+
+
+def leaf_names(tree: Any) -> dict[str, Any]:
+    """``{"opt_state.0.mu.layers.0.w": leaf}``: dotted names as Orbax records them."""
+    flat, _ = jax.tree_util.tree_flatten_with_path(tree)
+    return {".".join(_key_name(e) for e in path): leaf for path, leaf in flat}
+
+
+class Checkpointer:
+    """Orbax ``CheckpointManager`` for ``TrainState`` + JSON extras.
+
+    Args:
+      directory: checkpoint root (created if missing); usually ``workdir/checkpoints``.
+      max_to_keep: number of most recent steps kept on disk.
+      async_save: write arrays in a background thread (default True).
+    """
+
+    def __init__(self, directory: str | pathlib.Path, *, max_to_keep: int = 3, async_save=True):
+        self.directory = pathlib.Path(directory).absolute()
+        options = ocp.CheckpointManagerOptions(
+            max_to_keep=max_to_keep, create=True, enable_async_checkpointing=async_save
+        )
+        self._manager = ocp.CheckpointManager(
+            self.directory, options=options, item_names=("state", "extra")
+        )
+
+    def latest_step(self) -> int | None:
+        """Step number of the newest complete checkpoint, or None."""
+        return self._manager.latest_step()
+
+    def all_steps(self) -> list[int]:
+        """All complete checkpoint steps on disk, ascending."""
+        return sorted(self._manager.all_steps())
+
+    def path(self, step: int) -> pathlib.Path:
+        """Directory of checkpoint ``step``."""
+        return self.directory / str(step)
+
+    def save(self, step: int, state: state_lib.TrainState, extra: dict) -> None:
+        """Start saving ``state`` and JSON-serialisable ``extra`` as ``step``; returns early."""
+        self._manager.save(
+            int(step),
+            args=ocp.args.Composite(
+                state=ocp.args.StandardSave(state), extra=ocp.args.JsonSave(extra)
+            ),
+        )
+
+    def check_compatible(self, step: int, target: state_lib.TrainState) -> None:
+        """Compare the saved leaves of ``step`` with ``target`` by name, shape and dtype.
+
+        Raises:
+          ValueError: naming the first missing, extra or mismatched leaf, with both shapes.
+        """
+        meta = self._manager.item_metadata(step)["state"]
+        saved = {m.name: m for m in jax.tree.leaves(meta) if hasattr(m, "shape")}
+        want = leaf_names(target)
+        for name, leaf in want.items():
+            if name not in saved:
+                raise ValueError(
+                    f"checkpoint {self.path(step)} has no leaf {name!r} that the current "
+                    "model/optimizer needs (different config?)"
+                )
+            s_shape, t_shape = tuple(saved[name].shape), tuple(np.shape(leaf))
+            if s_shape != t_shape:
+                raise ValueError(
+                    f"checkpoint {self.path(step)}: leaf {name!r} has shape {s_shape}, "
+                    f"but the current model/optimizer expects {t_shape}"
+                )
+        extra = sorted(set(saved) - set(want))
+        if extra:
+            raise ValueError(
+                f"checkpoint {self.path(step)} has leaves the current model/optimizer lacks: "
+                f"{extra[:5]}"
+            )
+
+    def restore(self, step: int, target: state_lib.TrainState) -> tuple[state_lib.TrainState, dict]:
+        """Restore ``step`` into the structure, shapes, dtypes and shardings of ``target``.
+
+        Args:
+          step: checkpoint step to read.
+          target: a ``TrainState`` of arrays or ``jax.ShapeDtypeStruct`` (``state.abstract``).
+
+        Returns:
+          ``(state, extra)``.
+
+        Raises:
+          ValueError: if a leaf's shape differs from the checkpoint's (names the leaf).
+        """
+        self.check_compatible(step, target)
+        abstract = state_lib.abstract(target)
+        out = self._manager.restore(
+            int(step),
+            args=ocp.args.Composite(
+                state=ocp.args.StandardRestore(abstract), extra=ocp.args.JsonRestore()
+            ),
+        )
+        return out["state"], dict(out["extra"])
+
+    def wait(self) -> None:
+        """Block until pending asynchronous saves are on disk."""
+        self._manager.wait_until_finished()
+
+    def close(self) -> None:
+        """Finish pending saves and release the manager."""
+        self._manager.wait_until_finished()
+        self._manager.close()

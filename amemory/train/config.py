@@ -1,0 +1,262 @@
+"""Run configs: load a config file, apply ``--config.a.b=value`` overrides, validate.
+
+A config file is a Python file with ``get_config(scale="quick") -> ConfigDict``
+(``experiments/configs/lm.py``, ``memory.py``). ``path:arg`` passes ``arg`` to
+``get_config``, as ``ml_collections.config_flags`` does. Overrides are parsed
+here (no absl flags) so that ``amemory train`` keeps one argparse parser.
+
+Every check that can fail runs before any JAX compilation and raises a
+``ValueError`` naming the field and the allowed values.
+"""
+
+from __future__ import annotations
+
+import ast
+import importlib.util
+import pathlib
+from collections.abc import Sequence
+from typing import Any
+
+from ml_collections import ConfigDict
+
+# Enumerated fields: dotted name -> allowed values (checked when the field exists).
+CHOICES: dict[str, tuple] = {
+    "task": ("lm", "memory"),
+    "scale": ("quick", "full"),
+    "optimizer.name": ("adam", "muon", "normuon", "signgd", "signum", "sgd"),
+    "optimizer.orthogonalizer": ("newton_schulz", "polar"),
+    "optimizer.shape_scale": ("jordan", "none", "rms_match", "spectral"),
+    "optimizer.preset": (None, "jordan", "moonlight", "torch", "optax", "wang2025"),
+    "schedule.name": ("constant", "cosine", "linear", "wsd"),
+    "parallel.mode": ("single", "pmap", "sharded"),
+    "parallel.cpu_collectives": ("gloo", "mpi"),
+    "data.kind": ("corpus", "biographies"),
+    "data.tokenizer": ("bpe", "word"),
+    "model.preset": ("tiny", "small", "gpt2-small", "nanogpt-160m"),
+    "model.ffn": (None, "gelu", "swiglu"),
+    "model.norm": (None, "layernorm", "rmsnorm"),
+    "model.position": (None, "rope", "learned"),
+    "model.dtype": ("float32", "bfloat16"),
+    "model.param_dtype": ("float32", "bfloat16"),
+    "memory.embeddings": (
+        "decoupled",
+        "coupled_rotation",
+        "random_orthonormal",
+        "gaussian",
+        "coherent",
+    ),
+    "prior.kind": ("two_level", "power_law", "hierarchical"),
+}
+
+# Roles and groups of transformer parameters (design.md "Roles").
+ROLES = ("q", "k", "v", "o", "w_in", "w_gate", "w_out", "embed", "head", "norm", "bias")
+GROUPS = {
+    "qk": ("q", "k"),
+    "vo": ("v", "o"),
+    "ffn": ("w_in", "w_gate", "w_out"),
+    "hidden": ("q", "k", "v", "o", "w_in", "w_gate", "w_out"),
+    "all": ROLES,
+    "none": (),
+}
+
+# Fields that accept None ("keep the preset's value" / "auto-detect").
+NULLABLE = frozenset(
+    {
+        "model.d_model",
+        "model.n_layers",
+        "model.n_heads",
+        "model.d_ff",
+        "model.ffn",
+        "model.norm",
+        "model.position",
+        "model.qk_norm",
+        "model.tied_head",
+        "optimizer.preset",
+        "memory.d",
+        "parallel.coordinator_address",
+        "parallel.num_processes",
+        "parallel.process_id",
+    }
+)
+
+# Integer fields with their minimum value.
+MINIMUMS: dict[str, int] = {
+    "steps": 1,
+    "log_every": 1,
+    "eval_every": 1,
+    "spectrum_every": 0,
+    "checkpoint_every": 0,
+    "keep_checkpoints": 1,
+    "data.seq_len": 1,
+    "data.batch_size": 1,
+    "data.n_buckets": 1,
+    "data.eval_batches": 1,
+    "data.vocab_size": 2,
+    "parallel.fsdp": 1,
+    "optimizer.ns_steps": 1,
+    "schedule.warmup_steps": 0,
+    "memory.K": 2,
+    "batch_size": 0,
+}
+
+
+def parse_roles(spec: str, field: str = "optimizer.muon_roles") -> tuple[str, ...]:
+    """Expand a role spec like ``"vo+ffn"`` or ``"q+w_out"`` into a tuple of roles.
+
+    Raises:
+      ValueError: naming ``field`` and the allowed roles and groups, on an unknown name.
+    """
+    if not isinstance(spec, str) or not spec:
+        raise ValueError(f"{field}={spec!r}: expected a role spec string like 'vo+ffn'")
+    out: list[str] = []
+    for part in spec.split("+"):
+        part = part.strip()
+        if part in GROUPS:
+            out.extend(GROUPS[part])
+        elif part in ROLES:
+            out.append(part)
+        else:
+            raise ValueError(
+                f"{field}={spec!r}: unknown role or group {part!r}; allowed roles {ROLES}, "
+                f"groups {tuple(GROUPS)} (join with '+')"
+            )
+    return tuple(dict.fromkeys(out))
+
+
+def load_config(path: str, overrides: Sequence[str] = ()) -> ConfigDict:
+    """Load ``path[:arg]`` (a file defining ``get_config``) and apply overrides.
+
+    Args:
+      path: config file path, optionally ``path:arg`` (``arg`` passed to ``get_config``).
+      overrides: strings ``"a.b=value"`` (the ``--config.`` prefix already removed).
+
+    Returns:
+      the validated, locked ``ConfigDict``.
+
+    Raises:
+      ValueError: file not found, no ``get_config``, unknown field, unparsable or
+        disallowed value.
+    """
+    file, _, arg = path.partition(":")
+    p = pathlib.Path(file)
+    if not p.is_file():
+        raise ValueError(f"--config: file {file!r} not found")
+    spec = importlib.util.spec_from_file_location(f"_amemory_config_{p.stem}", p)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    if not hasattr(module, "get_config"):
+        raise ValueError(f"--config: {file!r} defines no get_config()")
+    config = module.get_config(arg) if arg else module.get_config()
+    apply_overrides(config, overrides)
+    validate(config)
+    config.lock()
+    return config
+
+
+def _parse_value(field: str, text: str, current: Any, typ: type | None) -> Any:
+    typ = typ or (type(current) if current is not None else None)
+    try:
+        if typ is bool:
+            low = text.strip().lower()
+            if low in ("true", "1", "yes"):
+                return True
+            if low in ("false", "0", "no"):
+                return False
+            raise ValueError
+        if text.strip().lower() == "none" and (current is None or field in NULLABLE):
+            return None
+        if typ is int:
+            return int(text)
+        if typ is float:
+            return float(text)
+        if typ in (tuple, list):
+            t = text.strip()
+            if t in ("", "()", "[]"):
+                return ()
+            v = ast.literal_eval(t if t[0] in "([" else f"({t},)")
+            return tuple(v) if isinstance(v, (list, tuple)) else (v,)
+        if typ is str or typ is None:
+            return text
+    except (ValueError, SyntaxError) as e:
+        raise ValueError(
+            f"--config.{field}={text!r}: cannot parse as {typ.__name__} (current value {current!r})"
+        ) from e
+    raise ValueError(f"--config.{field}: cannot override a field of type {typ}")
+
+
+def apply_overrides(config: ConfigDict, overrides: Sequence[str]) -> ConfigDict:
+    """Apply ``["a.b=value", ...]`` to ``config`` in place (types follow the existing field).
+
+    Raises:
+      ValueError: unknown field (listing the fields of its parent) or unparsable value.
+    """
+    for item in overrides:
+        if "=" not in item:
+            raise ValueError(f"override {item!r}: expected --config.field=value")
+        key, text = item.split("=", 1)
+        parts = key.split(".")
+        node = config
+        for i, name in enumerate(parts):
+            if not isinstance(node, ConfigDict) or name not in node:
+                parent = ".".join(parts[:i]) or "<root>"
+                fields = sorted(node.keys()) if isinstance(node, ConfigDict) else []
+                raise ValueError(
+                    f"--config.{key}: unknown field {name!r} in {parent}; fields: {fields}"
+                )
+            if i < len(parts) - 1:
+                node = node[name]
+        name = parts[-1]
+        current = node[name]
+        if isinstance(current, ConfigDict):
+            raise ValueError(f"--config.{key}: is a group; set one of {sorted(current.keys())}")
+        typ = node.get_type(name)
+        value = _parse_value(key, text, current, typ)
+        with node.unlocked():
+            node[name] = value
+    return config
+
+
+def _get(config: ConfigDict, dotted: str) -> tuple[bool, Any]:
+    node = config
+    for name in dotted.split("."):
+        if not isinstance(node, ConfigDict) or name not in node:
+            return False, None
+        node = node[name]
+    return True, node
+
+
+def validate(config: ConfigDict) -> None:
+    """Check enumerated fields, integer ranges and role specs of a run config.
+
+    Raises:
+      ValueError: naming the field and the allowed values.
+    """
+    for field, allowed in CHOICES.items():
+        present, value = _get(config, field)
+        if present and value not in allowed:
+            raise ValueError(f"config.{field}={value!r}; allowed values: {allowed}")
+    for field, lo in MINIMUMS.items():
+        present, value = _get(config, field)
+        if present and (not isinstance(value, int) or isinstance(value, bool) or value < lo):
+            raise ValueError(f"config.{field}={value!r}; must be an integer >= {lo}")
+    for field in ("optimizer.lr", "optimizer.adam_lr", "optimizer.weight_decay"):
+        present, value = _get(config, field)
+        if present and not float(value) >= 0:
+            raise ValueError(f"config.{field}={value!r}; must be >= 0")
+    present, roles = _get(config, "optimizer.muon_roles")
+    if present and config.task == "lm":
+        parse_roles(roles, "optimizer.muon_roles")
+    present, roles = _get(config, "spectrum_roles")
+    if present and config.task == "lm":
+        parse_roles(roles, "spectrum_roles")
+    seeds = config.get("seeds", ())
+    if not all(isinstance(s, int) for s in seeds) or len(set(seeds)) != len(seeds):
+        raise ValueError(f"config.seeds={seeds!r}; must be distinct integers (or empty)")
+    if seeds and config.parallel.mode == "pmap":
+        raise ValueError(
+            "config.seeds with config.parallel.mode='pmap': multi-seed runs vmap over seeds; "
+            "use parallel.mode 'single' or 'sharded'"
+        )
+    noise = config.get("noise", 0.0)
+    if not 0.0 <= float(noise) < 1.0:
+        raise ValueError(f"config.noise={noise!r}; must be in [0, 1)")

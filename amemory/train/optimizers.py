@@ -1,0 +1,206 @@
+"""Resolve ``config.optimizer`` and ``config.schedule`` into one Optax transformation.
+
+The one place where optimizer names become objects (big_vision style), so sweeps
+need no code edits. Two halves:
+
+  matrix part   ``optimizer.name`` (muon | normuon | signgd | signum | sgd) with
+                learning rate ``optimizer.lr``, on the roles of ``optimizer.muon_roles``;
+  Adam part     ``optax.adamw`` with ``optimizer.adam_lr`` on every other parameter.
+
+``optimizer.name == "adam"`` trains everything with the Adam part. The split is
+``optax.partition`` over labels computed from parameter roles; the resolved table
+(path, shape, role, transform) is returned for logging. Both learning rates follow
+the same schedule shape (a multiplier in [0, 1]).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import jax
+import numpy as np
+import optax
+
+from amemory.train.config import parse_roles
+
+MATRIX = "matrix"
+ADAM = "adam"
+
+
+def multiplier(sched_cfg: Any, steps: int) -> optax.Schedule:
+    """Learning-rate multiplier ``step -> [0, 1]`` from ``config.schedule``.
+
+    constant: 1 after a linear warmup; cosine: warmup then cosine decay to
+    ``final_fraction`` at ``steps``; linear: warmup then linear decay to
+    ``final_fraction``; wsd: warmup, constant, then linear decay to
+    ``final_fraction`` over the last ``decay_fraction * steps`` steps.
+
+    Raises:
+      ValueError: unknown schedule name (lists the allowed ones).
+    """
+    name, warm = sched_cfg.name, int(sched_cfg.warmup_steps)
+    final = float(sched_cfg.final_fraction)
+    warm = min(warm, max(steps - 1, 0))
+    if name == "constant":
+        main = optax.constant_schedule(1.0)
+        decay_steps = None
+    elif name == "cosine":
+        main = optax.cosine_decay_schedule(1.0, max(steps - warm, 1), alpha=final)
+    elif name == "linear":
+        main = optax.linear_schedule(1.0, final, max(steps - warm, 1))
+    elif name == "wsd":
+        decay_steps = max(int(round(float(sched_cfg.decay_fraction) * steps)), 1)
+        stable = max(steps - warm - decay_steps, 0)
+        main = optax.join_schedules(
+            [optax.constant_schedule(1.0), optax.linear_schedule(1.0, final, decay_steps)],
+            [stable],
+        )
+    else:
+        raise ValueError(
+            f"config.schedule.name={name!r}; allowed values: "
+            "('constant', 'cosine', 'linear', 'wsd')"
+        )
+    if warm == 0:
+        return main
+    return optax.join_schedules([optax.linear_schedule(0.0, 1.0, warm), main], [warm])
+
+
+@dataclasses.dataclass(frozen=True)
+class Optimizer:
+    """A resolved optimizer: the transformation, its schedules and the routing table."""
+
+    tx: optax.GradientTransformation
+    lr: optax.Schedule  # matrix-part learning rate at a step (the Adam one for name="adam")
+    adam_lr: optax.Schedule  # Adam-part learning rate at a step
+    labels: Any  # same tree as params: "matrix" | "adam"
+    table: list  # rows [path, shape, role, transform]
+
+
+def _matrix_tx(ocfg: Any, lr: optax.Schedule, matrix_axes: Any) -> optax.GradientTransformation:
+    from amemory import optim
+
+    name = ocfg.name
+    if name in ("muon", "normuon"):
+        kw = dict(
+            momentum=float(ocfg.momentum),
+            nesterov=bool(ocfg.nesterov),
+            orthogonalizer=ocfg.orthogonalizer,
+            ns_steps=int(ocfg.ns_steps),
+            shape_scale=ocfg.shape_scale,
+            matrix_axes=matrix_axes,
+            diagnostics=bool(ocfg.diagnostics),
+        )
+        if name == "muon":
+            from amemory.optim.muon import muon
+
+            return muon(lr, preset=ocfg.preset, weight_decay=float(ocfg.weight_decay), **kw)
+        from amemory.optim.muon import normuon
+
+        return normuon(lr, weight_decay=float(ocfg.weight_decay), **kw)
+    wd = float(ocfg.weight_decay)
+    decay = [optax.add_decayed_weights(wd)] if wd > 0 else []
+    if name == "signgd":
+        return optax.chain(*decay, optim.signgd(lr)) if decay else optim.signgd(lr)
+    if name == "signum":
+        core = optim.signum(lr, beta=float(ocfg.signum_beta))
+        return optax.chain(*decay, core) if decay else core
+    if name == "sgd":
+        m = float(ocfg.momentum)
+        core = optax.sgd(lr, momentum=m if m > 0 else None, nesterov=bool(ocfg.nesterov) and m > 0)
+        return optax.chain(*decay, core) if decay else core
+    raise ValueError(
+        f"config.optimizer.name={name!r}; allowed values: "
+        "('adam', 'muon', 'normuon', 'signgd', 'signum', 'sgd')"
+    )
+
+
+def _path_str(path) -> str:
+    out = []
+    for e in path:
+        for attr in ("key", "name", "idx"):
+            if hasattr(e, attr):
+                out.append(str(getattr(e, attr)))
+                break
+        else:
+            out.append(str(e))
+    return "/".join(out)
+
+
+def build(
+    config: Any,
+    params: Any,
+    roles: Any,
+    *,
+    matrix_roles: tuple[str, ...] | None = None,
+    matrix_axes: Any = None,
+) -> Optimizer:
+    """Build the run's optimizer for ``params`` (one seed, no leading seed axis).
+
+    Args:
+      config: the run ConfigDict (reads ``optimizer``, ``schedule``, ``steps``).
+      params: parameter tree (arrays or ShapeDtypeStructs).
+      roles: same-structure tree of role strings.
+      matrix_roles: roles trained by ``optimizer.name``; None parses
+        ``optimizer.muon_roles`` (ignored for "adam").
+      matrix_axes: passed to Muon/NorMuon (e.g. ``(1, 0)`` for ``[d_out, d_in]`` weights).
+
+    Returns:
+      an :class:`Optimizer`.
+
+    Raises:
+      ValueError: unknown optimizer, unknown role spec, a Muon-routed leaf that is not
+        2-D (names the leaf), or options rejected by ``amemory.optim``.
+    """
+    ocfg = config.optimizer
+    mult = multiplier(config.schedule, int(config.steps))
+    lr_peak, adam_peak = float(ocfg.lr), float(ocfg.adam_lr)
+
+    def adam_lr(step):
+        return adam_peak * mult(step)
+
+    def lr(step):
+        return lr_peak * mult(step)
+
+    if ocfg.name == "adam":
+        chosen: tuple[str, ...] = ()
+    elif matrix_roles is not None:
+        chosen = tuple(matrix_roles)
+    else:
+        chosen = parse_roles(ocfg.muon_roles, "optimizer.muon_roles")
+    labels = jax.tree.map(lambda r: MATRIX if r in chosen else ADAM, roles)
+    flat_p = jax.tree_util.tree_flatten_with_path(params)[0]
+    flat_r = jax.tree.leaves(roles)
+    flat_l = jax.tree.leaves(labels)
+    matrix_name = ocfg.name
+    table = []
+    for (path, leaf), role, label in zip(flat_p, flat_r, flat_l, strict=True):
+        shape = tuple(int(d) for d in np.shape(leaf))
+        table.append([_path_str(path), list(shape), role, matrix_name if label == MATRIX else ADAM])
+        if label == MATRIX and ocfg.name in ("muon", "normuon") and matrix_axes is None:
+            if len(shape) != 2:
+                raise ValueError(
+                    f"config.optimizer.muon_roles={ocfg.muon_roles!r} routes {_path_str(path)} "
+                    f"(role {role!r}, shape {shape}) to {ocfg.name}, which needs 2-D matrices; "
+                    "leave embed/head/norm/bias roles to Adam"
+                )
+    adam = optax.adamw(
+        adam_lr,
+        b1=float(ocfg.b1),
+        b2=float(ocfg.b2),
+        eps=float(ocfg.eps),
+        weight_decay=float(ocfg.weight_decay),
+    )
+    used = set(flat_l)
+    if used == {ADAM}:
+        tx = adam
+        lr_sched = adam_lr
+    elif used == {MATRIX}:
+        tx = _matrix_tx(ocfg, lr, matrix_axes)
+        lr_sched = lr
+    else:
+        tx = optax.partition({MATRIX: _matrix_tx(ocfg, lr, matrix_axes), ADAM: adam}, labels)
+        lr_sched = lr
+    if float(ocfg.grad_clip) > 0:
+        tx = optax.chain(optax.clip_by_global_norm(float(ocfg.grad_clip)), tx)
+    return Optimizer(tx=tx, lr=lr_sched, adam_lr=adam_lr, labels=labels, table=table)

@@ -1,0 +1,194 @@
+"""Device placement for the three parallel modes, and multi-host start-up.
+
+Modes (``config.parallel.mode``):
+  single   ``jax.jit`` on the default device.
+  pmap     data parallel with ``jax.pmap`` over the local devices: the state is
+           replicated (leading device axis), each device takes ``B / n`` rows of
+           the batch, gradients and loss are averaged with ``lax.pmean``.
+  sharded  ``jax.jit`` over a ``Mesh`` with axes ``("data", "fsdp")`` (Auto axis
+           types): the batch is split over both axes (every device gets distinct
+           rows, the usual FSDP layout), each parameter and optimizer-state leaf is
+           split on ``"fsdp"`` along its largest axis divisible by the fsdp size
+           (replicated when none is), and XLA inserts the all-gathers and
+           reduce-scatters. With ``fsdp = 1`` this is plain data parallelism.
+Multi-host: ``initialize_distributed`` calls ``jax.distributed.initialize`` first;
+the mesh then spans every process's devices and each process feeds only its own
+rows (``make_array_from_process_local_data``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import jax
+import numpy as np
+from jax.sharding import Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
+
+AXES = ("data", "fsdp")
+
+
+def initialize_distributed(pcfg: Any) -> None:
+    """Start JAX's distributed runtime when ``pcfg.distributed`` is true (idempotent).
+
+    ``pcfg`` is ``config.parallel``: ``coordinator_address`` ("host:port"),
+    ``num_processes`` and ``process_id`` (None = auto-detect from SLURM / TPU / ...),
+    ``cpu_collectives`` ("gloo" | "mpi", used when the platform is CPU). Must run
+    before any other JAX call creates a backend.
+    """
+    if not pcfg.distributed or jax.distributed.is_initialized():
+        return
+    platforms = jax.config.jax_platforms or ""
+    if "cpu" in platforms.split(","):
+        jax.config.update("jax_cpu_collectives_implementation", pcfg.cpu_collectives)
+    jax.distributed.initialize(
+        coordinator_address=pcfg.coordinator_address,
+        num_processes=pcfg.num_processes,
+        process_id=pcfg.process_id,
+        initialization_timeout=120,
+    )
+
+
+def make_mesh(fsdp: int = 1) -> Mesh:
+    """Mesh over all (global) devices with axes ``("data", "fsdp")``, shape ``(n // fsdp, fsdp)``.
+
+    Raises:
+      ValueError: if ``fsdp`` does not divide the device count.
+    """
+    n = jax.device_count()
+    if fsdp < 1 or n % fsdp:
+        raise ValueError(f"config.parallel.fsdp={fsdp} must divide the device count {n}")
+    auto = jax.sharding.AxisType.Auto
+    return jax.make_mesh((n // fsdp, fsdp), AXES, axis_types=(auto, auto))
+
+
+def fsdp_spec(shape: tuple[int, ...], fsdp: int) -> P:
+    """PartitionSpec splitting the largest axis divisible by ``fsdp`` on "fsdp" (else replicated).
+
+    Ties go to the earliest axis. Scalars and ``fsdp == 1`` are replicated.
+    """
+    if fsdp == 1 or not shape:
+        return P()
+    candidates = [i for i, d in enumerate(shape) if d % fsdp == 0 and d >= fsdp]
+    if not candidates:
+        return P()
+    axis = max(candidates, key=lambda i: (shape[i], -i))
+    return P(*[("fsdp" if i == axis else None) for i in range(len(shape))])
+
+
+def state_shardings(tree: Any, mesh: Mesh, *, leading_axes: int = 0) -> Any:
+    """NamedSharding for every leaf of ``tree`` by ``fsdp_spec``.
+
+    ``leading_axes`` axes (e.g. the seed axis of a multi-seed run) are never split.
+    """
+    fsdp = mesh.shape["fsdp"]
+
+    def one(x):
+        shape = tuple(np.shape(x))
+        spec = fsdp_spec(shape[leading_axes:], fsdp)
+        return NamedSharding(mesh, P(*([None] * leading_axes), *spec))
+
+    return jax.tree.map(one, tree)
+
+
+def batch_sharding(mesh: Mesh) -> NamedSharding:
+    """Rows of the batch split over ``("data", "fsdp")`` jointly; other axes replicated."""
+    return NamedSharding(mesh, P(AXES))
+
+
+def replicated(mesh: Mesh) -> NamedSharding:
+    """Fully replicated sharding on ``mesh``."""
+    return NamedSharding(mesh, P())
+
+
+def host_rows(global_batch_size: int) -> slice:
+    """Rows of the global batch this process feeds: contiguous, in process order.
+
+    Raises:
+      ValueError: if the process count does not divide ``global_batch_size``.
+    """
+    n, i = jax.process_count(), jax.process_index()
+    if global_batch_size % n:
+        raise ValueError(
+            f"data batch size {global_batch_size} must be divisible by the process count {n}"
+        )
+    per = global_batch_size // n
+    return slice(i * per, (i + 1) * per)
+
+
+def global_batch(local: Any, sharding: NamedSharding) -> Any:
+    """Assemble a global jax.Array tree from this process's rows (numpy tree)."""
+    return jax.tree.map(
+        lambda x: jax.make_array_from_process_local_data(sharding, np.asarray(x)), local
+    )
+
+
+def split_for_pmap(local: Any, n_devices: int) -> Any:
+    """Reshape each ``[B, ...]`` leaf to ``[n_devices, B / n_devices, ...]``.
+
+    Raises:
+      ValueError: if ``n_devices`` does not divide ``B``.
+    """
+
+    def one(x):
+        x = np.asarray(x)
+        if x.shape[0] % n_devices:
+            raise ValueError(
+                f"per-process batch {x.shape[0]} must be divisible by the {n_devices} local "
+                "devices in parallel.mode='pmap'"
+            )
+        return x.reshape(n_devices, x.shape[0] // n_devices, *x.shape[1:])
+
+    return jax.tree.map(one, local)
+
+
+def replicate(tree: Any) -> Any:
+    """Copy ``tree`` to every local device with a leading device axis (pmap layout)."""
+    devices = jax.local_devices()
+    sharding = NamedSharding(Mesh(np.array(devices), ("local",)), P("local"))
+    return jax.tree.map(
+        lambda x: jax.device_put(np.stack([np.asarray(x)] * len(devices)), sharding), tree
+    )
+
+
+def unreplicate(tree: Any) -> Any:
+    """First device's copy of a pmap-replicated tree, as a single-device array."""
+    device = jax.local_devices()[0]
+    return jax.tree.map(lambda x: jax.device_put(x.addressable_shards[0].data[0], device), tree)
+
+
+@dataclasses.dataclass(frozen=True)
+class Placement:
+    """How a run puts state and batches on devices (built once by ``placement``)."""
+
+    mode: str
+    mesh: Mesh | None = None
+    n_local: int = 1
+
+    @property
+    def data_shards(self) -> int:
+        """Number of ways the global batch is split across devices."""
+        if self.mode == "pmap":
+            return self.n_local * jax.process_count()
+        if self.mode == "sharded":
+            return self.mesh.size
+        return 1
+
+
+def placement(pcfg: Any) -> Placement:
+    """Resolve ``config.parallel`` into a ``Placement`` (after ``initialize_distributed``).
+
+    Raises:
+      ValueError: for mode "single" with more than one process, or a bad fsdp size.
+    """
+    if pcfg.mode == "single":
+        if jax.process_count() > 1:
+            raise ValueError(
+                "config.parallel.mode='single' cannot run on several processes; "
+                "use 'pmap' or 'sharded'"
+            )
+        return Placement("single")
+    if pcfg.mode == "pmap":
+        return Placement("pmap", n_local=jax.local_device_count())
+    return Placement("sharded", mesh=make_mesh(pcfg.fsdp))

@@ -1,0 +1,368 @@
+"""What the training loop trains: model + data + loss + evaluation, per ``config.task``.
+
+A task adapts one model family and its data to the loop's needs:
+
+  init_params(key) -> params          one seed's parameters (key: raw ``[2] uint32``)
+  roles(params) -> tree of str        role of every leaf (routing, update RMS)
+  loss(params, batch, rng) -> scalar  mean training loss of the batch (nats)
+  next_batch() -> numpy tree          this process's rows of the next global batch
+  data_state() / restore_data(list)   input position, saved in checkpoints
+  eval_stats(params, batch) -> dict   summable sums for one eval batch (jax, any mode)
+  eval_batches() -> iterator          this process's rows of every eval batch
+  finalize_eval(sums, params_host)    metrics dict from summed stats (host)
+  spectrum_matrices(params_host)      {name: [..., m, n]} matrices for isotropy metrics
+  tokens_per_step                     global tokens (LM) or queries (memory) per step
+
+Tasks: ``LMTask`` (transformer on a tokenized corpus: per-frequency-bucket
+validation loss), ``BiographyTask`` (transformer on synthetic biographies:
+first-token accuracy per group), ``MemoryTask`` (one-layer associative memory on
+a synthetic prior: per-class loss / accuracy, head / tail, gap).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from amemory.train.config import parse_roles
+
+
+def check_batch(batch_size: int, data_shards: int, field: str) -> None:
+    """Raise ValueError unless ``batch_size`` splits evenly over the data shards."""
+    if batch_size % data_shards:
+        raise ValueError(
+            f"config.{field}={batch_size} must be divisible by the {data_shards} data shards "
+            "(devices) of this parallel mode"
+        )
+
+
+# ----------------------------------------------------------------------------- language model
+
+
+def model_config(config: Any, vocab_size: int):
+    """``TransformerConfig`` from ``config.model`` (preset + non-None overrides)."""
+    from amemory.models import transformer
+
+    m = config.model
+    over = {
+        k: m[k]
+        for k in ("d_model", "n_layers", "n_heads", "d_ff", "ffn", "norm", "position", "qk_norm",
+                  "tied_head")
+        if m[k] is not None
+    }  # fmt: skip
+    return transformer.preset(
+        m.preset,
+        vocab_size=int(vocab_size),
+        max_len=int(config.data.seq_len),
+        dropout=float(m.dropout),
+        remat=bool(m.remat),
+        dtype=m.dtype,
+        param_dtype=m.param_dtype,
+        **over,
+    )
+
+
+def _lm_loss(graphdef, params, tokens, targets, mask, rng, dropout: bool):
+    from amemory.models import transformer
+
+    logits = transformer.apply(
+        graphdef, params, tokens, rng=rng if dropout else None, deterministic=not dropout
+    )  # (B, T, V)
+    ce = optax.softmax_cross_entropy_with_integer_labels(logits, targets)  # (B, T)
+    if mask is None:
+        return ce.mean()
+    mask = mask.astype(ce.dtype)
+    return (ce * mask).sum() / jnp.maximum(mask.sum(), 1.0)
+
+
+class _Transformer:
+    """Shared transformer pieces of LMTask and BiographyTask."""
+
+    def _setup_model(self, config: Any, vocab_size: int) -> None:
+        from amemory.models import transformer
+
+        self.model_config = model_config(config, vocab_size)
+        self.graphdef = transformer._graphdef(self.model_config)
+        self.dropout = float(config.model.dropout) > 0
+        self.spectrum_roles = parse_roles(config.spectrum_roles, "spectrum_roles")
+
+    def init_params(self, key: jax.Array) -> Any:
+        from amemory.models import transformer
+
+        return transformer.init_params(self.model_config, key)
+
+    def roles(self, params: Any) -> Any:
+        from amemory.models import transformer
+
+        return transformer.param_roles(params)
+
+    def spectrum_matrices(self, params: Any) -> dict[str, np.ndarray]:
+        """``{role: [n_layers, ..., d_out, d_in]}`` for the requested roles (+ "vo" = W_O W_V)."""
+        from amemory.models import transformer
+
+        want = set(self.spectrum_roles)
+        mats = transformer.hidden_matrices(params, include_vo={"v", "o"} <= want)
+        out: dict[str, list] = {}
+        for name, m in mats.items():
+            role = name.rsplit("/", 1)[-1]
+            if role in want or role == "vo":
+                out.setdefault(role, []).append(np.asarray(m))
+        return {r: np.stack(v) for r, v in out.items()}
+
+
+class LMTask(_Transformer):
+    """Next-token language modelling on a tokenized corpus (``amemory.data.corpus``).
+
+    Batches are int32 ``[B_local, T + 1]`` windows; the loss is the mean
+    cross-entropy in nats per token. Evaluation: validation loss overall and per
+    token-frequency bucket of the target token (buckets from training counts,
+    ``corpus.frequency_buckets``; bucket 0 = most frequent).
+    """
+
+    kind = "lm"
+
+    def __init__(self, config: Any, data_shards: int):
+        from amemory.data import corpus as C
+
+        d = config.data
+        check_batch(int(d.batch_size), data_shards, "data.batch_size")
+        self.data = C.prepare_corpus(d.corpus, tokenizer=d.tokenizer, vocab_size=int(d.vocab_size))
+        self._setup_model(config, self.data.vocab_size)
+        pi, pc = jax.process_index(), jax.process_count()
+        self.batcher = C.Batcher(
+            self.data.train_tokens, int(d.batch_size), int(d.seq_len), int(config.seed), pi, pc
+        )
+        self.batch_size, self.seq_len = int(d.batch_size), int(d.seq_len)
+        self.eval_n = int(d.eval_batches)
+        ids, labels = C.frequency_buckets(self.data.counts, int(d.n_buckets))
+        self.bucket_ids = jnp.asarray(ids, jnp.int32)  # (V,)
+        self.bucket_labels = list(labels)
+        self.tokens_per_step = self.batch_size * self.seq_len
+        # Fail now (before compiling) if the validation split cannot fill one batch.
+        next(C.eval_batches(self.data.val_tokens, self.batch_size, self.seq_len, max_batches=1))
+
+    def loss(self, params, batch, rng):
+        return _lm_loss(self.graphdef, params, batch[:, :-1], batch[:, 1:], None, rng, self.dropout)
+
+    def next_batch(self) -> np.ndarray:
+        return self.batcher.next()
+
+    def data_state(self) -> list[int]:
+        return [int(x) for x in self.batcher.state()]
+
+    def restore_data(self, state: list[int]) -> None:
+        self.batcher.restore(np.asarray(state, np.int64))
+
+    def eval_batches(self) -> Iterator[np.ndarray]:
+        from amemory.data import corpus as C
+
+        return C.eval_batches(
+            self.data.val_tokens,
+            self.batch_size,
+            self.seq_len,
+            max_batches=self.eval_n,
+            process_index=jax.process_index(),
+            process_count=jax.process_count(),
+        )
+
+    def eval_stats(self, params, batch) -> dict[str, jax.Array]:
+        from amemory.models import transformer
+
+        tokens, targets = batch[:, :-1], batch[:, 1:]
+        logits = transformer.apply(self.graphdef, params, tokens)  # (B, T, V)
+        ce = optax.softmax_cross_entropy_with_integer_labels(logits, targets)  # (B, T)
+        b = self.bucket_ids[targets].ravel()
+        n = len(self.bucket_labels)
+        return {
+            "loss_sum": jax.ops.segment_sum(ce.ravel(), b, num_segments=n),  # (n,)
+            "count": jax.ops.segment_sum(jnp.ones_like(ce.ravel()), b, num_segments=n),
+        }
+
+    def finalize_eval(self, sums: dict[str, np.ndarray], params_host: Any = None) -> dict:
+        ls, ct = np.asarray(sums["loss_sum"], np.float64), np.asarray(sums["count"], np.float64)
+        out: dict[str, Any] = {"loss": ls.sum(-1) / np.maximum(ct.sum(-1), 1)}
+        for i in range(len(self.bucket_labels)):
+            out[f"loss/bucket_{i}"] = np.where(
+                ct[..., i] > 0, ls[..., i] / np.maximum(ct[..., i], 1), np.nan
+            )
+            out[f"tokens/bucket_{i}"] = ct[..., i]
+        out["bucket_labels"] = self.bucket_labels
+        return out
+
+
+# ----------------------------------------------------------------------------- memory
+
+
+class MemoryTask:
+    """One-layer associative memory ``softmax(Et^T W E_k)`` (``amemory.models.memory``).
+
+    Parameters ``{"W": [d, d]}``, ``W_0 = 0`` for every seed (papers.md A.1).
+    ``batch_size = 0``: the exact population loss (the batch is a placeholder);
+    ``batch_size = B``: ``B`` (query, answer) pairs per step from
+    ``memory_tasks.sample_pairs`` with key ``fold_in(PRNGKey(seed), draw)``.
+    Evaluation is exact (population quantities from W).
+    """
+
+    kind = "memory"
+
+    def __init__(self, config: Any, data_shards: int):
+        from amemory.data import frequencies as F
+        from amemory.models import memory as M
+
+        mc, pc = config.memory, config.prior
+        K = int(mc.K)
+        d = int(mc.d) if mc.d is not None else K
+        key = jax.random.PRNGKey(int(mc.embedding_seed))
+        emb = mc.embeddings
+        if emb in ("decoupled", "coupled_rotation") and d != K:
+            raise ValueError(f"config.memory.d={d} must equal memory.K={K} for embeddings={emb!r}")
+        if emb == "decoupled":
+            E, Et = M.decoupled(K)
+        elif emb == "coupled_rotation":
+            if K % 3:
+                raise ValueError(f"config.memory.K={K} must be divisible by 3 for coupled_rotation")
+            E, Et = M.coupled_rotation(K)
+        elif emb == "random_orthonormal":
+            E, Et = M.random_orthonormal(K, d, key)
+        elif emb == "gaussian":
+            E, Et = M.gaussian(K, d, key)
+        elif emb == "coherent":
+            E, Et = M.coherent(K, d, float(mc.coherence), key)
+        else:
+            raise ValueError(
+                f"config.memory.embeddings={emb!r}; allowed values: ('decoupled', "
+                "'coupled_rotation', 'random_orthonormal', 'gaussian', 'coherent')"
+            )
+        self.E, self.Et, self.K, self.d = jnp.asarray(E), jnp.asarray(Et), K, d
+        if pc.kind == "two_level":
+            self.prior = F.two_level(K, float(pc.alpha), float(pc.beta))
+            head = F.two_level_split(K, float(pc.beta))
+            self.head = np.arange(K) < head
+        else:
+            if pc.kind == "power_law":
+                self.prior = F.power_law(K, float(pc.exponent))
+            elif pc.kind == "hierarchical":
+                M_ = int(pc.groups)
+                if M_ < 1 or K % M_:
+                    raise ValueError(f"config.prior.groups={M_} must divide memory.K={K}")
+                self.prior = F.hierarchical(M_, K // M_, float(pc.exponent))
+            else:
+                raise ValueError(
+                    f"config.prior.kind={pc.kind!r}; allowed: ('two_level', 'power_law', "
+                    "'hierarchical')"
+                )
+            n_head = max(1, int(round(float(pc.head_fraction) * K)))
+            order = np.argsort(-self.prior, kind="stable")
+            self.head = np.zeros(K, bool)
+            self.head[order[:n_head]] = True
+        self.prior_j = jnp.asarray(self.prior, jnp.float32)
+        self.noise = float(config.noise)
+        self.batch_size = int(config.batch_size)
+        self.seed = int(config.seed)
+        self.data_shards = data_shards
+        if self.batch_size:
+            check_batch(self.batch_size, data_shards, "batch_size")
+        self._draws = 0
+        self._eval_fn = None
+        self.tokens_per_step = self.batch_size if self.batch_size else K
+        self.spectrum_roles = ("W",)
+
+    def init_params(self, key: jax.Array) -> Any:
+        del key  # W_0 = 0 (papers.md A.1)
+        return {"W": jnp.zeros((self.d, self.d), jnp.float32)}
+
+    def roles(self, params: Any) -> Any:
+        return jax.tree.map(lambda _: "W", params)
+
+    def loss(self, params, batch, rng):
+        from amemory.models import memory as M
+
+        if self.batch_size == 0:
+            return M.population_loss(params["W"], self.E, self.Et, self.prior_j, self.noise)
+        return M.sampled_loss(params["W"], self.E, self.Et, batch["q"], batch["a"])
+
+    def next_batch(self) -> Any:
+        from amemory.data import memory_tasks
+
+        n, i = jax.process_count(), jax.process_index()
+        if self.batch_size == 0:
+            rows = self.data_shards // n
+            self._draws += 1
+            return {"q": np.zeros((rows,), np.int32), "a": np.zeros((rows,), np.int32)}
+        key = jax.random.fold_in(jax.random.PRNGKey(self.seed), self._draws)
+        q, a = memory_tasks.sample_pairs(key, self.prior, self.batch_size, self.noise)
+        self._draws += 1
+        per = self.batch_size // n
+        sl = slice(i * per, (i + 1) * per)
+        return {"q": np.asarray(q)[sl], "a": np.asarray(a)[sl]}
+
+    def data_state(self) -> list[int]:
+        return [self._draws]
+
+    def restore_data(self, state: list[int]) -> None:
+        self._draws = int(state[0])
+
+    def spectrum_matrices(self, params: Any) -> dict[str, np.ndarray]:
+        return {"W": np.asarray(params["W"])[None]}
+
+    def eval_host(self, W: np.ndarray) -> dict:
+        """Exact per-class metrics of one memory ``W [d, d]`` (host, float64 where it matters)."""
+        from amemory.models import memory as M
+
+        if self._eval_fn is None:
+
+            def arrays(W):
+                logits = M.logits(W, self.E, self.Et)  # (K, K): row k = query k
+                return (
+                    M.per_class_loss(W, self.E, self.Et, self.noise),  # (K,)
+                    jnp.argmax(logits, axis=-1) == jnp.arange(self.K),  # (K,)
+                    M.correct_probabilities(W, self.E, self.Et),  # (K,)
+                )
+
+            self._eval_fn = jax.jit(arrays)
+        per_loss, correct, probs = (np.asarray(x, np.float64) for x in self._eval_fn(W))
+        p, h = self.prior, self.head
+        t = ~h
+
+        def wmean(x, mask):
+            return float((p[mask] * x[mask]).sum() / p[mask].sum()) if mask.any() else float("nan")
+
+        return {
+            "loss": float(p @ per_loss),
+            "acc": float(p @ correct),
+            "loss/head": wmean(per_loss, h),
+            "loss/tail": wmean(per_loss, t),
+            "acc/head": float(correct[h].mean()) if h.any() else float("nan"),
+            "acc/tail": float(correct[t].mean()) if t.any() else float("nan"),
+            "correct_prob/min": float(probs.min()),
+            "gap": float(probs.max() - probs.min()),
+            "per_class_loss": per_loss.tolist(),
+            "per_class_prob": probs.tolist(),
+        }
+
+
+def build(config: Any, data_shards: int):
+    """The task for ``config`` (``task`` and ``data.kind``). Loads data; compiles nothing.
+
+    Raises:
+      ValueError: for bad data/model settings (names the field).
+    """
+    if config.task == "memory":
+        return MemoryTask(config, data_shards)
+    if config.data.kind == "biographies":
+        return BiographyTask(config, data_shards)
+    return LMTask(config, data_shards)
+
+
+class BiographyTask(_Transformer):
+    """Placeholder until amemory.data.biographies lands."""
+
+    kind = "biographies"
+
+    def __init__(self, config: Any, data_shards: int):
+        raise ValueError("config.data.kind='biographies' is not available yet")
