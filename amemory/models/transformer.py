@@ -474,6 +474,8 @@ def init_params(config: TransformerConfig, key: jax.Array) -> dict:
     """
     if not isinstance(config, TransformerConfig):
         raise ValueError(f"config must be a TransformerConfig, got {type(config).__name__}")
+    # Fields that do not change the parameters share one compiled initialiser.
+    config = config.replace(remat=False, dropout=0.0, dtype=config.param_dtype)
     if _is_key_batch(key):
         return jax.vmap(lambda k: _init_params(config, k))(key)
     return _init_params(config, key)
@@ -563,13 +565,15 @@ def _normalise_path(path: Any) -> tuple[str | int, ...]:
     return tuple(_key_name(p) for p in path)
 
 
-def role_of(path: Any) -> str:
+def role_of(path: Any, leaf: Any = None) -> str:
     """The role of a parameter from its path.
 
     Args:
       path: a tuple of keys such as ``("layers", 3, "attn", "v", "kernel")`` (ints or digit
         strings for list indices; ``jax.tree_util`` key entries are accepted, so this works
         inside ``tree_map_with_path``), or the string ``"layers/3/attn/v/kernel"``.
+      leaf: ignored; accepted so that ``role_of`` is directly a ``role_fn(path, leaf)`` for
+        ``amemory.optim.routing``.
 
     Returns:
       one of :data:`ROLES`: ``q, k, v, o`` (attention kernels), ``w_in, w_gate, w_out``
@@ -613,7 +617,7 @@ def param_roles(params: Any) -> Any:
     Raises:
       ValueError: naming the first leaf whose role cannot be determined.
     """
-    return jax.tree_util.tree_map_with_path(lambda path, _: role_of(path), params)
+    return jax.tree_util.tree_map_with_path(role_of, params)
 
 
 # ----------------------------------------------------------------------------- analysis
