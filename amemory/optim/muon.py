@@ -51,6 +51,7 @@ from amemory.optim.orthogonalize import (
     orthogonality_error,
     polar,
 )
+from amemory.optim.presets import preset_options
 
 __all__ = [
     "MOMENTUM_FORMS",
@@ -328,8 +329,8 @@ def _validate_common(
     return steps
 
 
-def _orth_and_scale(
-    updates, mats_u, layouts, orth_fn, batch_leaves, diagnostics
+def _orthogonalize_with_errors(
+    mats_u: list[jax.Array], orth_fn: Callable, batch_leaves: bool, diagnostics: bool
 ) -> tuple[list[jax.Array], list[jax.Array] | None]:
     orth = _orthogonalize_groups(mats_u, orth_fn, batch_leaves)
     errs = None
@@ -450,7 +451,7 @@ def scale_by_muon(
             )  # fmt: skip
             new_m.append(m_new.astype(m.dtype))
             mats_u.append(lay.to_matrix(u))
-        orth, errs = _orth_and_scale(updates, mats_u, layouts, orth_fn, batch_leaves, diagnostics)
+        orth, errs = _orthogonalize_with_errors(mats_u, orth_fn, batch_leaves, diagnostics)
         out = []
         for o, g, lay in zip(orth, g_leaves, layouts, strict=True):
             scale = shape_scale_factor(shape_scale, lay.fan_in, lay.fan_out, rms_scale)
@@ -515,10 +516,9 @@ def scale_by_normuon(
       Li et al., "NorMuon: Making Muon more efficient and scalable", arXiv 2510.05491.
     """
     steps = _validate_common(
-        momentum, "ema" if momentum_form not in MOMENTUM_FORMS else momentum_form, nesterov,
-        False, orthogonalizer, ns_coeffs, ns_steps, ns_method, shape_scale,
+        momentum, momentum_form, nesterov, False, orthogonalizer, ns_coeffs, ns_steps,
+        ns_method, shape_scale,
     )  # fmt: skip
-    _check_choice("momentum_form", momentum_form, MOMENTUM_FORMS)
     _check_unit_interval("beta2", beta2)
     orth_fn = _make_orth_fn(orthogonalizer, ns_coeffs, steps, ns_eps, ns_dtype, ns_method)
 
@@ -548,7 +548,7 @@ def scale_by_normuon(
             )  # fmt: skip
             new_m.append(m_new.astype(m.dtype))
             mats_u.append(lay.to_matrix(u))
-        orth, errs = _orth_and_scale(updates, mats_u, layouts, orth_fn, batch_leaves, diagnostics)
+        orth, errs = _orthogonalize_with_errors(mats_u, orth_fn, batch_leaves, diagnostics)
         out, new_v = [], []
         for o, v, g, lay in zip(orth, v_leaves, g_leaves, layouts, strict=True):
             o = o.astype(jnp.promote_types(o.dtype, jnp.float32))  # [b, fan_in, fan_out]
@@ -611,8 +611,6 @@ def _flatten_injected(extra: dict[str, Any]) -> dict[str, Any]:
 
 
 def _resolve(preset, explicit, allowed, weight_decay):
-    from amemory.optim.presets import preset_options
-
     unknown = sorted(set(explicit) - set(allowed))
     if unknown:
         names = sorted(allowed) + ["weight_decay", "weight_decay_mask"]
