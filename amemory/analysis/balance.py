@@ -142,12 +142,15 @@ class RhoResult(NamedTuple):
       eta_boundary: smallest feasible step size found (``max_k q_k = 1 - ε`` there, up
         to the bisection tolerance).
       n_feasible_grid: number of grid points that were feasible (diagnostic).
+      rho_boundary: ``min_k q_k`` at ``eta_boundary``; equals ``rho`` when ``min_k q_k``
+        is non-decreasing on the feasible set (one step of GD or Muon from 0).
     """
 
     rho: float
     eta: float
     eta_boundary: float
     n_feasible_grid: int
+    rho_boundary: float
 
 
 def one_step_rho(
@@ -232,12 +235,17 @@ def one_step_rho(
         else:
             lo = mid
     best_eta, best = hi, float(q_of(np.array([hi]))[0].min())
+    at_boundary = best
     worst_grid = q[feasible].min(axis=1)
     j = int(np.argmin(worst_grid))
     if worst_grid[j] < best:
         best, best_eta = float(worst_grid[j]), float(grid[feasible][j])
     return RhoResult(
-        rho=best, eta=float(best_eta), eta_boundary=float(hi), n_feasible_grid=int(feasible.sum())
+        rho=best,
+        eta=float(best_eta),
+        eta_boundary=float(hi),
+        n_feasible_grid=int(feasible.sum()),
+        rho_boundary=at_boundary,
     )
 
 

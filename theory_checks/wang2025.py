@@ -1,0 +1,621 @@
+"""Checks of paper A: Wang et al. 2025, "Muon Outperforms Adam in Tail-End Associative
+Memory Learning" (arXiv 2509.26030), as transcribed in papers.md A.1-A.2.
+
+Every check builds the one-layer memory with ``amemory.models.memory``, the two-level
+prior with ``amemory.data.frequencies.two_level``, takes the exact population gradient
+with ``jax.grad(memory.population_loss)`` and steps with ``amemory.optim``'s GD/SignGD/
+Muon (:func:`theory_checks.common.optimizer`), in float64. One-step balance ``ϱ^ε`` comes
+from :func:`amemory.analysis.balance.one_step_rho`, exponents from
+:func:`amemory.analysis.scaling.fit_power_law`.
+
+Sizes: the prior is α = 0.8, β = 0.2 (the Fig. 4 setting) unless a check says otherwise.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+
+import numpy as np
+
+from theory_checks.common import (
+    CheckResult,
+    Context,
+    correct_fn,
+    fmt,
+    one_step_direction,
+    register,
+    savefig,
+    trajectory,
+)
+
+ALPHA, BETA = 0.8, 0.2
+EPS = 0.01
+
+
+# ----------------------------------------------------------------------------- helpers
+
+
+def _setup(K: int, embedding: str, alpha: float = ALPHA, beta: float = BETA, seed: int = 0):
+    """(prior [K], E [K, K], Et [K, K], grad at W_0 = 0 [K, K]) in float64."""
+    import jax
+    import jax.numpy as jnp
+
+    from amemory.data import frequencies
+    from amemory.models import memory
+
+    p = jnp.asarray(frequencies.two_level(K, alpha, beta))
+    if embedding == "decoupled":
+        E, Et = memory.decoupled(K)
+    elif embedding == "coupled":
+        E, Et = memory.coupled_rotation(K)
+    elif embedding == "random":
+        E, Et = memory.random_orthonormal(K, K, jax.random.key(seed))
+    else:  # pragma: no cover - internal
+        raise ValueError(embedding)
+    w0 = jnp.zeros((K, K))
+    g = jax.grad(memory.population_loss)(w0, E, Et, p)
+    return p, E, Et, g
+
+
+def _task_correct_fn(dhat):
+    """``η -> diag(softmax(η D̂ᵀ))``: correct-class probabilities of ``Ŵ = η D̂`` in task space.
+
+    Same numbers as ``memory.correct_probabilities(η D, E, Et)`` for orthonormal E, Ẽ
+    (``D̂ = ẼᵀDE``) without the two K^3 basis changes per η; each check that uses it
+    verifies the equality once with the model's own function.
+    """
+    import jax
+    import jax.numpy as jnp
+
+    f = jax.jit(jax.vmap(lambda eta: jnp.diagonal(jax.nn.softmax(eta * dhat.T, axis=-1))))
+    return lambda etas: f(jnp.asarray(etas))
+
+
+@functools.lru_cache(maxsize=None)
+def _one_step(K: int, embedding: str, opt: str):
+    """One step of ``opt`` from W_0 = 0: (task-space direction D̂ [K, K] numpy, p [K])."""
+    import jax.numpy as jnp
+
+    from amemory.models import memory
+
+    p, E, Et, g = _setup(K, embedding)
+    d = one_step_direction(opt, g, jnp.zeros_like(g))
+    dhat = memory.task_space(d, E, Et)
+    # consistency of the task-space shortcut with the model, at one step size
+    eta = 3.0
+    q_model = np.asarray(memory.correct_probabilities(eta * d, E, Et))
+    q_task = np.asarray(_task_correct_fn(dhat)(np.array([eta])))[0]
+    if np.max(np.abs(q_model - q_task)) > 1e-10:
+        raise RuntimeError(f"task-space shortcut disagrees with the model: {q_model} vs {q_task}")
+    return np.asarray(dhat), np.asarray(p)
+
+
+def _rho(K: int, embedding: str, opt: str, eps: float, eta_max: float = 1e4, n_grid: int = 97):
+    from amemory.analysis import balance
+
+    dhat, _ = _one_step(K, embedding, opt)
+    return balance.one_step_rho(_task_correct_fn(dhat), eps, eta_max=eta_max, n_grid=n_grid)
+
+
+def _gd_closed_form(K: int, eps: float, alpha: float = ALPHA, beta: float = BETA) -> float:
+    """papers.md A.2 [derived]: ``ϱ_GD = x^r / (x^r + K - 1)``, ``x = (1/ε - 1)(K - 1)``."""
+    from amemory.data import frequencies
+
+    p = frequencies.two_level(K, alpha, beta)
+    r = p.min() / p.max()
+    x = (1.0 / eps - 1.0) * (K - 1)
+    return x**r / (x**r + K - 1)
+
+
+def _r(alpha: float = ALPHA, beta: float = BETA) -> float:
+    u = alpha * (1 - beta) / (beta * (1 - alpha))
+    return min(u, 1 / u)
+
+
+# ----------------------------------------------------------------------------- Prop F.3
+
+
+@register("wang2025.propF3_singular_values_of_X")
+def prop_f3(ctx: Context) -> CheckResult:
+    """Singular values of -∇L(W_0) = Ẽ X Eᵀ (papers.md A.1, Prop. F.3).
+
+    Measured: the singular values of ``jax.grad(memory.population_loss)`` at ``W_0 = 0``
+    with Haar-random orthonormal E, Ẽ (d = K), by numpy's SVD (independent of amemory).
+    Predicted: a = α/L (L-1 times), b = (1-α)/(K-L) (K-L-1 times),
+    sqrt((a²(K-L) + b²L)/K) (once), 0 (once). Tolerance 1e-12 relative to a: the
+    statement is exact, so only float64 round-off (~K ε_mach) separates the two.
+    """
+    from amemory.data import frequencies
+
+    Ks = [60, 300] if ctx.quick else [60, 300, 999]
+    worst = 0.0
+    for K in Ks:
+        _, _, _, g = _setup(K, "random", seed=K)
+        sv = np.sort(np.linalg.svd(np.asarray(g), compute_uv=False))
+        L = frequencies.two_level_split(K, BETA)
+        a, b = ALPHA / L, (1 - ALPHA) / (K - L)
+        pred = np.sort(
+            np.r_[
+                np.full(L - 1, a),
+                np.full(K - L - 1, b),
+                math.sqrt((a**2 * (K - L) + b**2 * L) / K),
+                0.0,
+            ]
+        )
+        worst = max(worst, float(np.max(np.abs(sv - pred)) / a))
+    return CheckResult(
+        name="wang2025.propF3_singular_values_of_X",
+        statement="At W_0 = 0, -∇L = Ẽ X Eᵀ has singular values a (L-1), b (K-L-1), "
+        "sqrt((a²(K-L)+b²L)/K), 0 (Prop. F.3)",
+        predicted="closed-form multiset",
+        measured=f"max |σ - σ_pred| / a = {fmt(worst)} (K = {Ks})",
+        tolerance="1e-12",
+        passed=worst <= 1e-12,
+        kind="paper",
+        details={"Ks": Ks, "max_rel_err": worst},
+    )
+
+
+# ----------------------------------------------------------------------------- Thm 5.3 GD
+
+
+def _gd_grid(ctx: Context):
+    Ks = [50, 100, 200, 400] if ctx.quick else [50, 100, 200, 400, 800]
+    epss = [1e-4, 3e-4, 1e-3, 3e-3, 1e-2]
+    return Ks, epss
+
+
+@register("wang2025.thm53_gd_closed_form")
+def gd_closed_form(ctx: Context) -> CheckResult:
+    """One-step GD balance equals the closed form x^r/(x^r + K - 1) (papers.md A.2 [derived]).
+
+    Measured: ϱ^ε by search over η (bisection of the feasibility boundary) after one
+    amemory GD step from W_0 = 0 with random orthonormal embeddings, for several K and ε.
+    The closed form is exact (column k's correct probability is
+    ``1/(1 + (K-1) e^{-η p_k})``), so the tolerance is the search's relative precision,
+    1e-8 (bisection to 1e-13 in η, amplified by the slope of q in η).
+    """
+    Ks, epss = _gd_grid(ctx)
+    worst, rows = 0.0, []
+    for K in Ks[:3]:
+        for eps in epss:
+            rho = _rho(K, "random", "gd", eps).rho
+            pred = _gd_closed_form(K, eps)
+            rows.append((K, eps, rho, pred))
+            worst = max(worst, abs(rho / pred - 1))
+    return CheckResult(
+        name="wang2025.thm53_gd_closed_form",
+        statement="Thm 5.3 (GD): one-step ϱ^ε = x^r/(x^r+K-1), x = (1/ε-1)(K-1)",
+        predicted=f"e.g. K={rows[0][0]}, ε={rows[0][1]}: {fmt(rows[0][3], 6)}",
+        measured=f"{fmt(rows[0][2], 6)}; max rel. err {fmt(worst)} over {len(rows)} (K, ε)",
+        tolerance="1e-8 rel.",
+        passed=worst <= 1e-8,
+        kind="derived",
+        details={"rows": rows},
+    )
+
+
+def _slope_check(name, statement, xs, ys, pred_slope, closed_slope, kind, what):
+    """Pass when |fit - pred| <= finite-size bias (from the closed form) + CI half-width +
+    1e-3."""
+    from amemory.analysis import scaling
+
+    fit = scaling.fit_power_law(xs, ys)
+    half = 0.5 * (fit.slope_ci[1] - fit.slope_ci[0])
+    tol = abs(closed_slope - pred_slope) + half + 1e-3
+    return CheckResult(
+        name=name,
+        statement=statement,
+        predicted=f"{what} slope {fmt(pred_slope, 4)}",
+        measured=fit.describe(),
+        tolerance=f"±{fmt(tol)} (finite-K bias {fmt(abs(closed_slope - pred_slope))} + CI)",
+        passed=abs(fit.slope - pred_slope) <= tol,
+        kind=kind,
+        details={"x": list(xs), "y": list(ys), "slope": fit.slope, "ci": fit.slope_ci},
+    )
+
+
+@register("wang2025.thm53_gd_slope_K")
+def gd_slope_k(ctx: Context) -> CheckResult:
+    """ϱ_GD = O(ε^{-r} K^{r-1}): fitted K-exponent of one-step GD balance vs r - 1.
+
+    ε = 0.01, decoupled embeddings (GD's task-space dynamics do not depend on them; the
+    closed-form check covers random ones), K up to 800. Tolerance: the exponent r - 1
+    is the K → ∞ limit; at finite K the exact curve x^r/(x^r + K - 1) bends by
+    O(x^r / K), so the tolerance is the slope that the closed form itself gives on the
+    same K grid minus r - 1, plus the fit's 95% CI half-width, plus 1e-3.
+    """
+    from amemory.analysis import scaling
+
+    Ks, _ = _gd_grid(ctx)
+    ys = [_rho(K, "decoupled", "gd", EPS).rho for K in Ks]
+    closed = scaling.fit_power_law(Ks, [_gd_closed_form(K, EPS) for K in Ks]).slope
+    r = _r()
+    return _slope_check(
+        "wang2025.thm53_gd_slope_K",
+        f"Thm 5.3 (GD): ϱ^ε ∝ K^(r-1), r = {fmt(r)} (α=0.8, β=0.2, ε=0.01)",
+        Ks, ys, r - 1, closed, "paper", "K",
+    )  # fmt: skip
+
+
+@register("wang2025.thm53_gd_slope_eps")
+def gd_slope_eps(ctx: Context) -> CheckResult:
+    """ϱ_GD = O(ε^{-r} K^{r-1}): fitted ε-exponent of one-step GD balance vs -r.
+
+    K = 400, ε from 1e-4 to 1e-2. Tolerance as for the K slope: the closed form's own
+    slope on this grid (it has ``log(1/ε - 1)`` and the ``x^r`` in the denominator)
+    minus -r, plus CI half-width, plus 1e-3.
+    """
+    from amemory.analysis import scaling
+
+    _, epss = _gd_grid(ctx)
+    K = 400
+    ys = [_rho(K, "decoupled", "gd", e).rho for e in epss]
+    closed = scaling.fit_power_law(epss, [_gd_closed_form(K, e) for e in epss]).slope
+    return _slope_check(
+        "wang2025.thm53_gd_slope_eps",
+        f"Thm 5.3 (GD): ϱ^ε ∝ ε^(-r), r = {fmt(_r())} (K = {K})",
+        epss, ys, -_r(), closed, "paper", "ε",
+    )  # fmt: skip
+
+
+# ----------------------------------------------------------------------------- Thm 5.3 Muon
+
+
+def _muon_Ks(ctx: Context):
+    return [60, 120, 240] if ctx.quick else [60, 120, 240, 480, 960]
+
+
+@register("wang2025.thm53_muon_balance")
+def muon_balance(ctx: Context) -> CheckResult:
+    """ϱ_Muon >= 1 - ε(1 + O(log K / K)), decoupled and coupled embeddings.
+
+    Measured: δ(K) = 1 - ϱ^ε/(1-ε) after one amemory Muon step (exact polar, no
+    momentum), ε = 0.01, for K up to 960 and both Fig. 4 embeddings. The theorem's
+    constant is not given, so the check is on the shape: c(K) = δ(K)·K/(ε log K) must
+    not grow with K (each value at most 5% above the previous, allowing round-off),
+    and decoupled and coupled must agree to 1e-9 (Muon commutes with orthonormal
+    changes of basis: msgn(ẼXEᵀ) = Ẽ msgn(X) Eᵀ). The fitted K-exponent of δ is reported.
+    """
+    from amemory.analysis import scaling
+
+    Ks = _muon_Ks(ctx)
+    out = {}
+    for emb in ("decoupled", "coupled"):
+        out[emb] = np.array([1 - _rho(K, emb, "muon", EPS).rho / (1 - EPS) for K in Ks])
+    c = out["decoupled"] * np.array(Ks) / (EPS * np.log(Ks))
+    same = float(np.max(np.abs(out["decoupled"] - out["coupled"])))
+    nonincreasing = bool(np.all(c[1:] <= 1.05 * c[:-1]))
+    fit = scaling.fit_power_law(Ks, out["decoupled"])
+    return CheckResult(
+        name="wang2025.thm53_muon_balance",
+        statement="Thm 5.3 (Muon): ϱ^ε >= 1 - ε(1 + O(log K/K)), decoupled and coupled",
+        predicted="δ·K/(ε log K) bounded (non-increasing in K); same for both embeddings",
+        measured=f"δ·K/(ε log K) = {', '.join(fmt(v) for v in c)} (K={Ks}); "
+        f"|δ_dec - δ_coup| ≤ {fmt(same)}; δ ∝ K^{fmt(fit.slope, 4)}",
+        tolerance="5% growth per doubling; 1e-9 between embeddings",
+        passed=nonincreasing and same <= 1e-9,
+        kind="paper",
+        details={
+            "Ks": Ks,
+            "delta": out["decoupled"].tolist(),
+            "c": c.tolist(),
+            "fit": fit._asdict(),
+        },
+    )
+
+
+@register("wang2025.thm53_muon_direction")
+def muon_direction(ctx: Context) -> CheckResult:
+    """G_Muon(W_0) = -ẼEᵀ + O(1/K) entrywise in the Ẽ·Eᵀ basis.
+
+    Measured: max_ij |ẼᵀD E - I|_ij for the amemory Muon update D at W_0 (coupled
+    embeddings, so the basis change is non-trivial), K up to 960; its K-exponent is fitted
+    and K·max-deviation reported. Predicted exponent -1. Tolerance ±0.05 on the exponent
+    plus its CI half-width: an O(1/K) term with an O(1/K²) correction bends the log-log
+    line by O(1/K) ≈ 0.02 at K = 60.
+    """
+    from amemory.analysis import scaling
+
+    Ks = _muon_Ks(ctx)
+    dev = []
+    for K in Ks:
+        dhat, _ = _one_step(K, "coupled", "muon")
+        dev.append(float(np.max(np.abs(dhat - np.eye(K)))))
+    fit = scaling.fit_power_law(Ks, dev)
+    half = 0.5 * (fit.slope_ci[1] - fit.slope_ci[0])
+    return CheckResult(
+        name="wang2025.thm53_muon_direction",
+        statement="Thm 5.3 (Muon): -G_Muon(W_0) = ẼEᵀ + O(1/K) entrywise",
+        predicted="max-entry deviation ∝ K^-1",
+        measured=f"{fit.describe()}; K·dev = {', '.join(fmt(K * d) for K, d in zip(Ks, dev))}",
+        tolerance=f"|s + 1| ≤ 0.05 + {fmt(half)}",
+        passed=abs(fit.slope + 1) <= 0.05 + half,
+        kind="paper",
+        details={"Ks": Ks, "dev": dev},
+    )
+
+
+# ----------------------------------------------------------------------------- Thm 5.3 SignGD
+
+
+@register("wang2025.thm53_signgd_decoupled")
+def signgd_decoupled(ctx: Context) -> CheckResult:
+    """SignGD with E = Ẽ = I is balanced: ϱ^ε = 1 - ε.
+
+    sign(-∇L(W_0)) = sign(X) = 2I - 11ᵀ gives every class the same logit margin, so
+    ϱ^ε = 1 - ε exactly; tolerance 1e-10 (bisection precision).
+    """
+    Ks = _muon_Ks(ctx)
+    err = max(abs(_rho(K, "decoupled", "signgd", EPS).rho - (1 - EPS)) for K in Ks)
+    return CheckResult(
+        name="wang2025.thm53_signgd_decoupled",
+        statement="Thm 5.3 (SignGD): with E = Ẽ = I, ϱ^ε >= 1 - ε",
+        predicted=f"ϱ = {1 - EPS}",
+        measured=f"max |ϱ - (1-ε)| = {fmt(err)} (K={Ks})",
+        tolerance="1e-10",
+        passed=err <= 1e-10,
+        kind="paper",
+    )
+
+
+def _sign_svs(K: int, emb: str):
+    import jax.numpy as jnp
+
+    _, _, _, g = _setup(K, emb)
+    d = np.asarray(one_step_direction("signgd", g, jnp.zeros_like(g)))
+    return np.linalg.svd(d, compute_uv=False)
+
+
+@register("wang2025.thm53_signgd_coupled_svd")
+def signgd_coupled_svd(ctx: Context) -> CheckResult:
+    """With the coupled construction the SignGD update has σ_min/σ_max <= 25%.
+
+    The update sign(∇L(W_0)) always has one outlying singular value ≈ K: the off-block
+    entries of ∇L are the rank-one term -(1/K)(Ẽ1)(Ep)ᵀ, whose sign is a rank-one ±1
+    pattern. Even for E = Ẽ = I (balanced) σ_min/σ_max = 2/(K-2), so the statement is
+    only meaningful without that direction: we measure σ_min/σ_2 (the spread of the
+    remaining K-1 singular values). Predicted <= 0.25 for the coupled construction;
+    reported next to the decoupled value (1, isotropic). No tolerance: the measured
+    ratio is stable across K to 1e-6.
+    """
+    Ks = _muon_Ks(ctx)
+    coup = [(lambda s: (s[-1] / s[1], s[-1] / s[0]))(_sign_svs(K, "coupled")) for K in Ks]
+    dec = _sign_svs(Ks[0], "decoupled")
+    worst = max(c[0] for c in coup)
+    return CheckResult(
+        name="wang2025.thm53_signgd_coupled_svd",
+        statement="Thm 5.3 (SignGD): coupled E', Ẽ' give σ_min/σ_max of the update <= 25%",
+        predicted="σ_min/σ_2 ≤ 0.25 (coupled); 1 (decoupled)",
+        measured=f"coupled σ_min/σ_2 = {', '.join(fmt(c[0], 4) for c in coup)} (K={Ks}); "
+        f"decoupled {fmt(dec[-1] / dec[1], 4)}; full σ_min/σ_max = {fmt(coup[0][1])} (K={Ks[0]})",
+        tolerance="none (exact bound)",
+        passed=worst <= 0.25 and abs(dec[-1] / dec[1] - 1) < 1e-9,
+        kind="paper",
+        details={"Ks": Ks, "coupled": coup},
+    )
+
+
+def _signgd_coupled_grid(ctx: Context):
+    Ks = [30, 60, 120, 240] if ctx.quick else [30, 60, 120, 240, 480]
+    epss = [1e-5, 1e-4, 1e-3, 1e-2]
+    return Ks, epss
+
+
+@register("wang2025.thm53_signgd_coupled_rho")
+def signgd_coupled_rho(ctx: Context) -> CheckResult:
+    """With the coupled construction SignGD is imbalanced: ϱ^ε = O(ε^{-0.7} K^{-0.3}).
+
+    Measured: ϱ^ε by its definition (infimum over all feasible η; searched up to
+    η = 1e4, where the infimum is attained) for K up to 480 and ε from 1e-5 to 1e-2,
+    compared with ε^{-0.7}K^{-0.3} (the O-constant taken as 1) and with 1 - ε. Passes
+    when every ϱ is below both. The exponents near the feasibility boundary are
+    checked separately (derived check below).
+    """
+    Ks, epss = _signgd_coupled_grid(ctx)
+    pairs = [(K, EPS) for K in Ks] + [(Ks[2], e) for e in epss]
+    rows = [(K, e, _rho(K, "coupled", "signgd", e).rho) for K, e in pairs]
+    ok = all(r <= min(1 - e, e**-0.7 * K**-0.3) for K, e, r in rows)
+    return CheckResult(
+        name="wang2025.thm53_signgd_coupled_rho",
+        statement="Thm 5.3 (SignGD): coupled E', Ẽ' give ϱ^ε = O(ε^-0.7 K^-0.3) (imbalanced)",
+        predicted="ϱ ≤ ε^-0.7 K^-0.3 and ≪ 1-ε",
+        measured=f"max ϱ = {fmt(max(r for *_, r in rows))} over {len(rows)} (K, ε)",
+        tolerance="O-constant 1",
+        passed=ok,
+        kind="paper",
+        details={"rows": rows},
+    )
+
+
+@register("wang2025.thm53_signgd_coupled_exponent")
+def signgd_coupled_exponent(ctx: Context) -> CheckResult:
+    """[derived] small-ϱ exponents of coupled SignGD: ϱ ∝ ε^{-0.675} K^{-0.325}.
+
+    Measured: ``min_k q_k`` at the smallest feasible η (the feasibility boundary, where
+    the proof evaluates ϱ), fitted against K (ε = 0.01) and ε (K = 120). Tolerance
+    ±0.05 on each exponent plus the CI half-width (0.7/0.3 are the paper's rounded
+    bounds of 0.675/0.325).
+
+    Finding (papers.md construction taken literally: Ẽ = I⊗R(3.638, 2.949, 5.218),
+    E = I⊗R(1.715, 0.876, 3.098), R as in papers.md): in task space the middle class of
+    every 3-block has a *negative* margin (≈ -0.0062 per unit η) against a same-block
+    answer, so its probability at the boundary stays ≈ 0.36 for every K and ε (slopes
+    ≈ 0) and tends to 0 as η → ∞. The imbalance is real but does not scale as
+    K^{-0.325}; the details hold the margins for the record.
+    """
+    from amemory.analysis import scaling
+
+    Ks, epss = _signgd_coupled_grid(ctx)
+    yk = [_rho(K, "coupled", "signgd", EPS).rho_boundary for K in Ks]
+    ye = [_rho(Ks[2], "coupled", "signgd", e).rho_boundary for e in epss]
+    fk, fe = scaling.fit_power_law(Ks, yk), scaling.fit_power_law(epss, ye)
+    hk = 0.5 * (fk.slope_ci[1] - fk.slope_ci[0])
+    he = 0.5 * (fe.slope_ci[1] - fe.slope_ci[0])
+    dhat, _ = _one_step(Ks[0], "coupled", "signgd")
+    margins = np.diag(dhat)[None, :] - dhat
+    np.fill_diagonal(margins, np.inf)
+    mins = margins.min(axis=0)[:3]
+    ok = abs(fk.slope + 0.325) <= 0.05 + hk and abs(fe.slope + 0.675) <= 0.05 + he
+    return CheckResult(
+        name="wang2025.thm53_signgd_coupled_exponent",
+        statement="Thm 5.3 (SignGD) [derived]: coupled ϱ ∝ ε^-0.675 K^-0.325",
+        predicted="K slope -0.325, ε slope -0.675",
+        measured=f"K: {fk.describe()}; ε: {fe.describe()}; ϱ_boundary ≈ {fmt(yk[0])}; "
+        f"per-unit-η min margins of a block {', '.join(fmt(m, 4) for m in mins)}",
+        tolerance=f"±(0.05 + CI) = ±{fmt(0.05 + hk)}, ±{fmt(0.05 + he)}",
+        passed=ok,
+        kind="derived",
+        details={"Ks": Ks, "rho_K": yk, "eps": epss, "rho_eps": ye, "block_margins": mins.tolist()},
+    )
+
+
+# ----------------------------------------------------------------------------- Thm 5.4
+
+
+def _multi_step(K: int, opt: str, lr: float, steps: int, emb: str = "decoupled"):
+    """Trajectory of ``opt``: per step (correct probs [K], task-space diagonal [K], loss)."""
+    import jax.numpy as jnp
+
+    from amemory.models import memory
+
+    p, E, Et, _ = _setup(K, emb)
+
+    def record(w):
+        return (
+            memory.correct_probabilities(w, E, Et),
+            jnp.diagonal(memory.task_space(w, E, Et)),
+            memory.population_loss(w, E, Et, p),
+        )
+
+    loss = lambda w: memory.population_loss(w, E, Et, p)
+    return trajectory(opt, lr, loss, jnp.zeros((K, K)), steps, record), np.asarray(p)
+
+
+@register("wang2025.thm54_multistep_muon")
+def thm54(ctx: Context) -> CheckResult:
+    """Thm 5.4: multi-step Muon keeps a_t = b_t and stays balanced; GD does not.
+
+    Muon (exact polar, η = 0.4, 40 steps, loss from log K down to ~1e-5) and GD
+    (η = 2/p_head, 40 steps) from W_0 = 0, two-level prior. Measured along the whole
+    trajectory: (i) a_t vs b_t, the mean task-space diagonal on head and on tail
+    classes, as K·|a_t - b_t|/a_t (the proof's C_t = O(a_t/K)); (ii) the balance
+    bound in the form sup_t [(1 - min_k q_k)/(1 - max_k q_k) - 1]·K/log K (ϱ >= 1 -
+    ε(1 + O(log K/K)) for every ε reached). Both must stay bounded as K grows (the
+    larger K's value at most 1.05x the smaller K's, round-off allowance) and below 5
+    (the one-step constant is ≈ 1.6 at K = 60). GD's worst/best error ratio must exceed
+    10 (imbalanced).
+    """
+    from amemory.analysis import balance
+
+    Ks = [60, 120] if ctx.quick else [60, 240]
+    stats = []
+    for K in Ks:
+        (q, diag, loss), p = _multi_step(K, "muon", 0.4, 40)
+        head, tail = balance.head_tail_masks(p)
+        a, b = diag[1:, head].mean(axis=1), diag[1:, tail].mean(axis=1)
+        ab = float(np.max(K * np.abs(a - b) / a))
+        ratio = np.asarray(balance.error_ratio(q[1:]))
+        bal = float(np.max((ratio - 1) * K / np.log(K)))
+        stats.append((K, ab, bal, float(loss[-1])))
+    (qg, _, lossg), pg = _multi_step(Ks[0], "gd", 2.0 / pg_max(Ks[0]), 40)
+    gd_ratio = float(np.max(np.asarray(balance.error_ratio(qg[1:]))))
+    ok = all(s[1] < 5 and s[2] < 5 for s in stats)
+    ok &= stats[-1][1] <= 1.05 * stats[0][1] + 1e-9 and stats[-1][2] <= 1.05 * stats[0][2]
+    ok &= gd_ratio > 10
+    return CheckResult(
+        name="wang2025.thm54_multistep_muon",
+        statement="Thm 5.4: multi-step Muon keeps a_t = b_t (+O(a_t/K)) and ϱ >= 1-ε(1+O(log K/K)) "
+        "along the trajectory; GD does not",
+        predicted="K|a_t-b_t|/a_t and sup_t (ratio-1)K/log K bounded; GD ratio ≫ 1",
+        measured="; ".join(
+            f"K={K}: {fmt(ab)}, {fmt(bal)} (final loss {fmt(lf)})" for K, ab, bal, lf in stats
+        )
+        + f"; GD sup (1-min q)/(1-max q) = {fmt(gd_ratio)}",
+        tolerance="< 5 and non-increasing in K (5%); GD ratio > 10",
+        passed=ok,
+        kind="paper",
+        details={"stats": stats, "gd_ratio": gd_ratio},
+    )
+
+
+def pg_max(K: int) -> float:
+    from amemory.data import frequencies
+
+    return float(frequencies.two_level(K, ALPHA, BETA).max())
+
+
+# ----------------------------------------------------------------------------- Fig 4b/c
+
+
+@register("wang2025.fig4_gap_vs_loss")
+def fig4(ctx: Context) -> CheckResult:
+    """Fig. 4b/c: gap Δ against loss, one step with scaled η and many steps.
+
+    K = 999 (quick: 99), α = 0.8, β = 0.2, decoupled and coupled embeddings, GD, SignGD and
+    Muon. One step: W_η = η D for 60 step sizes; many steps: constant η (GD 2/p_head,
+    SignGD 0.05, Muon 0.4) for 40 steps (quick 30). Expected (paper): GD imbalanced,
+    Muon balanced for both, SignGD balanced decoupled and imbalanced coupled. Criterion
+    on the largest gap reached while the loss falls from log K to 0.05·log K: balanced
+    means max Δ < 0.05, imbalanced max Δ > 0.3 (paper Fig. 4 shows ≈ 0 vs ≈ 0.5-1).
+    Figure: fig4_gap_vs_loss.png under --out.
+    """
+    import jax.numpy as jnp
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from amemory.models import memory
+
+    K = 99 if ctx.quick else 999
+    steps = 30 if ctx.quick else 40
+    lrs = {"gd": 2.0 / pg_max(K), "signgd": 0.05, "muon": 0.4}
+    expect = {
+        ("gd", "decoupled"): "imb", ("gd", "coupled"): "imb",
+        ("signgd", "decoupled"): "bal", ("signgd", "coupled"): "imb",
+        ("muon", "decoupled"): "bal", ("muon", "coupled"): "bal",
+    }  # fmt: skip
+    fig, axes = plt.subplots(1, 2, figsize=(10, 4), sharey=True)
+    colors = {"gd": "tab:blue", "signgd": "tab:orange", "muon": "tab:green"}
+    verdicts, ok = [], True
+    for ax, emb in zip(axes, ("decoupled", "coupled")):
+        p, E, Et, g = _setup(K, emb)
+        for opt in ("gd", "signgd", "muon"):
+            d = one_step_direction(opt, g, jnp.zeros_like(g))
+            # one step: scan η until the loss is below 0.05 log K
+            etas = np.geomspace(1e-3, 1e3, 60) / float(np.max(np.abs(np.asarray(d))))
+            ws = [eta * d for eta in etas]
+            L1 = np.array([float(memory.population_loss(w, E, Et, p)) for w in ws])
+            D1 = np.array(
+                [float(np.ptp(np.asarray(memory.correct_probabilities(w, E, Et)))) for w in ws]
+            )
+            (q, _, lt), _ = _multi_step(K, opt, lrs[opt], steps, emb)
+            Dt = np.ptp(q, axis=1)
+            ax.plot(L1, D1, "--", color=colors[opt], label=f"{opt} one step")
+            ax.plot(lt, Dt, "-", marker=".", color=colors[opt], label=f"{opt} {steps} steps")
+            window = L1 >= 0.05 * math.log(K)
+            gmax = max(float(D1[window].max()), float(Dt[lt >= 0.05 * math.log(K)].max()))
+            good = gmax < 0.05 if expect[(opt, emb)] == "bal" else gmax > 0.3
+            ok &= good
+            verdicts.append(f"{opt}/{emb[:3]} {fmt(gmax, 2)}")
+        ax.set_xscale("log")
+        ax.set_xlabel("loss (nats)")
+        ax.set_title(f"{emb} embeddings, K = {K}")
+        ax.invert_xaxis()
+    axes[0].set_ylabel("gap Δ = max q - min q")
+    axes[0].legend(fontsize=7)
+    fig.suptitle("Paper A Fig. 4b/c: gap vs loss (α = 0.8, β = 0.2)")
+    path = savefig(fig, ctx, "fig4_gap_vs_loss")
+    return CheckResult(
+        name="wang2025.fig4_gap_vs_loss",
+        statement="Fig. 4b/c: GD imbalanced; Muon balanced (both); SignGD balanced decoupled, "
+        "imbalanced coupled",
+        predicted="max Δ: bal < 0.05, imb > 0.3",
+        measured="max Δ " + ", ".join(verdicts),
+        tolerance="thresholds 0.05 / 0.3",
+        passed=ok,
+        kind="paper",
+        figure=path,
+    )
