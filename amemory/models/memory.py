@@ -16,6 +16,14 @@ Index convention used throughout:
 * ``logits(W, E, Et)[k, i]`` is the same number: row k holds the K logits of query k,
   so ``logits = task_space.T`` and ``probabilities`` is its row-wise softmax.
 
+Example (paper A's gradient at W = 0 is -Ẽ X Eᵀ)::
+
+    >>> E, Et = coupled_rotation(6)
+    >>> prior = jnp.full((6,), 1 / 6)
+    >>> g = jax.grad(population_loss)(jnp.zeros((6, 6)), E, Et, prior)
+    >>> g.shape
+    (6, 6)
+
 Sources: Wang et al. 2025 (arXiv 2509.26030), Section 5 and Appendix F; Li et al. 2026
 (arXiv 2602.05725), model and label-noise loss.
 """

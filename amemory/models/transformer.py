@@ -35,6 +35,17 @@ Parameter tree (``init`` returns it as a plain nested dict; list indices are int
     layers/i/mlp/w_out/kernel    [F, D]        w_out
     final_norm/scale             [D]           norm
     head/kernel                  [D, V]        head    (tied_head=False only)
+
+Example (multi-seed forward, as the training loop uses it)::
+
+    >>> config = preset("tiny")
+    >>> graphdef, params = init(config, jax.random.split(jax.random.key(0), 4))
+    >>> tokens = jnp.zeros((2, 7), jnp.int32)
+    >>> logits = jax.jit(jax.vmap(lambda p: apply(graphdef, p, tokens)))(params)
+    >>> logits.shape  # [seeds, B, T, V]
+    (4, 2, 7, 37)
+    >>> param_roles(params)["layers"][1]["attn"]["v"]["kernel"]
+    'v'
 """
 
 from __future__ import annotations
