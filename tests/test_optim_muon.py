@@ -308,3 +308,19 @@ def test_diagnostics_do_not_change_update_and_match_reference():
     ref = orthogonality_error(newton_schulz(g["tall"]))
     np.testing.assert_allclose(diag["ortho_error/tall"], ref, rtol=1e-4)
     assert collect_diagnostics(s_off) == {}
+
+
+def test_shape_scales_and_mu_dtype():
+    from amemory.optim import shape_scale_factor
+
+    assert shape_scale_factor("jordan", 12, 48) == pytest.approx(2.0)
+    assert shape_scale_factor("jordan", 48, 12) == 1.0
+    assert shape_scale_factor("rms_match", 12, 48, 0.2) == pytest.approx(0.2 * 48**0.5)
+    assert shape_scale_factor("spectral", 48, 12) == pytest.approx(0.5)
+    g = {"w": jnp.asarray(np.random.default_rng(13).standard_normal((12, 48)), jnp.float32)}
+    tx = scale_by_muon(momentum=0.0, shape_scale="spectral", mu_dtype=jnp.bfloat16)
+    state = tx.init(g)
+    assert state.mu["w"].dtype == jnp.bfloat16
+    u, state = tx.update(g, state)
+    np.testing.assert_allclose(u["w"], 2.0 * newton_schulz(g["w"]), atol=1e-5)
+    assert u["w"].dtype == jnp.float32 and state.mu["w"].dtype == jnp.bfloat16
