@@ -136,3 +136,40 @@ class Checkpointer:
         """Finish pending saves and release the manager."""
         self._manager.wait_until_finished()
         self._manager.close()
+
+
+def load_params(directory: str | pathlib.Path, step: int | None = None) -> Any:
+    """Parameters of a saved run as a nested dict of numpy arrays (no target needed).
+
+    For analysis and tests: the tree is restored as stored (list indices become
+    string keys such as ``"0"``); pass it through ``leaf_names`` to compare by name.
+
+    Args:
+      directory: a run's ``checkpoints/`` directory.
+      step: checkpoint step; None = the latest.
+
+    Raises:
+      ValueError: if the directory holds no checkpoint.
+    """
+    manager = ocp.CheckpointManager(
+        pathlib.Path(directory).absolute(),
+        item_handlers={
+            "state": ocp.StandardCheckpointHandler(),
+            "extra": ocp.JsonCheckpointHandler(),
+        },
+    )
+    try:
+        step = manager.latest_step() if step is None else step
+        if step is None:
+            raise ValueError(f"no checkpoint in {directory}")
+        meta = manager.item_metadata(step)["state"]
+        dev = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
+        target = jax.tree.map(
+            lambda m: jax.ShapeDtypeStruct(tuple(m.shape), m.dtype, sharding=dev),
+            dict(meta),
+            is_leaf=lambda m: hasattr(m, "shape") and hasattr(m, "dtype"),
+        )
+        out = manager.restore(step, args=ocp.args.Composite(state=ocp.args.StandardRestore(target)))
+    finally:
+        manager.close()
+    return jax.tree.map(np.asarray, out["state"]["params"])

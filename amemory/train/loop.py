@@ -105,8 +105,8 @@ def make_train_step(
         params = optax.apply_updates(state.params, updates)
         metrics = {
             "loss": loss,
-            "grad_norm": optax.global_norm(grads),
-            "param_norm": optax.global_norm(params),
+            "grad_norm": optax.tree.norm(grads),
+            "param_norm": optax.tree.norm(params),
             "lr": opt.lr(state.step),
             "adam_lr": opt.adam_lr(state.step),
         }

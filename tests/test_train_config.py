@@ -1,0 +1,79 @@
+"""Config loading, overrides and validation (no compilation)."""
+
+import pytest
+from train_helpers import LM_CONFIG, MEMORY_CONFIG
+
+from amemory.train import config as C
+from amemory.train import optimizers
+
+
+def test_overrides_typed_and_locked():
+    c = C.load_config(
+        LM_CONFIG,
+        [
+            "optimizer.name=signgd",
+            "steps=7",
+            "seeds=0,1,2",
+            "model.qk_norm=true",
+            "optimizer.lr=1e-3",
+        ],
+    )
+    assert c.optimizer.name == "signgd" and c.steps == 7 and c.seeds == (0, 1, 2)
+    assert c.model.qk_norm is True and c.optimizer.lr == pytest.approx(1e-3)
+    assert c.is_locked
+    assert C.load_config(MEMORY_CONFIG + ":full").memory.K == 999
+
+
+@pytest.mark.parametrize(
+    "override, match",
+    [
+        ("optimizer.nam=muon", r"unknown field 'nam' in optimizer; fields: \['adam_lr'"),
+        ("optimizer.name=lion", r"optimizer.name='lion'; allowed values: \('adam', 'muon'"),
+        ("parallel.mode=tpu", r"parallel.mode='tpu'; allowed values"),
+        ("steps=abc", r"cannot parse as int"),
+        ("steps=0", r"config.steps=0; must be an integer >= 1"),
+        ("optimizer.muon_roles=vo+xx", r"unknown role or group 'xx'"),
+        ("seeds=1,1", r"distinct integers"),
+        ("data", r"expected --config.field=value"),
+    ],
+)
+def test_bad_overrides_name_field_and_allowed_values(override, match):
+    with pytest.raises(ValueError, match=match):
+        C.load_config(LM_CONFIG, [override])
+
+
+def test_seeds_with_pmap_rejected():
+    with pytest.raises(ValueError, match="multi-seed"):
+        C.load_config(LM_CONFIG, ["seeds=0,1", "parallel.mode=pmap"])
+
+
+def test_parse_roles_groups():
+    assert C.parse_roles("vo+ffn") == ("v", "o", "w_in", "w_gate", "w_out")
+    assert C.parse_roles("qk+q") == ("q", "k")
+    assert C.parse_roles("none") == ()
+
+
+def test_schedules_closed_form():
+    c = C.load_config(LM_CONFIG, ["steps=100", "schedule.warmup_steps=10", "schedule.name=linear"])
+    m = optimizers.multiplier(c.schedule, 100)
+    assert float(m(0)) == 0.0 and float(m(5)) == pytest.approx(0.5)
+    assert float(m(10)) == pytest.approx(1.0)
+    assert float(m(55)) == pytest.approx(1.0 - 0.9 * 45 / 90)
+    c = C.load_config(LM_CONFIG, ["steps=100", "schedule.warmup_steps=0", "schedule.name=wsd"])
+    m = optimizers.multiplier(c.schedule, 100)  # 80 stable steps, 20 decay to 0.1
+    assert float(m(79)) == pytest.approx(1.0) and float(m(90)) == pytest.approx(0.55)
+
+
+def test_muon_on_non_matrix_rejected_before_compile():
+    import jax
+
+    c = C.load_config(LM_CONFIG, ["optimizer.muon_roles=all"])
+    params = {
+        "w": jax.ShapeDtypeStruct((4, 4), "float32"),
+        "s": jax.ShapeDtypeStruct((4,), "float32"),
+    }
+    roles = {"w": "q", "s": "norm"}
+    with pytest.raises(ValueError, match=r"routes s \(role 'norm', shape \(4,\)\) to muon"):
+        optimizers.build(c, params, roles)
+    built = optimizers.build(c, params, {"w": "q", "s": "norm"}, matrix_roles=("q",))
+    assert [r[3] for r in built.table] == ["adam", "muon"]  # leaves in key order: s, w
