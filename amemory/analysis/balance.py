@@ -140,7 +140,7 @@ class RhoResult(NamedTuple):
       rho: ϱ^ε, the smallest worst-class probability over feasible step sizes.
       eta: the step size (same units as the grid) at which ``rho`` was attained.
       eta_boundary: smallest feasible step size found (``max_k q_k = 1 - ε`` there, up
-        to the bisection tolerance).
+        to the refinement tolerance).
       n_feasible_grid: number of grid points that were feasible (diagnostic).
       rho_boundary: ``min_k q_k`` at ``eta_boundary``; equals ``rho`` when ``min_k q_k``
         is non-decreasing on the feasible set (one step of GD or Muon from 0).
@@ -170,7 +170,8 @@ def one_step_rho(
 
     Search: ``q`` is evaluated on a geometric grid of ``n_grid`` step sizes in
     ``[eta_min, eta_max]``; the feasibility boundary (the first grid interval where
-    ``max_k q_k`` crosses ``1 - ε``) is refined by bisection to relative width ``rtol``;
+    ``max_k q_k`` crosses ``1 - ε``) is refined by nested sub-grids of ``n_grid`` points
+    (so a jitted ``correct_fn`` compiles for one shape) to relative width ``rtol``;
     ``ϱ^ε`` is the minimum of ``min_k q_k`` over the boundary point and all feasible grid
     points. This is exact when ``min_k q_k`` is non-decreasing on the feasible set
     (true for one step of GD, SignGD and Muon from ``W_0 = 0``: every logit margin grows
@@ -185,7 +186,7 @@ def one_step_rho(
       eta_min: smallest step size searched, default ``eta_max * 1e-8``; must not be
         feasible (so that the boundary is bracketed).
       n_grid: number of geometric grid points, >= 3.
-      rtol: relative bisection tolerance on the boundary step size, > 0.
+      rtol: relative tolerance on the boundary step size, > 0.
 
     Returns:
       :class:`RhoResult`.
@@ -228,18 +229,24 @@ def one_step_rho(
             f"eta_min={eta_min} is already feasible (max_k q_k >= {target}); decrease eta_min"
         )
     lo, hi = grid[first - 1], grid[first]
-    while hi - lo > rtol * hi:
-        mid = 0.5 * (lo + hi)
-        if q_of(np.array([mid]))[0].max() >= target:
-            hi = mid
-        else:
-            lo = mid
-    best_eta, best = hi, float(q_of(np.array([hi]))[0].min())
-    at_boundary = best
+    at_boundary = float(q[first].min())
     worst_grid = q[feasible].min(axis=1)
     j = int(np.argmin(worst_grid))
-    if worst_grid[j] < best:
-        best, best_eta = float(worst_grid[j]), float(grid[feasible][j])
+    best, best_eta = float(worst_grid[j]), float(grid[feasible][j])
+    # Refine the boundary with sub-grids of the same size (one compiled shape for jitted
+    # correct_fn): each pass shrinks the bracket by a factor n_grid - 1.
+    while hi - lo > rtol * hi:
+        sub = np.linspace(lo, hi, n_grid)
+        qs = q_of(sub)
+        feas = qs.max(axis=1) >= target
+        feas[-1] = True  # hi is feasible by construction
+        k = max(int(np.argmax(feas)), 1)
+        lo, hi = sub[k - 1], sub[k]
+        sub_worst = qs[feas].min(axis=1)
+        i = int(np.argmin(sub_worst))
+        if sub_worst[i] < best:
+            best, best_eta = float(sub_worst[i]), float(sub[feas][i])
+        at_boundary = float(qs[k].min())
     return RhoResult(
         rho=best,
         eta=float(best_eta),
