@@ -53,7 +53,12 @@ class Checkpointer:
             max_to_keep=max_to_keep, create=True, enable_async_checkpointing=async_save
         )
         self._manager = ocp.CheckpointManager(
-            self.directory, options=options, item_names=("state", "extra")
+            self.directory,
+            options=options,
+            item_handlers={
+                "state": ocp.StandardCheckpointHandler(),
+                "extra": ocp.JsonCheckpointHandler(),
+            },
         )
 
     def latest_step(self) -> int | None:

@@ -1,0 +1,139 @@
+"""The training loop against independent references, error paths, exact resume after SIGKILL."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+from train_helpers import LM_CONFIG, lm_config, lm_overrides, memory_config, write_corpus
+
+from amemory.train import NonFiniteLossError, run, train
+from amemory.train.checkpoint import leaf_names, load_params
+
+
+def _numpy_memory_run(prior, lr, steps, direction):
+    """Slow reference: W <- W - lr * direction(grad) with E = Et = I (decoupled), W_0 = 0.
+
+    logits of query k over answers i are W[i, k]; grad[i, k] = p_k (softmax(W[:, k])_i - [i = k]).
+    """
+    K = len(prior)
+    W = np.zeros((K, K))
+    for _ in range(steps):
+        z = W - W.max(axis=0, keepdims=True)
+        S = np.exp(z) / np.exp(z).sum(axis=0, keepdims=True)  # S[i, k] = f_i(E_k)
+        G = (S - np.eye(K)) * prior[None, :]
+        W = W - lr * direction(G)
+    return W
+
+
+def _msgn(G):
+    U, s, Vt = np.linalg.svd(G)
+    keep = s > 1e-6 * s[0]
+    return U[:, keep] @ Vt[keep]
+
+
+def _two_level(K, alpha, beta):
+    L = int(round(beta * K))
+    return np.where(np.arange(K) < L, alpha / L, (1 - alpha) / (K - L))
+
+
+@pytest.mark.parametrize(
+    "name, lr, direction",
+    [("sgd", 3.0, lambda G: G), ("muon", 0.7, _msgn), ("signgd", 0.3, np.sign)],
+)
+def test_memory_run_matches_numpy_reference(tmp_path, name, lr, direction):
+    cfg = memory_config(**{"optimizer.name": name, "optimizer.lr": lr, "prior.beta": 0.25})
+    summary, state = run(cfg, tmp_path)
+    prior = _two_level(12, 0.8, 0.25)
+    W_ref = _numpy_memory_run(prior, lr, 5, direction)
+    np.testing.assert_allclose(np.asarray(state.params["W"]), W_ref, rtol=2e-5, atol=2e-6)
+    z = W_ref - W_ref.max(axis=0, keepdims=True)
+    S = np.exp(z) / np.exp(z).sum(axis=0, keepdims=True)
+    correct = np.diag(S)
+    ev = summary["final_eval"]
+    assert ev["loss"] == pytest.approx(-(prior * np.log(correct)).sum(), rel=1e-4)
+    assert ev["gap"] == pytest.approx(correct.max() - correct.min(), abs=1e-5)
+    assert ev["correct_prob/min"] == pytest.approx(correct.min(), rel=1e-4)
+    head = np.arange(12) < 3
+    acc = (np.argmax(S, axis=0) == np.arange(12)).astype(float)
+    assert ev["acc/head"] == pytest.approx(acc[head].mean())
+    assert ev["acc/tail"] == pytest.approx(acc[~head].mean())
+    recs = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    sp = [r for r in recs if r["kind"] == "spectrum"][-1]
+    s = np.linalg.svd(W_ref, compute_uv=False)
+    assert sp["spectrum/W/stable_rank"] == pytest.approx((s**2).sum() / s[0] ** 2, rel=1e-4)
+
+
+@pytest.mark.filterwarnings("ignore:overflow encountered in cast:RuntimeWarning")
+def test_nonfinite_loss_stops_with_step_and_checkpoint(tmp_path):
+    cfg = memory_config(**{"optimizer.name": "sgd", "optimizer.lr": 1e39, "checkpoint_every": 1})
+    with pytest.raises(
+        NonFiniteLossError, match=r"at step 2; last good checkpoint: .*checkpoints/1"
+    ):
+        train(cfg, tmp_path)
+    recs = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert recs[-1]["event"] == "nonfinite" and recs[-1]["step"] == 2
+
+
+def test_restore_into_different_shape_names_leaf(tmp_path):
+    train(memory_config(**{"memory.K": 6, "steps": 1}), tmp_path)
+    with pytest.raises(ValueError, match=r"already holds checkpoints .* --resume"):
+        train(memory_config(**{"memory.K": 6, "steps": 2}), tmp_path)
+    with pytest.raises(
+        ValueError, match=r"leaf 'params.W' has shape \(6, 6\), .* expects \(9, 9\)"
+    ):
+        train(memory_config(**{"memory.K": 9, "steps": 2}), tmp_path, resume=True)
+    # resuming with a longer run continues from step 1
+    summary = train(memory_config(**{"memory.K": 6, "steps": 3}), tmp_path, resume=True)
+    assert summary["resumed_from"] == 1 and summary["steps"] == 3
+
+
+def _cli(workdir, args, resume=False):
+    cmd = [sys.executable, "-m", "amemory.cli", "train", "--config", LM_CONFIG + ":full"]
+    cmd += ["--workdir", str(workdir)] + [f"--config.{a}" for a in args]
+    return cmd + (["--resume"] if resume else [])
+
+
+def test_sigkill_then_resume_equals_uninterrupted(tmp_path):
+    corpus = write_corpus(tmp_path)
+    os.environ["AMEMORY_DATA"] = str(tmp_path / "cache")
+    extra = {"steps": 400, "log_every": 10, "eval_every": 1000, "spectrum_every": 0}
+    extra |= {"checkpoint_every": 20, "keep_checkpoints": 2, "optimizer.name": "muon"}
+    ref_summary, ref = run(lm_config(corpus, **extra), tmp_path / "ref")
+    wd = tmp_path / "killed"
+    args = lm_overrides(corpus, **extra)
+    proc = subprocess.Popen(_cli(wd, args), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    metrics = wd / "metrics.jsonl"
+    deadline = time.time() + 120
+    try:
+        while time.time() < deadline and proc.poll() is None:
+            steps = (
+                [json.loads(x)["step"] for x in metrics.read_text().splitlines()[:-1]]
+                if metrics.exists()
+                else []
+            )
+            if steps and max(steps) >= 100 and (wd / "checkpoints").exists():
+                break
+            time.sleep(0.01)
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == -signal.SIGKILL, "training finished before it could be killed"
+    done = subprocess.run(_cli(wd, args, resume=True), capture_output=True, text=True, timeout=150)
+    assert done.returncode == 0, done.stderr[-3000:]
+    summary = json.loads((wd / "summary.json").read_text())
+    assert 0 < summary["resumed_from"] < 400 and summary["steps"] == 400
+    got, want = leaf_names(load_params(wd / "checkpoints")), leaf_names(ref.params)
+    assert set(got) == set(want)
+    for k in want:
+        np.testing.assert_allclose(got[k], np.asarray(want[k]), rtol=1e-6, atol=1e-7, err_msg=k)
+    recs = [json.loads(x) for x in (wd / "metrics.jsonl").read_text().splitlines()]
+    train_steps = [r["step"] for r in recs if r["kind"] == "train"]
+    assert train_steps == list(range(10, 401, 10))  # no duplicates after the resume
+    assert summary["final_train_loss"] == pytest.approx(ref_summary["final_train_loss"], rel=1e-5)
