@@ -21,6 +21,7 @@ coupled.
 from __future__ import annotations
 
 import collections
+import functools
 import math
 import re
 import sys
@@ -109,7 +110,10 @@ def corpus_prior(corpus: str, K: int) -> tuple[np.ndarray, dict[str, Any]]:
     """
     from amemory.data.corpus import load_text_corpus
 
-    train_texts, _ = load_text_corpus(corpus)
+    loaded = load_text_corpus(corpus)
+    train_texts = getattr(loaded, "train_texts", None)
+    if train_texts is None:  # contract form: (train_texts, val_texts)
+        train_texts = loaded[0]
     if isinstance(train_texts, str):
         train_texts = [train_texts]
     words, counts = word_counts(train_texts, K)
@@ -172,6 +176,11 @@ def one_step_sweep(
     }
 
 
+@jax.jit
+def _scaled_stats(eta, step, E, Et, prior):
+    return _stats(eta * step, E, Et, prior)
+
+
 def one_step_rho(
     name: str, E: jax.Array, Et: jax.Array, prior: jax.Array, eps: float, iters: int = 60
 ) -> dict[str, float]:
@@ -188,7 +197,7 @@ def one_step_rho(
     W0 = jnp.zeros((Et.shape[0], E.shape[0]), E.dtype)
     g = jax.grad(memory.population_loss)(W0, E, Et, prior)
     step = -direction(name, g)
-    stats = jax.jit(lambda eta: _stats(eta * step, E, Et, prior))
+    stats = lambda eta: _scaled_stats(jnp.asarray(eta, E.dtype), step, E, Et, prior)  # noqa: E731
     hi = 1.0
     for _ in range(200):
         if float(stats(hi)[3]) >= 1 - eps:
@@ -215,6 +224,17 @@ def trajectory(
       dict of ``[steps + 1]`` arrays (index t = after t steps): loss, gap, min_correct,
       max_correct; and per_class_final ``[K]`` correct-class probabilities at the end.
     """
+    lr = jnp.asarray(lr, E.dtype)
+    W_end, outs, last = _trajectory(name, steps, E, Et, prior, lr)
+    keys = ("loss", "gap", "min_correct", "max_correct")
+    res = {k: np.append(np.asarray(v), float(l)) for k, v, l in zip(keys, outs, last, strict=True)}
+    res["per_class_final"] = np.asarray(memory.correct_probabilities(W_end, E, Et))
+    return res
+
+
+@functools.partial(jax.jit, static_argnums=(0, 1))
+def _trajectory(name, steps, E, Et, prior, lr):
+    # Arrays are arguments, not closure constants: XLA would otherwise constant-fold them.
     W0 = jnp.zeros((Et.shape[0], E.shape[0]), E.dtype)
 
     def body(W, _):
@@ -222,16 +242,8 @@ def trajectory(
         g = jax.grad(memory.population_loss)(W, E, Et, prior)
         return W - lr * direction(name, g), out
 
-    @jax.jit
-    def run(W):
-        W_end, outs = jax.lax.scan(body, W, None, length=steps)
-        return W_end, outs, _stats(W_end, E, Et, prior)
-
-    W_end, outs, last = run(W0)
-    keys = ("loss", "gap", "min_correct", "max_correct")
-    res = {k: np.append(np.asarray(v), float(l)) for k, v, l in zip(keys, outs, last, strict=True)}
-    res["per_class_final"] = np.asarray(memory.correct_probabilities(W_end, E, Et))
-    return res
+    W_end, outs = jax.lax.scan(body, W0, None, length=steps)
+    return W_end, outs, _stats(W_end, E, Et, prior)
 
 
 def gd_one_step_rho_closed_form(K: int, alpha: float, beta: float, eps: float) -> float:
@@ -253,6 +265,11 @@ def learning_rate(name: str, cfg: Any, prior: np.ndarray) -> float:
 
 
 # ----------------------------------------------------------------------------- experiment
+
+
+def n_units(cfg: Any) -> int:
+    """Units of work reported to ``progress``: one per (prior, embedding, optimizer)."""
+    return len(cfg.priors) * len(cfg.embeddings) * len(cfg.optimizers)
 
 
 def run(cfg: Any, out_dir: Any, *, progress: Callable[[str], None] | None = None) -> dict:
@@ -286,7 +303,7 @@ def run(cfg: Any, out_dir: Any, *, progress: Callable[[str], None] | None = None
         for prior_kind in cfg.priors:
             try:
                 prior_np, info = make_prior(prior_kind, cfg)
-            except (ImportError, OSError, ValueError) as e:
+            except (ImportError, OSError, ValueError, RuntimeError) as e:
                 notes.append(f"prior {prior_kind!r} skipped: {type(e).__name__}: {e}")
                 continue
             metrics["priors"][prior_kind] = {

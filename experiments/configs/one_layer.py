@@ -4,7 +4,7 @@ Launch::
 
     python -m experiments.one_layer --scale quick --out runs/one_layer
 
-Quick scale: K = 300 classes, 300 steps per trajectory, about 20 s on 2 CPU cores.
+Quick scale: K = 150 classes, 300 steps per trajectory, about 20 s on 2 CPU cores.
 Full scale: K = 999 (the paper's Fig. 4b/c), 600 steps, a few minutes on a CPU.
 """
 
@@ -26,7 +26,7 @@ def get_config(scale: str = "quick") -> ConfigDict:
     quick = scale == "quick"
     c = ConfigDict()
     c.scale = scale
-    c.K = 300 if quick else 999  # classes = embedding dim d (Assumption 5.1); K % 3 == 0 (coupled)
+    c.K = 150 if quick else 999  # classes = embedding dim d (Assumption 5.1); K % 3 == 0 (coupled)
     c.alpha = 0.8  # two-level prior: head mass (papers.md A.2, Fig. 4: 0.8)
     c.beta = 0.2  # two-level prior: head fraction L/K (Fig. 4: 0.2)
     c.corpus = (

@@ -1,0 +1,409 @@
+"""`amemory reproduce`: run the papers' experiments at a chosen scale and write a report.
+
+Usage::
+
+    amemory reproduce                        # default stages, quick scale (CPU, < 15 min)
+    amemory reproduce --scale full           # paper-sized configs (GPU/TPU hours)
+    amemory reproduce --only tail_qa         # one experiment (its full quick config)
+    amemory reproduce --out runs/final       # choose the run directory
+    amemory reproduce --update-readme README.md   # also refresh README's results section
+
+Default stages (quick scale): ``check`` (``amemory check --quick``), ``one_layer``,
+``tail_lm``, a reduced ``ablation`` (Muon on none, qk, vo+ffn, all) and a reduced
+``tail_qa`` (Muon, Adam, Muon on VO+FFN, Muon on QK). ``--only`` also accepts
+``isotropy`` and ``scaling``, and a full (non-reduced) ``ablation`` / ``tail_qa``.
+
+Output: ``runs/reproduce-<UTC timestamp>/`` (or ``--out``) with one sub-directory per
+stage (``result.json``, ``figures/``), ``train_runs/`` (every transformer run, shared
+between stages: identical configs are trained once), ``report.md`` and
+``summary.json``. The report sets each of the papers' claims beside our measurement
+with a verdict (held / not held / undecided) decided by a rule stated in the table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import pathlib
+import re
+import shutil
+import subprocess
+import sys
+import time
+import traceback
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from experiments import common
+
+DEFAULT_STAGES = ("check", "one_layer", "tail_lm", "ablation", "tail_qa")
+ALL_STAGES = ("check", "one_layer", "tail_lm", "ablation", "tail_qa", "isotropy", "scaling")
+
+# Overrides giving the reduced variants run by default (not with --only).
+REDUCED: dict[str, dict[str, Any]] = {
+    "ablation": {"subsets": ("none", "qk", "vo+ffn", "all"), "ffn_kinds": ("gelu",)},
+    "tail_qa": {"variants": ("muon", "adam", "muon_vo+ffn", "muon_qk")},
+}
+
+# Claims shown first in the summary, in this order (others follow).
+HEADLINE = (
+    "tail_lm/tail_bucket_loss",
+    "ablation/vo_ffn_share",
+    "ablation/qk_share",
+    "tail_qa/tail_group_fta",
+)
+
+README_BEGIN = "<!-- BEGIN reproduce -->"
+README_END = "<!-- END reproduce -->"
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # noqa: D401 - argparse API
+        sys.stderr.write(f"amemory reproduce: error: {message}\n")
+        raise SystemExit(2)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argparse parser of ``amemory reproduce``."""
+    p = _Parser(prog="amemory reproduce", description=__doc__.splitlines()[0])
+    p.add_argument("--scale", default="quick", choices=common.SCALES, help="quick (CPU) or full")
+    p.add_argument(
+        "--only",
+        action="append",
+        default=None,
+        choices=ALL_STAGES,
+        metavar="NAME",
+        help=f"run only this stage (repeatable); one of {', '.join(ALL_STAGES)}",
+    )
+    p.add_argument("--out", default=None, help="run directory (default runs/reproduce-<ts>)")
+    p.add_argument(
+        "--update-readme",
+        default=None,
+        metavar="PATH",
+        help=f"replace the text between {README_BEGIN} and {README_END} in PATH with the "
+        "report's table and figures (copied to docs/figures/ next to PATH)",
+    )
+    p.add_argument("--no-progress", action="store_true", help="no progress bars")
+    return p
+
+
+# ----------------------------------------------------------------------------- stages
+
+
+def _progress_bar(name: str, total: int, enabled: bool):
+    from tqdm.auto import tqdm
+
+    return tqdm(total=total, desc=f"{name:10s}", unit="run", disable=not enabled, leave=True)
+
+
+def run_check(scale: str, stage_dir: pathlib.Path, enabled: bool) -> dict[str, Any]:
+    """Stage ``check``: ``amemory check --quick`` (``--scale full``: without ``--quick``).
+
+    Runs in a subprocess so its jax configuration cannot leak into the other stages;
+    stdout/stderr go to ``check.log``. One claim: every check passed (exit status 0).
+    """
+    stage_dir.mkdir(parents=True, exist_ok=True)
+    argv = ["--quick"] if scale == "quick" else []
+    code = f"import sys, theory_checks.cli as c; sys.exit(c.main({argv!r}))"
+    bar = _progress_bar("check", 1, enabled)
+    t0 = time.perf_counter()
+    proc = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env=dict(os.environ)
+    )
+    wall = time.perf_counter() - t0
+    bar.update(1)
+    bar.close()
+    log = proc.stdout + ("\n" + proc.stderr if proc.stderr else "")
+    (stage_dir / "check.log").write_text(log)
+    counts = _parse_check_counts(proc.stdout)
+    if proc.returncode == 0:
+        ours, held = f"all passed ({counts})" if counts else "all passed", True
+    elif "not available" in log or "No module named" in log:
+        ours, held = "theory_checks not available", None
+    else:
+        ours, held = f"exit status {proc.returncode} ({counts or 'see check.log'})", False
+    claim = common.Claim(
+        "check/theory",
+        "A Thm 5.3-5.4, B (papers.md)",
+        "numerical checks of the papers' statements (`amemory check`)",
+        "statements hold",
+        ours,
+        held,
+        "exit status 0 of `amemory check" + (" --quick`" if scale == "quick" else "`"),
+    )
+    tail = "\n".join(proc.stdout.strip().splitlines()[-40:])
+    return common.result_dict(
+        "check",
+        scale,
+        metrics={"returncode": proc.returncode, "counts": counts, "stdout_tail": tail},
+        figures=[],
+        claims=[claim],
+        wall_s=wall,
+    )
+
+
+def _parse_check_counts(stdout: str) -> str:
+    """Find a 'N passed' / 'N failed' style summary in the check output ('' if none)."""
+    found = re.findall(r"(\d+)\s+(passed|failed|held|PASS|FAIL|pass|fail)\b", stdout)
+    if not found:
+        return ""
+    return ", ".join(f"{n} {w.lower()}" for n, w in found[-3:])
+
+
+def run_experiment(
+    name: str,
+    scale: str,
+    stage_dir: pathlib.Path,
+    enabled: bool,
+    *,
+    overrides: dict[str, Any] | None = None,
+    cache_dir: pathlib.Path | None = None,
+) -> dict[str, Any]:
+    """Stage for ``experiments/<name>.py``: load its config, apply overrides, run it."""
+    import importlib
+
+    module = importlib.import_module(f"experiments.{name}")
+    cfg = common.load_config(name, scale)
+    for k, v in (overrides or {}).items():
+        cfg[k] = v
+    total = module.n_units(cfg) if hasattr(module, "n_units") else 1
+    bar = _progress_bar(name, total, enabled)
+
+    def progress(label: str) -> None:
+        bar.set_postfix_str(label[-40:], refresh=False)
+        bar.update(1)
+
+    try:
+        kwargs: dict[str, Any] = {"progress": progress}
+        if cache_dir is not None and name not in ("one_layer",):
+            kwargs["cache_dir"] = cache_dir
+        return module.run(cfg, stage_dir, **kwargs)
+    finally:
+        bar.close()
+
+
+def _failed(name: str, scale: str, err: BaseException, wall: float) -> dict[str, Any]:
+    return common.result_dict(
+        name,
+        scale,
+        metrics={"error": f"{type(err).__name__}: {err}"},
+        figures=[],
+        claims=[
+            common.Claim(
+                f"{name}/run",
+                "-",
+                f"stage {name} ran",
+                "-",
+                f"FAILED: {type(err).__name__}: {str(err)[:200]}",
+                None,
+                "the stage raised; see its error.txt",
+            )
+        ],
+        wall_s=wall,
+        notes=[f"stage failed: {type(err).__name__}: {err}"],
+    )
+
+
+# ----------------------------------------------------------------------------- report
+
+
+def _claims(results: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    all_claims = [c for r in results for c in r.get("claims", [])]
+    order = {k: i for i, k in enumerate(HEADLINE)}
+    return sorted(all_claims, key=lambda c: order.get(c["key"], len(order)))
+
+
+def claims_table(results: Sequence[dict[str, Any]]) -> str:
+    """Markdown table: claim | source | paper | ours (this run) | verdict."""
+    lines = [
+        "| claim | source | paper | ours | verdict |",
+        "|---|---|---|---|---|",
+    ]
+    for c in _claims(results):
+        cells = [c["statement"], c["paper"], c["paper_value"], c["ours"], common.verdict(c["held"])]
+        cells = [str(x).replace("|", "/").replace("\n", " ") for x in cells]
+        if c["key"] in HEADLINE:
+            cells[0] = f"**{cells[0]}**"
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def _figure_paths(out: pathlib.Path, results: Sequence[dict[str, Any]]) -> list[pathlib.Path]:
+    paths = []
+    for r in results:
+        for f in r.get("figures", []):
+            p = out / r["name"] / f
+            if p.exists():
+                paths.append(p)
+    return paths
+
+
+def write_report(
+    out: pathlib.Path, results: Sequence[dict[str, Any]], scale: str, wall_s: float
+) -> pathlib.Path:
+    """Write ``out/report.md`` (table of claims, per-stage sections, figures, notes)."""
+    claims = _claims(results)
+    n_held = sum(c["held"] is True for c in claims)
+    n_not = sum(c["held"] is False for c in claims)
+    n_und = sum(c["held"] is None for c in claims)
+    lines = [
+        f"# amemory reproduce ({scale} scale)",
+        "",
+        f"Run directory `{out}`; total wall time {wall_s / 60:.1f} min; "
+        f"{n_held} claims held, {n_not} not held, {n_und} undecided.",
+        "",
+        "Verdicts are decided by the rule in each stage's section (column `test` of its "
+        "`result.json`). Quick-scale numbers come from models far smaller than the papers'; "
+        "a claim that does not hold here is reported as such.",
+        "",
+        "## Claims beside our measurements",
+        "",
+        claims_table(results),
+        "",
+    ]
+    for r in results:
+        lines += [f"## {r['name']} ({r['wall_s']:.0f} s)", ""]
+        for c in r.get("claims", []):
+            lines.append(
+                f"- **{common.verdict(c['held'])}**: {c['statement']}. Paper ({c['paper']}): "
+                f"{c['paper_value']}. Ours: {c['ours']}. Test: {c['test']}."
+            )
+        extra = r.get("metrics", {}).get("report_md")
+        if extra:
+            lines += ["", extra]
+        for note in r.get("notes", []):
+            lines.append(f"- note: {note}")
+        lines.append("")
+        for f in r.get("figures", []):
+            lines.append(f"![{pathlib.Path(f).stem}]({r['name']}/{f})")
+        lines.append("")
+    path = out / "report.md"
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def update_readme(readme: pathlib.Path, out: pathlib.Path, results: Sequence[dict]) -> None:
+    """Replace the text between the reproduce markers in ``readme``.
+
+    Figures are copied to ``<readme dir>/docs/figures/`` and linked relative to the README.
+
+    Raises:
+      ValueError: if the README lacks either marker (the file is left unchanged).
+    """
+    text = readme.read_text()
+    if README_BEGIN not in text or README_END not in text:
+        raise ValueError(f"{readme} must contain the markers {README_BEGIN} and {README_END}")
+    fig_dir = readme.parent / "docs" / "figures"
+    fig_dir.mkdir(parents=True, exist_ok=True)
+    links = []
+    for p in _figure_paths(out, results):
+        dest = fig_dir / p.name
+        shutil.copyfile(p, dest)
+        links.append(f"![{p.stem}]({dest.relative_to(readme.parent).as_posix()})")
+    scale = results[0]["scale"] if results else "quick"
+    block = "\n".join(
+        [
+            README_BEGIN,
+            f"Latest `amemory reproduce` ({scale} scale, "
+            f"{time.strftime('%Y-%m-%d', time.gmtime())}); regenerate with "
+            f"`amemory reproduce --update-readme {readme.name}`.",
+            "",
+            claims_table(results),
+            "",
+            *links,
+            README_END,
+        ]
+    )
+    start = text.index(README_BEGIN)
+    end = text.index(README_END) + len(README_END)
+    readme.write_text(text[:start] + block + text[end:])
+
+
+def summary_lines(results: Sequence[dict[str, Any]], report: pathlib.Path) -> list[str]:
+    """The short summary printed at the end."""
+    lines = ["", f"report: {report}"]
+    for c in _claims(results):
+        lines.append(f"  {common.verdict(c['held']):10s} {c['key']}: {c['ours']}")
+    return lines
+
+
+# ----------------------------------------------------------------------------- main
+
+
+def reproduce(
+    stages: Sequence[str],
+    scale: str,
+    out: pathlib.Path,
+    *,
+    reduced: bool = True,
+    progress: bool = True,
+    stage_runner: Callable[..., dict[str, Any]] | None = None,
+) -> tuple[list[dict[str, Any]], pathlib.Path]:
+    """Run ``stages`` at ``scale`` into ``out``; returns (results, report path).
+
+    A stage that raises is recorded as failed (its claims undecided) and the others
+    still run. ``stage_runner`` replaces :func:`run_experiment` (tests).
+    """
+    out.mkdir(parents=True, exist_ok=True)
+    cache = out / "train_runs"
+    results = []
+    t0 = time.perf_counter()
+    for name in stages:
+        stage_dir = out / name
+        s0 = time.perf_counter()
+        try:
+            if name == "check":
+                res = run_check(scale, stage_dir, progress)
+            else:
+                runner = stage_runner or run_experiment
+                res = runner(
+                    name,
+                    scale,
+                    stage_dir,
+                    progress,
+                    overrides=REDUCED.get(name) if reduced else None,
+                    cache_dir=cache,
+                )
+        except Exception as e:  # noqa: BLE001 - a failed stage must not stop the others
+            stage_dir.mkdir(parents=True, exist_ok=True)
+            (stage_dir / "error.txt").write_text(traceback.format_exc())
+            sys.stderr.write(f"stage {name} failed: {type(e).__name__}: {e}\n")
+            res = _failed(name, scale, e, time.perf_counter() - s0)
+        results.append(res)
+        common.save_json(out / "summary.json", {"scale": scale, "results": results})
+    wall = time.perf_counter() - t0
+    common.save_json(out / "summary.json", {"scale": scale, "wall_s": wall, "results": results})
+    report = write_report(out, results, scale, wall)
+    return results, report
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of ``amemory reproduce`` (see module docstring)."""
+    args = build_parser().parse_args(list(sys.argv[1:] if argv is None else argv))
+    out = (
+        pathlib.Path(args.out)
+        if args.out
+        else pathlib.Path("runs") / (f"reproduce-{common.timestamp()}")
+    )
+    if args.update_readme and not pathlib.Path(args.update_readme).is_file():
+        sys.stderr.write(
+            f"amemory reproduce: error: --update-readme {args.update_readme}: no such file\n"
+        )
+        return 2
+    stages = tuple(dict.fromkeys(args.only)) if args.only else DEFAULT_STAGES
+    results, report = reproduce(
+        stages, args.scale, out, reduced=not args.only, progress=not args.no_progress
+    )
+    if args.update_readme:
+        try:
+            update_readme(pathlib.Path(args.update_readme), out, results)
+        except ValueError as e:
+            sys.stderr.write(f"amemory reproduce: error: {e}\n")
+            return 2
+    print("\n".join(summary_lines(results, report)))
+    failed = [r["name"] for r in results if "error" in r.get("metrics", {})]
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
