@@ -304,9 +304,11 @@ def test_diagnostics_do_not_change_update_and_match_reference():
     u_off, s_off = off.update(g, off.init(params), params)
     chex.assert_trees_all_close(u_on, u_off)
     diag = collect_diagnostics(s_on)
-    assert sorted(diag) == sorted(f"ortho_error/{k}" for k in SHAPES)
+    assert sorted(diag) == sorted(f"{n}/{k}" for k in SHAPES for n in ("ortho_error", "update_rms"))
     ref = orthogonality_error(newton_schulz(g["tall"]))
     np.testing.assert_allclose(diag["ortho_error/tall"], ref, rtol=1e-4)
+    rms = np.sqrt(np.mean(np.square(np.asarray(u_off["wide"]) / -0.1)))
+    np.testing.assert_allclose(diag["update_rms/wide"], rms, rtol=1e-5)
     assert collect_diagnostics(s_off) == {}
 
 

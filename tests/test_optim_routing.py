@@ -60,6 +60,8 @@ def test_routing_table_and_labels():
     assert len(rows) == len(jax.tree.leaves(PARAMS))
     labels = label_params(PARAMS, role_fn)
     assert labels["layers"][0]["attn"]["k"]["kernel"] == "k"
+    one_arg = label_params(PARAMS, lambda path: role_fn(path, None))  # role_of(path) style
+    assert one_arg == labels
 
 
 def test_unclaimed_and_double_claimed_roles_raise():
@@ -84,6 +86,9 @@ def test_routed_updates_equal_separate_transforms():
     e = grads["embed"]["embedding"]
     u_a, _ = a.update(e, a.init(e), e)
     np.testing.assert_allclose(u["embed"]["embedding"], u_a, atol=1e-7)
+    none_tx = routed({"none": muon(0.02), "rest": a}, role_fn)  # muon_roles="none"
+    u_none, _ = none_tx.update(grads, none_tx.init(PARAMS), PARAMS)
+    chex.assert_tree_all_finite(u_none)
     diag = collect_diagnostics(state)
     assert "ortho_error/layers/0/attn/q/kernel" in diag
     assert not any("embed" in k or "scale" in k for k in diag)

@@ -81,7 +81,9 @@ class MuonState(NamedTuple):
 
     count: jax.Array  # [] int32: number of updates applied so far
     mu: optax.Updates  # momentum, same tree/shapes as params, dtype mu_dtype (default param dtype)
-    diagnostics: Any  # None, or {"ortho_error": tree of [] float32} (last update's NS error)
+    # None, or {"ortho_error": tree of [] float32, "update_rms": tree of [] float32}: the last
+    # update's NS orthogonality error and the RMS of the returned direction (before lr)
+    diagnostics: Any
 
 
 class NorMuonState(NamedTuple):
@@ -90,7 +92,7 @@ class NorMuonState(NamedTuple):
     count: jax.Array  # [] int32
     mu: optax.Updates  # momentum, same tree/shapes as params
     nu: optax.Updates  # per-output-neuron second moment, [*batch_shape, fan_out] float32 per leaf
-    diagnostics: Any  # None, or {"ortho_error": tree of [] float32}
+    diagnostics: Any  # None, or {"ortho_error": ..., "update_rms": ...} as in MuonState
 
 
 # --------------------------------------------------------------------------- layouts
@@ -329,6 +331,16 @@ def _validate_common(
     return steps
 
 
+def _zero_diagnostics(params: Any) -> dict[str, Any]:
+    zero = lambda _: jnp.zeros([], jnp.float32)  # noqa: E731
+    return {"ortho_error": jax.tree.map(zero, params), "update_rms": jax.tree.map(zero, params)}
+
+
+def _rms_tree(leaves: list[jax.Array], treedef: Any) -> Any:
+    rms = [jnp.sqrt(jnp.mean(jnp.square(x.astype(jnp.float32)))) for x in leaves]
+    return treedef.unflatten(rms)
+
+
 def _orthogonalize_with_errors(
     mats_u: list[jax.Array], orth_fn: Callable, batch_leaves: bool, diagnostics: bool
 ) -> tuple[list[jax.Array], list[jax.Array] | None]:
@@ -399,7 +411,8 @@ def scale_by_muon(
         callable ``(path_keys, leaf) -> pair | None``.
       batch_leaves: orthogonalise same-shape leaves in one batched call (exactly the
         same result; disable to keep per-leaf sharding untouched).
-      diagnostics: store each leaf's orthogonality error of the last update in
+      diagnostics: store each leaf's orthogonality error and update RMS (of the
+        returned direction, before the learning rate) of the last update in
         ``state.diagnostics`` (read with :func:`collect_diagnostics`); the update
         itself is unchanged.
 
@@ -434,7 +447,7 @@ def scale_by_muon(
         mu = optax.tree.zeros_like(params, dtype=mu_dtype)
         diag = None
         if diagnostics:
-            diag = {"ortho_error": jax.tree.map(lambda _: jnp.zeros([], jnp.float32), params)}
+            diag = _zero_diagnostics(params)
         return MuonState(count=jnp.zeros([], jnp.int32), mu=mu, diagnostics=diag)
 
     def update_fn(updates, state, params=None):
@@ -458,7 +471,7 @@ def scale_by_muon(
             out.append((lay.from_matrix(o) * scale).astype(g.dtype))
         diag = None
         if diagnostics:
-            diag = {"ortho_error": treedef.unflatten(errs)}
+            diag = {"ortho_error": treedef.unflatten(errs), "update_rms": _rms_tree(out, treedef)}
         new_state = MuonState(count=count_inc, mu=treedef.unflatten(new_m), diagnostics=diag)
         return treedef.unflatten(out), new_state
 
@@ -530,7 +543,7 @@ def scale_by_normuon(
         )
         diag = None
         if diagnostics:
-            diag = {"ortho_error": jax.tree.map(lambda _: jnp.zeros([], jnp.float32), params)}
+            diag = _zero_diagnostics(params)
         return NorMuonState(count=jnp.zeros([], jnp.int32), mu=mu, nu=nu, diagnostics=diag)
 
     def update_fn(updates, state, params=None):
@@ -563,7 +576,7 @@ def scale_by_normuon(
             new_v.append(v.reshape(lay.batch_shape + (lay.fan_out,)))
         diag = None
         if diagnostics:
-            diag = {"ortho_error": treedef.unflatten(errs)}
+            diag = {"ortho_error": treedef.unflatten(errs), "update_rms": _rms_tree(out, treedef)}
         new_state = NorMuonState(
             count=count_inc,
             mu=treedef.unflatten(new_m),
@@ -721,11 +734,13 @@ def collect_diagnostics(opt_state: Any) -> dict[str, jax.Array]:
     """Flatten the diagnostics stored in every Muon/NorMuon state inside ``opt_state``.
 
     Walks any nesting (``chain``, ``partition``/``routed``, ``inject_hyperparams``)
-    and returns ``{"ortho_error/<leaf path>": [] float32}`` for every matrix leaf
-    whose transform was built with ``diagnostics=True``: the orthogonality error
-    (``orthogonalize.orthogonality_error``, averaged over batch axes) of the last
-    update, before shape scaling. Empty dict when none is enabled. Update RMS per
-    role is left to the training loop (it sees the final updates).
+    and returns ``{"ortho_error/<leaf path>": [] float32, "update_rms/<leaf path>": ...}``
+    for every matrix leaf whose transform was built with ``diagnostics=True``:
+    the orthogonality error (``orthogonalize.orthogonality_error``, averaged over
+    batch axes) of the last update before shape scaling, and the RMS of the
+    transform's output (before learning rate and weight decay). Empty dict when
+    none is enabled. Update RMS per role of the final updates is left to the
+    training loop (it sees them).
     """
     out: dict[str, jax.Array] = {}
 

@@ -1,10 +1,10 @@
 """Route parameters to transformations by role (built on ``optax.partition``).
 
 Every trainable parameter has one role from :data:`ROLES`; a ``role_fn(path,
-leaf) -> role`` supplies it (``amemory.models.transformer.role_of`` does for the
-amemory decoder; ``path`` is a tuple of ``str``/``int`` keys such as
-``("layers", 3, "attn", "v", "kernel")``). A rule set maps role specs to
-transformations::
+leaf) -> role`` supplies it (a one-argument ``role_fn(path)`` such as
+``amemory.models.transformer.role_of`` is accepted too; ``path`` is a tuple of
+``str``/``int`` keys such as ``("layers", 3, "attn", "v", "kernel")``).
+A rule set maps role specs to transformations::
 
     routed({"vo+ffn": muon(0.02), "rest": optax.adam(3e-4)}, role_fn)
 
@@ -19,6 +19,7 @@ ablation (Muon on Q, K, V, O, W_in, W_out, W_gate, the rest Adam).
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable, Mapping
 from typing import Any, NamedTuple
 
@@ -120,11 +121,22 @@ def _claims(rules: Mapping[str, Any]) -> dict[str, str]:
     return owner
 
 
+def _arity_one(fn: Callable) -> bool:
+    try:
+        params = inspect.signature(fn).parameters.values()
+    except (TypeError, ValueError):
+        return False
+    positional = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    varargs = any(p.kind == p.VAR_POSITIONAL for p in params)
+    return len(positional) == 1 and not varargs
+
+
 def _roles(params: Any, role_fn: RoleFn) -> tuple[list, list, Any, list[str]]:
     leaves_with_path, treedef = jax.tree_util.tree_flatten_with_path(params)
+    one = _arity_one(role_fn)
     roles = []
     for path, leaf in leaves_with_path:
-        role = role_fn(path_keys(path), leaf)
+        role = role_fn(path_keys(path)) if one else role_fn(path_keys(path), leaf)
         if role not in ROLES:
             raise ValueError(
                 f"role_fn gave role {role!r} for parameter {path_str(path)!r}; "
