@@ -677,7 +677,10 @@ def muon(
 
     Returns:
       ``optax.GradientTransformation`` (a ``chain``); works with
-      ``optax.inject_hyperparams(muon)(learning_rate=...)``.
+      ``optax.inject_hyperparams(muon)(learning_rate=...)``, which injects
+      ``learning_rate`` (and ``weight_decay`` when given); options passed through
+      ``**overrides`` stay static. To inject ``momentum`` or ``rms_scale``, wrap
+      :func:`scale_by_muon` instead: ``optax.inject_hyperparams(scale_by_muon)(momentum=0.9)``.
 
     Raises:
       ValueError: unknown preset or option name (lists the allowed ones), or a
