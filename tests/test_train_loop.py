@@ -137,3 +137,35 @@ def test_sigkill_then_resume_equals_uninterrupted(tmp_path):
     train_steps = [r["step"] for r in recs if r["kind"] == "train"]
     assert train_steps == list(range(10, 401, 10))  # no duplicates after the resume
     assert summary["final_train_loss"] == pytest.approx(ref_summary["final_train_loss"], rel=1e-5)
+
+
+def test_biographies_fta_matches_unpadded_reference(tmp_path):
+    import jax
+
+    from amemory.data import biographies as B
+    from amemory.models import transformer
+    from amemory.train.tasks import model_config
+
+    extra = {"data.kind": "biographies", "data.biographies.m": 3, "steps": 3}
+    extra |= {"data.biographies.eval_per_group": 1000, "optimizer.name": "adam"}
+    cfg = lm_config(tmp_path, **extra)
+    summary, state = run(cfg, tmp_path / "run")
+    ev = summary["final_eval"]
+    assert sorted(k for k in ev if k.startswith("fta/group_")) == [
+        f"fta/group_{g}" for g in range(4)
+    ]
+    # reference: each prompt alone, unpadded, argmax at its last token
+    data = B.make_biographies(B.BiographyConfig(m=3, seed=0))
+    es = data.eval
+    mc = model_config(cfg, data.vocab_size, max_len=max(data.seq_len - 1, es.prompts.shape[1]))
+    graphdef = transformer.init(mc, jax.random.PRNGKey(0))[0]
+    params = jax.tree.map(np.asarray, state.params)
+    apply = jax.jit(transformer.apply, static_argnums=0)
+    hits = np.zeros(len(es.group), bool)
+    for n in np.unique(es.prompt_len):  # prompts of one length together, without padding
+        idx = np.flatnonzero(es.prompt_len == n)
+        logits = np.asarray(apply(graphdef, params, es.prompts[idx, :n]))
+        hits[idx] = np.argmax(logits[:, -1], axis=-1) == es.answer_first[idx]
+    assert ev["fta"] == pytest.approx(hits.mean())
+    for g in range(4):
+        assert ev[f"fta/group_{g}"] == pytest.approx(hits[es.group == g].mean())

@@ -474,14 +474,13 @@ def run(
 
 
 def _evaluate(engine: _Engine, task, state: TrainState, multi: bool) -> dict:
-    if task.kind == "memory":
-        W = np.asarray(engine.to_host(state.params)["W"])
+    if engine.eval is None:  # host-side evaluation (memory, biographies)
+        params = engine.to_host(state.params)
         if not multi:
-            return task.eval_host(W)
-        per = [task.eval_host(w) for w in W]
+            return task.eval_host(params)
+        n = len(jax.tree.leaves(params)[0])
+        per = [task.eval_host(jax.tree.map(lambda x, i=i: x[i], params)) for i in range(n)]
         return {k: [p[k] for p in per] for k in per[0]}
-    if engine.eval is None:
-        return task.eval_host(engine.to_host(state.params))
     sums = None
     for local in task.eval_batches():
         out = engine.fetch(engine.eval(state.params, engine.put_batch(local)))

@@ -44,8 +44,11 @@ def check_batch(batch_size: int, data_shards: int, field: str) -> None:
 # ----------------------------------------------------------------------------- language model
 
 
-def model_config(config: Any, vocab_size: int):
-    """``TransformerConfig`` from ``config.model`` (preset + non-None overrides)."""
+def model_config(config: Any, vocab_size: int, max_len: int | None = None):
+    """``TransformerConfig`` from ``config.model`` (preset + non-None overrides).
+
+    ``max_len`` defaults to ``config.data.seq_len``.
+    """
     from amemory.models import transformer
 
     m = config.model
@@ -58,7 +61,7 @@ def model_config(config: Any, vocab_size: int):
     return transformer.preset(
         m.preset,
         vocab_size=int(vocab_size),
-        max_len=int(config.data.seq_len),
+        max_len=int(max_len if max_len is not None else config.data.seq_len),
         dropout=float(m.dropout),
         remat=bool(m.remat),
         dtype=m.dtype,
@@ -83,10 +86,10 @@ def _lm_loss(graphdef, params, tokens, targets, mask, rng, dropout: bool):
 class _Transformer:
     """Shared transformer pieces of LMTask and BiographyTask."""
 
-    def _setup_model(self, config: Any, vocab_size: int) -> None:
+    def _setup_model(self, config: Any, vocab_size: int, max_len: int | None = None) -> None:
         from amemory.models import transformer
 
-        self.model_config = model_config(config, vocab_size)
+        self.model_config = model_config(config, vocab_size, max_len)
         self.graphdef = transformer._graphdef(self.model_config)
         self.dropout = float(config.model.dropout) > 0
         self.spectrum_roles = parse_roles(config.spectrum_roles, "spectrum_roles")
@@ -310,8 +313,8 @@ class MemoryTask:
     def spectrum_matrices(self, params: Any) -> dict[str, np.ndarray]:
         return {"W": np.asarray(params["W"])[None]}
 
-    def eval_host(self, W: np.ndarray) -> dict:
-        """Exact per-class metrics of one memory ``W [d, d]`` (host, float64 where it matters)."""
+    def eval_host(self, params: Any) -> dict:
+        """Exact per-class metrics of one seed's memory ``params["W"] [d, d]`` (host)."""
         from amemory.models import memory as M
 
         if self._eval_fn is None:
@@ -325,6 +328,7 @@ class MemoryTask:
                 )
 
             self._eval_fn = jax.jit(arrays)
+        W = jnp.asarray(params["W"])
         per_loss, correct, probs = (np.asarray(x, np.float64) for x in self._eval_fn(W))
         p, h = self.prior, self.head
         t = ~h
@@ -360,9 +364,59 @@ def build(config: Any, data_shards: int):
 
 
 class BiographyTask(_Transformer):
-    """Placeholder until amemory.data.biographies lands."""
+    """Transformer on synthetic biographies (``amemory.data.biographies``, papers.md A.3).
+
+    Batches are ``{"tokens": int32 [B_local, T], "mask": float32 [B_local, T]}`` rows;
+    the loss is the masked mean cross-entropy (nats per target token). Evaluation:
+    first-token accuracy (FTA) per group g = 0..m on a per-group subset of the QA
+    of all individuals (``data.biographies.eval_per_group`` items per group).
+    """
 
     kind = "biographies"
 
     def __init__(self, config: Any, data_shards: int):
-        raise ValueError("config.data.kind='biographies' is not available yet")
+        from amemory.data import biographies as B
+
+        d = config.data
+        check_batch(int(d.batch_size), data_shards, "data.batch_size")
+        bc = d.biographies
+        self.data = B.make_biographies(B.BiographyConfig(m=int(bc.m), seed=int(bc.seed)))
+        self.eval_set = self.data.eval.per_group(int(bc.eval_per_group), seed=int(bc.seed))
+        T = self.data.seq_len
+        max_len = max(T - 1, int(self.eval_set.prompts.shape[1]))
+        self._setup_model(config, self.data.vocab_size, max_len=max_len)
+        self.batcher = self.data.batcher(
+            int(d.batch_size), int(config.seed), jax.process_index(), jax.process_count()
+        )
+        self.tokens_per_step = int(d.batch_size) * (T - 1)
+        self._logits = None
+
+    def loss(self, params, batch, rng):
+        tok, mask = batch["tokens"], batch["mask"]
+        return _lm_loss(
+            self.graphdef, params, tok[:, :-1], tok[:, 1:], mask[:, 1:], rng, self.dropout
+        )
+
+    def next_batch(self) -> dict[str, np.ndarray]:
+        tokens, mask = self.batcher.next()
+        return {"tokens": tokens, "mask": mask}
+
+    def data_state(self) -> list[int]:
+        return [int(x) for x in self.batcher.state()]
+
+    def restore_data(self, state: list[int]) -> None:
+        self.batcher.restore(np.asarray(state, np.int64))
+
+    def eval_host(self, params: Any) -> dict:
+        """FTA per group (and over all evaluated questions) of one seed's params (host)."""
+        from amemory.data import biographies as B
+        from amemory.models import transformer
+
+        if self._logits is None:
+            self._logits = jax.jit(lambda p, x: transformer.apply(self.graphdef, p, x))
+        p = jax.device_put(params)
+        preds = B.first_token_predictions(lambda x: self._logits(p, x), self.eval_set)
+        per_group = B.first_token_accuracy(preds, self.eval_set)
+        out: dict[str, Any] = {"fta": float(np.mean(preds == self.eval_set.answer_first))}
+        out.update({f"fta/group_{g}": v for g, v in per_group.items()})
+        return out

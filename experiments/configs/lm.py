@@ -62,6 +62,8 @@ def get_config(scale: str = "quick") -> ConfigDict:
     c.data.biographies.m = 8 if quick else 15
     # seed of the synthetic population (independent of the training seed)
     c.data.biographies.seed = 0
+    # FTA evaluation: at most this many QA items per group (6 questions per person)
+    c.data.biographies.eval_per_group = 384 if quick else 1200
 
     # ---- model (amemory.models.transformer) -----------------------------------
     c.model = ConfigDict()
