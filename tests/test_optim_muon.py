@@ -334,3 +334,33 @@ def test_shape_scales_and_mu_dtype():
     u, state = tx.update(g, state)
     np.testing.assert_allclose(u["w"], 2.0 * newton_schulz(g["w"]), atol=1e-5)
     assert u["w"].dtype == jnp.float32 and state.mu["w"].dtype == jnp.bfloat16
+
+
+def test_ns_mesh_keeps_matrices_whole_under_fsdp():
+    """ns_mesh: same update; no collectives inside the NS matmuls of FSDP-sharded leaves."""
+    n = jax.device_count()
+    mesh = jax.make_mesh((n,), ("fsdp",), axis_types=(jax.sharding.AxisType.Auto,))
+    shard = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec("fsdp", None))
+    rng = np.random.default_rng(14)
+    params = {
+        "a": jnp.asarray(rng.standard_normal((16, 48)), jnp.float32),
+        "b": jnp.asarray(rng.standard_normal((48, 16)), jnp.float32),
+        "c": jnp.asarray(rng.standard_normal((24, 24)), jnp.float32),
+    }
+    put = lambda t: jax.tree.map(lambda x: jax.device_put(x, shard) if x.ndim == 2 else x, t)  # noqa: E731
+    ref_tx = muon(0.1, preset="jordan")
+    ref, _ = ref_tx.update(params, ref_tx.init(params), params)
+
+    def collectives(tx):
+        state = put(tx.init(params))
+        update = jax.jit(tx.update)
+        u, _ = update(put(params), state, put(params))
+        chex.assert_trees_all_close(u, ref, atol=1e-6)
+        text = update.lower(put(params), state, put(params)).compile().as_text()
+        return sum(text.count(op) for op in ("all-gather(", "all-reduce(", "reduce-scatter("))
+
+    plain = collectives(muon(0.1, preset="jordan"))
+    whole = collectives(muon(0.1, preset="jordan", ns_mesh=(mesh, "fsdp")))
+    assert whole < plain, (whole, plain)
+    with pytest.raises(ValueError, match="ns_mesh"):
+        muon(0.1, ns_mesh=(mesh, "tp"))

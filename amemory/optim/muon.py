@@ -300,17 +300,57 @@ def _orthogonalize_groups(
     return out
 
 
-def _make_orth_fn(orthogonalizer, ns_coeffs, steps, ns_eps, ns_dtype, ns_method):
-    if orthogonalizer == "polar":
-        return polar
-    dtype = _resolve_dtype(ns_dtype)
-
-    def orth(x):
-        return newton_schulz(
-            x, coeffs=ns_coeffs, steps=steps, eps=ns_eps, dtype=dtype, method=ns_method
+def _check_ns_mesh(ns_mesh: Any) -> None:
+    if ns_mesh is None:
+        return
+    ok = (
+        isinstance(ns_mesh, tuple)
+        and len(ns_mesh) == 2
+        and isinstance(ns_mesh[0], jax.sharding.Mesh)
+        and ns_mesh[1] in ns_mesh[0].axis_names
+    )
+    if not ok:
+        raise ValueError(
+            f"ns_mesh must be None or (jax.sharding.Mesh, axis name in the mesh), got {ns_mesh!r}"
         )
 
+
+def _batch_sharded(orth_fn: Callable, ns_mesh: tuple[Any, str]) -> Callable:
+    """Run ``orth_fn`` on a ``[b, k, l]`` stack with whole matrices per device.
+
+    The stack is zero-padded to a multiple of the mesh axis size (NS and polar map
+    zero to zero) and constrained to be sharded along its batch axis, so GSPMD
+    moves each matrix to one device once instead of all-reducing every NS matmul
+    of a matrix sharded across devices (the Levanter/MaxText layout).
+    """
+    mesh, axis = ns_mesh
+    n = mesh.shape[axis]
+    spec = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec(axis, None, None))
+
+    def orth(x):
+        b = x.shape[0]
+        pad = (-b) % n
+        if pad:
+            x = jnp.concatenate([x, jnp.zeros((pad,) + x.shape[1:], x.dtype)], axis=0)
+        x = jax.lax.with_sharding_constraint(x, spec)
+        y = jax.lax.with_sharding_constraint(orth_fn(x), spec)
+        return y[:b] if pad else y
+
     return orth
+
+
+def _make_orth_fn(orthogonalizer, ns_coeffs, steps, ns_eps, ns_dtype, ns_method, ns_mesh=None):
+    if orthogonalizer == "polar":
+        orth = polar
+    else:
+        dtype = _resolve_dtype(ns_dtype)
+
+        def orth(x):
+            return newton_schulz(
+                x, coeffs=ns_coeffs, steps=steps, eps=ns_eps, dtype=dtype, method=ns_method
+            )
+
+    return orth if ns_mesh is None else _batch_sharded(orth, ns_mesh)
 
 
 def _validate_common(
@@ -371,6 +411,7 @@ def scale_by_muon(
     mu_dtype: Any = None,
     matrix_axes: MatrixAxes = None,
     batch_leaves: bool = True,
+    ns_mesh: tuple[Any, str] | None = None,
     diagnostics: bool = False,
 ) -> optax.GradientTransformation:
     r"""Muon direction: momentum, orthogonalisation, shape scaling (no learning rate).
@@ -411,6 +452,11 @@ def scale_by_muon(
         callable ``(path_keys, leaf) -> pair | None``.
       batch_leaves: orthogonalise same-shape leaves in one batched call (exactly the
         same result; disable to keep per-leaf sharding untouched).
+      ns_mesh: ``(mesh, axis_name)`` for sharded ``jit``: each same-shape stack is
+        sharded along its batch axis over ``axis_name`` during orthogonalisation, so
+        every device works on whole matrices (one reshard per stack instead of
+        collectives inside every NS matmul of FSDP-sharded matrices). Same result;
+        ``None`` leaves the layout to XLA.
       diagnostics: store each leaf's orthogonality error and update RMS (of the
         returned direction, before the learning rate) of the last update in
         ``state.diagnostics`` (read with :func:`collect_diagnostics`); the update
@@ -440,7 +486,8 @@ def scale_by_muon(
         momentum, momentum_form, nesterov, bias_correction, orthogonalizer, ns_coeffs,
         ns_steps, ns_method, shape_scale,
     )  # fmt: skip
-    orth_fn = _make_orth_fn(orthogonalizer, ns_coeffs, steps, ns_eps, ns_dtype, ns_method)
+    _check_ns_mesh(ns_mesh)
+    orth_fn = _make_orth_fn(orthogonalizer, ns_coeffs, steps, ns_eps, ns_dtype, ns_method, ns_mesh)
 
     def init_fn(params):
         _, leaves, treedef, _ = _layouts(params, matrix_axes)  # validates every leaf
@@ -499,6 +546,7 @@ def scale_by_normuon(
     mu_dtype: Any = None,
     matrix_axes: MatrixAxes = None,
     batch_leaves: bool = True,
+    ns_mesh: tuple[Any, str] | None = None,
     diagnostics: bool = False,
 ) -> optax.GradientTransformation:
     r"""NorMuon direction: Muon followed by per-neuron second-moment normalisation.
@@ -533,7 +581,8 @@ def scale_by_normuon(
         ns_method, shape_scale,
     )  # fmt: skip
     _check_unit_interval("beta2", beta2)
-    orth_fn = _make_orth_fn(orthogonalizer, ns_coeffs, steps, ns_eps, ns_dtype, ns_method)
+    _check_ns_mesh(ns_mesh)
+    orth_fn = _make_orth_fn(orthogonalizer, ns_coeffs, steps, ns_eps, ns_dtype, ns_method, ns_mesh)
 
     def init_fn(params):
         paths, leaves, treedef, layouts = _layouts(params, matrix_axes)
@@ -606,6 +655,7 @@ _MUON_OPTIONS = (
     "mu_dtype",
     "matrix_axes",
     "batch_leaves",
+    "ns_mesh",
     "diagnostics",
 )
 _NORMUON_OPTIONS = tuple(o for o in _MUON_OPTIONS if o != "bias_correction") + (
