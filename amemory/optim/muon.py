@@ -24,7 +24,9 @@ Speed. Inside ``update`` leaves are grouped by matrix shape (tall matrices are
 transposed to wide first, so ``[256, 1024]`` and ``[1024, 256]`` share a group)
 and each group is orthogonalised by ONE batched call. Wide groups with
 ``fan_max >= 2 fan_min`` use the Gram form of Newton-Schulz (see
-``orthogonalize.newton_schulz(method="gram")``) in fp32.
+``orthogonalize.newton_schulz(method="gram")``) in fp32. Under sharded ``jit``,
+``ns_mesh=(mesh, axis)`` shards each stack along its batch axis so every device
+orthogonalises whole matrices instead of all-gathering inside each NS matmul.
 
 Sources: Jordan (2024) https://kellerjordan.github.io/posts/muon/ ; Liu et al.,
 "Muon is Scalable for LLM Training" (Moonlight), arXiv 2502.16982; optax
