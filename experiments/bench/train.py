@@ -1,0 +1,250 @@
+"""`amemory bench train`: train-step time and tokens/s of Muon, SignGD and Adam.
+
+What is measured: the real jitted training step of ``amemory.train`` (forward,
+backward, optimizer update, per-role update RMS; donated buffers) of the
+``small`` transformer preset (d=256, 4 layers, d_ff=1024, V=8192; 7.3M
+parameters) on random tokens, batch 32 x 128 (``--quick``: the same model,
+batch 8 x 128). Three optimizers share the routing of the training configs:
+
+  adam     Adam on every parameter;
+  muon     Muon (Keller Jordan's settings, 5 Newton-Schulz steps) on the hidden
+           matrices (q, k, v, o, w_in, w_out), Adam on embed / head / norm;
+  signgd   SignGD on the hidden matrices, Adam on the rest.
+
+Steps of the three are interleaved in one process (round-robin, one step each),
+so load on a shared machine hits them alike; medians are reported.
+
+Predicted ratio. If the step runs at one FLOP rate, Muon's extra time is the
+Newton-Schulz FLOPs at that rate, so
+
+    predicted Muon/Adam = 1 + NS FLOPs / step FLOPs,
+
+with step FLOPs = 6 N_matmul tokens + 12 L T d tokens (matmul parameters incl.
+the LM head, plus attention scores and values; Kaplan et al. 2020) and the NS
+FLOPs those amemory performs (direct quintic ``5 (4k^2 l + 2k^3)`` per ``k x l``
+matrix, ``k <= l``, or its Gram form for ``l >= 2k``; see experiments/bench/optim.py).
+SignGD adds only elementwise work: predicted 1.00 by FLOPs. A second prediction
+uses the optimizer updates timed alone on the same parameters (random gradients):
+``1 + (t_update(X) - t_update(Adam)) / t_step(Adam)``; it accounts for the step
+and Newton-Schulz running at different FLOP rates.
+
+Usage:
+  amemory bench train [--quick] [--reps N] [--preset small] [--batch B] [--seq T]
+                      [--dtype float32|bfloat16] [--json PATH]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import pathlib
+import platform
+import sys
+import time
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from amemory.models import transformer
+from amemory.train import optimizers
+from amemory.train.config import load_config
+from amemory.train.loop import make_train_step
+from amemory.train.state import TrainState
+
+OPTIMIZERS = ("adam", "muon", "signgd")
+REPO = pathlib.Path(__file__).resolve().parents[2]
+# Peak dense bf16 FLOP/s for model FLOPs utilisation, by device kind substring.
+PEAK_BF16 = {"H200": 989e12, "H100": 989e12, "A100": 312e12}
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # one-line error, exit 2
+        sys.stderr.write(f"amemory bench train: error: {message}\n")
+        raise SystemExit(2)
+
+
+def ns_flops(shape: tuple[int, ...], steps: int = 5) -> float:
+    """Newton-Schulz FLOPs amemory performs on one ``k x l`` matrix (Gram form if l >= 2k)."""
+    k, l = sorted(shape)
+    if l < 2 * k:
+        return steps * (4.0 * k * k * l + 2.0 * k**3)
+    per = 2.0 * k**3
+    return 4.0 * k * k * l + steps * per + (steps - 1) * per + (steps - 1) * 2 * per
+
+
+def step_flops(mc: transformer.TransformerConfig, params: Any, batch: int, seq: int) -> float:
+    """Model FLOPs of one training step: 6 N_matmul + 12 L T d per token (Kaplan et al. 2020)."""
+    roles = transformer.param_roles(params)
+    n_matmul = sum(
+        int(np.prod(p.shape))
+        for p, r in zip(jax.tree.leaves(params), jax.tree.leaves(roles), strict=True)
+        if r in ("q", "k", "v", "o", "w_in", "w_gate", "w_out", "head")
+    )
+    if mc.tied_head:
+        n_matmul += mc.vocab_size * mc.d_model
+    tokens = batch * seq
+    return 6.0 * n_matmul * tokens + 12.0 * mc.n_layers * seq * mc.d_model * tokens
+
+
+def _random_like(tree: Any, seed: int) -> Any:
+    rng = np.random.default_rng(seed)
+    return jax.tree.map(lambda p: jnp.asarray(rng.standard_normal(p.shape), p.dtype), tree)
+
+
+def _setup(name: str, mc, batch: int, seq: int, lr_overrides: list[str]):
+    cfg = load_config(
+        str(REPO / "experiments" / "configs" / "lm.py") + ":full",
+        [f"optimizer.name={name}", "optimizer.muon_roles=hidden", "optimizer.diagnostics=false"]
+        + lr_overrides,
+    )
+    params = transformer.init_params(mc, jax.random.PRNGKey(0))
+    roles = transformer.param_roles(params)
+    opt = optimizers.build(cfg, params, roles)
+    graphdef = transformer._graphdef(mc)
+
+    def loss(p, b, rng):
+        import optax
+
+        logits = transformer.apply(graphdef, p, b[:, :-1])
+        return optax.softmax_cross_entropy_with_integer_labels(logits, b[:, 1:]).mean()
+
+    step = jax.jit(make_train_step(loss, opt, roles), donate_argnums=0)
+    state = TrainState(jnp.zeros((), jnp.int32), params, opt.tx.init(params), jax.random.PRNGKey(1))
+    return step, state, params, opt
+
+
+def main(argv: list[str]) -> int:
+    """Run the benchmark; print a table; optionally write ``--json``. Returns the exit status."""
+    ap = _Parser(prog="amemory bench train", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--quick", action="store_true", help="batch 8 x 128, 5 reps (about a minute)")
+    ap.add_argument("--reps", type=int, default=None, help="timed steps per optimizer")
+    ap.add_argument("--preset", default="small", choices=tuple(transformer.PRESETS))
+    ap.add_argument("--batch", type=int, default=None, help="sequences per step")
+    ap.add_argument("--seq", type=int, default=128, help="tokens per sequence")
+    ap.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"))
+    ap.add_argument("--json", default=None, help="write the figures to this JSON file")
+    args = ap.parse_args(argv)
+    batch = args.batch or (8 if args.quick else 32)
+    reps = args.reps or (5 if args.quick else 10)
+    if reps < 1 or batch < 1 or args.seq < 2:
+        ap.error("--reps, --batch must be >= 1 and --seq >= 2")
+    base = transformer.PRESETS[args.preset]
+    mc = transformer.preset(args.preset, max_len=max(args.seq, base.max_len), dtype=args.dtype)
+    rng = np.random.default_rng(0)
+    tokens = jnp.asarray(rng.integers(0, mc.vocab_size, (batch, args.seq + 1)), jnp.int32)
+
+    runs = {}
+    grads = None
+    for name in OPTIMIZERS:
+        step, state, params, opt = _setup(name, mc, batch, args.seq, [])
+        if grads is None:
+            grads = _random_like(params, seed=1)
+        update = jax.jit(opt.tx.update)
+        upd_state = opt.tx.init(params)
+        jax.block_until_ready(update(grads, upd_state, params))
+        t0 = time.perf_counter()
+        state, m = step(state, tokens)
+        jax.block_until_ready(m["loss"])
+        runs[name] = {"step": step, "state": state, "compile_s": time.perf_counter() - t0}
+        state, m = step(runs[name]["state"], tokens)  # one warm step
+        jax.block_until_ready(m["loss"])
+        runs[name]["state"], runs[name]["times"] = state, []
+        runs[name]["update"] = (update, upd_state, params)
+        runs[name]["update_times"] = []
+    for _ in range(reps):
+        for name in OPTIMIZERS:
+            r = runs[name]
+            t0 = time.perf_counter()
+            r["state"], m = r["step"](r["state"], tokens)
+            jax.block_until_ready(m["loss"])
+            r["times"].append(time.perf_counter() - t0)
+            update, upd_state, p0 = r["update"]
+            t0 = time.perf_counter()
+            jax.block_until_ready(update(grads, upd_state, p0))
+            r["update_times"].append(time.perf_counter() - t0)
+
+    hidden = [
+        p.shape
+        for p, r in zip(
+            jax.tree.leaves(params), jax.tree.leaves(transformer.param_roles(params)), strict=True
+        )
+        if r in ("q", "k", "v", "o", "w_in", "w_gate", "w_out")
+    ]
+    f_step = step_flops(mc, params, batch, args.seq)
+    f_ns = sum(ns_flops(s) for s in hidden)
+    tokens_per_step = batch * args.seq
+    med = {n: float(np.median(runs[n]["times"])) for n in OPTIMIZERS}
+    upd = {n: float(np.median(runs[n]["update_times"])) for n in OPTIMIZERS}
+    device = jax.devices()[0]
+    peak = next((v for k, v in PEAK_BF16.items() if k in device.device_kind), None)
+    out = {
+        "preset": args.preset,
+        "dtype": args.dtype,
+        "batch": batch,
+        "seq": args.seq,
+        "reps": reps,
+        "device": f"{device.platform}:{device.device_kind}",
+        "n_devices": jax.device_count(),
+        "jax": jax.__version__,
+        "machine": platform.machine(),
+        "n_params": int(sum(np.prod(p.shape) for p in jax.tree.leaves(params))),
+        "step_gflop": f_step / 1e9,
+        "ns_gflop": f_ns / 1e9,
+        "ns_share_of_step": f_ns / f_step,
+        "predicted_ratio": {"muon/adam": 1.0 + f_ns / f_step, "signgd/adam": 1.0},
+        # 1 + (update time of X - update time of Adam) / Adam's step time, updates timed alone
+        "predicted_ratio_from_update_times": {
+            f"{n}/adam": 1.0 + (upd[n] - upd["adam"]) / med["adam"] for n in ("muon", "signgd")
+        },
+        "measured_ratio": {
+            "muon/adam": med["muon"] / med["adam"],
+            "signgd/adam": med["signgd"] / med["adam"],
+        },
+        "optimizers": {
+            n: {
+                "step_ms_median": 1e3 * med[n],
+                "step_ms_min": 1e3 * float(np.min(runs[n]["times"])),
+                "tokens_per_s": tokens_per_step / med[n],
+                "model_gflop_per_s": f_step / med[n] / 1e9,
+                "mfu": (f_step / med[n] / peak) if (peak and args.dtype == "bfloat16") else None,
+                "compile_s": runs[n]["compile_s"],
+                "update_ms_median": 1e3 * upd[n],
+            }
+            for n in OPTIMIZERS
+        },
+    }
+    print(
+        f"amemory bench train: preset={args.preset} ({out['n_params']:,} params) "
+        f"batch={batch}x{args.seq} dtype={args.dtype} device={out['device']} reps={reps}"
+    )
+    print(
+        f"{'optimizer':10s} {'step ms':>9s} {'tokens/s':>10s} {'GFLOP/s':>9s} "
+        f"{'update ms':>9s} {'compile s':>9s}"
+    )
+    for n in OPTIMIZERS:
+        o = out["optimizers"][n]
+        mfu = f"  MFU {100 * o['mfu']:.1f}%" if o["mfu"] is not None else ""
+        print(
+            f"{n:10s} {o['step_ms_median']:9.1f} {o['tokens_per_s']:10.0f} "
+            f"{o['model_gflop_per_s']:9.1f} {o['update_ms_median']:9.1f} "
+            f"{o['compile_s']:9.1f}{mfu}"
+        )
+    print(
+        f"step {f_step / 1e9:.2f} GFLOP, Newton-Schulz {f_ns / 1e9:.2f} GFLOP "
+        f"({100 * f_ns / f_step:.1f}% of the step)"
+    )
+    for k in ("muon/adam", "signgd/adam"):
+        print(
+            f"ratio {k}: measured {out['measured_ratio'][k]:.3f}, "
+            f"predicted from FLOPs {out['predicted_ratio'][k]:.3f}, "
+            f"from update times {out['predicted_ratio_from_update_times'][k]:.3f}"
+        )
+    if args.json:
+        pathlib.Path(args.json).write_text(json.dumps(out, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(sys.argv[1:]))
