@@ -72,6 +72,7 @@ NULLABLE = frozenset(
         "model.qk_norm",
         "model.tied_head",
         "optimizer.preset",
+        "optimizer.lr",
         "memory.d",
         "parallel.coordinator_address",
         "parallel.num_processes",
@@ -241,7 +242,7 @@ def validate(config: ConfigDict) -> None:
             raise ValueError(f"config.{field}={value!r}; must be an integer >= {lo}")
     for field in ("optimizer.lr", "optimizer.adam_lr", "optimizer.weight_decay"):
         present, value = _get(config, field)
-        if present and not float(value) >= 0:
+        if present and value is not None and not float(value) >= 0:
             raise ValueError(f"config.{field}={value!r}; must be >= 0")
     present, roles = _get(config, "optimizer.muon_roles")
     if present and config.task == "lm":

@@ -373,6 +373,7 @@ def run(
     else:
         log.write(
             "event", 0, event="start", task=task.kind, optimizer=config.optimizer.name,
+            lr=optimizers.resolved_lr(config.optimizer), adam_lr=config.optimizer.adam_lr,
             mode=place.mode, seeds=seeds, n_params=n_params, devices=jax.device_count(),
             processes=jax.process_count(), routing=opt.table,
         )  # fmt: skip

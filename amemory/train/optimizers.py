@@ -27,6 +27,20 @@ from amemory.train.config import parse_roles
 MATRIX = "matrix"
 ADAM = "adam"
 
+# Peak learning rate of the matrix part when ``optimizer.lr`` is None. Muon: Keller
+# Jordan's 0.02 (with shape_scale "jordan"); SignGD/Signum: an Adam-like per-entry step;
+# SGD: a heavy-ball step for a pre-norm transformer. Starting points, not tuned optima.
+DEFAULT_LR = {"muon": 0.02, "normuon": 0.02, "signgd": 1e-3, "signum": 1e-3, "sgd": 0.05}
+
+
+def resolved_lr(ocfg: Any) -> float:
+    """``optimizer.lr``, or ``DEFAULT_LR[optimizer.name]`` when it is None (adam: adam_lr)."""
+    if ocfg.lr is not None:
+        return float(ocfg.lr)
+    if ocfg.name == "adam":
+        return float(ocfg.adam_lr)
+    return DEFAULT_LR[ocfg.name]
+
 
 def multiplier(sched_cfg: Any, steps: int) -> optax.Schedule:
     """Learning-rate multiplier ``step -> [0, 1]`` from ``config.schedule``.
@@ -154,7 +168,7 @@ def build(
     """
     ocfg = config.optimizer
     mult = multiplier(config.schedule, int(config.steps))
-    lr_peak, adam_peak = float(ocfg.lr), float(ocfg.adam_lr)
+    lr_peak, adam_peak = resolved_lr(ocfg), float(ocfg.adam_lr)
 
     def adam_lr(step):
         return adam_peak * mult(step)

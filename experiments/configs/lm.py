@@ -93,8 +93,9 @@ def get_config(scale: str = "quick") -> ConfigDict:
     # w_gate w_out embed head norm bias, qk vo ffn hidden; join with "+"
     # ("vo+ffn"); "all" = every parameter; "none" = all Adam. Ignored for "adam".
     c.optimizer.muon_roles = "hidden"
-    # peak learning rate of optimizer.name on its roles (per step; Muon: spectral step)
-    c.optimizer.lr = 0.02
+    # peak learning rate of optimizer.name on its roles; None = that optimizer's default
+    # (amemory.train.optimizers.DEFAULT_LR: muon/normuon 0.02, signgd/signum 1e-3, sgd 0.05)
+    c.optimizer.lr = config_dict.placeholder(float)
     # peak learning rate of Adam (the "rest" roles, or everything for "adam")
     c.optimizer.adam_lr = 3e-3
     c.optimizer.b1 = 0.9  # Adam beta1 (papers.md A.3 uses 0.8)
