@@ -277,3 +277,132 @@ def fmt(x: Any, digits: int = 3) -> str:
     if xf != 0 and (abs(xf) < 1e-3 or abs(xf) >= 1e4):
         return f"{xf:.{digits - 1}e}"
     return f"{xf:.{digits}f}"
+
+
+# ----------------------------------------------------------------------------- training runs
+
+# Config fields that do not change what a run computes (excluded from the cache key).
+_NON_SEMANTIC = ("progress",)
+
+
+def _semantic_hash(cfg: Any) -> str:
+    d = cfg.to_dict() if hasattr(cfg, "to_dict") else dict(cfg)
+    d = {k: v for k, v in d.items() if k not in _NON_SEMANTIC}
+    return config_hash(d)
+
+
+def train_cached(cfg: Any, cache_dir: str | os.PathLike, label: str) -> dict[str, Any]:
+    """Train ``cfg`` with :func:`amemory.train.train`, reusing an identical earlier run.
+
+    The run directory is ``cache_dir/<label>-<hash of cfg>``; when it already holds a
+    ``summary.json`` (same config, same machine) the run is not repeated. This lets
+    stages share runs (the ablation's "none" and "all" are tail_lm's Adam and Muon).
+
+    Returns:
+      {"summary": train's summary dict, "records": metrics.jsonl rows, "workdir": path,
+       "cached": bool, "label": label}.
+
+    Raises:
+      ValueError: from :func:`amemory.train.train` on a bad config.
+    """
+    from amemory.train import train
+
+    h = _semantic_hash(cfg)
+    workdir = pathlib.Path(cache_dir) / f"{label}-{h}"
+    if not (workdir / "summary.json").exists():  # same config under another label?
+        same = sorted(pathlib.Path(cache_dir).glob(f"*-{h}/summary.json"))
+        if same:
+            workdir = same[0].parent
+    cached = (workdir / "summary.json").exists()
+    if cached:
+        summary = load_json(workdir / "summary.json")
+    else:
+        if workdir.exists():  # an interrupted earlier attempt: start clean
+            import shutil
+
+            shutil.rmtree(workdir)
+        summary = train(cfg, workdir)
+    return {
+        "summary": summary,
+        "records": read_jsonl(workdir / "metrics.jsonl"),
+        "workdir": str(workdir),
+        "cached": cached,
+        "label": label,
+    }
+
+
+def eval_series(records: Sequence[dict[str, Any]], key: str, kind: str = "eval"):
+    """(steps [n], values [n]) of ``key`` over the ``kind`` records (None -> NaN).
+
+    Multi-seed records (lists) are returned as ``[n, seeds]``.
+    """
+    steps, vals = [], []
+    for r in records:
+        if r.get("kind") == kind and key in r:
+            steps.append(r["step"])
+            v = r[key]
+            if isinstance(v, list):
+                vals.append([np.nan if x is None else float(x) for x in v])
+            else:
+                vals.append(np.nan if v is None else float(v))
+    return np.asarray(steps, dtype=float), np.asarray(vals, dtype=float)
+
+
+def final_eval(run: dict[str, Any], key: str = "loss") -> float:
+    """The last evaluation's ``key`` of a :func:`train_cached` result (NaN if absent)."""
+    _, vals = eval_series(run["records"], key)
+    if vals.size == 0:
+        v = run["summary"].get("final_eval", {}).get(key)
+        return float("nan") if v is None else float(v)
+    return float(vals[-1])
+
+
+def steps_to_reach(steps: np.ndarray, values: np.ndarray, target: float) -> float:
+    """First step at which ``values <= target``, linearly interpolated between evals.
+
+    Returns NaN if the target is never reached.
+    """
+    for i, (s, v) in enumerate(zip(steps, values, strict=True)):
+        if v <= target:
+            if i == 0:
+                return float(s)
+            s0, v0 = steps[i - 1], values[i - 1]
+            if v0 == v:
+                return float(s)
+            return float(s0 + (s - s0) * (v0 - target) / (v0 - v))
+    return float("nan")
+
+
+def lr_sweep(
+    make_cfg: Callable[[float], Any],
+    grid: Sequence[float],
+    cache_dir: str | os.PathLike,
+    label: str,
+    *,
+    progress: Callable[[str], None] | None = None,
+    key: str = "loss",
+) -> tuple[float, dict[str, Any], list[dict[str, Any]]]:
+    """Train ``make_cfg(lr)`` for every lr in ``grid``; pick the lowest final eval ``key``.
+
+    Returns:
+      (chosen lr, the chosen run (train_cached result), table rows
+      [{"lr", "final_loss", "chosen", "at_edge"}]).
+    """
+    runs = []
+    for lr in grid:
+        runs.append(train_cached(make_cfg(lr), cache_dir, f"{label}-lr{lr:g}"))
+        if progress:
+            progress(f"{label} lr={lr:g}")
+    finals = [final_eval(r, key) for r in runs]
+    finite = [i for i, v in enumerate(finals) if math.isfinite(v)]
+    best = min(finite, key=lambda i: finals[i]) if finite else 0
+    rows = [
+        {
+            "lr": float(lr),
+            f"final_{key}": finals[i],
+            "chosen": i == best,
+            "at_edge": i == best and best in (0, len(grid) - 1) and len(grid) > 1,
+        }
+        for i, lr in enumerate(grid)
+    ]
+    return float(grid[best]), runs[best], rows

@@ -42,7 +42,7 @@ ALL_STAGES = ("check", "one_layer", "tail_lm", "ablation", "tail_qa", "isotropy"
 # Overrides giving the reduced variants run by default (not with --only).
 REDUCED: dict[str, dict[str, Any]] = {
     "ablation": {"subsets": ("none", "qk", "vo+ffn", "all"), "ffn_kinds": ("gelu",)},
-    "tail_qa": {"variants": ("muon", "adam", "muon_vo+ffn", "muon_qk")},
+    "tail_qa": {"variants": ("muon", "adam", "muon_vo+ffn", "muon_qk"), "sweep": False},
 }
 
 # Claims shown first in the summary, in this order (others follow).
@@ -165,7 +165,11 @@ def run_experiment(
     module = importlib.import_module(f"experiments.{name}")
     cfg = common.load_config(name, scale)
     for k, v in (overrides or {}).items():
-        cfg[k] = v
+        node = cfg
+        *parents, leaf = k.split(".")
+        for part in parents:
+            node = node[part]
+        node[leaf] = v
     total = module.n_units(cfg) if hasattr(module, "n_units") else 1
     bar = _progress_bar(name, total, enabled)
 
@@ -347,6 +351,7 @@ def reproduce(
     out.mkdir(parents=True, exist_ok=True)
     cache = out / "train_runs"
     results = []
+    chosen_lr: dict[str, float] = {}
     t0 = time.perf_counter()
     for name in stages:
         stage_dir = out / name
@@ -356,13 +361,17 @@ def reproduce(
                 res = run_check(scale, stage_dir, progress)
             else:
                 runner = stage_runner or run_experiment
-                res = runner(
-                    name,
-                    scale,
-                    stage_dir,
-                    progress,
-                    overrides=REDUCED.get(name) if reduced else None,
-                    cache_dir=cache,
+                overrides = dict(REDUCED.get(name, {})) if reduced else {}
+                if reduced and name == "tail_qa":
+                    # the reduced tail_qa has no grid of its own: tail_lm's choice
+                    overrides.update({f"lr.{k}": v for k, v in chosen_lr.items()})
+                res = runner(name, scale, stage_dir, progress, overrides=overrides, cache_dir=cache)
+                chosen_lr.update(
+                    {
+                        k: v
+                        for k, v in res.get("metrics", {}).get("chosen_lr", {}).items()
+                        if name == "tail_lm" and k in ("adam", "muon")
+                    }
                 )
         except Exception as e:  # noqa: BLE001 - a failed stage must not stop the others
             stage_dir.mkdir(parents=True, exist_ok=True)

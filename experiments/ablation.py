@@ -1,0 +1,195 @@
+"""Paper A Table 1 on the real corpus: Muon on a subset of roles, Adam on the rest.
+
+For each subset S of the hidden roles (none, qk, vo, v, o, w_in, w_out, ffn, vo+ffn,
+all) the same decoder is trained with Muon on S and Adam elsewhere (embeddings, head
+and norms always Adam), for the non-gated (GELU) and gated (SwiGLU) FFN. Reported: the
+final validation loss and the share of Muon's gain each subset recovers,
+
+    share(S) = (L_none - L_S) / (L_none - L_all),
+
+beside the paper's Table 1 (papers.md A.3). Learning rates: tail_lm's grid choice for
+Adam and Muon (the same for every subset and FFN kind).
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from ml_collections import ConfigDict
+
+from amemory.analysis import plots
+from experiments import common, tail_lm
+from experiments.configs.ablation import PAPER_TABLE
+
+NAME = "ablation"
+
+
+def subset_config(base: ConfigDict, subset: str, muon_lr: float, adam_lr: float) -> ConfigDict:
+    """Run config with Muon on ``subset`` ("none" = all Adam, "all" = every hidden matrix)."""
+    if subset == "none":
+        return tail_lm.run_config(base, "adam", adam_lr, adam_lr)
+    roles = "hidden" if subset == "all" else subset
+    return tail_lm.run_config(base, "muon", muon_lr, adam_lr, roles)
+
+
+def gain_share(l_none: float, l_subset: float, l_all: float) -> float:
+    """Share of Muon's gain recovered by a subset, ``(L_none - L_S) / (L_none - L_all)``.
+
+    NaN when Muon-on-all does not improve on all-Adam (the share is then undefined).
+    """
+    denom = l_none - l_all
+    if not (math.isfinite(denom) and denom > 0 and math.isfinite(l_subset)):
+        return float("nan")
+    return (l_none - l_subset) / denom
+
+
+def paper_shares(ffn: str) -> dict[str, float]:
+    """The paper's share of gain per subset from Table 1 (papers.md A.3)."""
+    t = PAPER_TABLE[ffn]
+    return {s: gain_share(t["none"], v, t["all"]) for s, v in t.items()}
+
+
+def n_units(cfg: ConfigDict) -> int:
+    """Training runs (the LR sweeps of Adam and Muon, then one per subset and FFN kind)."""
+    sweeps = len(cfg.lr_grid.adam) + len(cfg.lr_grid.muon)
+    return sweeps + len(cfg.subsets) * len(cfg.ffn_kinds)
+
+
+def run(
+    cfg: ConfigDict,
+    out_dir: Any,
+    *,
+    progress: Callable[[str], None] | None = None,
+    cache_dir: Any = None,
+) -> dict[str, Any]:
+    """Run the ablation; writes result.json and figures. See the module docstring.
+
+    Raises:
+      ValueError: for an unknown subset or FFN kind (before any training).
+    """
+    allowed = ("none", "qk", "vo", "v", "o", "w_in", "w_out", "w_gate", "ffn", "vo+ffn", "all")
+    bad = [s for s in cfg.subsets if s not in allowed]
+    if bad:
+        raise ValueError(f"ablation config field 'subsets': unknown {bad}; allowed {allowed}")
+    bad = [f for f in cfg.ffn_kinds if f not in ("gelu", "swiglu")]
+    if bad:
+        raise ValueError(f"ablation config field 'ffn_kinds': unknown {bad}; allowed gelu, swiglu")
+    out_dir = common.make_run_dir(out_dir, NAME)
+    cache_dir = cache_dir or out_dir / "train_runs"
+    with common.Timer() as timer:
+        chosen, _, tables = tail_lm.choose_lrs(
+            cfg, cache_dir, progress=progress, optimizers=("adam", "muon")
+        )
+        losses: dict[str, dict[str, float]] = {}
+        for ffn in cfg.ffn_kinds:
+            base = ConfigDict(cfg.base.to_dict())
+            base.model.ffn = ffn
+            losses[ffn] = {}
+            for subset in cfg.subsets:
+                rc = subset_config(base, subset, chosen["muon"], chosen["adam"])
+                label = f"ablation-{ffn}-{subset}"
+                if ffn == "gelu" and subset in ("none", "all"):
+                    # identical to tail_lm's chosen runs when base.model.ffn is the default
+                    label = "lm-adam-lr" if subset == "none" else "lm-muon-hidden-lr"
+                    label += f"{chosen['adam' if subset == 'none' else 'muon']:g}"
+                    rc = subset_config(cfg.base, subset, chosen["muon"], chosen["adam"])
+                r = common.train_cached(rc, cache_dir, label)
+                losses[ffn][subset] = common.final_eval(r)
+                if progress:
+                    progress(f"{ffn} {subset}")
+        shares = {
+            ffn: {
+                s: gain_share(v.get("none", math.nan), x, v.get("all", math.nan))
+                for s, x in v.items()
+            }
+            for ffn, v in losses.items()
+        }
+        metrics = {"chosen_lr": chosen, "lr_sweep": tables, "val_loss": losses, "share": shares}
+        figures = []
+        for ffn in cfg.ffn_kinds:
+            p = plots.plot_bars(
+                {s: shares[ffn][s] for s in cfg.subsets},
+                out_dir / "figures" / f"ablation_share_{ffn}.png",
+                ylabel="share of Muon's gain",
+                title=f"Muon on subset, Adam elsewhere ({ffn} FFN)",
+                reference=paper_shares(ffn),
+            )
+            figures.append(str(p.relative_to(out_dir)))
+        metrics["report_md"] = report_md(cfg, metrics)
+        claims = make_claims(cfg, metrics)
+    result = common.result_dict(
+        NAME, cfg.scale, metrics=metrics, figures=figures, claims=claims,
+        wall_s=timer.seconds, config=cfg,
+    )  # fmt: skip
+    common.save_json(out_dir / "result.json", result)
+    return result
+
+
+def report_md(cfg: ConfigDict, m: dict[str, Any]) -> str:
+    """Markdown table: final loss and share of gain per subset, ours beside the paper's."""
+    lr = m["chosen_lr"]
+    lines = [
+        f"Learning rates: Adam {lr['adam']:g}, Muon {lr['muon']:g} (tail_lm's grid choice; "
+        "the same for every subset).",
+        "",
+    ]
+    for ffn, losses in m["val_loss"].items():
+        ps = paper_shares(ffn)
+        lines += [
+            f"{ffn} FFN: final validation loss (nats/token) and share of Muon's gain",
+            "",
+            "| Muon on | our loss | our share | paper loss (160M) | paper share |",
+            "|---|---|---|---|---|",
+        ]
+        for s, v in losses.items():
+            lines.append(
+                f"| {s} | {common.fmt(v)} | {common.fmt(m['share'][ffn][s], 2)} | "
+                f"{common.fmt(PAPER_TABLE[ffn].get(s))} | {common.fmt(ps.get(s), 2)} |"
+            )
+        lines.append("")
+    return "\n".join(lines)
+
+
+def make_claims(cfg: ConfigDict, m: dict[str, Any]) -> list[common.Claim]:
+    """Verdicts on the share of Muon's gain recovered by VO+FFN and by QK."""
+    claims = []
+    for key, subset, want in (
+        ("ablation/vo_ffn_share", "vo+ffn", "high"),
+        ("ablation/qk_share", "qk", "low"),
+    ):
+        vals = {ffn: sh.get(subset) for ffn, sh in m["share"].items() if subset in sh}
+        if not vals:
+            continue
+        paper = ", ".join(f"{ffn} {paper_shares(ffn)[subset]:.2f}" for ffn in vals)
+        ours = ", ".join(f"{ffn} {common.fmt(v, 2)}" for ffn, v in vals.items())
+        finite = [v for v in vals.values() if v is not None and math.isfinite(v)]
+        if len(finite) < len(vals):
+            held = None
+        elif want == "high":
+            held = all(v >= cfg.vo_ffn_min_share for v in finite)
+        else:
+            held = all(v <= cfg.qk_max_share for v in finite)
+        test = (
+            f"share >= {cfg.vo_ffn_min_share}" if want == "high" else f"share <= {cfg.qk_max_share}"
+        ) + " (share = (L_none - L_S)/(L_none - L_all); undefined if Muon-on-all does not help)"
+        statement = (
+            "Muon on VO+FFN (Adam elsewhere) recovers almost all of Muon's gain"
+            if want == "high"
+            else "Muon on QK alone recovers little of Muon's gain"
+        )
+        claims.append(
+            common.Claim(key, "A, Table 1", statement, paper, ours, held, test)
+        )  # fmt: skip
+    return claims
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m experiments.ablation --scale quick --out DIR``."""
+    return common.experiment_main(NAME, run, argv, description=__doc__.splitlines()[0])
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,284 @@
+"""Experiments and `amemory reproduce`: smoke runs of shrunken configs, and the computed
+quantities checked against independent numpy references (closed-form gradients, numpy
+softmax/SVD, the paper's Table 1 arithmetic)."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import chex
+import numpy as np
+import pytest
+
+from experiments import ablation, common, one_layer, reproduce, tail_lm, tail_qa
+
+# ----------------------------------------------------------------------------- references
+
+
+def _np_softmax_cols(W):
+    """Decoupled embeddings: column k of W holds the logits of query k."""
+    z = W - W.max(axis=0, keepdims=True)
+    e = np.exp(z)
+    return e / e.sum(axis=0, keepdims=True)
+
+
+def _np_stats(W, prior):
+    s = _np_softmax_cols(W)
+    f = np.diag(s)
+    return -np.sum(prior * np.log(f)), f.max() - f.min()
+
+
+def _np_grad(W, prior):
+    """Closed form (papers.md A.1), decoupled: dL/dW[i, k] = p_k (s_ik - 1[i = k])."""
+    s = _np_softmax_cols(W)
+    return (s - np.eye(W.shape[0])) * prior[None, :]
+
+
+def _np_msgn(G):
+    u, s, vt = np.linalg.svd(G)
+    keep = s > s.max() * G.shape[0] * 1e-6
+    return (u[:, keep]) @ vt[keep]
+
+
+def _tiny_one_layer_cfg():
+    cfg = common.load_config("one_layer", "quick")
+    cfg.K = 12
+    cfg.priors = ("two_level",)
+    cfg.steps = 15
+    cfg.one_step_points = 9
+    return cfg
+
+
+# ----------------------------------------------------------------------------- one_layer
+
+
+def test_one_layer_smoke_and_gap_matches_numpy(tmp_path):
+    cfg = _tiny_one_layer_cfg()
+    res = one_layer.run(cfg, tmp_path / "ol")
+    assert (tmp_path / "ol" / "result.json").is_file()
+    assert (tmp_path / "ol" / "figures" / "one_layer_gap_vs_loss.png").stat().st_size > 1000
+    saved = json.loads((tmp_path / "ol" / "result.json").read_text())
+    prior = np.array([0.8 / 2] * 2 + [0.2 / 10] * 10)  # two_level(12, 0.8, 0.2): L = 2
+    # One step, decoupled: W_eta = eta * X with X = diag(p) - (1/K) 1 p^T (closed form
+    # -grad at 0) for GD, and eta * msgn(X) for Muon.
+    X = np.diag(prior) - np.ones((12, 1)) @ prior[None, :] / 12
+    for opt, D in (("gd", X), ("muon", _np_msgn(X)), ("signgd", np.sign(X))):
+        run = saved["metrics"]["runs"][f"two_level/decoupled/{opt}"]["one_step"]
+        for eta, loss, gap in zip(run["eta"], run["loss"], run["gap"], strict=True):
+            ref_loss, ref_gap = _np_stats(eta * D, prior)
+            np.testing.assert_allclose(loss, ref_loss, rtol=2e-4, atol=2e-5)
+            np.testing.assert_allclose(gap, ref_gap, rtol=2e-4, atol=2e-5)
+    # Many steps of GD and Muon, decoupled, against a numpy loop with the closed-form gradient.
+    for opt in ("gd", "muon"):
+        r = saved["metrics"]["runs"][f"two_level/decoupled/{opt}"]
+        W = np.zeros((12, 12))
+        for t in range(cfg.steps + 1):
+            ref_loss, ref_gap = _np_stats(W, prior)
+            np.testing.assert_allclose(r["many_steps"]["loss"][t], ref_loss, rtol=1e-3, atol=1e-5)
+            np.testing.assert_allclose(r["many_steps"]["gap"][t], ref_gap, rtol=1e-3, atol=1e-4)
+            G = _np_grad(W, prior)
+            W = W - r["lr"] * (G if opt == "gd" else _np_msgn(G))
+    assert {c["key"] for c in res["claims"]} >= {
+        "one_layer/gd_imbalanced",
+        "one_layer/muon_balanced",
+    }
+
+
+def test_one_step_rho_matches_closed_form():
+    import jax.numpy as jnp
+
+    from amemory.data import frequencies
+    from amemory.models import memory
+
+    K, alpha, beta, eps = 60, 0.8, 0.2, 0.1
+    prior = jnp.asarray(frequencies.two_level(K, alpha, beta), jnp.float32)
+    E, Et = memory.decoupled(K)
+    got = one_layer.one_step_rho("gd", E, Et, prior, eps)["rho"]
+    r = min(alpha * (1 - beta) / (beta * (1 - alpha)), beta * (1 - alpha) / (alpha * (1 - beta)))
+    x = (1 / eps - 1) * (K - 1)
+    np.testing.assert_allclose(got, x**r / (x**r + K - 1), rtol=2e-3)
+
+
+def test_word_counts_and_validation():
+    words, counts = one_layer.word_counts(["The cat and the dog", "the end, and THE cat's"], 3)
+    assert words == ["the", "and", "cat"] or words[:2] == ["the", "and"]
+    chex.assert_trees_all_close(counts[:2], np.array([4.0, 2.0]))
+    with pytest.raises(ValueError, match="distinct words"):
+        one_layer.word_counts(["a b"], 5)
+    with pytest.raises(ValueError, match="optimizer"):
+        one_layer.direction("adam", np.zeros((2, 2)))
+    cfg = _tiny_one_layer_cfg()
+    cfg.K = 10
+    cfg.embeddings = ("coupled",)
+    with pytest.raises(ValueError, match="divisible by 3"):
+        one_layer.run(cfg, None)
+
+
+# ----------------------------------------------------------------------------- helpers
+
+
+def test_gain_share_reproduces_paper_arithmetic():
+    # papers.md A.3 Table 1 (non-gated): VO+FFN and QK shares of Muon's gain.
+    np.testing.assert_allclose(ablation.gain_share(3.9242, 3.5858, 3.5654), 0.94314, rtol=1e-4)
+    np.testing.assert_allclose(ablation.paper_shares("gelu")["qk"], 0.0317 / 0.3588, rtol=1e-3)
+    assert math.isnan(ablation.gain_share(3.0, 2.9, 3.1))  # Muon-on-all did not help
+
+
+def test_steps_to_reach_and_overrides():
+    steps = np.array([0, 10, 20, 30.0])
+    vals = np.array([5.0, 4.0, 3.0, 2.0])
+    assert common.steps_to_reach(steps, vals, 3.5) == pytest.approx(15.0)
+    assert math.isnan(common.steps_to_reach(steps, vals, 1.0))
+    cfg = common.load_config("tail_lm", "quick")
+    common.apply_override(cfg, "base.steps=7")
+    assert cfg.base.steps == 7
+    with pytest.raises(ValueError, match="unknown config field"):
+        common.apply_override(cfg, "base.nope=1")
+    with pytest.raises(ValueError, match="scale"):
+        common.load_config("tail_lm", "huge")
+
+
+# ----------------------------------------------------------------------------- training
+
+
+def _shrink(base, steps=4):
+    base.model.d_model = 16
+    base.model.n_heads = 2
+    base.model.d_ff = 32
+    base.model.n_layers = 1
+    base.steps = steps
+    base.eval_every = 2
+    base.spectrum_every = 2
+    base.schedule.warmup_steps = 1
+    base.data.batch_size = 4
+    base.data.eval_batches = 1
+    return base
+
+
+def test_tail_lm_then_ablation_share_runs(tmp_path):
+    cfg = common.load_config("tail_lm", "quick")
+    _shrink(cfg.base)
+    cfg.base.data.seq_len = 16
+    cfg.optimizers = ("adam", "muon")
+    cfg.lr_grid.adam = (3e-3,)
+    cfg.lr_grid.muon = (0.02,)
+    cache = tmp_path / "train_runs"
+    res = tail_lm.run(cfg, tmp_path / "tl", cache_dir=cache)
+    m = res["metrics"]
+    assert set(m["runs"]) == {"adam", "muon"}
+    assert m["chosen_lr"] == {"adam": 3e-3, "muon": 0.02}
+    assert len(m["bucket_labels"]) >= 2
+    assert np.isfinite(m["runs"]["muon"]["final_val_loss"])
+    assert (tmp_path / "tl" / "figures" / "tail_lm_bucket_loss.png").is_file()
+    n_runs = len(list(cache.iterdir()))
+    # The ablation's "none"/"all" rows are tail_lm's runs: nothing new is trained for them.
+    acfg = common.load_config("ablation", "quick")
+    acfg.base = cfg.base
+    acfg.lr_grid = cfg.lr_grid
+    acfg.subsets = ("none", "all")
+    acfg.ffn_kinds = ("gelu",)
+    ares = ablation.run(acfg, tmp_path / "ab", cache_dir=cache)
+    assert len(list(cache.iterdir())) == n_runs
+    losses = ares["metrics"]["val_loss"]["gelu"]
+    assert losses["none"] == pytest.approx(m["runs"]["adam"]["final_val_loss"])
+    assert losses["all"] == pytest.approx(m["runs"]["muon"]["final_val_loss"])
+    share = ares["metrics"]["share"]["gelu"]
+    if losses["all"] < losses["none"]:
+        assert share["all"] == pytest.approx(1.0) and share["none"] == pytest.approx(0.0)
+
+
+def test_tail_qa_smoke(tmp_path):
+    cfg = common.load_config("tail_qa", "quick")
+    _shrink(cfg.base, steps=3)
+    cfg.base.data.biographies.m = 2
+    cfg.base.data.biographies.eval_per_group = 4
+    cfg.variants = ("muon_qk",)
+    cfg.sweep = False
+    res = tail_qa.run(cfg, tmp_path / "qa")
+    fta = np.asarray(res["metrics"]["runs"]["muon_qk"]["final_fta"])
+    assert fta.shape == (3,)
+    assert np.all((fta >= 0) & (fta <= 1))
+    assert res["metrics"]["tail_groups"] == [0, 2]  # m - 4 < 0 is dropped
+    with pytest.raises(ValueError, match="variant"):
+        tail_qa.variant_config(cfg.base, "adagrad", {"adam": 1.0})
+
+
+# ----------------------------------------------------------------------------- reproduce
+
+
+def _fake_stage(name, scale, stage_dir, progress, *, overrides=None, cache_dir=None):
+    stage_dir.mkdir(parents=True, exist_ok=True)
+    (stage_dir / "figures").mkdir(exist_ok=True)
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(1, 1))
+    fig.savefig(stage_dir / "figures" / f"{name}.png")
+    plt.close(fig)
+    if name == "tail_qa":
+        raise RuntimeError("boom")
+    claim = common.Claim(f"{name}/x", "A", "a | claim", "1", "2", name != "ablation", "t")
+    return common.result_dict(
+        name, scale, metrics={"chosen_lr": {"adam": 1e-3, "muon": 0.02}, "ov": overrides},
+        figures=[f"figures/{name}.png"], claims=[claim], wall_s=1.0,
+    )  # fmt: skip
+
+
+def test_reproduce_report_and_readme(tmp_path):
+    out = tmp_path / "rep"
+    results, report = reproduce.reproduce(
+        ("one_layer", "tail_lm", "ablation", "tail_qa"),
+        "quick",
+        out,
+        progress=False,
+        stage_runner=_fake_stage,
+    )
+    text = report.read_text()
+    assert "| claim | source | paper | ours | verdict |" in text
+    assert "a / claim" in text  # pipes in cells are escaped
+    assert "not held" in text and "undecided" in text  # failed stage -> undecided claim
+    assert (out / "tail_qa" / "error.txt").is_file()
+    assert results[1]["metrics"]["ov"] == {}  # tail_lm has no reduced overrides
+    summary = json.loads((out / "summary.json").read_text())
+    assert [r["name"] for r in summary["results"]] == [
+        "one_layer",
+        "tail_lm",
+        "ablation",
+        "tail_qa",
+    ]
+    readme = tmp_path / "README.md"
+    readme.write_text(f"intro\n{reproduce.README_BEGIN}\nold\n{reproduce.README_END}\nrest\n")
+    reproduce.update_readme(readme, out, results)
+    new = readme.read_text()
+    assert new.startswith("intro\n") and new.endswith("rest\n") and "old" not in new
+    assert "docs/figures/one_layer.png" in new
+    assert (tmp_path / "docs" / "figures" / "one_layer.png").is_file()
+    readme.write_text("no markers")
+    with pytest.raises(ValueError, match="markers"):
+        reproduce.update_readme(readme, out, results)
+
+
+def test_reproduce_passes_tail_lm_lrs_to_reduced_tail_qa(tmp_path):
+    seen = {}
+
+    def runner(name, scale, stage_dir, progress, *, overrides=None, cache_dir=None):
+        seen[name] = overrides
+        return _fake_stage("x", scale, stage_dir, progress) if name != "tail_lm" else (
+            common.result_dict(name, scale, metrics={"chosen_lr": {"adam": 0.01, "muon": 0.05}},
+                               figures=[], claims=[], wall_s=0.0)
+        )  # fmt: skip
+
+    reproduce.reproduce(("tail_lm", "tail_qa"), "quick", tmp_path, progress=False,
+                        stage_runner=runner)  # fmt: skip
+    assert seen["tail_qa"]["sweep"] is False
+    assert seen["tail_qa"]["lr.adam"] == 0.01 and seen["tail_qa"]["lr.muon"] == 0.05
+
+
+def test_reproduce_cli_rejects_bad_flags(capsys):
+    with pytest.raises(SystemExit) as e:
+        reproduce.main(["--only", "nope"])
+    assert e.value.code == 2
+    assert reproduce.main(["--update-readme", "/nonexistent/README.md"]) == 2
