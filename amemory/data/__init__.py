@@ -7,7 +7,11 @@ cheap (no jax, no tokenizers):
   * :mod:`amemory.data.memory_tasks`: (query, answer) samplers with label noise; exact joints.
   * :mod:`amemory.data.biographies`: paper A's heavy-tailed biography QA and first-token accuracy.
   * :mod:`amemory.data.corpus`: Shakespeare / user text / .bin tokens, BPE and word tokenizers,
-    resumable multi-process batches, token-frequency buckets.
+    resumable multi-process batches, token-frequency buckets (re-exports the four below).
+  * :mod:`amemory.data.sources`: data cache, Shakespeare fetch, user text files, .bin tokens.
+  * :mod:`amemory.data.tokenizer`: BPE and word-level tokenizers, trained once and cached.
+  * :mod:`amemory.data.batching`: resumable multi-process batch iterators.
+  * :mod:`amemory.data.stats`: frequency buckets, Zipf exponent, corpus summary.
 """
 
 from __future__ import annotations
@@ -21,14 +25,29 @@ __all__ = [
     "memory_tasks",
     "biographies",
     "corpus",
+    "sources",
+    "tokenizer",
+    "batching",
+    "stats",
     "two_level",
     "power_law",
     "hierarchical",
     "from_counts",
 ]
 
+_SUBMODULES = (
+    "frequencies",
+    "memory_tasks",
+    "biographies",
+    "corpus",
+    "sources",
+    "tokenizer",
+    "batching",
+    "stats",
+)
+
 
 def __getattr__(name: str):
-    if name in ("frequencies", "memory_tasks", "biographies", "corpus"):
+    if name in _SUBMODULES:
         return importlib.import_module(f"amemory.data.{name}")
     raise AttributeError(f"module 'amemory.data' has no attribute {name!r}")

@@ -1,0 +1,112 @@
+"""Tokenizers for text corpora: byte-level BPE and word level, trained once and cached.
+
+Part of the corpus pipeline (:mod:`amemory.data.corpus` is the entry point and
+re-exports everything public here). Tokenizers are trained offline on the
+training split only, with the ``tokenizers`` library, and cached beside the
+corpus under ``<corpus cache>/<kind>-<vocab_size>/tokenizer.json``:
+
+* ``"bpe"``: byte-level BPE (``tokenizers`` library, GPT-2 style byte alphabet, so
+  no unknown tokens); special token ``<|endoftext|>`` separates documents.
+* ``"word"``: word-level (``tokenizers`` WordLevel over the ``Whitespace``
+  pre-tokenizer, i.e. ``\\w+|[^\\w\\s]+``, case kept); the ``vocab_size - 2`` most
+  frequent words get ids, the rest map to ``<unk>`` (id 0). Its token frequencies
+  have a heavier tail than BPE's, for tail studies.
+"""
+
+from __future__ import annotations
+
+import numbers
+import pathlib
+from collections.abc import Sequence
+
+import numpy as np
+
+from amemory.data.sources import TextCorpus, _atomic_write_bytes
+
+__all__ = ["EOT", "UNK", "TOKENIZER_KINDS", "get_tokenizer"]
+
+EOT = "<|endoftext|>"
+UNK = "<unk>"
+TOKENIZER_KINDS = ("bpe", "word")
+
+
+def _check_vocab_size(vocab_size, kind: str) -> int:
+    lo = 512 if kind == "bpe" else 4
+    if isinstance(vocab_size, bool) or not isinstance(vocab_size, numbers.Integral):
+        raise ValueError(f"vocab_size must be an integer >= {lo} for {kind!r}, got {vocab_size!r}")
+    if not lo <= vocab_size <= 65535:
+        raise ValueError(
+            f"vocab_size must lie in [{lo}, 65535] for tokenizer {kind!r} "
+            f"(byte-level BPE needs 256 bytes + merges; ids are stored as uint16), got {vocab_size}"
+        )
+    return int(vocab_size)
+
+
+def _check_kind(kind) -> str:
+    if kind not in TOKENIZER_KINDS:
+        raise ValueError(f"tokenizer must be one of {TOKENIZER_KINDS}, got {kind!r}")
+    return kind
+
+
+def _train_tokenizer(kind: str, vocab_size: int, texts: Sequence[str]):
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    if kind == "bpe":
+        tok = Tokenizer(models.BPE())
+        tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+        tok.decoder = decoders.ByteLevel()
+        trainer = trainers.BpeTrainer(
+            vocab_size=vocab_size,
+            special_tokens=[EOT],
+            initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+            show_progress=False,
+        )
+    else:
+        tok = Tokenizer(models.WordLevel(unk_token=UNK))
+        tok.pre_tokenizer = pre_tokenizers.Whitespace()
+        trainer = trainers.WordLevelTrainer(
+            vocab_size=vocab_size, special_tokens=[UNK, EOT], show_progress=False
+        )
+    tok.train_from_iterator(list(texts), trainer=trainer)
+    return tok
+
+
+def get_tokenizer(kind: str, vocab_size: int, corpus: TextCorpus):
+    """Train (once) or load the cached tokenizer of ``kind`` for a text corpus.
+
+    The tokenizer is trained on ``corpus.train_texts`` only and cached at
+    ``corpus.cache_dir / f"{kind}-{vocab_size}" / "tokenizer.json"``. Training is
+    deterministic for a given corpus and vocab size.
+
+    Args:
+      kind: ``"bpe"`` (byte-level BPE) or ``"word"`` (word level with ``<unk>``).
+      vocab_size: requested vocabulary size including special tokens; in
+        [512, 65535] for BPE, [4, 65535] for words. A small corpus may yield fewer
+        entries: use ``tokenizer.get_vocab_size()``.
+      corpus: a :class:`TextCorpus` from :func:`load_text_corpus`.
+
+    Returns:
+      A ``tokenizers.Tokenizer``; the special token ``<|endoftext|>`` is in its vocabulary.
+
+    Raises:
+      ValueError: naming ``tokenizer`` (kind) or ``vocab_size`` when invalid.
+    """
+    from tokenizers import Tokenizer
+
+    kind = _check_kind(kind)
+    vocab_size = _check_vocab_size(vocab_size, kind)
+    path = pathlib.Path(corpus.cache_dir) / f"{kind}-{vocab_size}" / "tokenizer.json"
+    if path.exists():
+        return Tokenizer.from_file(str(path))
+    tok = _train_tokenizer(kind, vocab_size, corpus.train_texts)
+    _atomic_write_bytes(path, tok.to_str().encode("utf-8"))
+    return tok
+
+
+def _encode_docs(tok, texts: Sequence[str], eot_id: int) -> np.ndarray:
+    """Encode documents and join them, each followed by ``eot_id``; int32 [N]."""
+    parts = []
+    for enc in tok.encode_batch(list(texts), add_special_tokens=False):
+        parts.append(np.asarray(enc.ids, dtype=np.int32))
+        parts.append(np.asarray([eot_id], dtype=np.int32))
+    return np.concatenate(parts) if parts else np.zeros(0, np.int32)
