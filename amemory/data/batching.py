@@ -3,11 +3,13 @@
 * :class:`Batcher` (alias :data:`TokenStream`): contiguous windows of a flat token
   stream (a tokenized corpus), rows int32 [B / P, T + 1].
 * :func:`eval_batches`: sequential, non-overlapping windows for evaluation.
+* :class:`RowBatcher`: shuffled batches of fixed padded rows plus a loss mask
+  (the synthetic biographies of :mod:`amemory.data.biographies`).
 
-A Batcher's window order is a pure function of (seed, epoch), so its state is a
-small int64 array saved in checkpoints; evaluation windows are the same on every
-call. Process p of P receives its own rows of each global batch, so every
-process holds the same state.
+The window (row) order of a Batcher or RowBatcher is a pure function of (seed,
+epoch), so its state is a small int64 array saved in checkpoints; evaluation
+windows are the same on every call. Process p of P receives its own rows of each
+global batch, so every process holds the same state.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from collections.abc import Iterator
 
 import numpy as np
 
-__all__ = ["Batcher", "TokenStream", "eval_batches"]
+__all__ = ["Batcher", "TokenStream", "eval_batches", "RowBatcher"]
 
 
 def _check_pos_int(name: str, v, lo: int = 1) -> int:
@@ -228,3 +230,90 @@ def eval_batches(
             s = (first + r) * seq_len
             out[r] = tokens[s : s + seq_len + 1]
         yield out
+
+
+class RowBatcher:
+    """Deterministic, resumable batches of fixed rows (tokens and loss mask).
+
+    Each epoch e shuffles the N rows with ``np.random.default_rng([seed, e])`` and
+    serves global batches of ``batch_size`` rows (the remainder is dropped);
+    process p of P gets rows [p B/P, (p+1) B/P) of each global batch. Same state
+    convention as :class:`Batcher`.
+
+    Args:
+      tokens: int32 [N, T]; mask: float32 [N, T]; batch_size <= N, divisible by
+      process_count; seed >= 0.
+
+    Raises:
+      ValueError: naming the invalid argument.
+    """
+
+    def __init__(
+        self,
+        tokens: np.ndarray,
+        mask: np.ndarray,
+        batch_size: int,
+        seed: int = 0,
+        process_index: int = 0,
+        process_count: int = 1,
+    ):
+        tokens, mask = np.asarray(tokens), np.asarray(mask)
+        if tokens.ndim != 2 or mask.shape != tokens.shape:
+            raise ValueError(
+                f"tokens and mask must both be [N, T]; got {tokens.shape} and {mask.shape}"
+            )
+        for name, v, lo in (
+            ("batch_size", batch_size, 1),
+            ("process_count", process_count, 1),
+            ("process_index", process_index, 0),
+            ("seed", seed, 0),
+        ):
+            if isinstance(v, bool) or not isinstance(v, numbers.Integral) or v < lo:
+                raise ValueError(f"{name} must be an integer >= {lo}, got {v!r}")
+        if process_index >= process_count:
+            raise ValueError(f"process_index must be < process_count={process_count}")
+        if batch_size % process_count:
+            raise ValueError(f"batch_size={batch_size} must be divisible by process_count")
+        if batch_size > tokens.shape[0]:
+            raise ValueError(f"batch_size={batch_size} exceeds the {tokens.shape[0]} rows")
+        self.tokens, self.mask = tokens, mask
+        self.batch_size, self.seed = int(batch_size), int(seed)
+        self.process_index, self.process_count = int(process_index), int(process_count)
+        self.local = self.batch_size // self.process_count
+        self._epoch, self._cursor = 0, 0
+        self._perm_epoch, self._perm = -1, None
+
+    def _order(self) -> np.ndarray:
+        if self._perm_epoch != self._epoch:
+            rng = np.random.default_rng([self.seed, self._epoch])
+            self._perm = rng.permutation(self.tokens.shape[0])
+            self._perm_epoch = self._epoch
+        return self._perm
+
+    def next(self) -> tuple[np.ndarray, np.ndarray]:
+        """(tokens int32 [B/P, T], mask float32 [B/P, T]) for this process."""
+        if self._cursor + self.batch_size > self.tokens.shape[0]:
+            self._epoch, self._cursor = self._epoch + 1, 0
+        order = self._order()
+        start = self._cursor + self.process_index * self.local
+        rows = order[start : start + self.local]
+        self._cursor += self.batch_size
+        return self.tokens[rows], self.mask[rows]
+
+    def state(self) -> np.ndarray:
+        """int64 [4] = (epoch, cursor, seed % 2**31, N); every entry < 2**31."""
+        return np.array(
+            [self._epoch, self._cursor, self.seed % 2**31, self.tokens.shape[0]], dtype=np.int64
+        )
+
+    def restore(self, state) -> None:
+        """Continue from :meth:`state`. Raises ValueError naming ``state`` on mismatch."""
+        s = np.asarray(state).astype(np.int64).ravel()
+        if s.shape != (4,) or s[2] != self.seed % 2**31 or s[3] != self.tokens.shape[0]:
+            raise ValueError(
+                f"state {s.tolist()} does not belong to this RowBatcher "
+                f"(seed={self.seed}, rows={self.tokens.shape[0]})"
+            )
+        if s[0] < 0 or s[1] < 0 or s[1] % self.batch_size:
+            raise ValueError(f"state has an invalid position {s.tolist()}")
+        self._epoch, self._cursor = int(s[0]), int(s[1])

@@ -42,9 +42,13 @@ Exact data design
   ``"city:Brenmouth"``, ``"w:born"``), so decoding is unambiguous. Special
   tokens: ``<pad>`` = 0, ``<bos>`` = 1, ``<eos>`` = 2.
 
-Training convention (same as :class:`amemory.data.corpus.Batcher` rows):
+Training convention (same as :class:`amemory.data.batching.Batcher` rows):
 inputs = tokens[:, :-1], targets = tokens[:, 1:], per-target weights =
 loss_mask[:, 1:]; ``loss_mask[n, t] = 1`` iff token t is a training target.
+
+Layout: this module generates the data. Batches of its rows come from
+:class:`amemory.data.batching.RowBatcher` and the FTA metric from
+:mod:`amemory.data.biography_eval`; both are re-exported here.
 """
 
 from __future__ import annotations
@@ -52,9 +56,11 @@ from __future__ import annotations
 import calendar
 import dataclasses
 import numbers
-from collections.abc import Callable
 
 import numpy as np
+
+from amemory.data.batching import RowBatcher
+from amemory.data.biography_eval import first_token_accuracy, first_token_predictions
 
 __all__ = [
     "BiographyConfig",
@@ -566,172 +572,3 @@ def make_biographies(cfg: BiographyConfig | None = None) -> BiographyData:
         repetitions=reps,
         attributes=attrs,
     )
-
-
-def first_token_predictions(
-    logits_fn: Callable, eval_set: EvalSet, *, batch_size: int = 256, seq_len: int | None = None
-) -> np.ndarray:
-    """Argmax next-token predictions at the end of every eval prompt.
-
-    Args:
-      logits_fn: callable tokens int32 [B, L] -> logits [B, L, V] (numpy or jax);
-        called with a fixed B = ``batch_size`` and L = ``seq_len`` so a jitted
-        function compiles once (the last batch is padded by repeating row 0).
-        Prompts are right-padded with ``<pad>``; with causal attention the padding
-        does not affect the logits at position prompt_len - 1.
-      eval_set: an :class:`EvalSet`.
-      batch_size: rows per call, >= 1.
-      seq_len: L, the width passed to ``logits_fn`` (default: the prompt width P);
-        must be >= P.
-
-    Returns:
-      int64 [Q] predicted token ids.
-
-    Raises:
-      ValueError: naming ``batch_size``, ``seq_len`` or the logits shape when invalid.
-    """
-    if isinstance(batch_size, bool) or not isinstance(batch_size, numbers.Integral):
-        raise ValueError(f"batch_size must be an integer >= 1, got {batch_size!r}")
-    if batch_size < 1:
-        raise ValueError(f"batch_size must be an integer >= 1, got {batch_size!r}")
-    Q, P = eval_set.prompts.shape
-    L = P if seq_len is None else int(seq_len)
-    if L < P:
-        raise ValueError(f"seq_len={L} is shorter than the longest prompt ({P} tokens)")
-    tokens = np.zeros((Q, L), dtype=np.int32)  # pad id is 0
-    tokens[:, :P] = eval_set.prompts
-    preds = np.empty(Q, dtype=np.int64)
-    for start in range(0, Q, batch_size):
-        idx = np.arange(start, min(start + batch_size, Q))
-        batch = np.zeros((batch_size, L), dtype=np.int32)
-        batch[:] = tokens[idx[0]]
-        batch[: idx.size] = tokens[idx]
-        logits = np.asarray(logits_fn(batch))
-        if logits.ndim != 3 or logits.shape[:2] != (batch_size, L):
-            raise ValueError(
-                f"logits_fn must return [B, L, V] = [{batch_size}, {L}, V], got {logits.shape}"
-            )
-        pos = eval_set.prompt_len[idx] - 1
-        preds[idx] = np.argmax(logits[np.arange(idx.size), pos], axis=-1)
-    return preds
-
-
-def first_token_accuracy(
-    model, eval_set: EvalSet, *, batch_size: int = 256, seq_len: int | None = None
-) -> dict[int, float]:
-    """First-token accuracy (FTA) per group g (paper A, heavy-tailed knowledge QA).
-
-    FTA of an item = 1 if the argmax prediction after the prompt equals the first
-    answer token. The group's FTA is the mean over its individuals and all 6
-    question templates.
-
-    Args:
-      model: either a callable ``logits_fn(tokens [B, L]) -> [B, L, V]`` (see
-        :func:`first_token_predictions`) or an int array [Q] of predictions.
-      eval_set: an :class:`EvalSet` (possibly a subset).
-      batch_size, seq_len: passed to :func:`first_token_predictions`.
-
-    Returns:
-      dict group g -> accuracy in [0, 1], for the groups present in ``eval_set``.
-
-    Raises:
-      ValueError: naming ``model`` when predictions have the wrong shape.
-    """
-    if callable(model):
-        preds = first_token_predictions(model, eval_set, batch_size=batch_size, seq_len=seq_len)
-    else:
-        preds = np.asarray(model)
-        if preds.shape != eval_set.answer_first.shape:
-            raise ValueError(
-                f"model predictions must have shape {eval_set.answer_first.shape}, "
-                f"got {preds.shape}"
-            )
-    hit = preds == eval_set.answer_first
-    return {int(g): float(hit[eval_set.group == g].mean()) for g in np.unique(eval_set.group)}
-
-
-class RowBatcher:
-    """Deterministic, resumable batches of fixed rows (tokens and loss mask).
-
-    Each epoch e shuffles the N rows with ``np.random.default_rng([seed, e])`` and
-    serves global batches of ``batch_size`` rows (the remainder is dropped);
-    process p of P gets rows [p B/P, (p+1) B/P) of each global batch. Same state
-    convention as :class:`amemory.data.corpus.Batcher`.
-
-    Args:
-      tokens: int32 [N, T]; mask: float32 [N, T]; batch_size <= N, divisible by
-      process_count; seed >= 0.
-
-    Raises:
-      ValueError: naming the invalid argument.
-    """
-
-    def __init__(
-        self,
-        tokens: np.ndarray,
-        mask: np.ndarray,
-        batch_size: int,
-        seed: int = 0,
-        process_index: int = 0,
-        process_count: int = 1,
-    ):
-        tokens, mask = np.asarray(tokens), np.asarray(mask)
-        if tokens.ndim != 2 or mask.shape != tokens.shape:
-            raise ValueError(
-                f"tokens and mask must both be [N, T]; got {tokens.shape} and {mask.shape}"
-            )
-        for name, v, lo in (
-            ("batch_size", batch_size, 1),
-            ("process_count", process_count, 1),
-            ("process_index", process_index, 0),
-            ("seed", seed, 0),
-        ):
-            if isinstance(v, bool) or not isinstance(v, numbers.Integral) or v < lo:
-                raise ValueError(f"{name} must be an integer >= {lo}, got {v!r}")
-        if process_index >= process_count:
-            raise ValueError(f"process_index must be < process_count={process_count}")
-        if batch_size % process_count:
-            raise ValueError(f"batch_size={batch_size} must be divisible by process_count")
-        if batch_size > tokens.shape[0]:
-            raise ValueError(f"batch_size={batch_size} exceeds the {tokens.shape[0]} rows")
-        self.tokens, self.mask = tokens, mask
-        self.batch_size, self.seed = int(batch_size), int(seed)
-        self.process_index, self.process_count = int(process_index), int(process_count)
-        self.local = self.batch_size // self.process_count
-        self._epoch, self._cursor = 0, 0
-        self._perm_epoch, self._perm = -1, None
-
-    def _order(self) -> np.ndarray:
-        if self._perm_epoch != self._epoch:
-            rng = np.random.default_rng([self.seed, self._epoch])
-            self._perm = rng.permutation(self.tokens.shape[0])
-            self._perm_epoch = self._epoch
-        return self._perm
-
-    def next(self) -> tuple[np.ndarray, np.ndarray]:
-        """(tokens int32 [B/P, T], mask float32 [B/P, T]) for this process."""
-        if self._cursor + self.batch_size > self.tokens.shape[0]:
-            self._epoch, self._cursor = self._epoch + 1, 0
-        order = self._order()
-        start = self._cursor + self.process_index * self.local
-        rows = order[start : start + self.local]
-        self._cursor += self.batch_size
-        return self.tokens[rows], self.mask[rows]
-
-    def state(self) -> np.ndarray:
-        """int64 [4] = (epoch, cursor, seed % 2**31, N); every entry < 2**31."""
-        return np.array(
-            [self._epoch, self._cursor, self.seed % 2**31, self.tokens.shape[0]], dtype=np.int64
-        )
-
-    def restore(self, state) -> None:
-        """Continue from :meth:`state`. Raises ValueError naming ``state`` on mismatch."""
-        s = np.asarray(state).astype(np.int64).ravel()
-        if s.shape != (4,) or s[2] != self.seed % 2**31 or s[3] != self.tokens.shape[0]:
-            raise ValueError(
-                f"state {s.tolist()} does not belong to this RowBatcher "
-                f"(seed={self.seed}, rows={self.tokens.shape[0]})"
-            )
-        if s[0] < 0 or s[1] < 0 or s[1] % self.batch_size:
-            raise ValueError(f"state has an invalid position {s.tolist()}")
-        self._epoch, self._cursor = int(s[0]), int(s[1])
