@@ -226,7 +226,11 @@ def polar(x: jax.Array, *, rtol: float | None = None) -> jax.Array:
     Args:
       x: ``[..., m, n]`` float array.
       rtol: relative threshold for zero singular values; default
-        ``max(m, n) * finfo(dtype).eps`` (numpy's ``matrix_rank`` rule).
+        ``max(m, n) * finfo(dtype).eps`` (numpy's ``matrix_rank`` rule). In
+        float32 with ``K = 1000`` that is ``1.2e-4 * s_max``: genuine singular
+        values below it (e.g. very rare classes of a steep power law) are
+        dropped, so use float64 (x64) for spectra spanning many decades, or pass
+        ``rtol`` explicitly.
 
     Returns:
       ``[..., m, n]`` array of ``x.dtype`` with singular values in ``{0, 1}``.
