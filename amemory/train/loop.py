@@ -314,7 +314,8 @@ def train(config: ConfigDict, workdir: str | pathlib.Path, *, resume: bool = Fal
       ValueError: bad config (names the field and allowed values), data not found,
         or a checkpoint that does not fit the model (names the leaf) -- all before
         compiling the step.
-      NonFiniteLossError: the loss became NaN/inf (message: step and last checkpoint).
+      NonFiniteLossError: the loss became NaN/inf (any seed of a multi-seed run); the
+        message names the step and the last good checkpoint.
     """
     return run(config, workdir, resume=resume)[0]
 
@@ -378,6 +379,14 @@ def run(
             processes=jax.process_count(), routing=opt.table,
         )  # fmt: skip
 
+    if is_main and config.progress:
+        by_tx: dict[str, list[str]] = {}
+        for _, _, role, tx_name in opt.table:
+            by_tx.setdefault(tx_name, [])
+            if role not in by_tx[tx_name]:
+                by_tx[tx_name].append(role)
+        routes = "; ".join(f"{','.join(r)} -> {t}" for t, r in by_tx.items())
+        tqdm.write(f"amemory train: {task.kind}, {n_params:,} parameters, routing: {routes}")
     steps = int(config.steps)
     extra_fn = lambda: {  # noqa: E731
         "data_position": task.data_state(),

@@ -1,0 +1,29 @@
+"""FLOP accounting of `amemory bench train` against hand counts and the optim benchmark."""
+
+import jax
+import pytest
+
+from amemory.models import transformer
+from experiments.bench import optim as bench_optim
+from experiments.bench import train as bench_train
+
+
+def test_step_flops_hand_count():
+    mc = transformer.preset("tiny")  # V=37, D=24, L=2, F=56, untied head, GELU FFN
+    params = jax.eval_shape(lambda: transformer.init_params(mc, jax.random.PRNGKey(0)))
+    B, T = 3, 11
+    n_matmul = 2 * (4 * 24 * 24 + 2 * 24 * 56) + 24 * 37
+    want = 6 * n_matmul * B * T + 12 * 2 * T * 24 * B * T
+    assert bench_train.step_flops(mc, params, B, T) == pytest.approx(want)
+    tied = mc.replace(tied_head=True)
+    params_t = jax.eval_shape(lambda: transformer.init_params(tied, jax.random.PRNGKey(0)))
+    assert bench_train.step_flops(tied, params_t, B, T) == pytest.approx(want)
+
+
+@pytest.mark.parametrize("shape", [(24, 24), (24, 56), (56, 24), (256, 1024), (100, 150)])
+def test_ns_flops_match_optim_benchmark(shape):
+    method = "gram" if max(shape) >= 2 * min(shape) else "direct"
+    assert bench_train.ns_flops(shape) == bench_optim.ns_flops(shape, method=method)
+    k, l = sorted(shape)
+    if method == "direct":
+        assert bench_train.ns_flops(shape) == 5 * (4 * k * k * l + 2 * k**3)
