@@ -100,6 +100,10 @@ def test_multi_seed_vmap_matches_single_seed_runs(corpus, single, tmp_path):
     recs = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     sp = [r for r in recs if r["kind"] == "spectrum"][0]
     assert len(sp["spectrum/w_in/entropy"]) == 2
+    # the same two seeds, sharded over a (4, 2) mesh with the seed axis kept whole
+    extra = {"parallel.mode": "sharded", "parallel.fsdp": 2}
+    _, sharded = run(lm_config(corpus, seeds="0,1", **extra), tmp_path / "sharded")
+    assert max_rel_diff(sharded.params, state.params) < TOL
 
 
 def _free_port() -> int:
