@@ -77,3 +77,16 @@ def test_muon_on_non_matrix_rejected_before_compile():
         optimizers.build(c, params, roles)
     built = optimizers.build(c, params, {"w": "q", "s": "norm"}, matrix_roles=("q",))
     assert [r[3] for r in built.table] == ["adam", "muon"]  # leaves in key order: s, w
+
+
+def test_cli_rejects_bad_overrides_before_training(capsys, tmp_path):
+    from amemory.train import cli
+
+    rc = cli.main(["--config", LM_CONFIG, "--workdir", str(tmp_path), "--config.optimizer.name=x"])
+    assert rc == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "allowed values" in err
+    assert cli.main(["--config", LM_CONFIG, "--workdir", str(tmp_path), "--bogus"]) == 2
+    assert cli.main(["--config", LM_CONFIG, "--print-config", "--config.steps", "3"]) == 0
+    assert "steps: 3" in capsys.readouterr().out
+    assert not any(tmp_path.iterdir())  # nothing was written, nothing compiled

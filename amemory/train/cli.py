@@ -52,7 +52,7 @@ def main(argv: list[str]) -> int:
         description="Train a model from a config file; override fields with --config.a.b=VALUE.",
     )
     parser.add_argument("--config", required=True, help="config file, optionally PATH:ARG")
-    parser.add_argument("--workdir", required=True, help="run directory")
+    parser.add_argument("--workdir", help="run directory (required unless --print-config)")
     parser.add_argument(
         "--resume", action="store_true", help="continue from the newest checkpoint in --workdir"
     )
@@ -70,6 +70,8 @@ def main(argv: list[str]) -> int:
     if args.print_config:
         print(config)
         return 0
+    if not args.workdir:
+        parser.error("the following arguments are required: --workdir")
     from amemory.train.loop import NonFiniteLossError, train
 
     try:
