@@ -284,6 +284,16 @@ class _Log:
             self._f.close()
 
 
+def _routes(table: list) -> str:
+    """One line of the routing table: ``routing: q,k,v,o -> muon; embed,norm -> adam``."""
+    by_tx: dict[str, list[str]] = {}
+    for _, _, role, tx_name in table:
+        roles = by_tx.setdefault(tx_name, [])
+        if role not in roles:
+            roles.append(role)
+    return "routing: " + "; ".join(f"{','.join(r)} -> {t}" for t, r in by_tx.items())
+
+
 def _per_seed(x: Any, multi: bool) -> Any:
     """numpy scalar -> float; [S] -> list (multi-seed)."""
     a = np.asarray(x)
@@ -380,13 +390,7 @@ def run(
         )  # fmt: skip
 
     if is_main and config.progress:
-        by_tx: dict[str, list[str]] = {}
-        for _, _, role, tx_name in opt.table:
-            by_tx.setdefault(tx_name, [])
-            if role not in by_tx[tx_name]:
-                by_tx[tx_name].append(role)
-        routes = "; ".join(f"{','.join(r)} -> {t}" for t, r in by_tx.items())
-        tqdm.write(f"amemory train: {task.kind}, {n_params:,} parameters, routing: {routes}")
+        tqdm.write(f"amemory train: {task.kind}, {n_params:,} parameters, {_routes(opt.table)}")
     steps = int(config.steps)
     extra_fn = lambda: {  # noqa: E731
         "data_position": task.data_state(),
