@@ -526,7 +526,7 @@ def thm54(ctx: Context) -> CheckResult:
     """
     from amemory.analysis import balance
 
-    Ks = [60, 120] if ctx.quick else [60, 240]
+    Ks = [30, 60] if ctx.quick else [60, 240]
     stats = []
     for K in Ks:
         (q, diag, loss), p = _multi_step(K, "muon", 0.4, 40)
