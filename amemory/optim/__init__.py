@@ -4,8 +4,12 @@ Imports nothing of amemory outside this package.
 
 - ``orthogonalize``: matrix kernels (Newton-Schulz coefficient sets, exact polar
   factor, orthogonality error, singular-value range).
-- ``muon``: ``scale_by_muon``/``muon``, ``scale_by_normuon``/``normuon``,
-  ``collect_diagnostics``.
+- ``muon``: ``scale_by_muon``/``muon``, ``collect_diagnostics`` (also re-exports
+  the NorMuon names).
+- ``normuon``: ``scale_by_normuon``/``normuon`` (Muon plus per-neuron normalisation).
+- ``_muon_core`` (private): the momentum -> orthogonalise -> shape-scale path that
+  Muon and NorMuon share; ``_matrices`` (private): leaves as matrix stacks
+  (``matrix_axes``), shape-grouped batched orthogonalisation, ``ns_mesh``.
 - ``sign``: ``signgd``, ``signum``. Adam is ``optax.adam``/``optax.adamw``.
 - ``routing``: roles -> transforms (``routed``, ``label_params``, ``routing_table``).
 - ``presets``: peer-faithful Muon settings (``muon(lr, preset=NAME)``).
@@ -16,14 +20,12 @@ from amemory.optim.muon import (
     ORTHOGONALIZERS,
     SHAPE_SCALES,
     MuonState,
-    NorMuonState,
     collect_diagnostics,
     muon,
-    normuon,
     scale_by_muon,
-    scale_by_normuon,
     shape_scale_factor,
 )
+from amemory.optim.normuon import NorMuonState, normuon, scale_by_normuon
 from amemory.optim.orthogonalize import (
     COEFFICIENT_SETS,
     coefficient_table,
