@@ -262,14 +262,16 @@ def make_claims(m: dict[str, Any]) -> list[common.Claim]:
             )
         )  # fmt: skip
         gain_head, gain_tail = ad[0] - mu[0], ad[-1] - mu[-1]
-        held = bool(gain_tail > gain_head) if np.isfinite([gain_head, gain_tail]).all() else None
+        margin = 0.02  # nats/token; below this the difference is within run-to-run noise
+        ok = np.isfinite([gain_head, gain_tail]).all()
+        held = bool(gain_tail > gain_head + margin) if ok else None
         claims.append(
             common.Claim(
                 "tail_lm/gain_in_tail", "A, Sec. 4",
                 "Muon's gain over Adam is larger on the tail bucket than on the head bucket",
                 "gain concentrated in the tail",
                 f"Adam − Muon: head {common.fmt(gain_head)}, tail {common.fmt(gain_tail)}",
-                held, "(Adam − Muon) tail > (Adam − Muon) head",
+                held, "(Adam − Muon) tail > (Adam − Muon) head + 0.02 nats/token",
             )
         )  # fmt: skip
     if "muon" in runs:

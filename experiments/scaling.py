@@ -1,0 +1,274 @@
+"""Paper B's scaling laws: excess loss against T for GD and Muon, and a data-scaling envelope.
+
+Synthetic part (papers.md B.1-B.2). Task space (E = Ẽ = I; the dynamics do not depend
+on orthonormal embeddings), hierarchical prior ``p_j = p̃_g / C`` with
+``p̃_g ∝ g^{-β}``, label noise α, loss ``L(W) = -Σ_j p_j Σ_i p(i|j) log p̂(i|j)`` with
+Bayes optimum ``L*`` (``amemory.data.memory_tasks.optimal_loss``). From ``W_0 = 0``:
+
+* GD with constant ``η = c_GD / p_1``: ``L^GD(T) - L* ≳ log K · T^{-(1-1/β)}`` (lower
+  bound, visible while ``T ≪ M^β``);
+* Muon (no momentum, exact msgn) with ``η = c log K / T``, a fresh run per T:
+  ``L^Muon(T) - L* ≲ (log K / T)^2``, independent of β (upper bound).
+
+Real-corpus part: for each step budget the minimum final validation loss over a
+learning-rate grid (the envelope), for Adam and Muon.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import sys
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from ml_collections import ConfigDict
+
+from amemory.analysis import plots
+from amemory.analysis.scaling import fit_power_law
+from amemory.data import frequencies, memory_tasks
+from amemory.models import memory
+from amemory.optim import polar
+from experiments import common, tail_lm
+
+NAME = "scaling"
+
+
+def _loss(W: jax.Array, prior: jax.Array, noise: jax.Array) -> jax.Array:
+    eye = jnp.eye(W.shape[0], dtype=W.dtype)
+    return memory.population_loss(W, eye, eye, prior, noise)
+
+
+@functools.partial(jax.jit, static_argnums=(0,))
+def gd_curve(steps: int, prior: jax.Array, noise: jax.Array, lr: jax.Array) -> jax.Array:
+    """GD ``W ← W - lr ∇L`` from 0 in task space; loss after t = 0..steps steps ``[steps+1]``."""
+    K = prior.shape[0]
+
+    def body(W, _):
+        loss, g = jax.value_and_grad(_loss)(W, prior, noise)
+        return W - lr * g, loss
+
+    W, losses = jax.lax.scan(body, jnp.zeros((K, K), prior.dtype), None, length=steps)
+    return jnp.append(losses, _loss(W, prior, noise))
+
+
+@jax.jit
+def muon_final_loss(T: jax.Array, prior: jax.Array, noise: jax.Array, lr: jax.Array) -> jax.Array:
+    """Loss after T steps of Muon ``W ← W - lr msgn(∇L)`` from 0 (T traced: one compile)."""
+    K = prior.shape[0]
+
+    def body(_, W):
+        return W - lr * polar(jax.grad(_loss)(W, prior, noise))
+
+    W = jax.lax.fori_loop(0, T, body, jnp.zeros((K, K), prior.dtype))
+    return _loss(W, prior, noise)
+
+
+def synthetic(cfg: ConfigDict, progress: Callable[[str], None] | None = None) -> dict[str, Any]:
+    """Excess loss against T for GD and Muon for every β of ``cfg.betas``.
+
+    Returns:
+      {"K", "logK", "T", "by_beta": {β: {"gd": [nT], "muon": [nT], "L_star", "p1",
+      "gd_fit", "muon_fit", "muon_normalised": [nT]}}} with excess losses in nats.
+    """
+    K = cfg.M * cfg.C
+    T = np.asarray(cfg.T_grid, dtype=np.int64)
+    out: dict[str, Any] = {"K": K, "logK": math.log(K), "T": T, "by_beta": {}}
+    noise = jnp.float32(cfg.noise)
+    for beta in cfg.betas:
+        p = frequencies.hierarchical(cfg.M, cfg.C, beta)
+        L_star = memory_tasks.optimal_loss(p, cfg.noise)
+        prior = jnp.asarray(p, jnp.float32)
+        gd_lr = jnp.float32(cfg.gd_lr_times_p1_inv / p.max())
+        gd = np.asarray(gd_curve(int(T.max()), prior, noise, gd_lr))[T] - L_star
+        mu = []
+        for t in T:
+            lr = jnp.float32(cfg.muon_c * math.log(K) / t)
+            mu.append(float(muon_final_loss(jnp.int32(t), prior, noise, lr)) - L_star)
+        mu = np.asarray(mu)
+        res = {"gd": gd, "muon": mu, "L_star": L_star, "p1": float(p.max())}
+        for name, y in (("gd", gd), ("muon", mu)):
+            ok = y > 0
+            if ok.sum() >= 3:
+                f = fit_power_law(T[ok], y[ok])
+                res[f"{name}_fit"] = {"slope": f.slope, "intercept": f.intercept,
+                                      "slope_ci": f.slope_ci, "r2": f.r2}  # fmt: skip
+        res["muon_normalised"] = mu * (T / math.log(K)) ** 2
+        res["gd_reference_slope"] = -(1 - 1 / beta)
+        out["by_beta"][str(beta)] = res
+        if progress:
+            progress(f"synthetic beta={beta}")
+    return out
+
+
+def envelope(
+    cfg: ConfigDict, cache_dir: Any, progress: Callable[[str], None] | None = None
+) -> dict[str, Any]:
+    """Minimum final validation loss over the LR grid per step budget, Adam and Muon.
+
+    Adam's LR is chosen first at each budget and used for the Adam half of Muon's runs.
+    """
+    res: dict[str, Any] = {"budgets": list(cfg.budgets), "adam": [], "muon": [], "lr": []}
+    tokens_per_step = cfg.base.data.batch_size * cfg.base.data.seq_len
+    res["tokens"] = [b * tokens_per_step for b in cfg.budgets]
+    for b in cfg.budgets:
+        base = ConfigDict(cfg.base.to_dict())
+        base.steps = int(b)
+        base.schedule.warmup_steps = min(int(base.schedule.warmup_steps), max(1, b // 10))
+        base.eval_every = max(1, min(int(base.eval_every), b))
+        a_lr, a_run, _ = common.lr_sweep(
+            lambda lr, base=base: tail_lm.run_config(base, "adam", lr, lr),
+            cfg.lr_grid.adam, cache_dir, "lm-adam", progress=progress,
+        )  # fmt: skip
+        m_lr, m_run, _ = common.lr_sweep(
+            lambda lr, base=base, a_lr=a_lr: tail_lm.run_config(
+                base, "muon", lr, a_lr, cfg.matrix_roles
+            ),
+            cfg.lr_grid.muon, cache_dir, f"lm-muon-{cfg.matrix_roles}", progress=progress,
+        )  # fmt: skip
+        res["adam"].append(common.final_eval(a_run))
+        res["muon"].append(common.final_eval(m_run))
+        res["lr"].append({"adam": a_lr, "muon": m_lr})
+    return res
+
+
+def n_units(cfg: ConfigDict) -> int:
+    """Units of work: one per β, plus the envelope's training runs."""
+    n = len(cfg.betas) if "synthetic" in cfg.parts else 0
+    if "envelope" in cfg.parts:
+        n += len(cfg.budgets) * (len(cfg.lr_grid.adam) + len(cfg.lr_grid.muon))
+    return n
+
+
+def run(
+    cfg: ConfigDict,
+    out_dir: Any,
+    *,
+    progress: Callable[[str], None] | None = None,
+    cache_dir: Any = None,
+) -> dict[str, Any]:
+    """Run the selected parts; writes result.json and figures into ``out_dir``.
+
+    Raises:
+      ValueError: for an unknown part (allowed: synthetic, envelope).
+    """
+    bad = [p for p in cfg.parts if p not in ("synthetic", "envelope")]
+    if bad:
+        raise ValueError(
+            f"scaling config field 'parts': unknown {bad}; allowed synthetic, envelope"
+        )
+    out_dir = common.make_run_dir(out_dir, NAME)
+    cache_dir = cache_dir or out_dir / "train_runs"
+    metrics: dict[str, Any] = {}
+    figures: list[str] = []
+    with common.Timer() as timer:
+        if "synthetic" in cfg.parts:
+            syn = synthetic(cfg, progress)
+            metrics["synthetic"] = syn
+            series, fits = {}, {}
+            for beta, r in syn["by_beta"].items():
+                for name in ("gd", "muon"):
+                    label = f"{name} β={beta}"
+                    ok = r[name] > 0
+                    series[label] = (syn["T"][ok], r[name][ok])
+                    if f"{name}_fit" in r:
+                        fits[label] = (r[f"{name}_fit"]["slope"], r[f"{name}_fit"]["intercept"])
+            p = plots.plot_scaling(
+                series, fits, out_dir / "figures" / "scaling_synthetic.png",
+                title=f"excess loss vs T, K = {syn['K']}, noise {cfg.noise}",
+            )  # fmt: skip
+            figures.append(str(p.relative_to(out_dir)))
+        if "envelope" in cfg.parts:
+            env = envelope(cfg, cache_dir, progress)
+            metrics["envelope"] = env
+            p = plots.plot_curves(
+                {o: (env["tokens"], env[o]) for o in ("adam", "muon")},
+                out_dir / "figures" / "scaling_envelope.png",
+                xlabel="training tokens", ylabel="min val loss over LR grid",
+                title="data-scaling envelope", logx=True,
+            )  # fmt: skip
+            figures.append(str(p.relative_to(out_dir)))
+        claims = make_claims(cfg, metrics)
+    result = common.result_dict(
+        NAME, cfg.scale, metrics=metrics, figures=figures, claims=claims,
+        wall_s=timer.seconds, config=cfg,
+    )  # fmt: skip
+    common.save_json(out_dir / "result.json", result)
+    return result
+
+
+def make_claims(cfg: ConfigDict, m: dict[str, Any]) -> list[common.Claim]:
+    """Verdicts for paper B's GD and Muon rates and the envelope ordering."""
+    claims = []
+    syn = m.get("synthetic")
+    if syn:
+        half = len(syn["T"]) // 2
+        gd_txt, gd_ok, mu_txt, mu_ok, adv_txt, adv_ok = [], [], [], [], [], []
+        for beta, r in syn["by_beta"].items():
+            ref = r["gd_reference_slope"]
+            s = r.get("gd_fit", {}).get("slope", float("nan"))
+            gd_txt.append(f"β={beta}: slope {common.fmt(s, 2)} (bound {ref:.2f})")
+            gd_ok.append(math.isfinite(s) and s >= ref - 0.15)
+            nrm = np.asarray(r["muon_normalised"], float)
+            ms = r.get("muon_fit", {}).get("slope", float("nan"))
+            bounded = bool(np.nanmax(nrm[half:]) <= cfg.muon_bound_factor * np.nanmax(nrm[:half]))
+            mu_txt.append(
+                f"β={beta}: excess·(T/logK)² in [{common.fmt(np.nanmin(nrm), 2)}, "
+                f"{common.fmt(np.nanmax(nrm), 2)}], slope {common.fmt(ms, 2)}"
+            )
+            mu_ok.append(bounded)
+            ratio = np.asarray(r["gd"], float) / np.maximum(np.asarray(r["muon"], float), 1e-12)
+            adv_txt.append(
+                f"β={beta}: GD/Muon {common.fmt(ratio[0], 2)} → {common.fmt(ratio[-1], 2)}"
+            )
+            adv_ok.append(bool(ratio[-1] > ratio[0]))
+        claims.append(
+            common.Claim(
+                "scaling/gd_rate", "B, GD lower bound",
+                "GD's excess loss decays no faster than T^-(1-1/β)",
+                "L^GD − L* ≳ log K · T^-(1-1/β)", "; ".join(gd_txt), all(gd_ok),
+                "fitted slope >= -(1-1/β) - 0.15",
+            )
+        )  # fmt: skip
+        claims.append(
+            common.Claim(
+                "scaling/muon_rate", "B, Muon upper bound",
+                "Muon (η = c log K / T) reaches excess ≲ (log K / T)², independent of β",
+                "excess·(T/log K)² bounded", "; ".join(mu_txt), all(mu_ok),
+                f"max over the upper half of T <= {cfg.muon_bound_factor}x max over the lower half",
+            )
+        )  # fmt: skip
+        claims.append(
+            common.Claim(
+                "scaling/muon_advantage_grows", "B",
+                "Muon's advantage over GD grows with T", "grows",
+                "; ".join(adv_txt), all(adv_ok), "GD/Muon excess ratio larger at the largest T",
+            )
+        )  # fmt: skip
+    env = m.get("envelope")
+    if env:
+        pairs = list(zip(env["muon"], env["adam"], strict=True))
+        ok = all(math.isfinite(a) and math.isfinite(b) for a, b in pairs)
+        claims.append(
+            common.Claim(
+                "scaling/envelope", "B, LLaMA-style pre-training sweep",
+                "Muon's data-scaling envelope lies below Adam's", "Muon below Adam",
+                ", ".join(f"{b} steps: Muon {common.fmt(a)} vs Adam {common.fmt(c)}"
+                          for b, (a, c) in zip(env["budgets"], pairs, strict=True)),
+                all(a < b for a, b in pairs) if ok else None,
+                "min val loss Muon < Adam at every budget",
+            )
+        )  # fmt: skip
+    return claims
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m experiments.scaling --scale quick --out DIR``."""
+    return common.experiment_main(NAME, run, argv, description=__doc__.splitlines()[0])
+
+
+if __name__ == "__main__":
+    sys.exit(main())
