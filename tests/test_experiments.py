@@ -282,3 +282,19 @@ def test_reproduce_cli_rejects_bad_flags(capsys):
         reproduce.main(["--only", "nope"])
     assert e.value.code == 2
     assert reproduce.main(["--update-readme", "/nonexistent/README.md"]) == 2
+
+
+def test_isotropy_smoke_multi_seed(tmp_path):
+    cfg = common.load_config("isotropy", "quick")
+    _shrink(cfg.base, steps=2)
+    cfg.base.data.seq_len = 16
+    cfg.base.seeds = (0, 1)
+    cfg.optimizers = ("muon",)
+    from experiments import isotropy
+
+    res = isotropy.run(cfg, tmp_path / "iso")
+    series = res["metrics"]["series"]
+    assert series, "no spectrum records"
+    k = next(iter(series))
+    mean = np.asarray(series[k]["muon"]["mean"])
+    assert mean.shape == (1,) and np.isfinite(mean).all()
