@@ -298,3 +298,40 @@ def test_isotropy_smoke_multi_seed(tmp_path):
     k = next(iter(series))
     mean = np.asarray(series[k]["muon"]["mean"])
     assert mean.shape == (1,) and np.isfinite(mean).all()
+
+
+def _np_noisy_loss_grad(W, prior, noise):
+    """Task space, E = Ẽ = I: L = -Σ_j p_j Σ_i q(i|j) log softmax(W[:, j])_i (closed form)."""
+    K = W.shape[0]
+    s = _np_softmax_cols(W)
+    q = (1 - noise) * np.eye(K) + noise / K
+    loss = -np.sum(prior[None, :] * q * np.log(s))
+    return loss, (s - q) * prior[None, :]
+
+
+def test_scaling_synthetic_matches_numpy_and_runs(tmp_path):
+    import jax.numpy as jnp
+
+    from amemory.data import frequencies
+    from experiments import scaling
+
+    p = frequencies.hierarchical(4, 2, 1.5)
+    prior, noise = jnp.asarray(p, jnp.float32), 0.1
+    curve = np.asarray(scaling.gd_curve(5, prior, jnp.float32(noise), jnp.float32(2.0)))
+    W = np.zeros((8, 8))
+    for t in range(6):
+        loss, g = _np_noisy_loss_grad(W, p, noise)
+        np.testing.assert_allclose(curve[t], loss, rtol=1e-5)
+        W = W - 2.0 * g
+    W = np.zeros((8, 8))
+    for _ in range(4):
+        W = W - 0.3 * _np_msgn(_np_noisy_loss_grad(W, p, noise)[1])
+    got = float(scaling.muon_final_loss(jnp.int32(4), prior, jnp.float32(noise), jnp.float32(0.3)))
+    np.testing.assert_allclose(got, _np_noisy_loss_grad(W, p, noise)[0], rtol=1e-4)
+    cfg = common.load_config("scaling", "quick")
+    cfg.parts = ("synthetic",)
+    cfg.M, cfg.C, cfg.T_grid, cfg.betas = 6, 2, (4, 8, 16, 32), (2.0,)
+    res = scaling.run(cfg, tmp_path / "sc")
+    r = res["metrics"]["synthetic"]["by_beta"]["2.0"]
+    assert len(r["gd"]) == 4 and np.all(np.asarray(r["gd"]) > 0)
+    assert {c["key"] for c in res["claims"]} >= {"scaling/gd_rate", "scaling/muon_rate"}
