@@ -314,6 +314,8 @@ def train(config: ConfigDict, workdir: str | pathlib.Path, *, resume: bool = Fal
         summary.json.
       resume: continue from the newest checkpoint in ``workdir`` (a fresh start when
         there is none). Without it a workdir that already has checkpoints is an error.
+        The continuation is exact for the same config; a different ``steps`` also
+        reshapes the learning-rate schedule (it is a function of ``steps``).
 
     Returns:
       summary dict: workdir, task, optimizer, mode, seeds, steps, n_params,
