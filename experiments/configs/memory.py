@@ -66,7 +66,10 @@ def get_config(scale: str = "quick") -> ConfigDict:
     c.optimizer = ConfigDict()
     c.optimizer.name = "muon"  # "adam" | "muon" | "normuon" | "signgd" | "signum" | "sgd" (sgd with momentum 0 = GD)
     c.optimizer.muon_roles = "all"  # the memory has one matrix W; kept for schema parity with lm.py
-    c.optimizer.lr = 0.5  # learning rate eta of optimizer.name (Muon: W <- W - eta msgn(grad))
+    # learning rate eta of optimizer.name (Muon: W <- W - eta msgn(grad)); 0.1 keeps the
+    # quick run's 50 Muon steps short of convergence. GD ("sgd") needs a step of order K
+    # (its gradient entries are ~p_k, about 1/K), e.g. --config.optimizer.lr=20.
+    c.optimizer.lr = 0.1
     c.optimizer.adam_lr = 0.05  # learning rate when name == "adam"
     c.optimizer.b1 = 0.9  # Adam beta1 (beta1 = beta2 = 0 makes Adam SignGD)
     c.optimizer.b2 = 0.95  # Adam beta2
