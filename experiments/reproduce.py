@@ -7,6 +7,7 @@ Usage::
     amemory reproduce --only tail_qa         # one experiment (its full quick config)
     amemory reproduce --out runs/final       # choose the run directory
     amemory reproduce --update-readme README.md   # also refresh README's results section
+    amemory reproduce --scale full --set base.parallel.mode=sharded   # many devices
 
 Default stages (quick scale): ``check`` (``amemory check --quick``), ``one_layer``,
 ``tail_lm``, a reduced ``ablation`` (Muon on none, qk, vo+ffn, all) and a reduced
@@ -18,6 +19,12 @@ stage (``result.json``, ``figures/``), ``train_runs/`` (every transformer run, s
 between stages: identical configs are trained once), ``report.md`` and
 ``summary.json``. The report sets each of the papers' claims beside our measurement
 with a verdict (held / not held / undecided) decided by a rule stated in the table.
+
+Full scale on accelerators: ``--scale full`` selects the paper-sized configs (each
+experiment's ``configs/<name>.py``); ``--set base.parallel.mode=sharded`` (or ``pmap``)
+spreads every transformer run over the local devices, and on several hosts the same
+command runs on every host with ``--set base.parallel.distributed=true`` (jax.distributed;
+coordinator auto-detected on SLURM/TPU or given by ``base.parallel.coordinator_address``).
 """
 
 from __future__ import annotations
@@ -83,6 +90,14 @@ def build_parser() -> argparse.ArgumentParser:
         "report's table and figures (copied to docs/figures/ next to PATH)",
     )
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
+    p.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="FIELD=VALUE",
+        help="override a field in every stage config that has it, e.g. "
+        "--set base.parallel.mode=sharded --set base.steps=2000 (repeatable)",
+    )
     return p
 
 
@@ -168,8 +183,13 @@ def run_experiment(
     *,
     overrides: dict[str, Any] | None = None,
     cache_dir: pathlib.Path | None = None,
+    sets: Sequence[str] = (),
 ) -> dict[str, Any]:
-    """Stage for ``experiments/<name>.py``: load its config, apply overrides, run it."""
+    """Stage for ``experiments/<name>.py``: load its config, apply overrides, run it.
+
+    ``overrides`` maps dotted fields to values (the reduced variants); ``sets`` are
+    ``FIELD=VALUE`` strings from ``--set``, applied where the config has the field.
+    """
     import importlib
 
     module = importlib.import_module(f"experiments.{name}")
@@ -180,6 +200,11 @@ def run_experiment(
         for part in parents:
             node = node[part]
         node[leaf] = v
+    for item in sets:
+        try:
+            common.apply_override(cfg, item)
+        except (ValueError, KeyError, AttributeError, TypeError):
+            sys.stderr.write(f"amemory reproduce: --set {item} does not apply to {name}\n")
     total = module.n_units(cfg) if hasattr(module, "n_units") else 1
     bar = _progress_bar(name, total, enabled)
 
@@ -352,6 +377,7 @@ def reproduce(
     reduced: bool = True,
     progress: bool = True,
     stage_runner: Callable[..., dict[str, Any]] | None = None,
+    sets: Sequence[str] = (),
 ) -> tuple[list[dict[str, Any]], pathlib.Path]:
     """Run ``stages`` at ``scale`` into ``out``; returns (results, report path).
 
@@ -375,7 +401,10 @@ def reproduce(
                 if reduced and name == "tail_qa":
                     # the reduced tail_qa has no grid of its own: tail_lm's choice
                     overrides.update({f"lr.{k}": v for k, v in chosen_lr.items()})
-                res = runner(name, scale, stage_dir, progress, overrides=overrides, cache_dir=cache)
+                extra = {"sets": tuple(sets)} if sets else {}
+                res = runner(
+                    name, scale, stage_dir, progress, overrides=overrides, cache_dir=cache, **extra
+                )
                 chosen_lr.update(
                     {
                         k: v
@@ -411,7 +440,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     stages = tuple(dict.fromkeys(args.only)) if args.only else DEFAULT_STAGES
     results, report = reproduce(
-        stages, args.scale, out, reduced=not args.only, progress=not args.no_progress
+        stages,
+        args.scale,
+        out,
+        reduced=not args.only,
+        progress=not args.no_progress,
+        sets=args.set,
     )
     if args.update_readme:
         try:

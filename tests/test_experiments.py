@@ -264,15 +264,17 @@ def test_reproduce_report_and_readme(tmp_path):
 def test_reproduce_passes_tail_lm_lrs_to_reduced_tail_qa(tmp_path):
     seen = {}
 
-    def runner(name, scale, stage_dir, progress, *, overrides=None, cache_dir=None):
+    def runner(name, scale, stage_dir, progress, *, overrides=None, cache_dir=None, sets=()):
         seen[name] = overrides
+        seen["sets"] = sets
         return _fake_stage("x", scale, stage_dir, progress) if name != "tail_lm" else (
             common.result_dict(name, scale, metrics={"chosen_lr": {"adam": 0.01, "muon": 0.05}},
                                figures=[], claims=[], wall_s=0.0)
         )  # fmt: skip
 
     reproduce.reproduce(("tail_lm", "tail_qa"), "quick", tmp_path, progress=False,
-                        stage_runner=runner)  # fmt: skip
+                        stage_runner=runner, sets=["base.steps=3"])  # fmt: skip
+    assert seen["sets"] == ("base.steps=3",)
     assert seen["tail_qa"]["sweep"] is False
     assert seen["tail_qa"]["lr.adam"] == 0.01 and seen["tail_qa"]["lr.muon"] == 0.05
 
