@@ -18,6 +18,7 @@ import matplotlib
 
 matplotlib.use("Agg")  # headless; must precede pyplot
 import matplotlib.pyplot as plt  # noqa: E402
+import matplotlib.ticker  # noqa: E402
 import numpy as np  # noqa: E402
 
 __all__ = [
@@ -278,19 +279,25 @@ def plot_scaling(
       fits: name -> (slope, intercept) in natural-log space; drawn dashed.
       path: output PNG.
     """
-    fig, ax = plt.subplots(figsize=(4.6, 3.4))
+    fig, ax = plt.subplots(figsize=(5.0, 3.6))
+    markers = "os^vD*"
+    suffixes: dict[str, int] = {}
     for i, (name, (x, y)) in enumerate(series.items()):
         x = np.asarray(x, float)
         y = np.asarray(y, float)
-        c = color_for(name.split(" ")[0], i)
-        ax.plot(x, y, "o", ms=3, color=c, label=name)
+        head, _, rest = name.partition(" ")
+        c = color_for(head, i)
+        mk = markers[suffixes.setdefault(rest, len(suffixes)) % len(markers)]
+        label = name
         if name in fits:
             slope, intercept = fits[name]
             xx = np.geomspace(x.min(), x.max(), 50)
-            ax.plot(xx, np.exp(intercept) * xx**slope, "--", color=c, lw=1,
-                    label=f"fit slope {slope:.2f}")  # fmt: skip
+            ax.plot(xx, np.exp(intercept) * xx**slope, "--", color=c, lw=1)
+            label = f"{name} (slope {slope:.2f})"
+        ax.plot(x, y, mk, ms=4, color=c, label=label)
     ax.set_xscale("log")
     ax.set_yscale("log")
+    ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
     ax.set_xlabel(xlabel)
     ax.set_ylabel(ylabel)
     if title:
