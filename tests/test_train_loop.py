@@ -1,7 +1,6 @@
 """The training loop against independent references, error paths, exact resume after SIGKILL."""
 
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -98,9 +97,9 @@ def _cli(workdir, args, resume=False):
     return cmd + (["--resume"] if resume else [])
 
 
-def test_sigkill_then_resume_equals_uninterrupted(tmp_path):
+def test_sigkill_then_resume_equals_uninterrupted(tmp_path, monkeypatch):
     corpus = write_corpus(tmp_path)
-    os.environ["AMEMORY_DATA"] = str(tmp_path / "cache")
+    monkeypatch.setenv("AMEMORY_DATA", str(tmp_path / "cache"))
     extra = {"steps": 400, "log_every": 10, "eval_every": 1000, "spectrum_every": 0}
     extra |= {"checkpoint_every": 20, "keep_checkpoints": 2, "optimizer.name": "muon"}
     ref_summary, ref = run(lm_config(corpus, **extra), tmp_path / "ref")

@@ -25,9 +25,11 @@ TOL = 2e-4
 
 @pytest.fixture(scope="module")
 def corpus(tmp_path_factory):
+    """A tiny corpus; its tokenizer cache lives in a temporary $AMEMORY_DATA (restored after)."""
     d = tmp_path_factory.mktemp("corpus")
-    os.environ["AMEMORY_DATA"] = str(d / "cache")
-    return write_corpus(d)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("AMEMORY_DATA", str(d / "cache"))
+        yield write_corpus(d)
 
 
 @pytest.fixture(scope="module")
