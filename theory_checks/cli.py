@@ -47,8 +47,15 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+PAPER_MODULES = ("theory_checks.wang2025", "theory_checks.li2026")
+
+
 def _load() -> None:
-    from theory_checks import li2026, wang2025  # noqa: F401 - registers the checks
+    """Imports the check modules (registering their checks), paper A first."""
+    import importlib
+
+    for name in PAPER_MODULES:
+        importlib.import_module(name)
 
 
 def main(argv: list[str] | None = None) -> int:

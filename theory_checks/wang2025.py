@@ -459,7 +459,11 @@ def signgd_coupled_exponent(ctx: Context) -> CheckResult:
     every 3-block has a *negative* margin (≈ -0.0062 per unit η) against a same-block
     answer, so its probability at the boundary stays ≈ 0.36 for every K and ε (slopes
     ≈ 0) and tends to 0 as η → ∞. The imbalance is real but does not scale as
-    K^{-0.325}; the details hold the margins for the record.
+    K^{-0.325}: the measured K-slope (≈ -0.003) is what the negative margin predicts,
+    -0.0062/m_best with m_best ≈ 2.47 the largest off-block margin, ≈ -0.0025. Reading
+    R's rows as columns (transposes), or swapping E and Ẽ, removes the negative margin
+    but gives boundary balances 0.55-0.96 with K-slopes ≈ -0.01 (checked by hand at
+    K = 60..480), not -0.325 either. The details hold the margins for the record.
     """
     from amemory.analysis import scaling
 
