@@ -168,3 +168,16 @@ def test_biographies_fta_matches_unpadded_reference(tmp_path):
     assert ev["fta"] == pytest.approx(hits.mean())
     for g in range(4):
         assert ev[f"fta/group_{g}"] == pytest.approx(hits[es.group == g].mean())
+
+
+@pytest.mark.parametrize("mode", ["single", "sharded"])
+def test_memory_multi_seed_sampling_is_per_seed(tmp_path, mode):
+    """With sampled pairs each seed draws its own batches; seed s equals a run with seed=s."""
+    base = {"optimizer.name": "signgd", "optimizer.lr": 0.3, "batch_size": 48}
+    _, alone = run(memory_config(seed=1, **base), tmp_path / "alone")
+    extra = {"seeds": "0,1", "parallel.mode": mode, "parallel.fsdp": 2 if mode == "sharded" else 1}
+    summary, both = run(memory_config(**base, **extra), tmp_path / "both")
+    W = np.asarray(both.params["W"])  # (2, K, K)
+    np.testing.assert_allclose(W[1], np.asarray(alone.params["W"]), rtol=1e-6, atol=1e-7)
+    assert np.abs(W[0] - W[1]).max() > 0.1  # different samples, different memories
+    assert len(summary["final_eval"]["gap"]) == 2

@@ -145,8 +145,10 @@ class _Engine:
             return TrainState(jnp.zeros((), jnp.int32), params, opt.tx.init(params), k_rng)
 
         init = jax.vmap(init_one) if multi else init_one
+        # Tasks with per-seed data (seed_batched) give batches [S, ...]; else one shared batch.
+        self.seed_batched = multi and getattr(task, "seed_batched", False)
         if multi:
-            step = jax.vmap(step, in_axes=(0, None))
+            step = jax.vmap(step, in_axes=(0, 0 if self.seed_batched else None))
             ev = jax.vmap(ev, in_axes=(0, None)) if ev is not None else None
         self.keys = keys
         self.abstract = jax.eval_shape(init, keys)
@@ -180,7 +182,7 @@ class _Engine:
                 opt_state=parallel.state_shardings(a.opt_state, mesh, leading_axes=lead),
                 rng=jax.tree.map(lambda _: rep, a.rng),
             )
-            self.batch_sh = parallel.batch_sharding(mesh)
+            self.batch_sh = parallel.batch_sharding(mesh, leading_axes=int(self.seed_batched))
             self._init = jax.jit(init, out_shardings=self.state_sh)
             self.step = jax.jit(
                 step,
@@ -207,7 +209,7 @@ class _Engine:
         if mode == "pmap":
             return parallel.split_for_pmap(local, self.place.n_local)
         if mode == "sharded":
-            return parallel.global_batch(local, self.batch_sh)
+            return parallel.global_batch(local, self.batch_sh, row_axis=int(self.seed_batched))
         return jax.device_put(local)
 
     def fetch(self, tree: Any) -> Any:

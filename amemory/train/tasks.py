@@ -207,7 +207,9 @@ class MemoryTask:
     Parameters ``{"W": [d, d]}``, ``W_0 = 0`` for every seed (papers.md A.1).
     ``batch_size = 0``: the exact population loss (the batch is a placeholder);
     ``batch_size = B``: ``B`` (query, answer) pairs per step from
-    ``memory_tasks.sample_pairs`` with key ``fold_in(PRNGKey(seed), draw)``.
+    ``memory_tasks.sample_pairs`` with key ``fold_in(PRNGKey(seed), draw)``. In a
+    multi-seed run with sampling, each seed draws its own pairs (``seed_batched``:
+    batches are ``[S, B]``), since with ``W_0 = 0`` the samples are the only randomness.
     Evaluation is exact (population quantities from W).
     """
 
@@ -267,6 +269,8 @@ class MemoryTask:
         self.noise = float(config.noise)
         self.batch_size = int(config.batch_size)
         self.seed = int(config.seed)
+        self.seeds = [int(s) for s in config.seeds] if config.seeds else [self.seed]
+        self.seed_batched = bool(config.seeds) and self.batch_size > 0
         self.data_shards = data_shards
         if self.batch_size:
             check_batch(self.batch_size, data_shards, "batch_size")
@@ -297,12 +301,17 @@ class MemoryTask:
             rows = self.data_shards // n
             self._draws += 1
             return {"q": np.zeros((rows,), np.int32), "a": np.zeros((rows,), np.int32)}
-        key = jax.random.fold_in(jax.random.PRNGKey(self.seed), self._draws)
-        q, a = memory_tasks.sample_pairs(key, self.prior, self.batch_size, self.noise)
-        self._draws += 1
         per = self.batch_size // n
         sl = slice(i * per, (i + 1) * per)
-        return {"q": np.asarray(q)[sl], "a": np.asarray(a)[sl]}
+        out = []
+        for seed in self.seeds if self.seed_batched else [self.seed]:
+            key = jax.random.fold_in(jax.random.PRNGKey(seed), self._draws)
+            q, a = memory_tasks.sample_pairs(key, self.prior, self.batch_size, self.noise)
+            out.append({"q": np.asarray(q)[sl], "a": np.asarray(a)[sl]})
+        self._draws += 1
+        if not self.seed_batched:
+            return out[0]
+        return {k: np.stack([o[k] for o in out]) for k in ("q", "a")}  # (S, B_local)
 
     def data_state(self) -> list[int]:
         return [self._draws]
