@@ -90,3 +90,46 @@ def test_cli_rejects_bad_overrides_before_training(capsys, tmp_path):
     assert cli.main(["--config", LM_CONFIG, "--print-config", "--config.steps", "3"]) == 0
     assert "steps: 3" in capsys.readouterr().out
     assert not any(tmp_path.iterdir())  # nothing was written, nothing compiled
+
+
+def _np_newton_schulz(m, a=3.4445, b=-4.7750, c=2.0315, steps=5):
+    import numpy as np
+
+    x = m / (np.linalg.norm(m) + 1e-7)
+    tall = x.shape[0] > x.shape[1]
+    x = x.T if tall else x
+    for _ in range(steps):
+        g = x @ x.T
+        x = a * x + (b * g + c * g @ g) @ x
+    return x.T if tall else x
+
+
+def test_preset_defines_momentum_and_scaling_not_config_defaults():
+    """optimizer.preset=wang2025 must give the paper's update (M = mu M + G, no Nesterov,
+    no shape scale), whatever the config's own momentum/nesterov/shape_scale defaults say."""
+    import jax.numpy as jnp
+    import numpy as np
+
+    c = C.load_config(
+        LM_CONFIG,
+        [
+            "optimizer.preset=wang2025",
+            "optimizer.muon_roles=q",
+            "optimizer.lr=0.1",
+            "schedule.name=constant",
+            "schedule.warmup_steps=0",
+        ],
+    )
+    assert c.optimizer.nesterov is True and c.optimizer.shape_scale == "jordan"  # defaults
+    rng = np.random.default_rng(0)
+    w = rng.normal(size=(5, 3)).astype(np.float32)  # tall, so the "jordan" scale would matter
+    built = optimizers.build(c, {"w": jnp.asarray(w)}, {"w": "q"})
+    state = built.tx.init({"w": jnp.asarray(w)})
+    mom = np.zeros_like(w)
+    for _ in range(3):
+        g = rng.normal(size=w.shape).astype(np.float32)
+        upd, state = built.tx.update({"w": jnp.asarray(g)}, state, {"w": jnp.asarray(w)})
+        mom = 0.95 * mom + g  # wang2025: mu = 0.95 (papers.md A.3), sum form
+        np.testing.assert_allclose(
+            np.asarray(upd["w"]), -0.1 * _np_newton_schulz(mom), rtol=1e-4, atol=1e-5
+        )

@@ -96,15 +96,17 @@ def _matrix_tx(ocfg: Any, lr: optax.Schedule, matrix_axes: Any) -> optax.Gradien
 
     name = ocfg.name
     if name in ("muon", "normuon"):
-        kw = dict(
-            momentum=float(ocfg.momentum),
-            nesterov=bool(ocfg.nesterov),
-            orthogonalizer=ocfg.orthogonalizer,
-            ns_steps=int(ocfg.ns_steps),
-            shape_scale=ocfg.shape_scale,
-            matrix_axes=matrix_axes,
-            diagnostics=bool(ocfg.diagnostics),
-        )
+        kw = dict(matrix_axes=matrix_axes, diagnostics=bool(ocfg.diagnostics))
+        if not (name == "muon" and ocfg.preset is not None):
+            # A preset defines momentum, Nesterov, orthogonalizer and shape scale as
+            # its peer does; the config's own fields for them apply only without one.
+            kw.update(
+                momentum=float(ocfg.momentum),
+                nesterov=bool(ocfg.nesterov),
+                orthogonalizer=ocfg.orthogonalizer,
+                ns_steps=int(ocfg.ns_steps),
+                shape_scale=ocfg.shape_scale,
+            )
         if name == "muon":
             from amemory.optim.muon import muon
 

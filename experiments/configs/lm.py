@@ -109,9 +109,10 @@ def get_config(scale: str = "quick") -> ConfigDict:
     c.optimizer.momentum = 0.95  # Muon/NorMuon momentum mu; SGD heavy-ball momentum (0 = plain GD)
     c.optimizer.nesterov = True  # Nesterov momentum for Muon/NorMuon/SGD
     c.optimizer.signum_beta = 0.9  # Signum momentum (EMA) before the sign
-    c.optimizer.preset = config_dict.placeholder(
-        str
-    )  # Muon preset: None | "jordan" | "moonlight" | "torch" | "optax" | "wang2025"
+    # Muon preset: None | "jordan" | "moonlight" | "torch" | "optax" | "wang2025". A preset
+    # sets momentum, nesterov, orthogonalizer, ns_steps and shape_scale as its peer does
+    # (the fields below apply only when preset is None).
+    c.optimizer.preset = config_dict.placeholder(str)
     c.optimizer.ns_steps = 5  # Newton-Schulz iterations
     c.optimizer.orthogonalizer = "newton_schulz"  # "newton_schulz" | "polar" (exact SVD)
     # Muon update scale: "jordan" | "none" | "rms_match" | "spectral"

@@ -77,7 +77,9 @@ def get_config(scale: str = "quick") -> ConfigDict:
     c.optimizer.momentum = 0.0  # Muon/SGD momentum; the theorems use none
     c.optimizer.nesterov = False  # Nesterov momentum (irrelevant when momentum = 0)
     c.optimizer.signum_beta = 0.9  # Signum momentum
-    c.optimizer.preset = config_dict.placeholder(str)  # Muon preset name or None
+    # Muon preset name or None; a preset sets momentum, nesterov, orthogonalizer,
+    # ns_steps and shape_scale itself (those fields apply only when preset is None).
+    c.optimizer.preset = config_dict.placeholder(str)
     c.optimizer.ns_steps = 5  # Newton-Schulz iterations
     # "polar" (exact msgn via SVD, as in the theorems) | "newton_schulz"
     c.optimizer.orthogonalizer = "polar"
