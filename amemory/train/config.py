@@ -48,17 +48,6 @@ CHOICES: dict[str, tuple] = {
     "prior.kind": ("two_level", "power_law", "hierarchical"),
 }
 
-# Roles and groups of transformer parameters (design.md "Roles").
-ROLES = ("q", "k", "v", "o", "w_in", "w_gate", "w_out", "embed", "head", "norm", "bias")
-GROUPS = {
-    "qk": ("q", "k"),
-    "vo": ("v", "o"),
-    "ffn": ("w_in", "w_gate", "w_out"),
-    "hidden": ("q", "k", "v", "o", "w_in", "w_gate", "w_out"),
-    "all": ROLES,
-    "none": (),
-}
-
 # Fields that accept None ("keep the preset's value" / "auto-detect").
 NULLABLE = frozenset(
     {
@@ -104,24 +93,30 @@ MINIMUMS: dict[str, int] = {
 def parse_roles(spec: str, field: str = "optimizer.muon_roles") -> tuple[str, ...]:
     """Expand a role spec like ``"vo+ffn"`` or ``"q+w_out"`` into a tuple of roles.
 
+    The roles and groups are those of ``amemory.optim.routing`` (``parse_spec``); a
+    config spec may also name ``"all"`` (every role in ``amemory.optim.ROLES``).
+
     Raises:
-      ValueError: naming ``field`` and the allowed roles and groups, on an unknown name.
+      ValueError: naming ``field``, the unknown name and the allowed roles and groups,
+        on an unknown name or a non-string spec.
     """
+    from amemory.optim import routing  # lazy: keeps config loading free of jax imports
+
     if not isinstance(spec, str) or not spec:
         raise ValueError(f"{field}={spec!r}: expected a role spec string like 'vo+ffn'")
-    out: list[str] = []
-    for part in spec.split("+"):
-        part = part.strip()
-        if part in GROUPS:
-            out.extend(GROUPS[part])
-        elif part in ROLES:
-            out.append(part)
-        else:
-            raise ValueError(
-                f"{field}={spec!r}: unknown role or group {part!r}; allowed roles {ROLES}, "
-                f"groups {tuple(GROUPS)} (join with '+')"
-            )
-    return tuple(dict.fromkeys(out))
+    tokens = [t.strip() for t in spec.split("+")]
+    rest = [t for t in tokens if t != "all"]
+    other = "+".join(rest)
+    try:
+        roles = routing.parse_spec(other) if rest else ()
+    except ValueError:
+        known = (*routing.ROLES, *routing.GROUPS)
+        bad = next((t for t in other.split("+") if t.strip() not in known), other)
+        raise ValueError(
+            f"{field}={spec!r}: unknown role or group {bad.strip()!r}; allowed roles "
+            f"{routing.ROLES}, groups {(*routing.GROUPS, 'all')} (join with '+')"
+        ) from None
+    return tuple(routing.ROLES) if "all" in tokens else roles
 
 
 def load_config(path: str, overrides: Sequence[str] = ()) -> ConfigDict:

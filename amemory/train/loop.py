@@ -356,8 +356,10 @@ def run(
     abstract_params = jax.eval_shape(task.init_params, jax.random.PRNGKey(0))
     roles = task.roles(abstract_params)
     if task.kind == "memory":
+        # The memory's one matrix W always goes to optimizer.name (muon_roles is moot).
+        matrix = tuple(sorted(set(jax.tree.leaves(roles))))
         opt = optimizers.build(
-            config, abstract_params, roles, matrix_roles=("W",), matrix_axes=(1, 0)
+            config, abstract_params, roles, matrix_roles=matrix, matrix_axes=(1, 0)
         )
     else:
         opt = optimizers.build(config, abstract_params, roles)

@@ -8,7 +8,8 @@ need no code edits. Two halves:
   Adam part     ``optax.adamw`` with ``optimizer.adam_lr`` on every other parameter.
 
 ``optimizer.name == "adam"`` trains everything with the Adam part. The split is
-``optax.partition`` over labels computed from parameter roles; the resolved table
+``optax.partition`` over labels resolved by ``amemory.optim.routing`` (the same role
+specs, role check and table as ``optim.routed``); the resolved table
 (path, shape, role, transform) is returned for logging. Both learning rates follow
 the same schedule shape (a multiplier in [0, 1]).
 """
@@ -19,7 +20,6 @@ import dataclasses
 from typing import Any
 
 import jax
-import numpy as np
 import optax
 
 from amemory.train.config import parse_roles
@@ -131,16 +131,17 @@ def _matrix_tx(ocfg: Any, lr: optax.Schedule, matrix_axes: Any) -> optax.Gradien
     )
 
 
-def _path_str(path) -> str:
-    out = []
-    for e in path:
-        for attr in ("key", "name", "idx"):
-            if hasattr(e, attr):
-                out.append(str(getattr(e, attr)))
-                break
-        else:
-            out.append(str(e))
-    return "/".join(out)
+def _role_fn(roles: Any):
+    """``role_fn(path, leaf)`` for ``amemory.optim.routing`` that reads a precomputed role tree."""
+    from amemory.optim._paths import path_str
+
+    by_path = {path_str(p): r for p, r in jax.tree_util.tree_flatten_with_path(roles)[0]}
+
+    def role_fn(path, leaf):
+        del leaf
+        return by_path[path_str(path)]
+
+    return role_fn
 
 
 def build(
@@ -153,10 +154,18 @@ def build(
 ) -> Optimizer:
     """Build the run's optimizer for ``params`` (one seed, no leading seed axis).
 
+    Routing is resolved by ``amemory.optim.routing_table`` with the rules
+    ``{<matrix roles>: matrix part, "rest": Adam}`` and a ``role_fn`` reading ``roles``
+    (unclaimed or unknown roles raise there); its rule per leaf becomes the label tree
+    of ``optax.partition({"matrix": ..., "adam": ...}, labels)``, the same partition
+    ``amemory.optim.routed`` builds, keyed "matrix"/"adam" so the optimizer state keeps
+    the same tree (and checkpoints stay compatible). When every leaf lands in one part,
+    ``tx`` is that part alone (no partition state).
+
     Args:
       config: the run ConfigDict (reads ``optimizer``, ``schedule``, ``steps``).
       params: parameter tree (arrays or ShapeDtypeStructs).
-      roles: same-structure tree of role strings.
+      roles: same-structure tree of role strings from ``amemory.optim.ROLES``.
       matrix_roles: roles trained by ``optimizer.name``; None parses
         ``optimizer.muon_roles`` (ignored for "adam").
       matrix_axes: passed to Muon/NorMuon (e.g. ``(1, 0)`` for ``[d_out, d_in]`` weights).
@@ -165,9 +174,12 @@ def build(
       an :class:`Optimizer`.
 
     Raises:
-      ValueError: unknown optimizer, unknown role spec, a Muon-routed leaf that is not
-        2-D (names the leaf), or options rejected by ``amemory.optim``.
+      ValueError: unknown optimizer, unknown role spec, a role outside
+        ``amemory.optim.ROLES`` (names the leaf), a Muon-routed leaf that is not 2-D
+        (names the leaf), or options rejected by ``amemory.optim``.
     """
+    from amemory import optim
+
     ocfg = config.optimizer
     mult = multiplier(config.schedule, int(config.steps))
     lr_peak, adam_peak = resolved_lr(ocfg), float(ocfg.adam_lr)
@@ -184,22 +196,21 @@ def build(
         chosen = tuple(matrix_roles)
     else:
         chosen = parse_roles(ocfg.muon_roles, "optimizer.muon_roles")
-    labels = jax.tree.map(lambda r: MATRIX if r in chosen else ADAM, roles)
-    flat_p = jax.tree_util.tree_flatten_with_path(params)[0]
-    flat_r = jax.tree.leaves(roles)
-    flat_l = jax.tree.leaves(labels)
-    matrix_name = ocfg.name
-    table = []
-    for (path, leaf), role, label in zip(flat_p, flat_r, flat_l, strict=True):
-        shape = tuple(int(d) for d in np.shape(leaf))
-        table.append([_path_str(path), list(shape), role, matrix_name if label == MATRIX else ADAM])
-        if label == MATRIX and ocfg.name in ("muon", "normuon") and matrix_axes is None:
-            if len(shape) != 2:
+    spec = "+".join(chosen) or "none"  # "none": the matrix rule claims no role
+    role_fn = _role_fn(roles)
+    part = {spec: MATRIX, optim.REST: ADAM}
+    rows = optim.routing_table(params, part, role_fn)
+    names = {MATRIX: ocfg.name, ADAM: ADAM}
+    table = [[r.path, list(r.shape), r.role, names[part[r.transform]]] for r in rows]
+    for r in rows:
+        if part[r.transform] == MATRIX and ocfg.name in ("muon", "normuon") and matrix_axes is None:
+            if len(r.shape) != 2:
                 raise ValueError(
-                    f"config.optimizer.muon_roles={ocfg.muon_roles!r} routes {_path_str(path)} "
-                    f"(role {role!r}, shape {shape}) to {ocfg.name}, which needs 2-D matrices; "
-                    "leave embed/head/norm/bias roles to Adam"
+                    f"config.optimizer.muon_roles={ocfg.muon_roles!r} routes {r.path} "
+                    f"(role {r.role!r}, shape {r.shape}) to {ocfg.name}, which needs 2-D "
+                    "matrices; leave embed/head/norm/bias roles to Adam"
                 )
+    labels = jax.tree.unflatten(jax.tree.structure(params), [part[r.transform] for r in rows])
     adam = optax.adamw(
         adam_lr,
         b1=float(ocfg.b1),
@@ -207,7 +218,7 @@ def build(
         eps=float(ocfg.eps),
         weight_decay=float(ocfg.weight_decay),
     )
-    used = set(flat_l)
+    used = {part[r.transform] for r in rows}
     if used == {ADAM}:
         tx = adam
         lr_sched = adam_lr
