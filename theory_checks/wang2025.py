@@ -626,10 +626,11 @@ def fig4(ctx: Context) -> CheckResult:
 
     K = 999 (quick: 60), α = 0.8, β = 0.2, decoupled and coupled embeddings, GD, SignGD and
     Muon. One step: W_η = η D for 60 step sizes; many steps: constant η (GD 2/p_head,
-    SignGD 0.05, Muon 0.4, 40 steps; at K = 999 SignGD 0.15, Muon 0.7, 15 steps). Expected (paper): GD imbalanced,
-    Muon balanced for both, SignGD balanced decoupled and imbalanced coupled. Criterion
-    on the largest gap reached while the loss falls from log K to 0.05·log K: balanced
-    means max Δ < 0.05, imbalanced max Δ > 0.3 (paper Fig. 4 shows ≈ 0 vs ≈ 0.5-1).
+    SignGD 0.05, Muon 0.4, 40 steps; at K = 999 SignGD 0.15, Muon 0.7, 15 steps).
+    Expected (paper): GD imbalanced, Muon balanced for both, SignGD balanced decoupled
+    and imbalanced coupled. Criterion on the largest gap reached while the loss falls
+    from log K to 0.05·log K: balanced means max Δ < 0.05, imbalanced max Δ > 0.3 (paper
+    Fig. 4 shows ≈ 0 vs ≈ 0.5-1).
     Figure: fig4_gap_vs_loss.png under --out.
     """
     import jax.numpy as jnp
