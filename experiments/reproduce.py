@@ -340,11 +340,12 @@ def update_readme(readme: pathlib.Path, out: pathlib.Path, results: Sequence[dic
         shutil.copyfile(p, dest)
         links.append(f"![{p.stem}]({dest.relative_to(readme.parent).as_posix()})")
     scale = results[0]["scale"] if results else "quick"
+    minutes = sum(float(r.get("wall_s", 0.0)) for r in results) / 60
     block = "\n".join(
         [
             README_BEGIN,
             f"Latest `amemory reproduce` ({scale} scale, "
-            f"{time.strftime('%Y-%m-%d', time.gmtime())}); regenerate with "
+            f"{time.strftime('%Y-%m-%d', time.gmtime())}, {minutes:.1f} min); regenerate with "
             f"`amemory reproduce --update-readme {readme.name}`.",
             "",
             claims_table(results),
