@@ -129,7 +129,20 @@ def test_one_step_rho_gd_closed_form(K, alpha, beta, eps):
     res = balance.one_step_rho(_gd_one_step_correct(p, K), eps, eta_max=1e6)
     np.testing.assert_allclose(res.rho, expected, rtol=1e-9)
     np.testing.assert_allclose(res.eta_boundary, np.log(x) / p.max(), rtol=1e-9)
+    np.testing.assert_allclose(res.rho_boundary, res.rho, rtol=1e-12)  # min_k q_k increasing
     assert res.n_feasible_grid > 0
+
+
+def test_one_step_rho_infimum_not_at_boundary():
+    """When the worst class decays for large η the infimum is inside the feasible set."""
+    K, eps = 3, 0.1
+    # class 0 has margin +1 (learned), class 2 has margin -0.05 (unlearned): q_2 -> 0
+    margins = np.array([1.0, 0.5, -0.05])
+    fn = lambda etas: 1.0 / (1.0 + (K - 1) * np.exp(-np.outer(etas, margins)))
+    res = balance.one_step_rho(fn, eps, eta_max=200.0)
+    np.testing.assert_allclose(res.rho, fn(np.array([200.0]))[0, 2], rtol=1e-12)
+    assert res.rho < res.rho_boundary
+    np.testing.assert_allclose(res.eta_boundary, np.log((K - 1) * (1 - eps) / eps), rtol=1e-9)
 
 
 def test_one_step_rho_balanced_and_errors():
