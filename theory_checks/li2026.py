@@ -253,7 +253,12 @@ def muon_noisy(ctx: Context) -> CheckResult:
     0.09, plus the O(M/C) deviation of Muon's diagonal step). Oscillation: the excess
     loss after t_s + 2 divided by η² stays below 1 for every η (the per-margin bound is
     ℓ''·η²/2 ≤ η²/8; 1 leaves room for off-margin directions) and the loss is monotone
-    before t_s.
+    before t_s. Descent shape: [derived] with every margin at m = ηt and the wrong logits
+    equal, the per-class loss is ℓ(m) = a log(1 + (K-1)e^{-m}) + (1-a)(m + log(1 +
+    (K-1)e^{-m})), a = 1 - α + α/K, i.e. ≈ K e^{-ηt} + α η t (papers.md's shape); the
+    measured excess must follow ℓ(ηt) - L* within 5% (relative) over the first 3/4 of the
+    descent (the deviation is O(1/K): 3% at K = 32, 0.5-1% at K = 128; near t_s the
+    excess itself goes to 0 and a relative error means nothing).
     """
     M, beta, noise = 4, 1.5, 0.1
     Cs = [8, 16] if ctx.quick else [8, 32]
@@ -271,18 +276,27 @@ def muon_noisy(ctx: Context) -> CheckResult:
             exc = (L[ts + 2 :] - _lstar(K, noise)) / eta**2
             osc = float(exc.max()) if exc.size else float("nan")
             ratio = ts * eta / ms
-            rows.append((K, eta, ts, ratio, osc))
+            # descent: excess vs ℓ(ηt) - L*, every margin m = ηt, wrong logits equal
+            m = eta * np.arange(int(0.75 * ts))
+            a = 1 - noise + noise / K
+            lz = np.log1p((K - 1) * np.exp(-m))
+            curve = a * lz + (1 - a) * (m + lz) - _lstar(K, noise)
+            desc = float(np.max(np.abs(L[: m.size] - _lstar(K, noise) - curve) / curve))
+            rows.append((K, eta, ts, ratio, osc, desc))
             ok &= 0.8 <= ratio <= 1.25 and osc < 1 and bool(np.all(np.diff(L[: ts + 1]) <= 0))
+            ok &= desc <= 0.05
     return CheckResult(
         name="li2026.muon_noisy_switch",
         statement="Noisy Muon: descent ≈ K e^{-ηt} + αηt, then oscillation ≈ η² + L*; "
         "switch time Θ(log K/η)",
-        predicted="t_s·η/m* ≈ 1 (m* = log(1+K(1-α)/α)); max excess/η² after t_s bounded",
+        predicted="t_s·η/m* ≈ 1 (m* = log(1+K(1-α)/α)); descent excess = ℓ(ηt) - L*; "
+        "max excess/η² after t_s bounded",
         measured="; ".join(
-            f"K={K} η={eta}: t_s={ts}, t_sη/m*={fmt(r, 3)}, exc/η²≤{fmt(o, 2)}"
-            for K, eta, ts, r, o in rows
+            f"K={K} η={eta}: t_s={ts}, t_sη/m*={fmt(r, 3)}, exc/η²≤{fmt(o, 2)}, "
+            f"descent dev {fmt(d, 2)}"
+            for K, eta, ts, r, o, d in rows
         ),
-        tolerance="t_sη/m* ∈ [0.8, 1.25]; exc/η² < 1",
+        tolerance="t_sη/m* ∈ [0.8, 1.25]; exc/η² < 1; descent dev ≤ 5%",
         passed=ok,
         kind="paper",
         details={"rows": rows},
