@@ -94,5 +94,8 @@ def test_cli_errors(tmp_path, capsys):
     assert cli.main(["--only", "no_such_check"]) == 2
     assert "matches no check" in capsys.readouterr().err
     assert cli.main(["--update-readme", str(tmp_path / "missing.md")]) == 2
+    (tmp_path / "nomark.md").write_text("# no markers\n")
+    assert cli.main(["--update-readme", str(tmp_path / "nomark.md")]) == 2
+    assert "BEGIN checks" in capsys.readouterr().err
     assert cli.main(["--list", "--only", "li2026"]) == 0
     assert "li2026.tra_signgd_equals_muon_2eta" in capsys.readouterr().out

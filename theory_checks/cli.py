@@ -60,11 +60,12 @@ def _load() -> None:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(sys.argv[1:] if argv is None else argv)
-    if args.update_readme is not None and not args.update_readme.is_file():
-        sys.stderr.write(
-            f"amemory check: error: --update-readme {args.update_readme}: no such file\n"
-        )
-        return 2
+    if args.update_readme is not None:
+        try:
+            common.check_readme(args.update_readme)
+        except ValueError as e:
+            sys.stderr.write(f"amemory check: error: --update-readme: {e}\n")
+            return 2
     _load()
     try:
         names = common.select(args.only)

@@ -194,6 +194,25 @@ def results_json(results: list[CheckResult], meta: dict[str, Any]) -> str:
     )
 
 
+def _marker_lines(text: str, path: Path) -> tuple[int, int]:
+    lines = text.splitlines()
+    try:
+        b = next(i for i, ln in enumerate(lines) if ln.strip() == BEGIN_MARK)
+        e = next(i for i, ln in enumerate(lines) if ln.strip() == END_MARK)
+    except StopIteration:
+        raise ValueError(f"{path} must contain the lines {BEGIN_MARK!r} and {END_MARK!r}") from None
+    if e < b:
+        raise ValueError(f"{path}: {END_MARK!r} comes before {BEGIN_MARK!r}")
+    return b, e
+
+
+def check_readme(path: Path) -> None:
+    """Raises ValueError unless ``path`` is a file with both marker lines in order."""
+    if not Path(path).is_file():
+        raise ValueError(f"{path}: no such file")
+    _marker_lines(Path(path).read_text(), path)
+
+
 def update_readme(path: Path, table: str) -> None:
     """Replaces the text between the marker lines ``<!-- BEGIN checks -->`` and
     ``<!-- END checks -->`` in ``path`` with ``table``.
@@ -202,14 +221,8 @@ def update_readme(path: Path, table: str) -> None:
       ValueError: if the file lacks either marker line (or has them in the wrong order).
     """
     text = Path(path).read_text()
+    b, e = _marker_lines(text, path)
     lines = text.splitlines(keepends=True)
-    try:
-        b = next(i for i, ln in enumerate(lines) if ln.strip() == BEGIN_MARK)
-        e = next(i for i, ln in enumerate(lines) if ln.strip() == END_MARK)
-    except StopIteration:
-        raise ValueError(f"{path} must contain the lines {BEGIN_MARK!r} and {END_MARK!r}") from None
-    if e < b:
-        raise ValueError(f"{path}: {END_MARK!r} comes before {BEGIN_MARK!r}")
     new = lines[: b + 1] + [table.rstrip("\n") + "\n"] + lines[e:]
     Path(path).write_text("".join(new))
 
