@@ -357,6 +357,14 @@ def final_eval(run: dict[str, Any], key: str = "loss") -> float:
     return float(vals[-1])
 
 
+def final_train_loss(run: dict[str, Any], last: int = 5) -> float:
+    """Mean training loss of the last ``last`` train records of a run (NaN if none)."""
+    _, vals = eval_series(run["records"], "loss", kind="train")
+    if vals.size == 0:
+        return float("nan")
+    return float(np.mean(vals[-last:]))
+
+
 def steps_to_reach(steps: np.ndarray, values: np.ndarray, target: float) -> float:
     """First step at which ``values <= target``, linearly interpolated between evals.
 
@@ -381,19 +389,24 @@ def lr_sweep(
     *,
     progress: Callable[[str], None] | None = None,
     key: str = "loss",
+    score: Callable[[dict[str, Any]], float] | None = None,
 ) -> tuple[float, dict[str, Any], list[dict[str, Any]]]:
-    """Train ``make_cfg(lr)`` for every lr in ``grid``; pick the lowest final eval ``key``.
+    """Train ``make_cfg(lr)`` for every lr in ``grid``; pick the lowest score.
+
+    The score of a run is its final evaluation ``key`` (validation loss by default), or
+    ``score(run)`` when given (e.g. :func:`final_train_loss` where the evaluation has no
+    loss). Lower is better.
 
     Returns:
       (chosen lr, the chosen run (train_cached result), table rows
-      [{"lr", "final_loss", "chosen", "at_edge"}]).
+      [{"lr", "final_<key>", "chosen", "at_edge"}]).
     """
     runs = []
     for lr in grid:
         runs.append(train_cached(make_cfg(lr), cache_dir, f"{label}-lr{lr:g}"))
         if progress:
             progress(f"{label} lr={lr:g}")
-    finals = [final_eval(r, key) for r in runs]
+    finals = [score(r) if score else final_eval(r, key) for r in runs]
     finite = [i for i, v in enumerate(finals) if math.isfinite(v)]
     best = min(finite, key=lambda i: finals[i]) if finite else 0
     rows = [

@@ -402,6 +402,10 @@ def reproduce(
                 if reduced and name == "tail_qa":
                     # the reduced tail_qa has no grid of its own: tail_lm's choice
                     overrides.update({f"lr.{k}": v for k, v in chosen_lr.items()})
+                    if chosen_lr:
+                        overrides["lr_source"] = (
+                            "not swept here: tail_lm's grid choice for the same model on the corpus"
+                        )
                 extra = {"sets": tuple(sets)} if sets else {}
                 res = runner(
                     name, scale, stage_dir, progress, overrides=overrides, cache_dir=cache, **extra

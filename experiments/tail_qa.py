@@ -93,7 +93,8 @@ def run(
                     cache_dir,
                     f"bio-{v}",
                     progress=progress,
-                    key="loss",
+                    key="train_loss",
+                    score=common.final_train_loss,  # biographies evals report FTA only
                 )
                 lr[v], runs[v], tables[v] = chosen, r, rows
         for v in cfg.variants:
@@ -104,7 +105,14 @@ def run(
             )
             if progress:
                 progress(v)
-        metrics: dict[str, Any] = {"lr": lr, "lr_sweep": tables, "swept": bool(cfg.sweep)}
+        used = {"muon", "adam"} | {v.split("_")[0] for v in cfg.variants}
+        lr = {k: v for k, v in lr.items() if k in used}
+        metrics: dict[str, Any] = {
+            "lr": lr,
+            "lr_sweep": tables,
+            "swept": bool(cfg.sweep),
+            "lr_source": cfg.lr_source,
+        }
         metrics["runs"] = {}
         tail_groups = [m - o for o in cfg.tail_offsets if m - o >= 0]
         final_fta = {}
@@ -118,7 +126,7 @@ def run(
                 "eval_steps": steps,
                 "fta": fta,
                 "final_fta": final_fta[v],
-                "final_loss": common.final_eval(r),
+                "final_train_loss": common.final_train_loss(r),
                 "tail_fta": [float(final_fta[v][g]) for g in tail_groups],
             }
         metrics["tail_groups"] = tail_groups
@@ -155,21 +163,21 @@ def report_md(cfg: ConfigDict, m: dict[str, Any]) -> str:
         parts = []
         for v, rows in m["lr_sweep"].items():
             parts.append(f"{v}: " + ", ".join(f"{r['lr']:g}" for r in rows))
-        src = "grid " + "; ".join(parts) + "; lowest final loss chosen"
+        src = "grid " + "; ".join(parts) + "; lowest final training loss chosen"
     else:
-        src = "not swept here (tail_lm's choice on the corpus, or the config's defaults)"
+        src = m["lr_source"]
     lr = ", ".join(f"{k} {v:g}" for k, v in m["lr"].items())
     lines = [
         f"Learning rates: {lr} ({src}).",
         "",
         "| variant | FTA groups " + "/".join(map(str, groups)) + " (ours) | paper, groups 11/13/15 "
-        "of m=15 | final loss |",
+        "of m=15 | final train loss |",
         "|---|---|---|---|",
     ]
     for v, r in m["runs"].items():
         ours = " / ".join(common.fmt(x, 3) for x in r["tail_fta"])
         paper = " / ".join(f"{x:.3f}" for x in PAPER_FTA.get(v, ())) or "-"
-        lines.append(f"| {v} | {ours} | {paper} | {common.fmt(r['final_loss'])} |")
+        lines.append(f"| {v} | {ours} | {paper} | {common.fmt(r['final_train_loss'])} |")
     return "\n".join(lines)
 
 

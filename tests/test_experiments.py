@@ -200,6 +200,7 @@ def test_tail_qa_smoke(tmp_path):
     assert fta.shape == (3,)
     assert np.all((fta >= 0) & (fta <= 1))
     assert res["metrics"]["tail_groups"] == [0, 2]  # m - 4 < 0 is dropped
+    assert np.isfinite(res["metrics"]["runs"]["muon_qk"]["final_train_loss"])
     with pytest.raises(ValueError, match="variant"):
         tail_qa.variant_config(cfg.base, "adagrad", {"adam": 1.0})
 
@@ -277,6 +278,7 @@ def test_reproduce_passes_tail_lm_lrs_to_reduced_tail_qa(tmp_path):
     assert seen["sets"] == ("base.steps=3",)
     assert seen["tail_qa"]["sweep"] is False
     assert seen["tail_qa"]["lr.adam"] == 0.01 and seen["tail_qa"]["lr.muon"] == 0.05
+    assert "tail_lm" in seen["tail_qa"]["lr_source"]
 
 
 def test_reproduce_cli_rejects_bad_flags(capsys):

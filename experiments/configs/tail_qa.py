@@ -73,6 +73,7 @@ def get_config(scale: str = "quick") -> ConfigDict:
     c.lr.adam = 3e-3
     c.lr.muon = 0.02
     c.lr.sgd = 0.1
+    c.lr_source = "config defaults, the middle of each grid"  # stated in the report
     c.sgd_momentum = 0.9  # SGD + momentum baseline of the paper
     # The tail groups whose FTA the paper reports (11, 13, 15 of m = 15): m-4, m-2, m.
     c.tail_offsets = (4, 2, 0)
