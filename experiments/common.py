@@ -176,6 +176,29 @@ def result_dict(
     }
 
 
+def finish(
+    name: str,
+    config: Any,
+    out_dir: str | os.PathLike,
+    timer: Timer,
+    *,
+    metrics: dict[str, Any],
+    figures: Sequence[str],
+    claims: Iterable[Claim],
+    notes: Sequence[str] = (),
+) -> dict[str, Any]:
+    """Build the result dict (:func:`result_dict`), write ``out_dir/result.json``, return it.
+
+    ``config.scale`` gives the scale and ``timer.seconds`` the wall time.
+    """
+    result = result_dict(
+        name, config.scale, metrics=metrics, figures=figures, claims=claims,
+        wall_s=timer.seconds, config=config, notes=notes,
+    )  # fmt: skip
+    save_json(pathlib.Path(out_dir) / "result.json", result)
+    return result
+
+
 def experiment_main(
     name: str,
     run_fn: Callable[..., dict[str, Any]],

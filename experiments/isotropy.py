@@ -83,12 +83,7 @@ def run(
         metrics = {"series": summary, "seeds": list(cfg.base.seeds), "lr": dict(cfg.lr)}
         claims = make_claims(summary)
         metrics["report_md"] = report_md(summary)
-    result = common.result_dict(
-        NAME, cfg.scale, metrics=metrics, figures=figures, claims=claims,
-        wall_s=timer.seconds, config=cfg,
-    )  # fmt: skip
-    common.save_json(out_dir / "result.json", result)
-    return result
+    return common.finish(NAME, cfg, out_dir, timer, metrics=metrics, figures=figures, claims=claims)
 
 
 def report_md(summary: dict[str, Any]) -> str:

@@ -352,18 +352,9 @@ def run(cfg: Any, out_dir: Any, *, progress: Callable[[str], None] | None = None
             )
             figures.append(str(fig.relative_to(out_dir)))
         claims = make_claims(metrics, cfg)
-    result = common.result_dict(
-        NAME,
-        cfg.scale,
-        metrics=metrics,
-        figures=figures,
-        claims=claims,
-        wall_s=timer.seconds,
-        config=cfg,
-        notes=notes,
+    return common.finish(
+        NAME, cfg, out_dir, timer, metrics=metrics, figures=figures, claims=claims, notes=notes
     )
-    common.save_json(out_dir / "result.json", result)
-    return result
 
 
 def _max_gap(metrics: dict, key: str) -> float:

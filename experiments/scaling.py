@@ -192,12 +192,7 @@ def run(
             )  # fmt: skip
             figures.append(str(p.relative_to(out_dir)))
         claims = make_claims(cfg, metrics)
-    result = common.result_dict(
-        NAME, cfg.scale, metrics=metrics, figures=figures, claims=claims,
-        wall_s=timer.seconds, config=cfg,
-    )  # fmt: skip
-    common.save_json(out_dir / "result.json", result)
-    return result
+    return common.finish(NAME, cfg, out_dir, timer, metrics=metrics, figures=figures, claims=claims)
 
 
 def make_claims(cfg: ConfigDict, m: dict[str, Any]) -> list[common.Claim]:

@@ -198,12 +198,7 @@ def run(
         figures.append(str(p.relative_to(out_dir)))
         metrics["report_md"] = report_md(cfg, metrics)
         claims = make_claims(metrics)
-    result = common.result_dict(
-        NAME, cfg.scale, metrics=metrics, figures=figures, claims=claims,
-        wall_s=timer.seconds, config=cfg,
-    )  # fmt: skip
-    common.save_json(out_dir / "result.json", result)
-    return result
+    return common.finish(NAME, cfg, out_dir, timer, metrics=metrics, figures=figures, claims=claims)
 
 
 def report_md(cfg: ConfigDict, m: dict[str, Any]) -> str:
