@@ -17,9 +17,8 @@ from __future__ import annotations
 
 from ml_collections import ConfigDict
 
+from experiments.configs import SCALES as SCALES
 from experiments.configs import tail_lm
-
-SCALES = ("quick", "full")
 
 # papers.md A.3, 160M NanoGPT on FineWeb, validation loss at 10k steps.
 PAPER_TABLE = {

@@ -17,9 +17,9 @@ from __future__ import annotations
 
 from ml_collections import ConfigDict
 
+from experiments.configs import SCALES as SCALES
+from experiments.configs import check_scale
 from experiments.configs.tail_lm import base_lm
-
-SCALES = ("quick", "full")
 
 
 def get_config(scale: str = "quick") -> ConfigDict:
@@ -28,9 +28,7 @@ def get_config(scale: str = "quick") -> ConfigDict:
     Raises:
       ValueError: if ``scale`` is not one of ``SCALES``.
     """
-    if scale not in SCALES:
-        raise ValueError(f"scale={scale!r}; allowed values: {SCALES}")
-    quick = scale == "quick"
+    quick = check_scale(scale)
     c = ConfigDict()
     c.scale = scale
     c.base = base_lm(scale)

@@ -25,7 +25,8 @@ from __future__ import annotations
 
 from ml_collections import ConfigDict, config_dict
 
-SCALES = ("quick", "full")
+from experiments.configs import SCALES as SCALES
+from experiments.configs import check_scale
 
 
 def _int_or_none(value: int | None) -> config_dict.FieldReference:
@@ -43,9 +44,7 @@ def get_config(scale: str = "quick") -> ConfigDict:
     Raises:
       ValueError: if ``scale`` is not one of ``SCALES``.
     """
-    if scale not in SCALES:
-        raise ValueError(f"scale={scale!r}; allowed values: {SCALES}")
-    quick = scale == "quick"
+    quick = check_scale(scale)
     c = ConfigDict()
     c.task = "lm"  # model family: "lm" (transformer) | "memory" (see memory.py)
     c.scale = scale  # recorded for reports; "quick" | "full"

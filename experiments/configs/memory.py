@@ -16,7 +16,8 @@ from __future__ import annotations
 
 from ml_collections import ConfigDict, config_dict
 
-SCALES = ("quick", "full")
+from experiments.configs import SCALES as SCALES
+from experiments.configs import check_scale
 
 
 def get_config(scale: str = "quick") -> ConfigDict:
@@ -28,9 +29,7 @@ def get_config(scale: str = "quick") -> ConfigDict:
     Raises:
       ValueError: if ``scale`` is not one of ``SCALES``.
     """
-    if scale not in SCALES:
-        raise ValueError(f"scale={scale!r}; allowed values: {SCALES}")
-    quick = scale == "quick"
+    quick = check_scale(scale)
     c = ConfigDict()
     c.task = "memory"  # model family: "memory" (this file) | "lm" (lm.py)
     c.scale = scale  # "quick" | "full"

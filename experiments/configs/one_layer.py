@@ -12,7 +12,8 @@ from __future__ import annotations
 
 from ml_collections import ConfigDict
 
-SCALES = ("quick", "full")
+from experiments.configs import SCALES as SCALES
+from experiments.configs import check_scale
 
 
 def get_config(scale: str = "quick") -> ConfigDict:
@@ -21,9 +22,7 @@ def get_config(scale: str = "quick") -> ConfigDict:
     Raises:
       ValueError: if ``scale`` is not one of ``SCALES``.
     """
-    if scale not in SCALES:
-        raise ValueError(f"scale={scale!r}; allowed values: {SCALES}")
-    quick = scale == "quick"
+    quick = check_scale(scale)
     c = ConfigDict()
     c.scale = scale
     c.K = 150 if quick else 999  # classes = embedding dim d (Assumption 5.1); K % 3 == 0 (coupled)

@@ -19,9 +19,8 @@ from __future__ import annotations
 
 from ml_collections import ConfigDict
 
-from experiments.configs import tail_lm
-
-SCALES = ("quick", "full")
+from experiments.configs import SCALES as SCALES
+from experiments.configs import check_scale, tail_lm
 
 
 def get_config(scale: str = "quick") -> ConfigDict:
@@ -30,9 +29,7 @@ def get_config(scale: str = "quick") -> ConfigDict:
     Raises:
       ValueError: if ``scale`` is not one of ``SCALES``.
     """
-    if scale not in SCALES:
-        raise ValueError(f"scale={scale!r}; allowed values: {SCALES}")
-    quick = scale == "quick"
+    quick = check_scale(scale)
     c = ConfigDict()
     c.scale = scale
     c.parts = ("synthetic", "envelope")  # which parts to run

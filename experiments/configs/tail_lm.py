@@ -19,9 +19,8 @@ from __future__ import annotations
 
 from ml_collections import ConfigDict
 
-from experiments.configs import lm
-
-SCALES = ("quick", "full")
+from experiments.configs import SCALES as SCALES
+from experiments.configs import check_scale, lm
 
 
 def base_lm(scale: str = "quick") -> ConfigDict:
@@ -35,9 +34,7 @@ def base_lm(scale: str = "quick") -> ConfigDict:
     Raises:
       ValueError: if ``scale`` is not one of ``SCALES``.
     """
-    if scale not in SCALES:
-        raise ValueError(f"scale={scale!r}; allowed values: {SCALES}")
-    quick = scale == "quick"
+    quick = check_scale(scale)
     c = lm.get_config(scale)
     c.model.preset = "small"
     if quick:
@@ -81,9 +78,7 @@ def get_config(scale: str = "quick") -> ConfigDict:
     Raises:
       ValueError: if ``scale`` is not one of ``SCALES``.
     """
-    if scale not in SCALES:
-        raise ValueError(f"scale={scale!r}; allowed values: {SCALES}")
-    quick = scale == "quick"
+    quick = check_scale(scale)
     c = ConfigDict()
     c.scale = scale
     c.base = base_lm(scale)

@@ -18,9 +18,9 @@ from __future__ import annotations
 
 from ml_collections import ConfigDict
 
+from experiments.configs import SCALES as SCALES
+from experiments.configs import check_scale
 from experiments.configs.tail_lm import base_lm
-
-SCALES = ("quick", "full")
 
 # papers.md A.3: first-token accuracy at 10k steps (non-gated), groups 11 / 13 / 15 of m = 15.
 PAPER_FTA = {
@@ -52,9 +52,7 @@ def get_config(scale: str = "quick") -> ConfigDict:
     Raises:
       ValueError: if ``scale`` is not one of ``SCALES``.
     """
-    if scale not in SCALES:
-        raise ValueError(f"scale={scale!r}; allowed values: {SCALES}")
-    quick = scale == "quick"
+    quick = check_scale(scale)
     c = ConfigDict()
     c.scale = scale
     c.base = base_bio(scale)
