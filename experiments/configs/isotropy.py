@@ -18,7 +18,7 @@ from __future__ import annotations
 from ml_collections import ConfigDict
 
 from experiments.configs import SCALES as SCALES
-from experiments.configs import check_scale
+from experiments.configs import new_config
 from experiments.configs.tail_lm import base_lm
 
 
@@ -28,9 +28,7 @@ def get_config(scale: str = "quick") -> ConfigDict:
     Raises:
       ValueError: if ``scale`` is not one of ``SCALES``.
     """
-    quick = check_scale(scale)
-    c = ConfigDict()
-    c.scale = scale
+    c, quick = new_config(scale)
     c.base = base_lm(scale)
     c.base.seeds = tuple(range(5 if quick else 10))  # vmapped seeds (papers: 10)
     c.base.spectrum_every = 25 if quick else 250

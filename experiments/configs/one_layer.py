@@ -13,7 +13,7 @@ from __future__ import annotations
 from ml_collections import ConfigDict
 
 from experiments.configs import SCALES as SCALES
-from experiments.configs import check_scale
+from experiments.configs import new_config
 
 
 def get_config(scale: str = "quick") -> ConfigDict:
@@ -22,9 +22,7 @@ def get_config(scale: str = "quick") -> ConfigDict:
     Raises:
       ValueError: if ``scale`` is not one of ``SCALES``.
     """
-    quick = check_scale(scale)
-    c = ConfigDict()
-    c.scale = scale
+    c, quick = new_config(scale)
     c.K = 150 if quick else 999  # classes = embedding dim d (Assumption 5.1); K % 3 == 0 (coupled)
     c.alpha = 0.8  # two-level prior: head mass (papers.md A.2, Fig. 4: 0.8)
     c.beta = 0.2  # two-level prior: head fraction L/K (Fig. 4: 0.2)

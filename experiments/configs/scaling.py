@@ -20,7 +20,7 @@ from __future__ import annotations
 from ml_collections import ConfigDict
 
 from experiments.configs import SCALES as SCALES
-from experiments.configs import check_scale, tail_lm
+from experiments.configs import new_config, tail_lm
 
 
 def get_config(scale: str = "quick") -> ConfigDict:
@@ -29,9 +29,7 @@ def get_config(scale: str = "quick") -> ConfigDict:
     Raises:
       ValueError: if ``scale`` is not one of ``SCALES``.
     """
-    quick = check_scale(scale)
-    c = ConfigDict()
-    c.scale = scale
+    c, quick = new_config(scale)
     c.parts = ("synthetic", "envelope")  # which parts to run
     # ---- synthetic (paper B) ----
     c.M = 100 if quick else 400  # groups

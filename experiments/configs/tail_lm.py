@@ -20,7 +20,7 @@ from __future__ import annotations
 from ml_collections import ConfigDict
 
 from experiments.configs import SCALES as SCALES
-from experiments.configs import check_scale, lm
+from experiments.configs import check_scale, lm, new_config
 
 
 def base_lm(scale: str = "quick") -> ConfigDict:
@@ -78,9 +78,7 @@ def get_config(scale: str = "quick") -> ConfigDict:
     Raises:
       ValueError: if ``scale`` is not one of ``SCALES``.
     """
-    quick = check_scale(scale)
-    c = ConfigDict()
-    c.scale = scale
+    c, quick = new_config(scale)
     c.base = base_lm(scale)
     c.optimizers = ("adam", "muon", "signgd")  # Adam first: its chosen LR drives the Adam half
     # of the Muon / SignGD runs (embeddings, head, norms always Adam).

@@ -19,7 +19,7 @@ from __future__ import annotations
 from ml_collections import ConfigDict
 
 from experiments.configs import SCALES as SCALES
-from experiments.configs import check_scale
+from experiments.configs import new_config
 from experiments.configs.tail_lm import base_lm
 
 # papers.md A.3: first-token accuracy at 10k steps (non-gated), groups 11 / 13 / 15 of m = 15.
@@ -52,9 +52,7 @@ def get_config(scale: str = "quick") -> ConfigDict:
     Raises:
       ValueError: if ``scale`` is not one of ``SCALES``.
     """
-    quick = check_scale(scale)
-    c = ConfigDict()
-    c.scale = scale
+    c, quick = new_config(scale)
     c.base = base_bio(scale)
     # Variants: "<optimizer>" trains that optimizer (Muon on hidden matrices, Adam on the
     # rest; "adam" everything Adam; "sgd" everything SGD with momentum), and
