@@ -21,8 +21,9 @@ def main(argv: list[str]) -> int:
             print(f"  {k:8s} {v}")
         return 0
     if argv[0] not in BENCHMARKS:
+        allowed = sorted(BENCHMARKS)
         sys.stderr.write(
-            f"amemory bench: error: unknown benchmark {argv[0]!r}; choose from {sorted(BENCHMARKS)}\n"
+            f"amemory bench: error: unknown benchmark {argv[0]!r}; choose from {allowed}\n"
         )
         return 2
     module = importlib.import_module(f"experiments.bench.{argv[0]}")
