@@ -3,8 +3,8 @@
 Read top to bottom: :class:`TransformerConfig` and :func:`preset`, the modules
 (:class:`Attention`, :class:`MLP`, :class:`Block`, :class:`Transformer`), the functional
 API used by the training loop (:func:`init`, :func:`apply`), then roles
-(:func:`role_of`, :func:`param_roles`) and analysis helpers (:func:`vo_maps`,
-:func:`ffn_matrices`, :func:`hidden_matrices`).
+(:func:`role_of`, :func:`param_roles`, from :mod:`amemory.models.roles`) and analysis
+helpers (:func:`vo_maps`, :func:`ffn_matrices`, :func:`hidden_matrices`).
 
 Design choices (papers.md A.3; peers.md "Routing of non-matrix parameters"):
 
@@ -61,6 +61,8 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from amemory.models.roles import ATTN_ROLES, FFN_ROLES, ROLES, param_roles, role_of
+
 __all__ = [
     "ATTN_ROLES",
     "FFN_ROLES",
@@ -83,11 +85,6 @@ __all__ = [
     "vo_maps",
 ]
 
-ROLES = ("q", "k", "v", "o", "w_in", "w_gate", "w_out", "embed", "head", "norm", "bias")
-ATTN_ROLES = ("q", "k", "v", "o")
-FFN_ROLES = ("w_in", "w_gate", "w_out")
-_NORM_MODULES = ("attn_norm", "mlp_norm", "final_norm", "q_norm", "k_norm")
-_EMBED_MODULES = ("embed", "pos_embed")
 _DTYPES = ("float32", "bfloat16", "float16", "float64")
 
 
@@ -551,84 +548,6 @@ def apply(
 def count_params(params: Any) -> int:
     """Total number of scalar parameters in a pytree (works on ``jax.eval_shape`` output)."""
     return int(sum(np.prod(x.shape, dtype=np.int64) for x in jax.tree.leaves(params)))
-
-
-# ----------------------------------------------------------------------------- roles
-
-
-def _key_name(entry: Any) -> str | int:
-    for attr in ("key", "idx", "name"):
-        if hasattr(entry, attr):
-            entry = getattr(entry, attr)
-            break
-    if isinstance(entry, str) and entry.isdigit():
-        return int(entry)
-    if isinstance(entry, (int, np.integer)) and not isinstance(entry, bool):
-        return int(entry)
-    if isinstance(entry, str):
-        return entry
-    raise ValueError(f"unrecognised path entry {entry!r}")
-
-
-def _normalise_path(path: Any) -> tuple[str | int, ...]:
-    if isinstance(path, str):
-        path = path.split("/")
-    return tuple(_key_name(p) for p in path)
-
-
-def role_of(path: Any, leaf: Any = None) -> str:
-    """The role of a parameter from its path.
-
-    Args:
-      path: a tuple of keys such as ``("layers", 3, "attn", "v", "kernel")`` (ints or digit
-        strings for list indices; ``jax.tree_util`` key entries are accepted, so this works
-        inside ``tree_map_with_path``), or the string ``"layers/3/attn/v/kernel"``.
-      leaf: ignored; accepted so that ``role_of`` is directly a ``role_fn(path, leaf)`` for
-        ``amemory.optim.routing``.
-
-    Returns:
-      one of :data:`ROLES`: ``q, k, v, o`` (attention kernels), ``w_in, w_gate, w_out``
-      (FFN kernels), ``embed`` (token and learned-position tables), ``head`` (untied output
-      kernel), ``norm`` (every parameter of a normalisation layer, scales and LayerNorm
-      biases), ``bias`` (biases of Linear layers).
-
-    Raises:
-      ValueError: if the path is not a parameter of :class:`Transformer`.
-    """
-    p = _normalise_path(path)
-    bad = ValueError(f"cannot classify parameter path {'/'.join(map(str, p))!r}; roles: {ROLES}")
-    if len(p) < 2 or not isinstance(p[-1], str):
-        raise bad
-    leaf, module = p[-1], p[-2]
-    if any(m in _NORM_MODULES for m in p[:-1]) and leaf in ("scale", "bias"):
-        if module in _NORM_MODULES:
-            return "norm"
-        raise bad
-    if len(p) == 2 and module in _EMBED_MODULES and leaf == "embedding":
-        return "embed"
-    if len(p) == 2 and module == "head" and leaf in ("kernel", "bias"):
-        return "head" if leaf == "kernel" else "bias"
-    if len(p) == 5 and p[0] == "layers" and isinstance(p[1], int):
-        parent_ok = (p[2] == "attn" and module in ATTN_ROLES) or (
-            p[2] == "mlp" and module in FFN_ROLES
-        )
-        if parent_ok and leaf == "kernel":
-            return module
-        if parent_ok and leaf == "bias":
-            return "bias"
-    raise bad
-
-
-def param_roles(params: Any) -> Any:
-    """Same-structure pytree of role strings for every leaf of ``params``.
-
-    Suitable as ``role_fn`` source for ``amemory.optim.routing``; works on params with a
-    leading seed axis too (roles depend only on paths).
-
-    Raises:
-      ValueError: naming the first leaf whose role cannot be determined.
-    """
-    return jax.tree_util.tree_map_with_path(role_of, params)
 
 
 # ----------------------------------------------------------------------------- analysis
