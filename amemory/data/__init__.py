@@ -20,21 +20,6 @@ import importlib
 
 from amemory.data.frequencies import from_counts, hierarchical, power_law, two_level
 
-__all__ = [
-    "frequencies",
-    "memory_tasks",
-    "biographies",
-    "corpus",
-    "sources",
-    "tokenizer",
-    "batching",
-    "stats",
-    "two_level",
-    "power_law",
-    "hierarchical",
-    "from_counts",
-]
-
 _SUBMODULES = (
     "frequencies",
     "memory_tasks",
@@ -45,6 +30,8 @@ _SUBMODULES = (
     "batching",
     "stats",
 )
+
+__all__ = [*_SUBMODULES, "two_level", "power_law", "hierarchical", "from_counts"]
 
 
 def __getattr__(name: str):
