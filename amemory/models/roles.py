@@ -48,7 +48,9 @@ def role_of(path: Any, leaf: Any = None) -> str:
     Args:
       path: a tuple of keys such as ``("layers", 3, "attn", "v", "kernel")`` (ints or digit
         strings for list indices; ``jax.tree_util`` key entries are accepted, so this works
-        inside ``tree_map_with_path``), or the string ``"layers/3/attn/v/kernel"``.
+        inside ``tree_map_with_path``), or the string ``"layers/3/attn/v/kernel"``. The
+        stacked layout of ``scan_layers=True`` (``"layers/attn/v/kernel"``, leaf
+        ``[L, D, D]``) has the same roles: the layer index is not read.
       leaf: ignored; accepted so that ``role_of`` is directly a ``role_fn(path, leaf)`` for
         ``amemory.optim.routing``.
 
@@ -74,15 +76,26 @@ def role_of(path: Any, leaf: Any = None) -> str:
         return "embed"
     if len(p) == 2 and module == "head" and leaf in ("kernel", "bias"):
         return "head" if leaf == "kernel" else "bias"
-    if len(p) == 5 and p[0] == "layers" and isinstance(p[1], int):
-        parent_ok = (p[2] == "attn" and module in ATTN_ROLES) or (
-            p[2] == "mlp" and module in FFN_ROLES
+    block = _block_path(p)
+    if block is not None and len(block) == 3:
+        group = block[0]
+        parent_ok = (group == "attn" and module in ATTN_ROLES) or (
+            group == "mlp" and module in FFN_ROLES
         )
         if parent_ok and leaf == "kernel":
             return module
         if parent_ok and leaf == "bias":
             return "bias"
     raise bad
+
+
+def _block_path(p: tuple[str | int, ...]) -> tuple[str | int, ...] | None:
+    """The path inside a block: ``layers/3/attn/q/kernel`` (per-layer layout) and
+    ``layers/attn/q/kernel`` (stacked layout, leading ``[L]`` axis) both give
+    ``("attn", "q", "kernel")``; None outside ``layers``."""
+    if len(p) < 2 or p[0] != "layers":
+        return None
+    return p[2:] if isinstance(p[1], int) else p[1:]
 
 
 def param_roles(params: Any) -> Any:
@@ -95,3 +108,23 @@ def param_roles(params: Any) -> Any:
       ValueError: naming the first leaf whose role cannot be determined.
     """
     return jax.tree_util.tree_map_with_path(role_of, params)
+
+
+def matrix_axes(path: Any, leaf: Any = None) -> tuple[int, int] | None:
+    """Matrix axes ``(fan_in_axis, fan_out_axis)`` of a parameter, for Muon's ``matrix_axes``.
+
+    Kernels and embedding tables are matrices in their last two axes ``[..., fan_in,
+    fan_out]``; any leading axis (the layer axis ``[L]`` of the stacked layout) is a batch
+    axis, so each layer's matrix is orthogonalised on its own. Norm scales and biases are
+    not matrices (None), even when stacked to ``[L, D]``; routing one to Muon is an error
+    raised by ``amemory.optim`` with the leaf's path.
+
+    Args:
+      path: a parameter path, as for :func:`role_of`.
+      leaf: ignored (the callable form of ``amemory.optim``'s ``matrix_axes``).
+
+    Raises:
+      ValueError: if the path is not a parameter of the Transformer.
+    """
+    del leaf
+    return None if role_of(path) in ("norm", "bias") else (-2, -1)

@@ -36,6 +36,10 @@ Parameter tree (``init`` returns it as a plain nested dict; list indices are int
     final_norm/scale             [D]           norm
     head/kernel                  [D, V]        head    (tied_head=False only)
 
+With ``scan_layers=True`` the ``layers/i/...`` entries become one ``layers/...`` entry
+whose leaves carry a leading layer axis, e.g. ``layers/attn/q/kernel [L, D, D]``
+(:mod:`amemory.models.scan`; the roles are the same).
+
 Example (multi-seed forward, as the training loop uses it)::
 
     >>> config = preset("tiny")
@@ -61,12 +65,22 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from amemory.models.roles import ATTN_ROLES, FFN_ROLES, ROLES, param_roles, role_of
+from amemory.models.roles import ATTN_ROLES, FFN_ROLES, ROLES, matrix_axes, param_roles, role_of
+from amemory.models.scan import (
+    REMAT_POLICIES,
+    is_scanned,
+    remat,
+    scan_blocks,
+    stack_layers,
+    stacked_modules,
+    unstack_layers,
+)
 
 __all__ = [
     "ATTN_ROLES",
     "FFN_ROLES",
     "PRESETS",
+    "REMAT_POLICIES",
     "ROLES",
     "Attention",
     "Block",
@@ -79,9 +93,13 @@ __all__ = [
     "hidden_matrices",
     "init",
     "init_params",
+    "is_scanned",
+    "matrix_axes",
     "param_roles",
     "preset",
     "role_of",
+    "stack_layers",
+    "unstack_layers",
     "vo_maps",
 ]
 
@@ -108,8 +126,18 @@ class TransformerConfig:
       qk_norm: RMS-normalise q and k per head (scale ``[D/H]``) before attention.
       tied_head: logits use the token embedding transposed (no ``head`` parameter).
       dropout: rate in ``[0, 1)`` on embeddings and residual branches (0 = off).
-      remat: rematerialise each block in the backward pass (``nnx.remat``).
+      remat: rematerialise each block in the backward pass (``jax.checkpoint``).
+      remat_policy: what a rematerialised block keeps from the forward pass, a name of
+        ``jax.checkpoint_policies`` (:data:`REMAT_POLICIES`; ``"nothing_saveable"``
+        recomputes everything, ``"dots_with_no_batch_dims_saveable"`` keeps the matmuls).
+      scan_layers: store the blocks' parameters stacked with a leading layer axis
+        ``[L, ...]`` (paths ``layers/attn/q/kernel``) and run them with one
+        ``jax.lax.scan`` over a single compiled block, instead of ``L`` separate blocks
+        (paths ``layers/i/attn/q/kernel``) unrolled in the program. Same function, so
+        :func:`stack_layers` / :func:`unstack_layers` convert parameters between the two.
       dtype: compute dtype name (``"float32"``, ``"bfloat16"``, ...); logits are float32.
+        With ``param_dtype="float32"`` this is the usual mixed-precision policy: float32
+        master weights (and optimizer state), matmuls and activations in ``dtype``.
       param_dtype: parameter dtype name.
       use_bias: biases in every Linear (GPT-2 style; role ``"bias"``).
       rope_base: RoPE frequency base.
@@ -131,6 +159,8 @@ class TransformerConfig:
     tied_head: bool = True
     dropout: float = 0.0
     remat: bool = False
+    remat_policy: str = "nothing_saveable"
+    scan_layers: bool = False
     dtype: str = "float32"
     param_dtype: str = "float32"
     use_bias: bool = False
@@ -147,6 +177,7 @@ class TransformerConfig:
             "ffn": ("gelu", "swiglu"),
             "norm": ("layernorm", "rmsnorm"),
             "position": ("rope", "learned"),
+            "remat_policy": REMAT_POLICIES,
         }
         for name, allowed in choices.items():
             value = getattr(self, name)
@@ -381,7 +412,12 @@ class Transformer(nnx.Module):
         self.embed = nnx.Embed(config.vocab_size, config.d_model, **emb_kw)
         if config.position == "learned":
             self.pos_embed = nnx.Embed(config.max_len, config.d_model, **emb_kw)
-        self.layers = nnx.List([Block(config, rngs=rngs) for _ in range(config.n_layers)])
+        if config.scan_layers:
+            # one Block whose every Param is [L, ...]
+            make = lambda r: Block(config, rngs=r)  # noqa: E731
+            self.layers = stacked_modules(make, config.n_layers, rngs)
+        else:
+            self.layers = nnx.List([Block(config, rngs=rngs) for _ in range(config.n_layers)])
         self.final_norm = _norm(config, config.d_model, rngs)
         if not config.tied_head:
             self.head = nnx.Linear(
@@ -412,16 +448,18 @@ class Transformer(nnx.Module):
         use_dropout = c.dropout > 0 and not deterministic
         if use_dropout and rng is None:
             raise ValueError("rng is required when dropout > 0 and deterministic=False")
-        keys = jax.random.split(rng, c.n_layers + 1) if use_dropout else [None] * (c.n_layers + 1)
+        keys = jax.random.split(rng, c.n_layers + 1) if use_dropout else None  # (L + 1,)
         x = self.embed(tokens)  # (B, T, D)
         if c.position == "learned":
             x = x + self.pos_embed(jnp.arange(tokens.shape[1]))[None]
-        x = _dropout(x, c.dropout, keys[0])
-        for i, block in enumerate(self.layers):
-            if c.remat:
-                x = nnx.remat(lambda blk, h, k: blk(h, k))(block, x, keys[i + 1])
-            else:
-                x = block(x, keys[i + 1])
+        x = _dropout(x, c.dropout, None if keys is None else keys[0])
+        layer_keys = None if keys is None else keys[1:]  # (L,)
+        if c.scan_layers:
+            x = scan_blocks(self.layers, x, layer_keys, c.remat, c.remat_policy)
+        else:
+            for i, block in enumerate(self.layers):
+                key = None if layer_keys is None else layer_keys[i]
+                x = remat(c.remat, c.remat_policy)(lambda blk, h, k: blk(h, k))(block, x, key)
         x = self.final_norm(x)
         if c.tied_head:
             logits = self.embed.attend(x)  # (B, T, V)
@@ -483,7 +521,9 @@ def init_params(config: TransformerConfig, key: jax.Array) -> dict:
     if not isinstance(config, TransformerConfig):
         raise ValueError(f"config must be a TransformerConfig, got {type(config).__name__}")
     # Fields that do not change the parameters share one compiled initialiser.
-    config = config.replace(remat=False, dropout=0.0, dtype=config.param_dtype)
+    config = config.replace(
+        remat=False, remat_policy="nothing_saveable", dropout=0.0, dtype=config.param_dtype
+    )
     if _is_key_batch(key):
         return jax.vmap(lambda k: _init_params(config, k))(key)
     return _init_params(config, key)
@@ -553,10 +593,19 @@ def count_params(params: Any) -> int:
 # ----------------------------------------------------------------------------- analysis
 
 
-def _layer_ids(params: Mapping[str, Any]) -> list:
-    if "layers" not in params:
-        raise ValueError("params has no 'layers' entry; expected a Transformer parameter dict")
-    return sorted(params["layers"], key=int)
+def _kernels(params: Mapping[str, Any], group: str, role: str) -> jax.Array | None:
+    """Kernels of one role over layers ``[..., L, d_in, d_out]`` (either layout), or None.
+
+    In the stacked layout the layer axis sits after any leading seed axes already.
+    """
+    if is_scanned(params):
+        module = params["layers"][group].get(role)
+        return None if module is None else module["kernel"]
+    layers = params["layers"]
+    ids = sorted(layers, key=int)
+    if role not in layers[ids[0]][group]:
+        return None
+    return jnp.stack([layers[i][group][role]["kernel"] for i in ids], axis=-3)
 
 
 def _math(kernel: jax.Array) -> jax.Array:
@@ -573,7 +622,8 @@ def vo_maps(params: Mapping[str, Any], config: TransformerConfig, *, per_head: b
     measures isotropy of VO.
 
     Args:
-      params: parameter dict from :func:`init` (a leading seed axis is carried through).
+      params: parameter dict from :func:`init`, either layout (a leading seed axis is
+        carried through).
       config: its configuration (for the head split).
       per_head: return per-head maps (rank <= Dh each) or the per-layer sum.
 
@@ -584,23 +634,18 @@ def vo_maps(params: Mapping[str, Any], config: TransformerConfig, *, per_head: b
       ValueError: if params is not a Transformer parameter dict.
     """
     h, dh = config.n_heads, config.head_dim
-    out = []
-    for i in _layer_ids(params):
-        attn = params["layers"][i]["attn"]
-        wv = _math(attn["v"]["kernel"])  # [..., D(out), D(in)]
-        wo = _math(attn["o"]["kernel"])
-        if per_head:
-            lead = wv.shape[:-2]
-            wv_h = wv.reshape(*lead, h, dh, wv.shape[-1])  # [..., H, Dh, D]
-            wo_h = jnp.moveaxis(wo.reshape(*lead, wo.shape[-2], h, dh), -2, -3)  # [..., H, D, Dh]
-            out.append(wo_h @ wv_h)  # [..., H, D, D]
-        else:
-            out.append(wo @ wv)
-    return jnp.stack(out, axis=-4 if per_head else -3)
+    wv = _math(_kernels(params, "attn", "v"))  # [..., L, D(out), D(in)]
+    wo = _math(_kernels(params, "attn", "o"))
+    if not per_head:
+        return wo @ wv  # [..., L, D, D]
+    lead = wv.shape[:-2]
+    wv_h = wv.reshape(*lead, h, dh, wv.shape[-1])  # [..., L, H, Dh, D]
+    wo_h = jnp.moveaxis(wo.reshape(*lead, wo.shape[-2], h, dh), -2, -3)  # [..., L, H, D, Dh]
+    return wo_h @ wv_h  # [..., L, H, D, D]
 
 
 def ffn_matrices(params: Mapping[str, Any]) -> dict[str, jax.Array]:
-    """FFN matrices stacked over layers, in the ``y = W x`` convention.
+    """FFN matrices stacked over layers, in the ``y = W x`` convention (either layout).
 
     Returns:
       ``{"w_in": [..., L, F, D], "w_out": [..., L, D, F]}`` plus ``"w_gate": [..., L, F, D]``
@@ -609,16 +654,12 @@ def ffn_matrices(params: Mapping[str, Any]) -> dict[str, jax.Array]:
     Raises:
       ValueError: if params is not a Transformer parameter dict.
     """
-    ids = _layer_ids(params)
-    roles = [r for r in FFN_ROLES if r in params["layers"][ids[0]]["mlp"]]
-    return {
-        r: jnp.stack([_math(params["layers"][i]["mlp"][r]["kernel"]) for i in ids], axis=-3)
-        for r in roles
-    }
+    out = {r: _kernels(params, "mlp", r) for r in FFN_ROLES}
+    return {r: _math(k) for r, k in out.items() if k is not None}
 
 
 def hidden_matrices(params: Mapping[str, Any], *, include_vo: bool = True) -> dict[str, jax.Array]:
-    """Every hidden matrix by name, for spectrum logging.
+    """Every hidden matrix by name, for spectrum logging (either layout).
 
     Returns:
       ``{"layers/i/<role>": [..., d_out, d_in]}`` for the roles ``q, k, v, o, w_in,
@@ -629,13 +670,13 @@ def hidden_matrices(params: Mapping[str, Any], *, include_vo: bool = True) -> di
     Raises:
       ValueError: if params is not a Transformer parameter dict.
     """
-    out = {}
-    for i in _layer_ids(params):
-        layer = params["layers"][i]
-        for group, roles in (("attn", ATTN_ROLES), ("mlp", FFN_ROLES)):
-            for r in roles:
-                if r in layer[group]:
-                    out[f"layers/{i}/{r}"] = _math(layer[group][r]["kernel"])
-        if include_vo:
-            out[f"layers/{i}/vo"] = out[f"layers/{i}/o"] @ out[f"layers/{i}/v"]
-    return out
+    stacks = {}
+    for group, roles in (("attn", ATTN_ROLES), ("mlp", FFN_ROLES)):
+        for r in roles:
+            k = _kernels(params, group, r)
+            if k is not None:
+                stacks[r] = _math(k)  # [..., L, d_out, d_in]
+    if include_vo:
+        stacks["vo"] = stacks["o"] @ stacks["v"]
+    n = next(iter(stacks.values())).shape[-3]
+    return {f"layers/{i}/{r}": m[..., i, :, :] for i in range(n) for r, m in stacks.items()}

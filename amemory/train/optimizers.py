@@ -106,6 +106,7 @@ def _matrix_tx(ocfg: Any, lr: optax.Schedule, matrix_axes: Any) -> optax.Gradien
                 orthogonalizer=ocfg.orthogonalizer,
                 ns_steps=int(ocfg.ns_steps),
                 shape_scale=ocfg.shape_scale,
+                ns_dtype=ocfg.get("ns_dtype", None),
             )
         if name == "muon":
             from amemory.optim.muon import muon
@@ -168,7 +169,8 @@ def build(
       roles: same-structure tree of role strings from ``amemory.optim.ROLES``.
       matrix_roles: roles trained by ``optimizer.name``; None parses
         ``optimizer.muon_roles`` (ignored for "adam").
-      matrix_axes: passed to Muon/NorMuon (e.g. ``(1, 0)`` for ``[d_out, d_in]`` weights).
+      matrix_axes: passed to Muon/NorMuon (e.g. ``(1, 0)`` for ``[d_out, d_in]`` weights,
+        or a callable ``(path, leaf) -> axes | None``; None from it marks a non-matrix).
 
     Returns:
       an :class:`Optimizer`.
@@ -203,8 +205,11 @@ def build(
     names = {MATRIX: ocfg.name, ADAM: ADAM}
     table = [[r.path, list(r.shape), r.role, names[part[r.transform]]] for r in rows]
     for r in rows:
-        if part[r.transform] == MATRIX and ocfg.name in ("muon", "normuon") and matrix_axes is None:
-            if len(r.shape) != 2:
+        if part[r.transform] == MATRIX and ocfg.name in ("muon", "normuon"):
+            axes = matrix_axes
+            if callable(matrix_axes):
+                axes = matrix_axes(tuple(r.path.split("/")), jax.ShapeDtypeStruct(r.shape, "f4"))
+            if (callable(matrix_axes) and axes is None) or (axes is None and len(r.shape) != 2):
                 raise ValueError(
                     f"config.optimizer.muon_roles={ocfg.muon_roles!r} routes {r.path} "
                     f"(role {r.role!r}, shape {r.shape}) to {ocfg.name}, which needs 2-D "
