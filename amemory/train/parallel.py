@@ -111,21 +111,6 @@ def replicated(mesh: Mesh) -> NamedSharding:
     return NamedSharding(mesh, P())
 
 
-def host_rows(global_batch_size: int) -> slice:
-    """Rows of the global batch this process feeds: contiguous, in process order.
-
-    Raises:
-      ValueError: if the process count does not divide ``global_batch_size``.
-    """
-    n, i = jax.process_count(), jax.process_index()
-    if global_batch_size % n:
-        raise ValueError(
-            f"data batch size {global_batch_size} must be divisible by the process count {n}"
-        )
-    per = global_batch_size // n
-    return slice(i * per, (i + 1) * per)
-
-
 def global_batch(local: Any, sharding: NamedSharding, *, row_axis: int = 0) -> Any:
     """Assemble a global jax.Array tree from this process's rows (numpy tree).
 
