@@ -47,7 +47,13 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-PAPER_MODULES = ("theory_checks.wang2025", "theory_checks.li2026")
+PAPER_MODULES = (
+    "theory_checks.wang2025",
+    "theory_checks.wang2025_signgd",
+    "theory_checks.li2026",
+    "theory_checks.li2026_scaling",
+    "theory_checks.li2026_structure",
+)
 
 
 def _load() -> None:
