@@ -53,6 +53,7 @@ PAPER_MODULES = (
     "theory_checks.li2026",
     "theory_checks.li2026_scaling",
     "theory_checks.li2026_structure",
+    "theory_checks.kim2026",
 )
 
 
