@@ -59,15 +59,15 @@ def one_step_capacity(ctx: Context) -> CheckResult:
     Reading: Kim et al. 2026 (abstract; multi-step theorem of Section 5 at t = 1): under
     ``p_i ∝ i^-α`` one Muon step recovers the top Θ̃(d^(1 + 1/(2α))) items, more than d,
     while one SGD step recovers Θ̃(d^(1/(2α))) ([derived]: the answer of the most frequent
-    item leaks ≈ p_1/√d into every other query's logits, so item i survives only while
-    p_i ≳ p_1/√d). Θ̃ hides log factors, so the fitted exponents are reported against
-    1 + 1/(2α) and 1/(2α), not gated. Setting: α = 1.5, N = 4096 items (quick 1024),
-    d ∈ {32, 64, 128, 256}, 3 embedding seeds (quick 1), counts averaged over seeds; an
-    item is recovered when its correct answer has the largest logit. d = 16 is reported
-    (full suite) but not gated: there both recover 2-4 items (the scale where the Θ̃ factors
-    dominate; with N = 2048 Muon recovered 2 items and SGD 3). Pass: (a) Muon recovers more items than SGD at
-    every gated d; (b) the Muon/SGD ratio grows with d (non-decreasing); (c) the 95%
-    interval of Muon's fitted exponent lies above SGD's.
+    item leaks ≈ p_1/√d into every other query's logits, so item i survives only while p_i ≳
+    p_1/√d). Θ̃ hides log factors, so the fitted exponents are reported against 1 + 1/(2α)
+    and 1/(2α), not gated. Setting: α = 1.5, N = 4096 items (quick 1024), d ∈ {32, 64, 128,
+    256}, 3 embedding seeds (quick 1), counts averaged over seeds; an item is recovered when
+    its correct answer has the largest logit. d = 16 is reported (full suite) but not gated:
+    there both recover 2-4 items (the scale where the Θ̃ factors dominate; with N = 2048
+    Muon recovered 2 items and SGD 3). Pass: (a) Muon recovers more items than SGD at every
+    gated d; (b) the Muon/SGD ratio grows with d (non-decreasing); (c) the 95% interval of
+    Muon's fitted exponent lies above SGD's.
     """
     from amemory.analysis import scaling
 
