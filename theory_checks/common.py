@@ -1,11 +1,11 @@
 """Shared machinery of the theory checks: result record, registry, runner, tables.
 
 A *check* is a function ``fn(ctx: Context) -> CheckResult`` registered with
-:func:`register`. It simulates one statement of ``papers.md`` with amemory's own
+:func:`register`. It simulates one statement of ``docs/science.md`` with amemory's own
 optimizers, model and priors, compares the measurement with the prediction and says
 whether it holds within a tolerance that its docstring justifies. ``kind`` is
 ``"paper"`` for a statement the paper makes and ``"derived"`` for a consequence
-worked out in ``papers.md`` (marked ``[derived]`` there).
+worked out in ``docs/science.md`` (marked ``[derived]`` there).
 
 The runner (:func:`run_checks`) never lets one check's exception stop the others: an
 exception becomes a failed result whose ``measured`` field holds the error.
@@ -45,7 +45,7 @@ class CheckResult:
 
     Attributes:
       name: registry name, ``"<paper>.<statement>"``.
-      statement: the statement checked, in words (with its source in papers.md).
+      statement: the statement checked, in words (source in docs/science.md).
       predicted: what theory says, as text (numbers with units where relevant).
       measured: what the simulation gave, as text.
       tolerance: the tolerance used, as text (justified in the check's docstring).
