@@ -57,8 +57,8 @@ def runner(M: int, C: int, beta: float, noise: float, opt: str, steps: int, what
     import jax.numpy as jnp
 
     from amemory.data import frequencies
+    from amemory.analysis import one_step
     from amemory.models import memory
-    from amemory.optim import polar
 
     K = M * C
     p = jnp.asarray(frequencies.hierarchical(M, C, beta))
@@ -74,7 +74,8 @@ def runner(M: int, C: int, beta: float, noise: float, opt: str, steps: int, what
             out["probs"] = memory.probabilities(w, eye, eye)
         elif what == "precond":
             cond = target - memory.probabilities(w, eye, eye).T  # P - P̂ (conditional), [i, j]
-            dev = lambda x: jnp.max(jnp.abs(polar(x) - eye))
+            msgn = lambda x: -one_step.unit_update("muon", x)  # Muon's direction of x
+            dev = lambda x: jnp.max(jnp.abs(msgn(x) - eye))
             out["precond"] = jnp.stack([dev(cond * p[None, :]), dev(cond)])
         return out
 

@@ -331,7 +331,7 @@ def signgd_decoupled(ctx: Context) -> CheckResult:
     """SignGD with E = Ẽ = I is balanced: ϱ^ε = 1 - ε.
 
     sign(-∇L(W_0)) = sign(X) = 2I - 11ᵀ gives every class the same logit margin, so
-    ϱ^ε = 1 - ε exactly; tolerance 1e-10 (bisection precision).
+    ϱ^ε = 1 - ε exactly; tolerance 1e-10 (precision of the crossing search).
     """
     Ks = k_grid(ctx)
     err = max(abs(_rho(K, "decoupled", "signgd", EPS) - (1 - EPS)) for K in Ks)
