@@ -56,8 +56,8 @@ def runner(M: int, C: int, beta: float, noise: float, opt: str, steps: int, what
     import jax
     import jax.numpy as jnp
 
-    from amemory.data import frequencies
     from amemory.analysis import one_step
+    from amemory.data import frequencies
     from amemory.models import memory
 
     K = M * C
