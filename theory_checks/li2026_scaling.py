@@ -115,7 +115,7 @@ def gd_log_k(ctx: Context) -> CheckResult:
         f"excess ∝ (log K)^{fmt(2 - 1 / beta, 3)}",
         measured=f"R ∈ [{fmt(R.min(), 3)}, {fmt(R.max(), 3)}] over K = {M * Cs[0]}..{M * Cs[-1]}, "
         f"T = {Ts[0]}..{Ts[-1]}; R at T={Ts[0]}: {', '.join(fmt(r, 3) for r in R[:, 0])}; "
-        f"log K exponent {', '.join(fmt(s.slope, 3) for s in slopes)} (T = {list(Ts)})",
+        f"log K exponent {', '.join(fmt(s.slope, 3) for s in slopes)} (T = {Ts.tolist()})",
         tolerance="non-decreasing (1e-9)",
         passed=nondecreasing,
         kind="paper",
