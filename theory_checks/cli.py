@@ -2,7 +2,7 @@
 
 Usage::
 
-    amemory check                       # full suite (about 5 minutes on 2 CPU cores)
+    amemory check                       # full suite (about 7 CPU-minutes on 2 CPU cores)
     amemory check --quick               # smaller sizes (< 60 s), used by the tests
     amemory check --only wang2025.thm53 # comma-separated substrings of check names
     amemory check --json results.json --out figures/
