@@ -297,6 +297,35 @@ def test_scanned_layers_match_per_layer_model():
         config.replace(remat_policy="dots")
 
 
+def test_scanned_mla_moe_blocks_and_decoding_match():
+    """Whatever a Block holds scans: MLA attention and a mixture of experts give the same
+    logits and MoE aux scalars stacked or per layer, and KV-cache decoding (layers walked
+    one by one) gives the same logits (float32 rounding: rtol 1e-5)."""
+    from amemory.models import decode
+
+    config = T.preset("tiny", attention="mla", ffn="swiglu", moe={"experts": 4, "top_k": 2})
+    graphdef, params = T.init(config, jax.random.key(3))
+    g_scan = T.init(config.replace(scan_layers=True), jax.random.key(3))[0]
+    stacked = T.stack_layers(params)
+    tokens = _tokens(5, 2, 9, config.vocab_size)
+    fwd = jax.jit(lambda g, p: T.apply(g, p, tokens, with_aux=True), static_argnums=0)
+    (l_ref, a_ref), (l_scan, a_scan) = fwd(graphdef, params), fwd(g_scan, stacked)
+    np.testing.assert_allclose(np.asarray(l_scan), np.asarray(l_ref), rtol=1e-5, atol=1e-6)
+    assert set(a_scan) == set(a_ref) == {"moe_lb_loss", "moe_drop_fraction"}
+    for k in a_ref:
+        np.testing.assert_allclose(float(a_scan[k]), float(a_ref[k]), rtol=1e-5)
+    # KV-cache extension (the decoding path): prefill 6 tokens, then 3 more, both layouts.
+    ext = jax.jit(decode.extend, static_argnums=0)
+    outs = []
+    for g, p in ((graphdef, params), (g_scan, stacked)):
+        cache = decode.init_cache(config, 2, 9)
+        _, cache = ext(g, p, tokens[:, :6], cache, 0)
+        outs.append(np.asarray(ext(g, p, tokens[:, 6:], cache, 6)[0]))  # (B, 3, V)
+    np.testing.assert_allclose(outs[1], outs[0], rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(outs[0], np.asarray(l_ref)[:, 6:], rtol=1e-4, atol=1e-5)
+    assert T.matrix_axes("layers/mlp/experts/w_in") == (-2, -1)  # [L, E, D, F]: L, E batch
+
+
 # ----------------------------------------------------------------------------- transforms
 
 

@@ -17,7 +17,8 @@ layer's matrix is orthogonalised on its own, as in the per-layer layout.
 The machinery here knows nothing about what a block contains: :func:`stacked_modules`
 builds ``L`` instances of any ``nnx.Module`` factory under ``nnx.vmap``, and
 :func:`scan_blocks` splits the stacked module into its graph and state and scans
-``nnx.merge(graph, state[i])`` over the layers.
+``nnx.merge(graph, state[i])`` over the layers; :func:`layer_views` gives the layers
+one by one (decoding with a per-layer cache).
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from flax import nnx
 __all__ = [
     "REMAT_POLICIES",
     "is_scanned",
+    "layer_views",
     "remat",
     "scan_blocks",
     "stack_layers",
@@ -88,19 +90,21 @@ def scan_blocks(
     keys: jax.Array | None,
     remat_enabled: bool = False,
     remat_policy: str = "nothing_saveable",
-) -> jax.Array:
-    """Apply stacked blocks in order: ``x <- block_i(x, keys[i])`` for i = 0..L-1, one scan.
+) -> tuple[jax.Array, Any]:
+    """Apply stacked blocks in order: ``x, aux_i <- block_i(x, keys[i])``, one scan.
 
     Args:
       blocks: a module from :func:`stacked_modules` (every variable ``[L, ...]``) whose
-        instances are called as ``block(x, key)``.
+        instances are called as ``block(x, key) -> (x, aux)``, ``aux`` a pytree of arrays
+        (e.g. a dict of scalars; ``{}``).
       x: the carried activation, e.g. ``[B, T, D]``; its shape and dtype stay fixed.
       keys: per-layer keys ``[L]`` (dropout), or None.
       remat_enabled: rematerialise the scanned body (``jax.checkpoint``) with
         ``jax.checkpoint_policies.<remat_policy>``.
 
     Returns:
-      the activation after the last block, same shape as ``x``.
+      ``(x, aux)``: the activation after the last block (shape of ``x``) and every
+      layer's ``aux`` stacked on a leading ``[L]`` axis.
 
     Raises:
       ValueError: for a policy outside :data:`REMAT_POLICIES`.
@@ -109,12 +113,18 @@ def scan_blocks(
 
     def body(h, xs):
         layer_state, key = xs
-        return nnx.merge(graphdef, layer_state)(h, key), None
+        return nnx.merge(graphdef, layer_state)(h, key)
 
     if remat_enabled:
         body = jax.checkpoint(body, policy=_policy(remat_policy))
-    x, _ = jax.lax.scan(body, x, (state, keys))
-    return x
+    return jax.lax.scan(body, x, (state, keys))
+
+
+def layer_views(blocks: nnx.Module, n: int) -> list[nnx.Module]:
+    """The ``n`` layers of a stacked module as separate modules (slices of its variables),
+    for code that walks the layers one by one (e.g. decoding with a per-layer KV cache)."""
+    graphdef, state = nnx.split(blocks)
+    return [nnx.merge(graphdef, jax.tree.map(lambda v, i=i: v[i], state)) for i in range(n)]
 
 
 # ----------------------------------------------------------------------------- layouts

@@ -22,7 +22,10 @@ numeric value below is a list with one entry per seed, in ``config.seeds`` order
 ``kind == "train"`` (every ``config.log_every`` steps and at the last step):
   loss            mean training loss over the steps since the previous train record,
                   nats per token (LM) / per query (memory)
-  aux/<name>      the task's auxiliary metrics, averaged like the loss
+  aux/<name>      scalars the task's loss returns beside the loss, averaged like the loss
+                  (MoE models: ce_loss, the cross-entropy alone; moe_lb_loss, the
+                  load-balancing loss averaged over layers; moe_lb_coef, its coefficient
+                  in ``loss``; moe_drop_fraction)
   lr              learning rate of ``optimizer.name`` at this step
   adam_lr         learning rate of the Adam part at this step
   grad_norm       global L2 norm of this step's gradient (before clipping)

@@ -209,11 +209,11 @@ def build(
             axes = matrix_axes
             if callable(matrix_axes):
                 axes = matrix_axes(tuple(r.path.split("/")), jax.ShapeDtypeStruct(r.shape, "f4"))
-            if (callable(matrix_axes) and axes is None) or (axes is None and len(r.shape) != 2):
+            if len(r.shape) != 2 if matrix_axes is None else (axes is None or len(r.shape) < 2):
                 raise ValueError(
                     f"config.optimizer.muon_roles={ocfg.muon_roles!r} routes {r.path} "
-                    f"(role {r.role!r}, shape {r.shape}) to {ocfg.name}, which needs 2-D "
-                    "matrices; leave embed/head/norm/bias roles to Adam"
+                    f"(role {r.role!r}, shape {r.shape}) to {ocfg.name}, which needs matrices "
+                    "(2-D, or stacks of them); leave embed/head/norm/bias roles to Adam"
                 )
     labels = jax.tree.unflatten(jax.tree.structure(params), [part[r.transform] for r in rows])
     adam = optax.adamw(

@@ -119,6 +119,7 @@ def model_config(config: Any, vocab_size: int, max_len: int | None = None):
                   "tied_head")
         if m[k] is not None
     }  # fmt: skip
+    moe = m.moe
     return transformer.preset(
         m.preset,
         vocab_size=int(vocab_size),
@@ -129,21 +130,45 @@ def model_config(config: Any, vocab_size: int, max_len: int | None = None):
         scan_layers=bool(m.get("scan_layers", False)),
         dtype=m.dtype,
         param_dtype=m.param_dtype,
+        attention=m.attention,
+        mla=transformer.MLAConfig(
+            kv_rank=m.mla.kv_rank, rope_dim=m.mla.rope_dim, q_rank=int(m.mla.q_rank)
+        ),
+        moe=transformer.MoEConfig(
+            experts=int(moe.experts),
+            top_k=int(moe.top_k),
+            shared=int(moe.shared),
+            d_expert=moe.d_expert,
+            capacity_factor=float(moe.capacity_factor),
+        ),
         **over,
     )
 
 
-def _lm_loss(graphdef, params, tokens, targets, mask, rng, dropout: bool):
+def _lm_loss(graphdef, params, tokens, targets, mask, rng, dropout: bool, lb_coef: float):
+    """``(loss, aux)``: mean cross-entropy (nats per target token), plus ``lb_coef`` times
+    the MoE load-balancing loss for MoE models (then aux holds ``ce_loss``,
+    ``moe_lb_loss``, ``moe_lb_coef`` and ``moe_drop_fraction``; ``{}`` for dense models)."""
     from amemory.models import transformer
 
-    logits = transformer.apply(
-        graphdef, params, tokens, rng=rng if dropout else None, deterministic=not dropout
-    )  # (B, T, V) float32
+    logits, aux = transformer.apply(
+        graphdef,
+        params,
+        tokens,
+        rng=rng if dropout else None,
+        deterministic=not dropout,
+        with_aux=True,
+    )  # (B, T, V)
     ce = optax.softmax_cross_entropy_with_integer_labels(logits, targets)  # (B, T)
     if mask is None:
-        return ce.mean()
-    mask = mask.astype(ce.dtype)
-    return (ce * mask).sum() / jnp.maximum(mask.sum(), 1.0)
+        ce = ce.mean()
+    else:
+        mask = mask.astype(ce.dtype)
+        ce = (ce * mask).sum() / jnp.maximum(mask.sum(), 1.0)
+    if "moe_lb_loss" not in aux:
+        return ce, {}
+    loss = ce + lb_coef * aux["moe_lb_loss"]
+    return loss, {"ce_loss": ce, "moe_lb_coef": jnp.float32(lb_coef), **aux}
 
 
 class _Transformer:
@@ -157,6 +182,7 @@ class _Transformer:
         self.model_config = model_config(config, vocab_size, max_len)
         self.graphdef = transformer._graphdef(self.model_config)
         self.dropout = float(config.model.dropout) > 0
+        self.lb_coef = float(config.model.moe.lb_coef)
         self.spectrum_roles = parse_roles(config.spectrum_roles, "spectrum_roles")
 
     def init_params(self, key: jax.Array) -> Any:
@@ -178,16 +204,20 @@ class _Transformer:
         return {"model.scan_layers": bool(self.model_config.scan_layers)}
 
     def spectrum_matrices(self, params: Any) -> dict[str, np.ndarray]:
-        """``{role: [n_layers, ..., d_out, d_in]}`` for the requested roles (+ "vo" = W_O W_V)."""
+        """``{role: [n, ..., d_out, d_in]}`` for the requested roles (+ "vo", the value-output
+        product); ``n`` runs over layers, and over layers x experts for routed experts."""
         from amemory.models import transformer
 
         want = set(self.spectrum_roles)
-        mats = transformer.hidden_matrices(params, include_vo={"v", "o"} <= want)
+        with_vo = "o" in want and bool({"v", "v_up"} & want)
+        mats = transformer.hidden_matrices(params, include_vo=with_vo)
         out: dict[str, list] = {}
         for name, m in mats.items():
             role = name.rsplit("/", 1)[-1]
             if role in want or role == "vo":
-                out.setdefault(role, []).append(np.asarray(m))
+                m = np.asarray(m)
+                stacked = role.startswith("expert_")  # [..., E, d_out, d_in]
+                out.setdefault(role, []).extend(np.moveaxis(m, -3, 0) if stacked else [m])
         return {r: np.stack(v) for r, v in out.items()}
 
 
@@ -226,7 +256,9 @@ class LMTask(_Transformer):
 
     def loss(self, params, batch, rng):
         tokens, targets = batch[:, :-1], batch[:, 1:]  # (B, T)
-        return _lm_loss(self.graphdef, params, tokens, targets, None, rng, self.dropout), {}
+        return _lm_loss(
+            self.graphdef, params, tokens, targets, None, rng, self.dropout, self.lb_coef
+        )
 
     def train_input(self) -> Iterator[np.ndarray]:
         return iter(self.loader)
@@ -301,10 +333,10 @@ class BiographyTask(_Transformer):
 
     def loss(self, params, batch, rng):
         tok, mask = batch["tokens"], batch["mask"]  # (B, T)
-        loss = _lm_loss(
-            self.graphdef, params, tok[:, :-1], tok[:, 1:], mask[:, 1:], rng, self.dropout
-        )
-        return loss, {}
+        return _lm_loss(
+            self.graphdef, params, tok[:, :-1], tok[:, 1:], mask[:, 1:], rng, self.dropout,
+            self.lb_coef,
+        )  # fmt: skip
 
     def train_input(self) -> Iterator[dict[str, np.ndarray]]:
         return iter(self.loader)
