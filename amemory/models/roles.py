@@ -1,6 +1,8 @@
 """Parameter roles of :mod:`amemory.models.transformer`, read from parameter paths.
 
-Every trainable parameter has one role from :data:`ROLES` (design.md): ``q, k, v, o``
+The role vocabulary (:data:`ROLES`, groups) is ``amemory.optim.routing``'s, defined
+there once; this module only classifies paths. Every trainable parameter of the
+transformer has one role: ``q, k, v, o``
 (attention kernels), ``w_in, w_gate, w_out`` (FFN kernels), ``embed`` (token and
 learned-position tables), ``head`` (untied output kernel), ``norm`` (normalisation
 scales and biases), ``bias`` (biases of Linear layers). :func:`role_of` is directly a
@@ -15,18 +17,15 @@ from typing import Any
 import jax
 import numpy as np
 
-ROLES = ("q", "k", "v", "o", "w_in", "w_gate", "w_out", "embed", "head", "norm", "bias")
-ATTN_ROLES = ("q", "k", "v", "o")
-FFN_ROLES = ("w_in", "w_gate", "w_out")
+from amemory.optim import GROUPS, ROLES, path_keys
+
+ATTN_ROLES = GROUPS["qk"] + GROUPS["vo"]
+FFN_ROLES = GROUPS["ffn"]
 _NORM_MODULES = ("attn_norm", "mlp_norm", "final_norm", "q_norm", "k_norm")
 _EMBED_MODULES = ("embed", "pos_embed")
 
 
 def _key_name(entry: Any) -> str | int:
-    for attr in ("key", "idx", "name"):
-        if hasattr(entry, attr):
-            entry = getattr(entry, attr)
-            break
     if isinstance(entry, str) and entry.isdigit():
         return int(entry)
     if isinstance(entry, (int, np.integer)) and not isinstance(entry, bool):
@@ -37,9 +36,10 @@ def _key_name(entry: Any) -> str | int:
 
 
 def _normalise_path(path: Any) -> tuple[str | int, ...]:
+    """Path keys, with ``amemory.optim``'s normalisation (nnx ``value`` keys dropped)."""
     if isinstance(path, str):
         path = path.split("/")
-    return tuple(_key_name(p) for p in path)
+    return tuple(_key_name(p) for p in path_keys(tuple(path)))
 
 
 def role_of(path: Any, leaf: Any = None) -> str:
@@ -48,7 +48,8 @@ def role_of(path: Any, leaf: Any = None) -> str:
     Args:
       path: a tuple of keys such as ``("layers", 3, "attn", "v", "kernel")`` (ints or digit
         strings for list indices; ``jax.tree_util`` key entries are accepted, so this works
-        inside ``tree_map_with_path``), or the string ``"layers/3/attn/v/kernel"``.
+        inside ``tree_map_with_path``, also on ``nnx.state(model)`` whose paths end in an
+        ``nnx.Variable``'s ``value`` key), or the string ``"layers/3/attn/v/kernel"``.
       leaf: ignored; accepted so that ``role_of`` is directly a ``role_fn(path, leaf)`` for
         ``amemory.optim.routing``.
 
