@@ -41,7 +41,7 @@ def role_fn(path, leaf):
 
 
 def test_groups_and_specs():
-    assert set(GROUPS["hidden"]) == set(GROUPS["qk"] + GROUPS["vo"] + GROUPS["ffn"])
+    assert set(GROUPS["hidden"]) == set(GROUPS["qk"] + GROUPS["vo"] + GROUPS["ffn"] + ("dense",))
     assert parse_spec("vo+ffn") == ("v", "o", "w_in", "w_gate", "w_out")
     assert set(parse_spec("hidden")) <= set(ROLES)
     with pytest.raises(ValueError, match=r"unknown role or group 'mlp'.*'w_in'"):
