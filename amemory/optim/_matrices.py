@@ -1,6 +1,6 @@
 """Leaves as stacks of matrices, and their batched orthogonalisation (Muon family internals).
 
-Three pieces shared by :mod:`amemory.optim.muon` and :mod:`amemory.optim.normuon`:
+Three pieces shared by the Muon family (``muon``, ``normuon``, ``contrib``):
 
 - Layouts. :func:`leaf_layouts` maps every leaf of a pytree to a stack of matrices
   ``[batch, fan_in, fan_out]`` under the ``matrix_axes`` rule documented in

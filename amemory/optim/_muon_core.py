@@ -157,8 +157,8 @@ class MuonOptions:
       ns_eps: added to the norm before NS (1e-7 Keller/torch, 1e-8 optax).
       ns_dtype: NS compute dtype: ``None`` (momentum's dtype, at least fp32), a dtype or
         its name (``"bfloat16"``), or ``"auto"`` (bf16 on GPU/TPU, fp32 on CPU).
-      ns_method: ``"auto"`` (Gram form with restarts when ``fan_max >= 2 fan_min``),
-        ``"direct"`` or ``"gram"`` (see ``orthogonalize.newton_schulz``).
+      ns_method: ``"auto"`` (Gram form with restarts when ``fan_max >= 2 fan_min``, except
+        in bfloat16), ``"direct"`` or ``"gram"`` (see ``orthogonalize.newton_schulz``).
       preconditioning: ``"frobenius"``, ``"spectral"``, ``"aol"`` (Turbo-Muon) or
         ``"schatten"`` (see ``orthogonalize.newton_schulz``).
       gram_restarts: steps before which the Gram form restarts (Dao-AILab: ``(2,)``).
