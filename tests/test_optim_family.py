@@ -84,6 +84,10 @@ def test_gram_restart_keeps_float16_stable_and_auto_keeps_bf16_direct():
     )
     assert restart < direct + 0.03, (restart, direct)
     assert none > 0.3, none
+    restarts_fp32 = optim.newton_schulz(x, method="gram")  # float32: no restart by default
+    np.testing.assert_array_equal(
+        restarts_fp32, optim.newton_schulz(x, method="gram", gram_restarts=())
+    )
     auto = optim.newton_schulz(x, dtype=jnp.bfloat16, method="auto")
     np.testing.assert_array_equal(auto, optim.newton_schulz(x, dtype=jnp.bfloat16, method="direct"))
 

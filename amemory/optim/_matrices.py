@@ -287,7 +287,7 @@ def make_orth_fn(opts: Any) -> Callable[[jax.Array], jax.Array]:
             dtype=_resolve_dtype(opts.ns_dtype),
             method=opts.ns_method,
             preconditioning=opts.preconditioning,
-            gram_restarts=tuple(opts.gram_restarts),
+            gram_restarts=opts.gram_restarts,
         )
 
         def orth(x):

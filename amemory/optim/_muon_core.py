@@ -157,11 +157,12 @@ class MuonOptions:
       ns_eps: added to the norm before NS (1e-7 Keller/torch, 1e-8 optax).
       ns_dtype: NS compute dtype: ``None`` (momentum's dtype, at least fp32), a dtype or
         its name (``"bfloat16"``), or ``"auto"`` (bf16 on GPU/TPU, fp32 on CPU).
-      ns_method: ``"auto"`` (Gram form with restarts when ``fan_max >= 2 fan_min``, except
+      ns_method: ``"auto"`` (the Gram form when ``fan_max >= 2 fan_min``, except
         in bfloat16), ``"direct"`` or ``"gram"`` (see ``orthogonalize.newton_schulz``).
       preconditioning: ``"frobenius"``, ``"spectral"``, ``"aol"`` (Turbo-Muon) or
         ``"schatten"`` (see ``orthogonalize.newton_schulz``).
-      gram_restarts: steps before which the Gram form restarts (Dao-AILab: ``(2,)``).
+      gram_restarts: steps before which the Gram form restarts; ``None``: ``(2,)``
+        (Dao-AILab) below 32-bit compute, none in float32 (see ``newton_schulz``).
       presign: orthogonalise ``sign(U)`` instead of ``U`` (AdaMuon's sign stabilisation).
       nuclear_scale: ``"none"``; ``"matrix"`` multiplies each matrix's direction by
         ``<U, O>`` (``= ||U||_*`` for the exact polar factor: PolarGrad, arXiv
@@ -193,7 +194,7 @@ class MuonOptions:
     ns_dtype: Any = None
     ns_method: str = "auto"
     preconditioning: str = "frobenius"
-    gram_restarts: tuple[int, ...] = (2,)
+    gram_restarts: tuple[int, ...] | None = None
     presign: bool = False
     nuclear_scale: str = "none"
     shape_scale: str = "jordan"
@@ -226,10 +227,13 @@ class MuonOptions:
             raise ValueError(f"ns_steps must be None or an int >= 1, got {self.ns_steps!r}")
         coefficient_table(self.ns_coeffs, self.steps)  # raises ValueError on a bad spec
         restarts = self.gram_restarts
-        if not isinstance(restarts, tuple | list) or not all(
-            isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in restarts
+        if restarts is not None and (
+            not isinstance(restarts, tuple | list)
+            or not all(isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in restarts)
         ):
-            raise ValueError(f"gram_restarts must be a tuple of ints >= 0, got {restarts!r}")
+            raise ValueError(
+                f"gram_restarts must be None or a tuple of ints >= 0, got {restarts!r}"
+            )
         if self.ns_dtype not in (None, "auto"):
             try:
                 jnp.dtype(self.ns_dtype)

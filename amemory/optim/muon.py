@@ -28,9 +28,10 @@ routing (``amemory.optim.routing``) decides which leaves reach it.
 Speed. Inside ``update`` leaves are grouped by matrix shape (tall matrices are
 transposed to wide first, so ``[256, 1024]`` and ``[1024, 256]`` share a group)
 and each group is orthogonalised by ONE batched call. Groups with
-``fan_max >= 2 fan_min`` use the Gram form of Newton-Schulz with a restart after the
-second step (``orthogonalize.newton_schulz(method="gram")``) in every compute dtype but
-bfloat16 (where one restart was measured not to be enough). Under
+``fan_max >= 2 fan_min`` use the Gram form of Newton-Schulz
+(``orthogonalize.newton_schulz(method="gram")``, restarted after the second step below
+32-bit precision) in every compute dtype but bfloat16 (where one restart was measured
+not to be enough). Under
 sharded ``jit``, ``ns_mesh=(mesh, axis)`` shards each stack along its batch axis so every
 device orthogonalises whole matrices instead of all-gathering inside each NS matmul.
 

@@ -8,9 +8,10 @@ in one process so load on a shared machine hits all alike; medians reported):
 - ``contrib``: ``amemory.optim.contrib.muon(0.02)``, identical arguments (the drop-in);
 - ``amemory``: ``amemory.optim.muon(0.02, preset="optax")``, optax's maths (EMA 0.95 with
   bias correction, NAdam Nesterov, Jordan's coefficients x5, eps 1e-8, fp32), Gram form
-  with a restart after step 2 for aspect ratio >= 2 (``ns_method="auto"``);
-- ``direct``: the same with ``ns_method="direct"`` (no Gram form): the Gram-restart row's
-  reference;
+  for aspect ratio >= 2 (``ns_method="auto"``; no restart in float32);
+- ``restart``: the same with the Gram form's restart after step 2 (``gram_restarts=(2,)``,
+  what it costs where low precision needs it);
+- ``direct``: the same with ``ns_method="direct"`` (no Gram form);
 - ``aol5`` / ``aol4``: AOL pre-conditioning (Turbo-Muon), Jordan x5 / x4;
 - ``pe5``: Polar Express coefficients x5 (same FLOPs, lower error);
 - ``dion4-aol``: Dion's table x4 with AOL (20% fewer NS FLOPs).
@@ -57,7 +58,7 @@ import optax
 from jax.extend import core as jex_core
 from optax.contrib import muon as optax_muon
 
-from amemory.optim import contrib, muon, orthogonality_error, shape_scale_factor
+from amemory.optim import contrib, muon, newton_schulz, orthogonality_error, shape_scale_factor
 from amemory.optim._matrices import leaf_layouts
 
 TREES = {
@@ -79,6 +80,7 @@ def _row(name: str, **options: Any) -> None:
 ROWS["optax"] = (lambda: optax_muon(LR), None)
 ROWS["contrib"] = (lambda: contrib.muon(LR), None)
 _row("amemory")
+_row("restart", gram_restarts=(2,))
 _row("direct", ns_method="direct")
 _row("aol5", preconditioning="aol")
 _row("aol4", preconditioning="aol", ns_steps=4)
@@ -108,10 +110,12 @@ def gpt_tree(d: int, n_layers: int, d_ff: int, seed: int = 0) -> dict[str, Any]:
     return tree
 
 
-def ns_flops(shape: tuple[int, int], steps: int = NS_STEPS) -> float:
-    """Nominal FLOPs of one direct NS orthogonalisation (matmuls only, 2 per multiply-add)."""
-    k, l = sorted(shape)
-    return steps * (4.0 * k * k * l + 2.0 * k**3)
+def ns_flops(shape: tuple[int, int], steps: int = NS_STEPS, method: str = "direct") -> float:
+    """FLOPs of amemory's NS on one fp32 matrix (matmuls only, 2 per multiply-add), counted
+    from its program: ``"direct"`` is ``steps (4 k^2 l + 2 k^3)`` for ``k x l``, ``k <= l``
+    (optax's, too); ``"gram"`` the Gram form (no restart in float32)."""
+    x = jax.ShapeDtypeStruct(tuple(shape), jnp.float32)
+    return _dot_flops(jax.make_jaxpr(lambda m: newton_schulz(m, steps=steps, method=method))(x))
 
 
 def _groups(params: dict) -> dict[tuple[int, int], int]:
