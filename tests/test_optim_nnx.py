@@ -77,7 +77,10 @@ def test_nnx_optimizer_on_amemory_transformer_equals_functional_step():
         leaf = got
         for k in optim.path_keys(path):
             leaf = leaf[k]
-        np.testing.assert_allclose(leaf, ref, atol=2e-6, err_msg=name)
+        # two compiled programs (nnx.jit, jax.jit) round differently and Newton-Schulz
+        # amplifies it: 1e-5 on parameters moved by ~0.02 a step; a leaf routed to the
+        # other transform (Adam instead of Muon) would be off by ~1e-2
+        np.testing.assert_allclose(leaf, ref, atol=1e-5, err_msg=name)
 
 
 def test_foreign_nnx_model_mha_kernels_are_the_head_flattened_matrix():
