@@ -11,10 +11,20 @@ Imports nothing of amemory outside this package.
   Muon and NorMuon share; ``_matrices`` (private): leaves as matrix stacks
   (``matrix_axes``), shape-grouped batched orthogonalisation, ``ns_mesh``.
 - ``sign``: ``signgd``, ``signum``. Adam is ``optax.adam``/``optax.adamw``.
+- ``distributed``: the owner layout for parameters sharded over a device mesh
+  (``muon(..., ns_mesh=(mesh, "fsdp"))``: whole matrices per device, all-to-all in and
+  out, no collective inside Newton-Schulz), ``describe_layout``,
+  ``owner_state_shardings``.
 - ``routing``: roles -> transforms (``routed``, ``label_params``, ``routing_table``).
 - ``presets``: peer-faithful Muon settings (``muon(lr, preset=NAME)``).
 """
 
+from amemory.optim.distributed import (
+    DISTRIBUTED_MODES,
+    OwnerStacks,
+    describe_layout,
+    owner_state_shardings,
+)
 from amemory.optim.muon import (
     MOMENTUM_FORMS,
     ORTHOGONALIZERS,
@@ -50,6 +60,7 @@ from amemory.optim.sign import signgd, signum
 
 __all__ = [
     "COEFFICIENT_SETS",
+    "DISTRIBUTED_MODES",
     "GROUPS",
     "MOMENTUM_FORMS",
     "ORTHOGONALIZERS",
@@ -59,15 +70,18 @@ __all__ = [
     "SHAPE_SCALES",
     "MuonState",
     "NorMuonState",
+    "OwnerStacks",
     "RoutingRow",
     "coefficient_table",
     "collect_diagnostics",
+    "describe_layout",
     "format_routing_table",
     "label_params",
     "muon",
     "newton_schulz",
     "normuon",
     "orthogonality_error",
+    "owner_state_shardings",
     "parse_spec",
     "polar",
     "preset_options",

@@ -37,6 +37,7 @@ from amemory.optim._matrices import (
     make_orth_fn,
     orthogonalize_with_errors,
 )
+from amemory.optim.distributed import OwnerLayout, OwnerStacks, Post, resolve_layout
 from amemory.optim.orthogonalize import coefficient_table
 from amemory.optim.presets import preset_options
 
@@ -151,6 +152,7 @@ class Orthogonalized(NamedTuple):
     mu: Any  # new momentum tree (state dtype)
     mats: list[jax.Array]  # orth(U) per leaf, [batch, fan_in, fan_out]
     errors: list[jax.Array] | None  # [] float32 orthogonality error per leaf, or None
+    post_state: OwnerStacks | None  # owner layout: the post hook's new state, else None
     grads: list[jax.Array]  # gradient leaves (for the output dtype)
     layouts: list[Layout]
     treedef: Any
@@ -180,6 +182,7 @@ class MuonCore:
     matrix_axes: MatrixAxes
     batch_leaves: bool
     diagnostics: bool
+    layout: OwnerLayout | None  # owner layout on a mesh (amemory.optim.distributed), or GSPMD
 
     @classmethod
     def build(
@@ -200,7 +203,8 @@ class MuonCore:
         mu_dtype: Any,
         matrix_axes: MatrixAxes,
         batch_leaves: bool,
-        ns_mesh: tuple[Any, str] | None,
+        ns_mesh: tuple[Any, Any] | None,
+        distributed: str,
         diagnostics: bool,
     ) -> MuonCore:
         """Validate the :func:`amemory.optim.scale_by_muon` options and build the core.
@@ -220,9 +224,8 @@ class MuonCore:
         steps = _static_steps(ns_steps, ns_coeffs)
         coefficient_table(ns_coeffs, steps)  # raises ValueError on a bad spec
         check_ns_mesh(ns_mesh)
-        orth_fn = make_orth_fn(
-            orthogonalizer, ns_coeffs, steps, ns_eps, ns_dtype, ns_method, ns_mesh
-        )
+        layout = resolve_layout(distributed, ns_mesh)
+        orth_fn = make_orth_fn(orthogonalizer, ns_coeffs, steps, ns_eps, ns_dtype, ns_method)
         return cls(
             momentum=momentum,
             momentum_form=momentum_form,
@@ -235,6 +238,7 @@ class MuonCore:
             matrix_axes=matrix_axes,
             batch_leaves=batch_leaves,
             diagnostics=diagnostics,
+            layout=layout,
         )
 
     def init(self, params: Any) -> tuple[list[Layout], Any, dict[str, Any]]:
@@ -259,8 +263,20 @@ class MuonCore:
             }
         return layouts, treedef, {"count": jnp.zeros([], jnp.int32), "mu": mu, "diagnostics": diag}
 
-    def orthogonalize(self, updates: Any, mu: Any, count: jax.Array) -> Orthogonalized:
-        """Steps 2-3: momentum (compute dtype >= fp32), then batched ``orth(U)``."""
+    def orthogonalize(
+        self,
+        updates: Any,
+        mu: Any,
+        count: jax.Array,
+        post: Post | None = None,
+        post_state: OwnerStacks | None = None,
+    ) -> Orthogonalized:
+        """Steps 2-3: momentum (compute dtype >= fp32), then batched ``orth(U)``.
+
+        With an owner layout, ``post``/``post_state`` (see
+        ``distributed.OwnerLayout.orthogonalize``) run on each matrix's owner right after
+        orthogonalisation; without one they are ignored (the caller applies its own step).
+        """
         g_leaves, treedef, layouts = leaf_layouts(updates, self.matrix_axes)
         m_leaves = treedef.flatten_up_to(mu)
         count_inc = optax.safe_increment(count)
@@ -273,14 +289,22 @@ class MuonCore:
             )  # fmt: skip
             new_m.append(m_new.astype(m.dtype))
             mats_u.append(lay.to_matrix(u))
-        orth, errs = orthogonalize_with_errors(
-            mats_u, self.orth_fn, self.batch_leaves, self.diagnostics
-        )
+        new_post = None
+        if self.layout is None:
+            orth, errs = orthogonalize_with_errors(
+                mats_u, self.orth_fn, self.batch_leaves, self.diagnostics
+            )
+        else:
+            orth, errs, new_post = self.layout.orthogonalize(
+                mats_u, layouts, self.orth_fn, batch_leaves=self.batch_leaves, post=post,
+                post_state=post_state, diagnostics=self.diagnostics,
+            )  # fmt: skip
         return Orthogonalized(
             count=count_inc,
             mu=treedef.unflatten(new_m),
             mats=orth,
             errors=errs,
+            post_state=new_post,
             grads=g_leaves,
             layouts=layouts,
             treedef=treedef,
@@ -326,6 +350,7 @@ MUON_OPTIONS = (
     "matrix_axes",
     "batch_leaves",
     "ns_mesh",
+    "distributed",
     "diagnostics",
 )
 

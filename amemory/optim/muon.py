@@ -25,15 +25,16 @@ transposed to wide first, so ``[256, 1024]`` and ``[1024, 256]`` share a group)
 and each group is orthogonalised by ONE batched call. Wide groups with
 ``fan_max >= 2 fan_min`` use the Gram form of Newton-Schulz (see
 ``orthogonalize.newton_schulz(method="gram")``) in fp32. Under sharded ``jit``,
-``ns_mesh=(mesh, axis)`` shards each stack along its batch axis so every device
-orthogonalises whole matrices instead of all-gathering inside each NS matmul.
+``ns_mesh=(mesh, axis)`` selects the owner layout of ``amemory.optim.distributed``:
+every device orthogonalises a share of whole matrices (one all-to-all there and one
+back per stack) instead of all-reducing inside every NS step of a sharded matrix.
 
 Layout. This module holds the public Muon API (:class:`MuonState`,
 :func:`scale_by_muon`, :func:`muon`, :func:`collect_diagnostics`) and re-exports
 NorMuon (``amemory.optim.normuon``) and the option tuples / :func:`shape_scale_factor`
 (``amemory.optim._muon_core``, the update path both transforms share). The
-leaf-to-matrix layouts, shape grouping and ``ns_mesh`` placement are in
-``amemory.optim._matrices``.
+leaf-to-matrix layouts and shape grouping are in ``amemory.optim._matrices``; the
+placement of orthogonalisation on a device mesh in ``amemory.optim.distributed``.
 
 Sources: Jordan (2024) https://kellerjordan.github.io/posts/muon/ ; Liu et al.,
 "Muon is Scalable for LLM Training" (Moonlight), arXiv 2502.16982; optax
@@ -107,7 +108,8 @@ def scale_by_muon(
     mu_dtype: Any = None,
     matrix_axes: MatrixAxes = None,
     batch_leaves: bool = True,
-    ns_mesh: tuple[Any, str] | None = None,
+    ns_mesh: tuple[Any, Any] | None = None,
+    distributed: str = "auto",
     diagnostics: bool = False,
 ) -> optax.GradientTransformation:
     r"""Muon direction: momentum, orthogonalisation, shape scaling (no learning rate).
@@ -148,11 +150,17 @@ def scale_by_muon(
         callable ``(path_keys, leaf) -> pair | None``.
       batch_leaves: orthogonalise same-shape leaves in one batched call (exactly the
         same result; disable to keep per-leaf sharding untouched).
-      ns_mesh: ``(mesh, axis_name)`` for sharded ``jit``: each same-shape stack is
-        sharded along its batch axis over ``axis_name`` during orthogonalisation, so
-        every device works on whole matrices (one reshard per stack instead of
-        collectives inside every NS matmul of FSDP-sharded matrices). Same result;
-        ``None`` leaves the layout to XLA.
+      ns_mesh: ``(mesh, axis)`` for sharded ``jit``: the device mesh and the mesh axis
+        name (or tuple of names) along which parameters are split (FSDP); other mesh
+        axes replicate them. Used by the owner layout (``distributed``).
+      distributed: where orthogonalisation runs on the mesh (``amemory.optim.
+        distributed``): ``"owner"`` stacks same-shape matrices, hands each device a
+        round-robin share of whole matrices with one ``all_to_all`` per stack (padding
+        the stack to a multiple of the device count), runs Newton-Schulz with no
+        collective, and returns the results with one ``all_to_all`` (plus an
+        ``all_gather`` over replica axes); ``"gspmd"`` leaves it to XLA's partitioner
+        (collectives inside every NS step of a sharded matrix); ``"auto"`` (default) is
+        ``"owner"`` when ``ns_mesh`` is given, else ``"gspmd"``. Same update either way.
       diagnostics: store each leaf's orthogonality error and update RMS (of the
         returned direction, before the learning rate) of the last update in
         ``state.diagnostics`` (read with :func:`collect_diagnostics`); the update
@@ -184,7 +192,7 @@ def scale_by_muon(
         ns_steps=ns_steps, ns_eps=ns_eps, ns_dtype=ns_dtype, ns_method=ns_method,
         shape_scale=shape_scale, rms_scale=rms_scale, mu_dtype=mu_dtype,
         matrix_axes=matrix_axes, batch_leaves=batch_leaves, ns_mesh=ns_mesh,
-        diagnostics=diagnostics,
+        distributed=distributed, diagnostics=diagnostics,
     )  # fmt: skip
 
     def init_fn(params):

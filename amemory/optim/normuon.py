@@ -5,8 +5,11 @@ orthogonalisation, shape scaling; shared with :mod:`amemory.optim.muon` through
 ``amemory.optim._muon_core``) and, between orthogonalisation and shape scaling,
 divides every output neuron (column of the ``[fan_in, fan_out]`` matrix) by the
 square root of an EMA of its mean squared entry, then restores the Frobenius norm.
-Leaves, ``matrix_axes``, batching and ``ns_mesh`` behave as in
-:mod:`amemory.optim.muon`.
+Leaves, ``matrix_axes``, batching, ``ns_mesh`` and ``distributed`` behave as in
+:mod:`amemory.optim.muon`. In the owner layout (``amemory.optim.distributed``) the
+normalisation runs on the device that owns the whole matrix, right after its
+Newton-Schulz, and the second moment is stored there (:class:`OwnerStacks`), so it adds
+no collective (the paper's FSDP2 design, arXiv 2510.05491, Sec. 4).
 
 Sources: Li et al., "NorMuon: Making Muon more efficient and scalable", arXiv
 2510.05491 (the official ``normuon_update``).
@@ -22,6 +25,7 @@ import optax
 
 from amemory.optim._matrices import MatrixAxes
 from amemory.optim._muon_core import MUON_OPTIONS, MuonCore, check_unit_interval, optimizer
+from amemory.optim.distributed import OwnerStacks
 
 __all__ = ["NorMuonState", "normuon", "scale_by_normuon"]
 
@@ -31,7 +35,9 @@ class NorMuonState(NamedTuple):
 
     count: jax.Array  # [] int32
     mu: optax.Updates  # momentum, same tree/shapes as params
-    nu: optax.Updates  # per-output-neuron second moment, [*batch_shape, fan_out] float32 per leaf
+    # per-output-neuron second moment: [*batch_shape, fan_out] float32 per leaf; in the owner
+    # layout an OwnerStacks of [B_pad, fan_out] float32 per stack, split over the mesh devices
+    nu: optax.Updates | OwnerStacks
     diagnostics: Any  # None, or {"ortho_error": ..., "update_rms": ...} as in MuonState
 
 
@@ -69,7 +75,8 @@ def scale_by_normuon(
     mu_dtype: Any = None,
     matrix_axes: MatrixAxes = None,
     batch_leaves: bool = True,
-    ns_mesh: tuple[Any, str] | None = None,
+    ns_mesh: tuple[Any, Any] | None = None,
+    distributed: str = "auto",
     diagnostics: bool = False,
 ) -> optax.GradientTransformation:
     r"""NorMuon direction: Muon followed by per-neuron second-moment normalisation.
@@ -105,19 +112,32 @@ def scale_by_normuon(
         ns_steps=ns_steps, ns_eps=ns_eps, ns_dtype=ns_dtype, ns_method=ns_method,
         shape_scale=shape_scale, rms_scale=rms_scale, mu_dtype=mu_dtype,
         matrix_axes=matrix_axes, batch_leaves=batch_leaves, ns_mesh=ns_mesh,
-        diagnostics=diagnostics,
+        distributed=distributed, diagnostics=diagnostics,
     )  # fmt: skip
     check_unit_interval("beta2", beta2)
 
     def init_fn(params):
         layouts, treedef, fields = core.init(params)
-        nu = treedef.unflatten(
-            [jnp.zeros(lay.batch_shape + (lay.fan_out,), jnp.float32) for lay in layouts]
-        )
+        if core.layout is not None:
+            nu = core.layout.init_state(layouts, batch_leaves=batch_leaves)
+        else:
+            nu = treedef.unflatten(
+                [jnp.zeros(lay.batch_shape + (lay.fan_out,), jnp.float32) for lay in layouts]
+            )
         return NorMuonState(nu=nu, **fields)
+
+    def post(o, v, tall):  # owner layout: o [c, k, l] wide, v [c, fan_out]
+        x = jnp.swapaxes(o, 1, 2) if tall else o  # [c, fan_in, fan_out]
+        x, v = _normalize_neurons(x, v, beta2, normuon_eps)
+        return (jnp.swapaxes(x, 1, 2) if tall else x).astype(o.dtype), v
 
     def update_fn(updates, state, params=None):
         del params
+        if core.layout is not None:
+            step = core.orthogonalize(updates, state.mu, state.count, post, state.nu)
+            out, diag = core.finish(step, step.mats)
+            nu = step.post_state
+            return out, NorMuonState(count=step.count, mu=step.mu, nu=nu, diagnostics=diag)
         step = core.orthogonalize(updates, state.mu, state.count)
         v_leaves = step.treedef.flatten_up_to(state.nu)
         mats, new_v = [], []
