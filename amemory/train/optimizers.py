@@ -12,6 +12,11 @@ need no code edits. Two halves:
 specs, role check and table as ``optim.routed``); the resolved table
 (path, shape, role, transform) is returned for logging. Both learning rates follow
 the same schedule shape (a multiplier in [0, 1]).
+
+On a device mesh (``parallel.mode="sharded"``) Muon and NorMuon get
+``ns_mesh=(mesh, "fsdp")``, hence the owner layout of ``amemory.optim.distributed``
+(whole matrices per device, no collective inside Newton-Schulz); ``Optimizer.layout``
+lists the layout of every orthogonalisation group for the start event.
 """
 
 from __future__ import annotations
@@ -89,14 +94,17 @@ class Optimizer:
     adam_lr: optax.Schedule  # Adam-part learning rate at a step
     labels: Any  # same tree as params: "matrix" | "adam"
     table: list  # rows [path, shape, role, transform]
+    layout: list  # Muon/NorMuon groups: amemory.optim.describe_layout rows ([] otherwise)
 
 
-def _matrix_tx(ocfg: Any, lr: optax.Schedule, matrix_axes: Any) -> optax.GradientTransformation:
+def _matrix_tx(
+    ocfg: Any, lr: optax.Schedule, matrix_axes: Any, ns_mesh: Any
+) -> optax.GradientTransformation:
     from amemory import optim
 
     name = ocfg.name
     if name in ("muon", "normuon"):
-        kw = dict(matrix_axes=matrix_axes, diagnostics=bool(ocfg.diagnostics))
+        kw = dict(matrix_axes=matrix_axes, diagnostics=bool(ocfg.diagnostics), ns_mesh=ns_mesh)
         if not (name == "muon" and ocfg.preset is not None):
             # A preset defines momentum, Nesterov, orthogonalizer and shape scale as
             # its peer does; the config's own fields for them apply only without one.
@@ -151,6 +159,7 @@ def build(
     *,
     matrix_roles: tuple[str, ...] | None = None,
     matrix_axes: Any = None,
+    mesh: jax.sharding.Mesh | None = None,
 ) -> Optimizer:
     """Build the run's optimizer for ``params`` (one seed, no leading seed axis).
 
@@ -169,6 +178,8 @@ def build(
       matrix_roles: roles trained by ``optimizer.name``; None parses
         ``optimizer.muon_roles`` (ignored for "adam").
       matrix_axes: passed to Muon/NorMuon (e.g. ``(1, 0)`` for ``[d_out, d_in]`` weights).
+      mesh: the ``("data", "fsdp")`` mesh of sharded mode: Muon/NorMuon then orthogonalise
+        in the owner layout (``ns_mesh=(mesh, "fsdp")``); None on one device / pmap.
 
     Returns:
       an :class:`Optimizer`.
@@ -219,15 +230,24 @@ def build(
         weight_decay=float(ocfg.weight_decay),
     )
     used = {part[r.transform] for r in rows}
+    ns_mesh = (mesh, "fsdp") if mesh is not None else None
+    layout = []
+    if MATRIX in used and ocfg.name in ("muon", "normuon"):
+        mats = jax.tree.map(lambda x, lab: x if lab == MATRIX else None, params, labels)
+        layout = optim.describe_layout(
+            mats, ns_mesh=ns_mesh, matrix_axes=matrix_axes, by_orientation=ocfg.name == "normuon"
+        )
     if used == {ADAM}:
         tx = adam
         lr_sched = adam_lr
     elif used == {MATRIX}:
-        tx = _matrix_tx(ocfg, lr, matrix_axes)
+        tx = _matrix_tx(ocfg, lr, matrix_axes, ns_mesh)
         lr_sched = lr
     else:
-        tx = optax.partition({MATRIX: _matrix_tx(ocfg, lr, matrix_axes), ADAM: adam}, labels)
+        tx = optax.partition(
+            {MATRIX: _matrix_tx(ocfg, lr, matrix_axes, ns_mesh), ADAM: adam}, labels
+        )
         lr_sched = lr
     if float(ocfg.grad_clip) > 0:
         tx = optax.chain(optax.clip_by_global_norm(float(ocfg.grad_clip)), tx)
-    return Optimizer(tx=tx, lr=lr_sched, adam_lr=adam_lr, labels=labels, table=table)
+    return Optimizer(tx=tx, lr=lr_sched, adam_lr=adam_lr, labels=labels, table=table, layout=layout)
