@@ -72,7 +72,8 @@ __all__ = [
 ]
 
 #: ``"owner"``: the owner layout above (needs ``ns_mesh``); ``"gspmd"``: leave the
-#: layout of Newton-Schulz to XLA's partitioner; ``"auto"``: owner iff ``ns_mesh`` is set.
+#: layout of Newton-Schulz to XLA's partitioner; ``"auto"``: owner iff ``ns_mesh`` is set
+#: and its mesh has more than one device.
 DISTRIBUTED_MODES = ("auto", "gspmd", "owner")
 
 #: Group kinds (how a stack reaches its owners), as written in the start event.
@@ -415,7 +416,9 @@ def resolve_layout(distributed: str, ns_mesh: tuple[Mesh, Any] | None) -> OwnerL
     """
     if distributed not in DISTRIBUTED_MODES:
         raise ValueError(f"distributed={distributed!r}; allowed: {DISTRIBUTED_MODES}")
-    if distributed == "gspmd" or (distributed == "auto" and ns_mesh is None):
+    if distributed == "gspmd":
+        return None
+    if distributed == "auto" and (ns_mesh is None or ns_mesh[0].size == 1):
         return None
     if ns_mesh is None:
         raise ValueError("distributed='owner' needs ns_mesh=(mesh, axis name that splits params)")

@@ -160,7 +160,8 @@ def scale_by_muon(
         collective, and returns the results with one ``all_to_all`` (plus an
         ``all_gather`` over replica axes); ``"gspmd"`` leaves it to XLA's partitioner
         (collectives inside every NS step of a sharded matrix); ``"auto"`` (default) is
-        ``"owner"`` when ``ns_mesh`` is given, else ``"gspmd"``. Same update either way.
+        ``"owner"`` when ``ns_mesh`` is given on more than one device, else ``"gspmd"``.
+        Same update either way.
       diagnostics: store each leaf's orthogonality error and update RMS (of the
         returned direction, before the learning rate) of the last update in
         ``state.diagnostics`` (read with :func:`collect_diagnostics`); the update
