@@ -258,7 +258,10 @@ class OwnerLayout:
                 rows.append(t * n + i * s + j)
         return np.asarray(rows)
 
-    def _group_fn(self, g: Group, orth_fn: Callable, post: Post | None, diagnostics: bool):
+    def _group_fn(
+        self, g: Group, orth_fn: Callable, post: Post | None, rescale: Callable | None,
+        diagnostics: bool,
+    ):  # fmt: skip
         """The ``shard_map`` body for group ``g``: ``(x, v) -> (y, v', err)``."""
         n, r, s = self.n, self.r, self.s
         rep, spl = self.replica_axes, self.split_axes
@@ -268,6 +271,8 @@ class OwnerLayout:
         def core(w, v):  # w: [c, k, l] whole matrices owned here
             o = orth_fn(w)
             err = orthogonality_error(o).astype(jnp.float32) if diagnostics else None
+            if rescale is not None:
+                o = rescale(w, o)
             if post is not None:
                 o, v = post(o, v, tall)
             return o, v, err
@@ -328,6 +333,7 @@ class OwnerLayout:
         batch_leaves: bool,
         post: Post | None = None,
         post_state: OwnerStacks | None = None,
+        rescale: Callable[[jax.Array, jax.Array], jax.Array] | None = None,
         diagnostics: bool = False,
     ) -> tuple[list[jax.Array], list[jax.Array] | None, OwnerStacks | None]:
         """Orthogonalise every ``[b_i, fan_in_i, fan_out_i]`` stack in the owner layout.
@@ -337,10 +343,12 @@ class OwnerLayout:
           layouts: the leaves' ``_matrices.Layout`` (same order).
           orth_fn: ``[c, k, l] -> [c, k, l]`` orthogonaliser (``k <= l``), run by owners.
           batch_leaves: one stack per wide shape (True) or per leaf (False).
-          post: optional ``(o [c, k, l], v [c, width], tall) -> (o', v')`` run by the
-            owner after ``orth_fn`` with its rows of ``post_state`` (NorMuon); groups
-            are then split by orientation.
+          post: optional ``(o [c, k, l], v [c, ...], tall) -> (o', v')`` run by the owner
+            after ``orth_fn`` with its rows of ``post_state`` (NorMuon's per-neuron
+            second moment); groups are then split by orientation.
           post_state: :class:`OwnerStacks` from :meth:`init_state`, needed with ``post``.
+          rescale: optional ``(u [c, k, l], o [c, k, l]) -> o'`` run by the owner between
+            ``orth_fn`` and ``post`` (a per-matrix scaling that needs the whole input).
           diagnostics: also return each leaf's mean ``orthogonality_error`` (before ``post``).
 
         Returns:
@@ -358,17 +366,18 @@ class OwnerLayout:
             x = jnp.concatenate(wide, axis=0) if len(wide) > 1 else wide[0]
             if g.padded > g.size:
                 x = jnp.concatenate([x, jnp.zeros((g.padded - g.size,) + x.shape[1:], x.dtype)])
-            body, spec, owned = self._group_fn(g, orth_fn, post, diagnostics)
+            body, spec, owned = self._group_fn(g, orth_fn, post, rescale, diagnostics)
             if post is not None:
                 v = post_state.stacks[g.name]
             else:
                 v = jnp.zeros((g.padded, 0), jnp.float32)  # placeholder, owner layout
             err_spec = owned if diagnostics else P()
+            v_spec = P(*owned, *([None] * (v.ndim - 1)))
             fn = jax.shard_map(
                 lambda a, b, body=body: _fill(body(a, b)),
                 mesh=self.mesh,
-                in_specs=(spec, P(*owned, None)),
-                out_specs=(spec, P(*owned, None), err_spec),
+                in_specs=(spec, v_spec),
+                out_specs=(spec, v_spec, err_spec),
                 check_vma=False,
             )
             y, v, e = fn(x, v)
@@ -385,10 +394,21 @@ class OwnerLayout:
                     errs[i] = jnp.mean(by_matrix[starts[m] : starts[m + 1]])
         return out, (errs if diagnostics else None), (OwnerStacks(new_state) if post else None)
 
-    def init_state(self, layouts: Sequence[Any], *, batch_leaves: bool) -> OwnerStacks:
-        """Zero :class:`OwnerStacks` ``[B_pad, width]`` float32 for a per-neuron ``post``."""
+    def init_state(
+        self,
+        layouts: Sequence[Any],
+        *,
+        batch_leaves: bool,
+        shape: Callable[[Group], tuple[int, ...]] | None = None,
+        dtype: Any = jnp.float32,
+    ) -> OwnerStacks:
+        """Zero :class:`OwnerStacks` for a ``post`` hook: ``[B_pad, *shape(group)]`` per stack.
+
+        ``shape`` defaults to ``(group.width,)``: one entry per output neuron (NorMuon).
+        """
         groups = self.plan(layouts, batch_leaves=batch_leaves, by_orientation=True)
-        return OwnerStacks({g.name: jnp.zeros((g.padded, g.width), jnp.float32) for g in groups})
+        shape = shape or (lambda g: (g.width,))
+        return OwnerStacks({g.name: jnp.zeros((g.padded, *shape(g)), dtype) for g in groups})
 
 
 def _fill(res):
@@ -435,17 +455,23 @@ def owner_state_shardings(state: Any, mesh: Mesh, default: Any, *, leading_axes:
       leading_axes: unsplit leading axes (e.g. a vmapped seed axis).
 
     Returns:
-      ``default`` with owner-layout stacks replaced by
-      ``NamedSharding(mesh, P(*[None] * leading_axes, mesh.axis_names, None))``.
+      ``default`` with each owner-layout stack replaced by
+      ``NamedSharding(mesh, P(*[None] * leading_axes, mesh.axis_names, None, ...))``.
     """
-    owned = NamedSharding(mesh, P(*([None] * leading_axes), mesh.axis_names, None))
     is_stacks = lambda x: isinstance(x, OwnerStacks)  # noqa: E731
-    marks = jax.tree.map(  # same structure as state: True on owner-layout leaves
-        lambda x: jax.tree.map(lambda _: True, x) if is_stacks(x) else False,
+    ranks = jax.tree.map(  # same structure as state: a stack's rank, else -1
+        lambda x: jax.tree.map(lambda y: len(y.shape), x) if is_stacks(x) else -1,
         state,
         is_leaf=is_stacks,
     )
-    return jax.tree.map(lambda m, d: owned if m else d, marks, default)
+
+    def pick(rank, d):
+        if rank < 0:
+            return d
+        rest = [None] * (rank - leading_axes - 1)
+        return NamedSharding(mesh, P(*([None] * leading_axes), mesh.axis_names, *rest))
+
+    return jax.tree.map(pick, ranks, default)
 
 
 def describe_layout(
