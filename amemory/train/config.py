@@ -60,6 +60,9 @@ NULLABLE = frozenset(
         "model.position",
         "model.qk_norm",
         "model.tied_head",
+        "model.mla.kv_rank",
+        "model.mla.rope_dim",
+        "model.moe.d_expert",
         "optimizer.preset",
         "optimizer.lr",
         "memory.d",
@@ -87,7 +90,13 @@ MINIMUMS: dict[str, int] = {
     "schedule.warmup_steps": 0,
     "memory.K": 2,
     "batch_size": 0,
+    "model.mla.q_rank": 0,
+    "model.moe.experts": 0,
+    "model.moe.top_k": 1,
+    "model.moe.shared": 0,
 }
+# Integer fields that may be None (keep the default) but are >= 1 when set.
+POSITIVE_OR_NONE = ("model.mla.kv_rank", "model.mla.rope_dim", "model.moe.d_expert")
 
 
 def parse_roles(spec: str, field: str = "optimizer.muon_roles") -> tuple[str, ...]:
@@ -235,7 +244,24 @@ def validate(config: ConfigDict) -> None:
         present, value = _get(config, field)
         if present and (not isinstance(value, int) or isinstance(value, bool) or value < lo):
             raise ValueError(f"config.{field}={value!r}; must be an integer >= {lo}")
-    for field in ("optimizer.lr", "optimizer.adam_lr", "optimizer.weight_decay"):
+    for field in POSITIVE_OR_NONE:
+        present, value = _get(config, field)
+        if present and value is not None and (isinstance(value, bool) or value < 1):
+            raise ValueError(f"config.{field}={value!r}; must be None or an integer >= 1")
+    present, value = _get(config, "model.attention")
+    if present:
+        from amemory.models.attention import ATTENTIONS  # the registry (imports jax)
+
+        if value not in ATTENTIONS:
+            allowed = tuple(ATTENTIONS)
+            raise ValueError(f"config.model.attention={value!r}; allowed values: {allowed}")
+    present, moe = _get(config, "model.moe")
+    if present and moe.experts and moe.top_k > moe.experts:
+        raise ValueError(
+            f"config.model.moe.top_k={moe.top_k} must be <= config.model.moe.experts={moe.experts}"
+        )
+    for field in ("optimizer.lr", "optimizer.adam_lr", "optimizer.weight_decay",
+                  "model.moe.capacity_factor", "model.moe.lb_coef"):  # fmt: skip
         present, value = _get(config, field)
         if present and value is not None and not float(value) >= 0:
             raise ValueError(f"config.{field}={value!r}; must be >= 0")
