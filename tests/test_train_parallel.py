@@ -1,10 +1,13 @@
 """Parallel modes on 8 fake CPU devices, multi-seed vmap, metrics, and a 2-process run.
 
 Tolerance: the modes differ only in the order of floating-point reductions
-(per-device partial sums, all-reduces), so after 5 Muon/Adam steps of a tiny
-transformer the parameters agree to a relative 2e-4 of each leaf's scale
-(observed ~1e-6; Adam's normalisation of small second moments amplifies
-rounding differences, hence the margin).
+(per-device partial sums, all-reduces), ~1e-7 relative in float32. Newton-Schulz
+amplifies such differences along directions with small singular values (the Jordan
+polynomial's slope at zero is 3.4445 per step, 3.4445^5 ~ 490 over five steps), and
+Adam's leaves pick them up through the forward pass: measured max relative differences
+(sharded vs vmapped seeds, `max_rel_diff`) 4e-5 after 1 step and 1.7e-4 to 2.0e-4 after
+5 steps. TOL = 1e-3 leaves a 5x margin; a wrong sharding, a dropped pmean or a misrouted
+leaf changes the parameters by 1e-2 or more.
 """
 
 import json
@@ -20,7 +23,7 @@ from train_helpers import LM_CONFIG, lm_config, lm_overrides, max_rel_diff, writ
 
 from amemory.train import parallel, run
 
-TOL = 2e-4
+TOL = 1e-3
 
 
 @pytest.fixture(scope="module")

@@ -24,7 +24,7 @@ from typing import Any
 import jax
 import numpy as np
 
-from amemory.optim.routing import ROLES
+from amemory.optim import GROUPS, ROLES, path_keys
 
 __all__ = ["ATTN_ROLES", "FFN_ROLES", "MLA_ROLES", "MOE_ROLES", "ROLES", "param_roles", "role_of"]
 
@@ -33,6 +33,8 @@ MLA_ROLES = ("q", "q_down", "q_up", "q_rope", "kv_down", "k_up", "v_up", "k_rope
 FFN_ROLES = ("w_in", "w_gate", "w_out")
 MOE_ROLES = ("router",) + tuple(f"expert_{r}" for r in FFN_ROLES)
 MOE_ROLES += tuple(f"shared_{r}" for r in FFN_ROLES)
+assert set(ATTN_ROLES + MLA_ROLES + FFN_ROLES + MOE_ROLES) <= set(ROLES)
+assert set(GROUPS["hidden"]) >= set(ATTN_ROLES + MLA_ROLES + FFN_ROLES)
 _NORM_MODULES = ("attn_norm", "mlp_norm", "final_norm", "q_norm", "k_norm")
 _EMBED_MODULES = ("embed", "pos_embed")
 # Block-level paths (after "layers/<i>/" or "layers/") -> role of the kernel; the
@@ -48,10 +50,6 @@ _STACKED: dict[tuple[str, ...], str] = {("mlp", "experts", r): f"expert_{r}" for
 
 
 def _key_name(entry: Any) -> str | int:
-    for attr in ("key", "idx", "name"):
-        if hasattr(entry, attr):
-            entry = getattr(entry, attr)
-            break
     if isinstance(entry, str) and entry.isdigit():
         return int(entry)
     if isinstance(entry, (int, np.integer)) and not isinstance(entry, bool):
@@ -62,9 +60,10 @@ def _key_name(entry: Any) -> str | int:
 
 
 def _normalise_path(path: Any) -> tuple[str | int, ...]:
+    """Path keys, with ``amemory.optim``'s normalisation (nnx ``value`` keys dropped)."""
     if isinstance(path, str):
         path = path.split("/")
-    return tuple(_key_name(p) for p in path)
+    return tuple(_key_name(p) for p in path_keys(tuple(path)))
 
 
 def role_of(path: Any, leaf: Any = None) -> str:
@@ -73,7 +72,8 @@ def role_of(path: Any, leaf: Any = None) -> str:
     Args:
       path: a tuple of keys such as ``("layers", 3, "attn", "v", "kernel")`` (ints or digit
         strings for list indices; ``jax.tree_util`` key entries are accepted, so this works
-        inside ``tree_map_with_path``), or the string ``"layers/3/attn/v/kernel"``. The
+        inside ``tree_map_with_path``, also on ``nnx.state(model)`` whose paths end in an
+        ``nnx.Variable``'s ``value`` key), or the string ``"layers/3/attn/v/kernel"``. The
         layer index may be absent (scanned layers: ``"layers/attn/v/kernel"``).
       leaf: ignored; accepted so that ``role_of`` is directly a ``role_fn(path, leaf)`` for
         ``amemory.optim.routing``.

@@ -1,6 +1,6 @@
 """Leaves as stacks of matrices, and their batched orthogonalisation (Muon family internals).
 
-Three pieces shared by :mod:`amemory.optim.muon` and :mod:`amemory.optim.normuon`:
+Three pieces shared by the Muon family (``muon``, ``normuon``, ``contrib``):
 
 - Layouts. :func:`leaf_layouts` maps every leaf of a pytree to a stack of matrices
   ``[batch, fan_in, fan_out]`` under the ``matrix_axes`` rule documented in
@@ -38,6 +38,7 @@ __all__ = [
     "Layout",
     "MatrixAxes",
     "check_ns_mesh",
+    "layout_of",
     "leaf_layouts",
     "make_orth_fn",
     "orthogonalize_groups",
@@ -144,6 +145,15 @@ def _layout(path: tuple, x: Any, matrix_axes: MatrixAxes) -> Layout:
     )
 
 
+def layout_of(x: Any, matrix_axes: MatrixAxes, path: tuple = ()) -> Layout:
+    """The :class:`Layout` of one array ``x`` under ``matrix_axes`` (see :func:`leaf_layouts`).
+
+    Raises:
+      ValueError: ``x`` is not a matrix under ``matrix_axes`` (names ``path`` and shape).
+    """
+    return _layout(path, x, matrix_axes)
+
+
 def leaf_layouts(tree: Any, matrix_axes: MatrixAxes) -> tuple[list[Any], Any, list[Layout]]:
     """Flatten ``tree`` and lay out every leaf as a matrix stack.
 
@@ -230,33 +240,33 @@ def check_ns_mesh(ns_mesh: Any) -> None:
 
 
 def _resolve_dtype(ns_dtype: Any) -> Any:
-    if ns_dtype == "auto":
+    if isinstance(ns_dtype, str) and ns_dtype == "auto":
         return None if jax.default_backend() == "cpu" else jnp.bfloat16
     return ns_dtype
 
 
-def make_orth_fn(
-    orthogonalizer: str,
-    ns_coeffs: Any,
-    steps: int,
-    ns_eps: float,
-    ns_dtype: Any,
-    ns_method: str,
-) -> Callable[[jax.Array], jax.Array]:
-    """The ``[b, k, l] -> [b, k, l]`` orthogonaliser chosen by the Muon options.
+def make_orth_fn(opts: Any) -> Callable[[jax.Array], jax.Array]:
+    """The ``[b, k, l] -> [b, k, l]`` orthogonaliser chosen by ``opts`` (a ``MuonOptions``).
 
     ``orthogonalizer="polar"``: exact ``orthogonalize.polar``; otherwise
-    ``orthogonalize.newton_schulz`` with the given coefficients, steps, eps, method and
-    dtype (``"auto"``: bf16 off CPU, fp32 on CPU). Options are validated by the caller.
-    Placement on a mesh is :mod:`amemory.optim.distributed`'s job.
+    ``orthogonalize.newton_schulz`` with the options' coefficients, steps, eps, method,
+    pre-conditioning, Gram restarts and dtype (``"auto"``: bf16 off CPU, fp32 on CPU).
+    The options are validated by ``MuonOptions``. Placement on a mesh is
+    :mod:`amemory.optim.distributed`'s job.
     """
-    if orthogonalizer == "polar":
+    if opts.orthogonalizer == "polar":
         return polar
-    dtype = _resolve_dtype(ns_dtype)
+    kw = dict(
+        coeffs=opts.ns_coeffs,
+        steps=opts.steps,
+        eps=opts.ns_eps,
+        dtype=_resolve_dtype(opts.ns_dtype),
+        method=opts.ns_method,
+        preconditioning=opts.preconditioning,
+        gram_restarts=opts.gram_restarts,
+    )
 
     def orth(x):
-        return newton_schulz(
-            x, coeffs=ns_coeffs, steps=steps, eps=ns_eps, dtype=dtype, method=ns_method
-        )
+        return newton_schulz(x, **kw)
 
     return orth

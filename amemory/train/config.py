@@ -19,14 +19,11 @@ from typing import Any
 
 from ml_collections import ConfigDict
 
-# Enumerated fields: dotted name -> allowed values (checked when the field exists).
+# Enumerated fields: dotted name -> allowed values (checked when the field exists). The
+# optimizer fields are derived from their registries by optimizer_choices().
 CHOICES: dict[str, tuple] = {
     "task": ("lm", "memory"),
     "scale": ("quick", "full"),
-    "optimizer.name": ("adam", "muon", "normuon", "signgd", "signum", "sgd"),
-    "optimizer.orthogonalizer": ("newton_schulz", "polar"),
-    "optimizer.shape_scale": ("jordan", "none", "rms_match", "spectral"),
-    "optimizer.preset": (None, "jordan", "moonlight", "torch", "optax", "wang2025"),
     "schedule.name": ("constant", "cosine", "linear", "wsd"),
     "parallel.mode": ("single", "pmap", "sharded"),
     "parallel.cpu_collectives": ("gloo", "mpi"),
@@ -97,6 +94,25 @@ MINIMUMS: dict[str, int] = {
 }
 # Integer fields that may be None (keep the default) but are >= 1 when set.
 POSITIVE_OR_NONE = ("model.mla.kv_rank", "model.mla.rope_dim", "model.moe.d_expert")
+
+
+def optimizer_choices() -> dict[str, tuple]:
+    """Allowed values of the optimizer fields, read from their registries (one place each).
+
+    ``optimizer.name`` from ``amemory.train.optimizers.NAMES`` (``amemory.optim.OPTIMIZERS``
+    plus optax's Adam and SGD); ``optimizer.preset`` from ``amemory.optim.PRESETS``;
+    ``optimizer.orthogonalizer`` and ``optimizer.shape_scale`` from
+    ``amemory.optim.ORTHOGONALIZERS`` / ``SHAPE_SCALES``. Imported lazily (jax).
+    """
+    from amemory import optim
+    from amemory.train.optimizers import NAMES
+
+    return {
+        "optimizer.name": NAMES,
+        "optimizer.orthogonalizer": optim.ORTHOGONALIZERS,
+        "optimizer.shape_scale": optim.SHAPE_SCALES,
+        "optimizer.preset": (None, *optim.PRESETS),
+    }
 
 
 def parse_roles(spec: str, field: str = "optimizer.muon_roles") -> tuple[str, ...]:
@@ -236,7 +252,7 @@ def validate(config: ConfigDict) -> None:
     Raises:
       ValueError: naming the field and the allowed values.
     """
-    for field, allowed in CHOICES.items():
+    for field, allowed in {**CHOICES, **optimizer_choices()}.items():
         present, value = _get(config, field)
         if present and value not in allowed:
             raise ValueError(f"config.{field}={value!r}; allowed values: {allowed}")
