@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 from distributed_worker import SHAPES, fsdp_spec, matrix_axes, trees, updates
 
-from amemory.optim import describe_layout, muon, normuon
+from amemory.optim import adamuon, describe_layout, muon, normuon
 
 RTOL = 1e-5
 AUTO = jax.sharding.AxisType.Auto
@@ -53,6 +53,7 @@ def _rel_err(got, ref) -> float:
 OPTS = {
     "muon": lambda m, **kw: muon(0.1, matrix_axes=matrix_axes, ns_mesh=m, **kw),
     "normuon": lambda m, **kw: normuon(0.1, matrix_axes=matrix_axes, ns_mesh=m, **kw),
+    "adamuon": lambda m, **kw: adamuon(0.1, matrix_axes=matrix_axes, ns_mesh=m, **kw),
 }
 
 
@@ -90,10 +91,12 @@ def _while_bodies(text: str) -> list[str]:
 #                   24x24 (c, rows): 2 all-to-all + 1 all-gather over "data" each;
 #                   7x13 (odd, replicated): owners, then 1 all-gather over all devices;
 #                   experts (split along E = 16, 8 | 16): in place, 1 all-gather ("data").
-#   NorMuon stacks: the same, but 16x40 wide (a, scan) and tall (b) are two stacks.
+#   NorMuon stacks: the same, but 16x40 wide (a, scan) and tall (b) are two stacks (their
+#   second moments live with the owners); AdaMuon's per-entry moments likewise.
 PREDICTED = {
     "muon": {"all-to-all": 4, "all-gather": 4},
     "normuon": {"all-to-all": 6, "all-gather": 5},
+    "adamuon": {"all-to-all": 6, "all-gather": 5},
 }
 
 
