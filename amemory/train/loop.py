@@ -39,7 +39,9 @@ numeric value below is a list with one entry per seed, in ``config.seeds`` order
                    stable_rank, condition_number
 
 ``kind == "event"``: ``event`` in {"start", "resume", "compiled", "nonfinite", "end"} with
-details ("start" holds the routing table: rows [path, shape, role, transform]).
+details ("start" holds the routing table: rows [path, shape, role, transform], and
+``layout``: one row per Muon/NorMuon orthogonalisation group, amemory.optim.describe_layout,
+saying whether it runs in the owner layout of sharded mode or is left to XLA).
 
 Memory-task records count queries, not tokens: ``tokens_per_s`` is queries per second
 (``batch_size`` per step, or K per step for the exact population loss).
@@ -62,6 +64,7 @@ from jax.experimental import multihost_utils
 from ml_collections import ConfigDict
 from tqdm.auto import tqdm
 
+from amemory import optim
 from amemory.analysis import spectrum as spectrum_lib
 from amemory.train import checkpoint as ckpt_lib
 from amemory.train import config as config_lib
@@ -184,7 +187,12 @@ class _Engine:
             self.state_sh = TrainState(
                 step=jax.tree.map(lambda _: rep, a.step),
                 params=parallel.state_shardings(a.params, mesh, leading_axes=lead),
-                opt_state=parallel.state_shardings(a.opt_state, mesh, leading_axes=lead),
+                opt_state=optim.owner_state_shardings(  # NorMuon's moments stay with owners
+                    a.opt_state,
+                    mesh,
+                    parallel.state_shardings(a.opt_state, mesh, leading_axes=lead),
+                    leading_axes=lead,
+                ),
                 rng=jax.tree.map(lambda _: rep, a.rng),
             )
             self.batch_sh = parallel.batch_sharding(mesh, leading_axes=int(self.seed_batched))
@@ -364,12 +372,15 @@ def run(
         # The memory's one matrix W always goes to optimizer.name (muon_roles is moot).
         matrix = tuple(sorted(set(jax.tree.leaves(roles))))
         opt = optimizers.build(
-            config, abstract_params, roles, matrix_roles=matrix, matrix_axes=(1, 0)
-        )
+            config, abstract_params, roles, matrix_roles=matrix, matrix_axes=(1, 0),
+            mesh=place.mesh,
+        )  # fmt: skip
     else:
         # The last two axes of every leaf are its matrix; leading axes (MoE experts
         # [E, d, f]) are batch axes, each matrix orthogonalised on its own.
-        opt = optimizers.build(config, abstract_params, roles, matrix_axes=(-2, -1))
+        opt = optimizers.build(
+            config, abstract_params, roles, matrix_axes=(-2, -1), mesh=place.mesh
+        )
     diag = bool(config.optimizer.diagnostics) and config.optimizer.name in ("muon", "normuon")
     engine = _Engine(place, task, opt, roles, keys, multi, diag)
 
@@ -399,7 +410,7 @@ def run(
             "event", 0, event="start", task=task.kind, optimizer=config.optimizer.name,
             lr=optimizers.resolved_lr(config.optimizer), adam_lr=config.optimizer.adam_lr,
             mode=place.mode, seeds=seeds, n_params=n_params, devices=jax.device_count(),
-            processes=jax.process_count(), routing=opt.table,
+            processes=jax.process_count(), routing=opt.table, layout=opt.layout,
         )  # fmt: skip
 
     if is_main and config.progress:
