@@ -12,6 +12,10 @@ Imports nothing of amemory outside this package (and nothing of Flax).
 - ``contrib``: a drop-in for ``optax.contrib.muon`` (same signature and state) on
   amemory's kernels.
 - ``sign``: ``signgd``, ``signum``. Adam is ``optax.adam``/``optax.adamw``.
+- ``distributed``: the owner layout for parameters sharded over a device mesh
+  (``muon(..., ns_mesh=(mesh, "fsdp"))``: whole matrices per device, all-to-all in and
+  out, no collective inside Newton-Schulz), ``describe_layout``,
+  ``owner_state_shardings``.
 - ``routing``: the role vocabulary (``ROLES``, ``GROUPS``) and roles -> transforms
   (``routed``, ``label_params``, ``routing_table``); ``nnx_roles``: roles and matrix
   axes of standard ``flax.nnx`` layers for foreign models.
@@ -28,6 +32,12 @@ from amemory.optim._chain import decoupled
 from amemory.optim._muon_core import MuonOptions
 from amemory.optim._paths import path_keys, path_str
 from amemory.optim.diagnostics import collect_diagnostics
+from amemory.optim.distributed import (
+    DISTRIBUTED_MODES,
+    OwnerStacks,
+    describe_layout,
+    owner_state_shardings,
+)
 from amemory.optim.muon import (
     MOMENTUM_FORMS,
     NUCLEAR_SCALES,
@@ -85,6 +95,7 @@ OPTIMIZERS = {
 
 __all__ = [
     "COEFFICIENT_SETS",
+    "DISTRIBUTED_MODES",
     "GROUPS",
     "MOMENTUM_FORMS",
     "NORMS",
@@ -101,12 +112,14 @@ __all__ = [
     "MuonOptions",
     "MuonState",
     "NorMuonState",
+    "OwnerStacks",
     "RoutingRow",
     "adamuon",
     "coefficient_table",
     "collect_diagnostics",
     "contrib",
     "decoupled",
+    "describe_layout",
     "format_routing_table",
     "label_params",
     "muon",
@@ -116,6 +129,7 @@ __all__ = [
     "norm_ball_lmo",
     "normuon",
     "orthogonality_error",
+    "owner_state_shardings",
     "parse_spec",
     "path_keys",
     "path_str",

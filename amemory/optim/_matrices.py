@@ -11,12 +11,12 @@ Three pieces shared by the Muon family (``muon``, ``normuon``, ``contrib``):
   so ``[256, 1024]`` and ``[1024, 256]`` leaves share a group. The result is the same
   as per-leaf calls (orthogonalisation commutes with transposition and acts on each
   matrix of a batch independently).
-- Placement. :func:`make_orth_fn` builds the orthogonaliser (Newton-Schulz or exact
-  polar); with ``ns_mesh=(mesh, axis)`` each stack is zero-padded and sharded along
-  its batch axis so every device orthogonalises whole matrices under sharded ``jit``.
+- Kernel. :func:`make_orth_fn` builds the orthogonaliser (Newton-Schulz or exact
+  polar); :func:`check_ns_mesh` validates the mesh option. Where the matrices sit on a
+  device mesh is decided in :mod:`amemory.optim.distributed` (owner layout).
 
 Sources: Jordan (2024) https://kellerjordan.github.io/posts/muon/ (NS on the wide
-side); Levanter/MaxText batch-sharded Muon (whole matrices per device).
+side).
 """
 
 from __future__ import annotations
@@ -219,47 +219,24 @@ def orthogonalize_with_errors(
     return orth, errs
 
 
-# --------------------------------------------------------------------------- placement
+# --------------------------------------------------------------------------- kernel
 
 
 def check_ns_mesh(ns_mesh: Any) -> None:
-    """Raise ``ValueError`` unless ``ns_mesh`` is None or ``(Mesh, axis name in it)``."""
+    """Raise ``ValueError`` unless ``ns_mesh`` is None or ``(Mesh, axis name(s) in it)``."""
     if ns_mesh is None:
         return
-    ok = (
-        isinstance(ns_mesh, tuple)
-        and len(ns_mesh) == 2
-        and isinstance(ns_mesh[0], jax.sharding.Mesh)
-        and ns_mesh[1] in ns_mesh[0].axis_names
-    )
+    ok = isinstance(ns_mesh, tuple) and len(ns_mesh) == 2
+    ok = ok and isinstance(ns_mesh[0], jax.sharding.Mesh)
+    if ok:
+        names = (ns_mesh[1],) if isinstance(ns_mesh[1], str) else ns_mesh[1]
+        ok = isinstance(names, tuple) and bool(names)
+        ok = ok and all(isinstance(a, str) and a in ns_mesh[0].axis_names for a in names)
     if not ok:
         raise ValueError(
-            f"ns_mesh must be None or (jax.sharding.Mesh, axis name in the mesh), got {ns_mesh!r}"
+            "ns_mesh must be None or (jax.sharding.Mesh, axis name or tuple of axis names "
+            f"in the mesh), got {ns_mesh!r}"
         )
-
-
-def _batch_sharded(orth_fn: Callable, ns_mesh: tuple[Any, str]) -> Callable:
-    """Run ``orth_fn`` on a ``[b, k, l]`` stack with whole matrices per device.
-
-    The stack is zero-padded to a multiple of the mesh axis size (NS and polar map
-    zero to zero) and constrained to be sharded along its batch axis, so GSPMD
-    moves each matrix to one device once instead of all-reducing every NS matmul
-    of a matrix sharded across devices (the Levanter/MaxText layout).
-    """
-    mesh, axis = ns_mesh
-    n = mesh.shape[axis]
-    spec = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec(axis, None, None))
-
-    def orth(x):
-        b = x.shape[0]
-        pad = (-b) % n
-        if pad:
-            x = jnp.concatenate([x, jnp.zeros((pad,) + x.shape[1:], x.dtype)], axis=0)
-        x = jax.lax.with_sharding_constraint(x, spec)
-        y = jax.lax.with_sharding_constraint(orth_fn(x), spec)
-        return y[:b] if pad else y
-
-    return orth
 
 
 def _resolve_dtype(ns_dtype: Any) -> Any:
@@ -274,23 +251,22 @@ def make_orth_fn(opts: Any) -> Callable[[jax.Array], jax.Array]:
     ``orthogonalizer="polar"``: exact ``orthogonalize.polar``; otherwise
     ``orthogonalize.newton_schulz`` with the options' coefficients, steps, eps, method,
     pre-conditioning, Gram restarts and dtype (``"auto"``: bf16 off CPU, fp32 on CPU).
-    With ``ns_mesh`` the call is wrapped to shard the stack along its batch axis (same
-    result). The options are validated by ``MuonOptions``.
+    The options are validated by ``MuonOptions``. Placement on a mesh is
+    :mod:`amemory.optim.distributed`'s job.
     """
     if opts.orthogonalizer == "polar":
-        orth = polar
-    else:
-        kw = dict(
-            coeffs=opts.ns_coeffs,
-            steps=opts.steps,
-            eps=opts.ns_eps,
-            dtype=_resolve_dtype(opts.ns_dtype),
-            method=opts.ns_method,
-            preconditioning=opts.preconditioning,
-            gram_restarts=opts.gram_restarts,
-        )
+        return polar
+    kw = dict(
+        coeffs=opts.ns_coeffs,
+        steps=opts.steps,
+        eps=opts.ns_eps,
+        dtype=_resolve_dtype(opts.ns_dtype),
+        method=opts.ns_method,
+        preconditioning=opts.preconditioning,
+        gram_restarts=opts.gram_restarts,
+    )
 
-        def orth(x):
-            return newton_schulz(x, **kw)
+    def orth(x):
+        return newton_schulz(x, **kw)
 
-    return orth if opts.ns_mesh is None else _batch_sharded(orth, opts.ns_mesh)
+    return orth

@@ -48,6 +48,13 @@ from amemory.optim._matrices import (
     make_orth_fn,
     orthogonalize_with_errors,
 )
+from amemory.optim.distributed import (
+    DISTRIBUTED_MODES,
+    OwnerLayout,
+    OwnerStacks,
+    Post,
+    resolve_layout,
+)
 from amemory.optim.orthogonalize import (
     NORMS,
     NS_METHODS,
@@ -175,9 +182,19 @@ class MuonOptions:
         ``(in_axes, out_axes)`` of ints or int tuples applied to every leaf, or a callable
         ``(path_keys, leaf) -> pair | None``; other axes are batch axes.
       batch_leaves: orthogonalise same-shape leaves in one batched call (same result).
-      ns_mesh: ``(mesh, axis_name)`` for sharded ``jit``: each same-shape stack is
-        sharded along its batch axis during orthogonalisation (whole matrices per
-        device; same result); ``None`` leaves the layout to XLA.
+      ns_mesh: ``(mesh, axis)`` for sharded ``jit``: the device mesh and the mesh axis
+        name (or tuple of names) along which parameters are split (FSDP); other mesh
+        axes replicate them. Used by the owner layout (``distributed``).
+      distributed: where orthogonalisation runs on the mesh (``amemory.optim.
+        distributed``): ``"owner"`` stacks same-shape matrices, hands each device a
+        round-robin share of whole matrices with one ``all_to_all`` per stack (padding
+        the stack to a multiple of the device count), runs Newton-Schulz with no
+        collective, and returns the results with one ``all_to_all`` (plus an
+        ``all_gather`` over replica axes); ``"gspmd"`` leaves it to XLA's partitioner
+        (collectives inside every NS step of a sharded matrix); ``"auto"`` is
+        ``"owner"`` when ``ns_mesh`` is given on more than one device, else ``"gspmd"``.
+        Same update either way. Only ``norm="spectral"`` orthogonalises; the other norm
+        balls are elementwise and stay where the parameters are.
       diagnostics: keep each leaf's orthogonality error and update RMS of the last update
         in the state (read with ``amemory.optim.collect_diagnostics``).
     """
@@ -203,6 +220,7 @@ class MuonOptions:
     matrix_axes: MatrixAxes = None
     batch_leaves: bool = True
     ns_mesh: Any = None
+    distributed: str = "auto"
     diagnostics: bool = False
 
     def __post_init__(self):
@@ -214,6 +232,7 @@ class MuonOptions:
         _check_choice("preconditioning", self.preconditioning, PRECONDITIONINGS)
         _check_choice("nuclear_scale", self.nuclear_scale, NUCLEAR_SCALES)
         _check_choice("shape_scale", self.shape_scale, SHAPE_SCALES)
+        _check_choice("distributed", self.distributed, DISTRIBUTED_MODES)
         for name in ("nesterov", "bias_correction", "presign", "batch_leaves", "diagnostics"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name} must be a bool, got {getattr(self, name)!r}")
@@ -243,6 +262,7 @@ class MuonOptions:
                     "(e.g. 'bfloat16')"
                 ) from None
         check_ns_mesh(self.ns_mesh)
+        resolve_layout(self.distributed, self.ns_mesh)  # raises for "owner" without a mesh
 
     @property
     def steps(self) -> int:
@@ -257,6 +277,13 @@ class MuonOptions:
     def orth_fn(self) -> Callable[[jax.Array], jax.Array]:
         """The ``[b, k, l] -> [b, k, l]`` orthogonaliser of ``norm="spectral"``."""
         return make_orth_fn(self)
+
+    @functools.cached_property
+    def layout(self) -> OwnerLayout | None:
+        """The owner layout on ``ns_mesh`` (``distributed``), or None (XLA places NS)."""
+        if self.norm != "spectral":
+            return None
+        return resolve_layout(self.distributed, self.ns_mesh)
 
     # ------------------------------------------------------------------- update path
 
@@ -279,8 +306,25 @@ class MuonOptions:
             diag = {"ortho_error": treedef.unflatten(zeros), "update_rms": treedef.unflatten(zeros)}
         return layouts, treedef, {"count": jnp.zeros([], jnp.int32), "mu": mu, "diagnostics": diag}
 
-    def direction(self, updates: Any, mu: Any, count: jax.Array) -> Orthogonalized:
-        """Steps 2-3: momentum (compute dtype >= fp32), then the batched direction."""
+    def direction(
+        self,
+        updates: Any,
+        mu: Any,
+        count: jax.Array,
+        post: Post | None = None,
+        post_state: OwnerStacks | None = None,
+    ) -> Orthogonalized:
+        """Steps 2-3: momentum (compute dtype >= fp32), then the batched direction.
+
+        With an owner layout (:attr:`layout`), ``post``/``post_state`` (see
+        ``distributed.OwnerLayout.orthogonalize``) run on each matrix's owner right after
+        orthogonalisation (and the ``"matrix"`` nuclear scaling); without one they are
+        not used (the caller applies its own step to the returned directions).
+
+        Raises:
+          ValueError: ``nuclear_scale="leaf"`` with a ``post`` hook in the owner layout
+            (a leaf's matrices may have different owners).
+        """
         g_leaves, treedef, layouts = leaf_layouts(updates, self.matrix_axes)
         m_leaves = treedef.flatten_up_to(mu)
         count_inc = optax.safe_increment(count)
@@ -293,20 +337,35 @@ class MuonOptions:
             )  # fmt: skip
             new_m.append(m_new.astype(m.dtype))
             mats_u.append(lay.to_matrix(jnp.sign(u) if self.presign else u))
-        if self.norm == "spectral":
+        new_post, nuclear = None, self.nuclear_scale
+        if self.layout is not None:
+            if post is not None and nuclear == "leaf":
+                raise ValueError(
+                    "nuclear_scale='leaf' cannot be combined with NorMuon/AdaMuon in the "
+                    "owner layout; use nuclear_scale='matrix' or distributed='gspmd'"
+                )
+            rescale = None
+            if nuclear == "matrix":  # on the owner, before the post hook
+                rescale, nuclear = functools.partial(_nuclear, mode="matrix"), "none"
+            orth, errs, new_post = self.layout.orthogonalize(
+                mats_u, layouts, self.orth_fn, batch_leaves=self.batch_leaves, post=post,
+                post_state=post_state, rescale=rescale, diagnostics=self.diagnostics,
+            )  # fmt: skip
+        elif self.norm == "spectral":
             orth, errs = orthogonalize_with_errors(
                 mats_u, self.orth_fn, self.batch_leaves, self.diagnostics
             )
         else:
             orth = [norm_ball_lmo(u, self.norm, eps=self.ns_eps) for u in mats_u]
             errs = _errors(orth) if self.diagnostics else None
-        if self.nuclear_scale != "none":
-            orth = [_nuclear(u, o, self.nuclear_scale) for u, o in zip(mats_u, orth, strict=True)]
+        if nuclear != "none":
+            orth = [_nuclear(u, o, nuclear) for u, o in zip(mats_u, orth, strict=True)]
         return Orthogonalized(
             count=count_inc,
             mu=treedef.unflatten(new_m),
             mats=orth,
             errors=errs,
+            post_state=new_post,
             grads=g_leaves,
             layouts=layouts,
             treedef=treedef,
@@ -357,6 +416,7 @@ class Orthogonalized(NamedTuple):
     mu: Any  # new momentum tree (state dtype)
     mats: list[jax.Array]  # direction per leaf, [batch, fan_in, fan_out]
     errors: list[jax.Array] | None  # [] float32 orthogonality error per leaf, or None
+    post_state: OwnerStacks | None  # owner layout with a post hook: its new state, else None
     grads: list[jax.Array]  # gradient leaves (for the output dtype)
     layouts: list[Layout]
     treedef: Any

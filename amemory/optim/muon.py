@@ -32,13 +32,16 @@ and each group is orthogonalised by ONE batched call. Groups with
 (``orthogonalize.newton_schulz(method="gram")``, restarted after the second step below
 32-bit precision) in every compute dtype but bfloat16 (where one restart was measured
 not to be enough). Under
-sharded ``jit``, ``ns_mesh=(mesh, axis)`` shards each stack along its batch axis so every
-device orthogonalises whole matrices instead of all-gathering inside each NS matmul.
+sharded ``jit``, ``ns_mesh=(mesh, axis)`` selects the owner layout of
+``amemory.optim.distributed``: every device orthogonalises a share of whole matrices (one
+all-to-all there and one back per stack) instead of all-reducing inside every NS step of
+a sharded matrix.
 
 Layout. This module holds the public Muon API (:class:`MuonState`,
 :func:`scale_by_muon`, :func:`muon`); the options and the update path the family
-shares are in ``amemory.optim._muon_core``; leaf-to-matrix layouts, shape grouping and
-``ns_mesh`` placement in ``amemory.optim._matrices``.
+shares are in ``amemory.optim._muon_core``; leaf-to-matrix layouts and shape grouping
+in ``amemory.optim._matrices``; the placement on a device mesh in
+``amemory.optim.distributed``.
 
 Sources: Jordan (2024) https://kellerjordan.github.io/posts/muon/ ; Liu et al.,
 "Muon is Scalable for LLM Training" (Moonlight), arXiv 2502.16982; optax
@@ -125,7 +128,8 @@ def scale_by_muon(**options: Any) -> optax.GradientTransformation:
         ``bias_correction``, ``norm``, ``orthogonalizer``, ``ns_coeffs``, ``ns_steps``
         (static), ``ns_eps``, ``ns_dtype``, ``ns_method``, ``preconditioning``,
         ``gram_restarts``, ``presign``, ``nuclear_scale``, ``shape_scale``, ``rms_scale``,
-        ``mu_dtype``, ``matrix_axes``, ``batch_leaves``, ``ns_mesh``, ``diagnostics``.
+        ``mu_dtype``, ``matrix_axes``, ``batch_leaves``, ``ns_mesh``, ``distributed``,
+        ``diagnostics``.
         With ``optax.inject_hyperparams``, pass a callable ``matrix_axes`` or a dtype
         object ``ns_dtype`` in ``static_args`` (they would be taken for schedules).
 

@@ -12,7 +12,11 @@ squares, then fix its Frobenius norm:
   matrix) and then ``shape_scale="rms_match"``, so the update RMS is ``rms_scale`` = 0.2
   as Adam's (Si et al., arXiv 2507.11005).
 
-Leaves, ``matrix_axes``, batching and ``ns_mesh`` behave as in :mod:`amemory.optim.muon`.
+Leaves, ``matrix_axes``, batching, ``ns_mesh`` and ``distributed`` behave as in
+:mod:`amemory.optim.muon`. In the owner layout (``amemory.optim.distributed``) the
+normalisation runs on the device that owns the whole matrix, right after its
+Newton-Schulz, and the second moment is stored there (:class:`OwnerStacks`), so it adds
+no collective (the paper's FSDP2 design, arXiv 2510.05491, Sec. 4).
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ import optax
 
 from amemory.optim._chain import decoupled
 from amemory.optim._muon_core import MuonOptions, check_unit_interval, with_options
+from amemory.optim.distributed import OwnerStacks
 
 __all__ = [
     "AdaMuonState",
@@ -42,8 +47,9 @@ class NorMuonState(NamedTuple):
     count: jax.Array  # [] int32
     mu: optax.Updates  # momentum, same tree/shapes as params
     # per-output-neuron second moment, [*batch_shape, fan_out] per leaf, dtype float32
-    # (float64 for float64 parameters)
-    nu: optax.Updates
+    # (float64 for float64 parameters); in the owner layout (amemory.optim.distributed) an
+    # OwnerStacks of [B_pad, fan_out] per stack, split over the mesh devices
+    nu: optax.Updates | OwnerStacks
     diagnostics: Any  # None, or {"ortho_error": ..., "update_rms": ...} as in MuonState
 
 
@@ -53,8 +59,9 @@ class AdaMuonState(NamedTuple):
     count: jax.Array  # [] int32
     mu: optax.Updates  # momentum, same tree/shapes as params
     # per-entry second moment, [*batch_shape, fan_in, fan_out] per leaf (the leaf's
-    # matrix layout), dtype float32 (float64 for float64 parameters)
-    nu: optax.Updates
+    # matrix layout), dtype float32 (float64 for float64 parameters); in the owner layout
+    # an OwnerStacks of [B_pad, k, l] (wide orientation) per stack
+    nu: optax.Updates | OwnerStacks
     diagnostics: Any  # None, or {"ortho_error": ..., "update_rms": ...} as in MuonState
 
 
@@ -94,6 +101,13 @@ def _moment_transform(opts: MuonOptions, beta2: Any, eps: Any, per_neuron: bool,
     def init_fn(params):
         layouts, treedef, fields = opts.init_fields(params)
         leaves = treedef.flatten_up_to(params)
+        if opts.layout is not None:  # the second moment lives with each matrix's owner
+            dtype = jnp.result_type(jnp.float32, *[x.dtype for x in leaves])
+            shape = (lambda g: (g.width,)) if per_neuron else (lambda g: (g.k, g.l))
+            nu = opts.layout.init_state(
+                layouts, batch_leaves=opts.batch_leaves, shape=shape, dtype=dtype
+            )
+            return state_cls(nu=nu, **fields)
         nu = treedef.unflatten(
             [
                 jnp.zeros(nu_shape(lay), jnp.promote_types(x.dtype, jnp.float32))
@@ -102,8 +116,22 @@ def _moment_transform(opts: MuonOptions, beta2: Any, eps: Any, per_neuron: bool,
         )
         return state_cls(nu=nu, **fields)
 
+    def post(o, v, tall):  # owner layout: o [c, k, l] wide (k <= l), v its owner state rows
+        if not per_neuron:  # per entry: the orientation does not matter
+            o2, v2 = _normalize(o, v, beta2, eps, False)
+            return o2.astype(o.dtype), v2.astype(v.dtype)
+        x = jnp.swapaxes(o, 1, 2) if tall else o  # [c, fan_in, fan_out]
+        x, v2 = _normalize(x, v, beta2, eps, True)
+        return (jnp.swapaxes(x, 1, 2) if tall else x).astype(o.dtype), v2.astype(v.dtype)
+
     def update_fn(updates, state, params=None):
         del params
+        if opts.layout is not None:
+            step = opts.direction(updates, state.mu, state.count, post, state.nu)
+            out, diag = opts.finish(step, step.mats)
+            return out, state_cls(
+                count=step.count, mu=step.mu, nu=step.post_state, diagnostics=diag
+            )
         step = opts.direction(updates, state.mu, state.count)
         v_leaves = step.treedef.flatten_up_to(state.nu)
         mats, new_v = [], []

@@ -22,6 +22,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from amemory import optim
 from amemory.train import optimizers, parallel
 from amemory.train.state import TrainState
 
@@ -175,7 +176,12 @@ class Engine:
             self.state_sh = TrainState(
                 step=jax.tree.map(lambda _: rep, a.step),
                 params=parallel.state_shardings(a.params, mesh, leading_axes=lead),
-                opt_state=parallel.state_shardings(a.opt_state, mesh, leading_axes=lead),
+                opt_state=optim.owner_state_shardings(  # NorMuon's moments stay with owners
+                    a.opt_state,
+                    mesh,
+                    parallel.state_shardings(a.opt_state, mesh, leading_axes=lead),
+                    leading_axes=lead,
+                ),
                 rng=jax.tree.map(lambda _: rep, a.rng),
             )
             self._init = jax.jit(init, out_shardings=self.state_sh)

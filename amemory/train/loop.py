@@ -52,7 +52,9 @@ numeric value below is a list with one entry per seed, in ``config.seeds`` order
 ``kind == "event"``: ``event`` in {"start", "resume", "compiled", "nonfinite", "end"} with
 details ("start" holds the routing table: rows [path, shape, role, transform, matrices],
 ``matrices`` = "n x (fan_in, fan_out)" for leaves orthogonalised as n matrices, e.g. the
-layer axis of scanned layers).
+layer axis of scanned layers; and ``layout``: one row per Muon-family orthogonalisation
+group, amemory.optim.describe_layout, saying whether it runs in the owner layout of sharded
+mode or is left to XLA).
 
 Memory-task records count queries, not tokens: ``tokens_per_s`` is queries per second
 (``batch_size`` per step, or K per step for the exact population loss).
@@ -228,9 +230,9 @@ def run(
     roles = task.roles(abstract_params)
     opt = optimizers.build(
         config, abstract_params, roles, matrix_roles=task.matrix_roles,
-        matrix_axes=task.matrix_axes,
+        matrix_axes=task.matrix_axes, mesh=place.mesh if place.mode == "sharded" else None,
     )  # fmt: skip
-    muon = config.optimizer.name in ("muon", "normuon")
+    muon = config.optimizer.name in optimizers.MUON_LIKE
     table = _routing_rows(opt.table, task.matrix_axes, muon)
     engine = engine_lib.Engine(
         place, task, opt, roles, keys, multi, bool(config.optimizer.diagnostics) and muon
@@ -274,7 +276,7 @@ def run(
                 "event", 0, event="start", task=task.kind, optimizer=config.optimizer.name,
                 lr=optimizers.resolved_lr(config.optimizer), adam_lr=config.optimizer.adam_lr,
                 mode=place.mode, seeds=seeds, n_params=n_params, devices=jax.device_count(),
-                processes=jax.process_count(), routing=table,
+                processes=jax.process_count(), routing=table, layout=opt.layout,
             )  # fmt: skip
         if is_main and config.progress:
             tqdm.write(f"amemory train: {task.kind}, {n_params:,} parameters, {_routes(table)}")

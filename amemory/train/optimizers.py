@@ -18,6 +18,10 @@ Weight decay is decoupled in both halves and for every name:
 ``theta <- theta - lr * (u + weight_decay * theta)`` with ``u`` the optimizer's direction
 (orthogonalised momentum, sign, SGD momentum, Adam's ratio); it is never added to the
 gradient before the sign or the orthogonalisation.
+On a device mesh (``parallel.mode="sharded"``) Muon, NorMuon and AdaMuon get
+``ns_mesh=(mesh, "fsdp")``, hence the owner layout of ``amemory.optim.distributed``
+(whole matrices per device, no collective inside Newton-Schulz); ``Optimizer.layout``
+lists the layout of every orthogonalisation group for the start event.
 """
 
 from __future__ import annotations
@@ -36,8 +40,10 @@ MATRIX = "matrix"
 ADAM = "adam"
 
 
-def _muon_options(ocfg: Any, matrix_axes: Any, *, shape_scale: bool = True) -> dict[str, Any]:
-    kw = dict(matrix_axes=matrix_axes, diagnostics=bool(ocfg.diagnostics))
+def _muon_options(
+    ocfg: Any, matrix_axes: Any, ns_mesh: Any, *, shape_scale: bool = True
+) -> dict[str, Any]:
+    kw = dict(matrix_axes=matrix_axes, ns_mesh=ns_mesh, diagnostics=bool(ocfg.diagnostics))
     kw.update(
         momentum=float(ocfg.momentum),
         nesterov=bool(ocfg.nesterov),
@@ -50,35 +56,35 @@ def _muon_options(ocfg: Any, matrix_axes: Any, *, shape_scale: bool = True) -> d
     return kw
 
 
-def _muon(ocfg, lr, matrix_axes):
+def _muon(ocfg, lr, matrix_axes, ns_mesh):
     if ocfg.preset is not None:
         # A preset defines momentum, Nesterov, orthogonalizer and shape scale as its peer
         # does; the config's own fields for them apply only without one.
-        kw = dict(matrix_axes=matrix_axes, diagnostics=bool(ocfg.diagnostics))
+        kw = dict(matrix_axes=matrix_axes, ns_mesh=ns_mesh, diagnostics=bool(ocfg.diagnostics))
         return optim.muon(lr, preset=ocfg.preset, weight_decay=float(ocfg.weight_decay), **kw)
-    kw = _muon_options(ocfg, matrix_axes)
+    kw = _muon_options(ocfg, matrix_axes, ns_mesh)
     return optim.muon(lr, weight_decay=float(ocfg.weight_decay), **kw)
 
 
-def _normuon(ocfg, lr, matrix_axes):
-    kw = _muon_options(ocfg, matrix_axes)
+def _normuon(ocfg, lr, matrix_axes, ns_mesh):
+    kw = _muon_options(ocfg, matrix_axes, ns_mesh)
     return optim.normuon(lr, weight_decay=float(ocfg.weight_decay), **kw)
 
 
-def _adamuon(ocfg, lr, matrix_axes):  # AdaMuon keeps its own RMS-matched shape scale
-    kw = _muon_options(ocfg, matrix_axes, shape_scale=False)
+def _adamuon(ocfg, lr, matrix_axes, ns_mesh):  # AdaMuon keeps its own RMS-matched shape scale
+    kw = _muon_options(ocfg, matrix_axes, ns_mesh, shape_scale=False)
     return optim.adamuon(lr, weight_decay=float(ocfg.weight_decay), **kw)
 
 
-def _signgd(ocfg, lr, matrix_axes):
+def _signgd(ocfg, lr, matrix_axes, ns_mesh):
     return optim.signgd(lr, weight_decay=float(ocfg.weight_decay))
 
 
-def _signum(ocfg, lr, matrix_axes):
+def _signum(ocfg, lr, matrix_axes, ns_mesh):
     return optim.signum(lr, beta=float(ocfg.signum_beta), weight_decay=float(ocfg.weight_decay))
 
 
-def _sgd(ocfg, lr, matrix_axes):
+def _sgd(ocfg, lr, matrix_axes, ns_mesh):
     """Heavy-ball SGD ``m <- momentum m + g`` (Nesterov: ``u = g + momentum m``), as
     ``optax.sgd``, with the decay decoupled: ``theta <- theta - lr (u + wd theta)``."""
     m = float(ocfg.momentum)
@@ -86,12 +92,12 @@ def _sgd(ocfg, lr, matrix_axes):
     return optim.decoupled(direction, lr, float(ocfg.weight_decay))
 
 
-#: name -> (builder ``(optimizer config, lr schedule, matrix_axes) -> transform``, default
-#: peak learning rate). The matrix-part names: every optimizer of ``amemory.optim.OPTIMIZERS``
-#: and optax's SGD. Default learning rates: Muon Keller Jordan's 0.02 (with shape_scale
-#: "jordan"); AdaMuon an Adam-like step (its update RMS is 0.2, as Adam's); SignGD/Signum an
-#: Adam-like per-entry step; SGD a heavy-ball step for a pre-norm transformer. Starting
-#: points, not tuned optima.
+#: name -> (builder ``(optimizer config, lr schedule, matrix_axes, ns_mesh) -> transform``,
+#: default peak learning rate). The matrix-part names: every optimizer of
+#: ``amemory.optim.OPTIMIZERS`` and optax's SGD. Default learning rates: Muon Keller
+#: Jordan's 0.02 (with shape_scale "jordan"); AdaMuon an Adam-like step (its update RMS is
+#: 0.2, as Adam's); SignGD/Signum an Adam-like per-entry step; SGD a heavy-ball step for a
+#: pre-norm transformer. Starting points, not tuned optima.
 MATRIX_PARTS: dict[str, tuple[Callable[..., optax.GradientTransformation], float]] = {
     "muon": (_muon, 0.02),
     "normuon": (_normuon, 0.02),
@@ -100,6 +106,8 @@ MATRIX_PARTS: dict[str, tuple[Callable[..., optax.GradientTransformation], float
     "signum": (_signum, 1e-3),
     "sgd": (_sgd, 0.05),
 }
+#: The matrix parts that orthogonalise (matrix leaves only; owner layout on a mesh).
+MUON_LIKE = ("muon", "normuon", "adamuon")
 #: Every ``config.optimizer.name``: "adam" (everything Adam) and the matrix parts.
 NAMES: tuple[str, ...] = (ADAM, *MATRIX_PARTS)
 #: Peak learning rate of the matrix part when ``optimizer.lr`` is None.
@@ -162,12 +170,15 @@ class Optimizer:
     adam_lr: optax.Schedule  # Adam-part learning rate at a step
     labels: Any  # same tree as params: "matrix" | "adam"
     table: list  # rows [path, shape, role, transform]
+    layout: list  # Muon/NorMuon groups: amemory.optim.describe_layout rows ([] otherwise)
 
 
-def _matrix_tx(ocfg: Any, lr: optax.Schedule, matrix_axes: Any) -> optax.GradientTransformation:
+def _matrix_tx(
+    ocfg: Any, lr: optax.Schedule, matrix_axes: Any, ns_mesh: Any
+) -> optax.GradientTransformation:
     if ocfg.name not in MATRIX_PARTS:
         raise ValueError(f"config.optimizer.name={ocfg.name!r}; allowed values: {NAMES}")
-    return MATRIX_PARTS[ocfg.name][0](ocfg, lr, matrix_axes)
+    return MATRIX_PARTS[ocfg.name][0](ocfg, lr, matrix_axes, ns_mesh)
 
 
 def _role_fn(roles: Any):
@@ -188,6 +199,7 @@ def build(
     *,
     matrix_roles: tuple[str, ...] | None = None,
     matrix_axes: Any = None,
+    mesh: jax.sharding.Mesh | None = None,
 ) -> Optimizer:
     """Build the run's optimizer for ``params`` (one seed, no leading seed axis).
 
@@ -207,6 +219,8 @@ def build(
         ``optimizer.muon_roles`` (ignored for "adam").
       matrix_axes: passed to Muon/NorMuon (e.g. ``(1, 0)`` for ``[d_out, d_in]`` weights,
         or a callable ``(path, leaf) -> axes | None``; None from it marks a non-matrix).
+      mesh: the ``("data", "fsdp")`` mesh of sharded mode: Muon/NorMuon then orthogonalise
+        in the owner layout (``ns_mesh=(mesh, "fsdp")``); None on one device / pmap.
 
     Returns:
       an :class:`Optimizer`.
@@ -239,8 +253,7 @@ def build(
     names = {MATRIX: ocfg.name, ADAM: ADAM}
     table = [[r.path, list(r.shape), r.role, names[part[r.transform]]] for r in rows]
     for r in rows:
-        muon_like = ocfg.name in ("muon", "normuon", "adamuon")
-        if part[r.transform] == MATRIX and muon_like:
+        if part[r.transform] == MATRIX and ocfg.name in MUON_LIKE:
             axes = matrix_axes
             if callable(matrix_axes):
                 axes = matrix_axes(tuple(r.path.split("/")), jax.ShapeDtypeStruct(r.shape, "f4"))
@@ -259,15 +272,24 @@ def build(
         weight_decay=float(ocfg.weight_decay),
     )
     used = {part[r.transform] for r in rows}
+    ns_mesh = (mesh, "fsdp") if mesh is not None else None
+    layout = []
+    if MATRIX in used and ocfg.name in MUON_LIKE:
+        mats = jax.tree.map(lambda x, lab: x if lab == MATRIX else None, params, labels)
+        layout = optim.describe_layout(
+            mats, ns_mesh=ns_mesh, matrix_axes=matrix_axes, by_orientation=ocfg.name != "muon"
+        )
     if used == {ADAM}:
         tx = adam
         lr_sched = adam_lr
     elif used == {MATRIX}:
-        tx = _matrix_tx(ocfg, lr, matrix_axes)
+        tx = _matrix_tx(ocfg, lr, matrix_axes, ns_mesh)
         lr_sched = lr
     else:
-        tx = optax.partition({MATRIX: _matrix_tx(ocfg, lr, matrix_axes), ADAM: adam}, labels)
+        tx = optax.partition(
+            {MATRIX: _matrix_tx(ocfg, lr, matrix_axes, ns_mesh), ADAM: adam}, labels
+        )
         lr_sched = lr
     if float(ocfg.grad_clip) > 0:
         tx = optax.chain(optax.clip_by_global_norm(float(ocfg.grad_clip)), tx)
-    return Optimizer(tx=tx, lr=lr_sched, adam_lr=adam_lr, labels=labels, table=table)
+    return Optimizer(tx=tx, lr=lr_sched, adam_lr=adam_lr, labels=labels, table=table, layout=layout)

@@ -37,6 +37,7 @@ Figures per tree:
 Usage:
   amemory bench optim [--quick] [--trees cpu,gpt2-small] [--reps N]
                       [--gpt2-layers N] [--matmul-n N] [--json PATH]
+  amemory bench optim --devices N ...   (FSDP-sharded Muon: experiments/bench/optim_distributed.py)
 """
 
 from __future__ import annotations
@@ -359,6 +360,10 @@ def _print_row(r: dict[str, Any]) -> None:
 
 def main(argv: list[str]) -> int:
     """Run the benchmark; ``argv`` excludes the program name. Returns an exit code."""
+    if any(a == "--devices" or a.startswith("--devices=") for a in argv):
+        from experiments.bench import optim_distributed
+
+        return optim_distributed.main(argv)
     parser = _Parser(prog="amemory bench optim", description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="cpu tree only, 3 reps")
     parser.add_argument(
