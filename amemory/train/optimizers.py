@@ -49,6 +49,7 @@ def _muon_options(
         nesterov=bool(ocfg.nesterov),
         orthogonalizer=ocfg.orthogonalizer,
         ns_steps=int(ocfg.ns_steps),
+        ns_dtype=ocfg.get("ns_dtype", None),
     )
     if shape_scale:
         kw["shape_scale"] = ocfg.shape_scale
@@ -216,7 +217,8 @@ def build(
       roles: same-structure tree of role strings from ``amemory.optim.ROLES``.
       matrix_roles: roles trained by ``optimizer.name``; None parses
         ``optimizer.muon_roles`` (ignored for "adam").
-      matrix_axes: passed to Muon/NorMuon (e.g. ``(1, 0)`` for ``[d_out, d_in]`` weights).
+      matrix_axes: passed to Muon/NorMuon (e.g. ``(1, 0)`` for ``[d_out, d_in]`` weights,
+        or a callable ``(path, leaf) -> axes | None``; None from it marks a non-matrix).
       mesh: the ``("data", "fsdp")`` mesh of sharded mode: Muon/NorMuon then orthogonalise
         in the owner layout (``ns_mesh=(mesh, "fsdp")``); None on one device / pmap.
 
@@ -252,7 +254,10 @@ def build(
     table = [[r.path, list(r.shape), r.role, names[part[r.transform]]] for r in rows]
     for r in rows:
         if part[r.transform] == MATRIX and ocfg.name in MUON_LIKE:
-            if len(r.shape) != 2 if matrix_axes is None else len(r.shape) < 2:
+            axes = matrix_axes
+            if callable(matrix_axes):
+                axes = matrix_axes(tuple(r.path.split("/")), jax.ShapeDtypeStruct(r.shape, "f4"))
+            if len(r.shape) != 2 if matrix_axes is None else (axes is None or len(r.shape) < 2):
                 raise ValueError(
                     f"config.optimizer.muon_roles={ocfg.muon_roles!r} routes {r.path} "
                     f"(role {r.role!r}, shape {r.shape}) to {ocfg.name}, which needs matrices "
