@@ -12,11 +12,13 @@ Usage::
 Default stages (quick scale): ``check`` (``amemory check --quick``), ``one_layer``,
 ``tail_lm`` (Adam and Muon; SignGD only with ``--only``), ``isotropy`` (on tail_lm's
 seeded runs), a reduced ``ablation`` (Muon on none, qk, vo+ffn, all), a reduced
-``tail_qa`` (Muon, Adam, Muon on VO+FFN, Muon on QK) and a reduced ``steps_ratio``
-(tail_lm's size and d=256). Every transformer claim rests on 3 held-out initialisation
-seeds trained in one vmapped program per run, and is judged by a 95% seed interval
-(held / not held / undecided). ``--only`` also accepts ``scaling`` and ``normuon``, and
-the full (non-reduced) variants of the others.
+``tail_qa`` (Muon, Adam, Muon on VO+FFN, Muon on QK), ``arch`` (dense / MLA / MoE /
+MLA+MoE with AdamW and Muon; the last three at tail_lm's chosen learning rates) and a
+reduced ``steps_ratio`` (tail_lm's size and d=256). Every transformer claim of tail_lm,
+isotropy, ablation and tail_qa rests on 3 held-out initialisation seeds trained in one
+vmapped program per run, and is judged by a 95% seed interval (held / not held /
+undecided). ``--only`` also accepts ``scaling`` and ``normuon``, and the full
+(non-reduced) variants of the others.
 
 Output: ``runs/reproduce-<UTC timestamp>/`` (or ``--out``) with one sub-directory per
 stage (``result.json``, ``figures/``), ``train_runs/`` (every transformer run, shared
@@ -48,7 +50,7 @@ from typing import Any
 from experiments import common
 
 DEFAULT_STAGES = (
-    "check", "one_layer", "tail_lm", "isotropy", "ablation", "tail_qa", "steps_ratio",
+    "check", "one_layer", "tail_lm", "isotropy", "ablation", "tail_qa", "arch", "steps_ratio",
 )  # fmt: skip
 ALL_STAGES = DEFAULT_STAGES + ("scaling", "normuon")
 
@@ -64,6 +66,7 @@ REDUCED: dict[str, dict[str, Any]] = {
 TAIL_LM_LR = {
     "isotropy": "tail_lm's grid choice; the runs are tail_lm's seeded runs",
     "tail_qa": "not swept here: tail_lm's grid choice for the same model on the corpus",
+    "arch": "not swept here: tail_lm's grid choice for the same model on the corpus",
     "steps_ratio": "not swept here: tail_lm's grid choice at d=128",
 }
 

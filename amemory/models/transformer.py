@@ -1,10 +1,14 @@
 """A decoder-only transformer in Flax NNX whose parameter paths name their roles.
 
 Read top to bottom: :class:`TransformerConfig` and :func:`preset`, the modules
-(:class:`Attention`, :class:`MLP`, :class:`Block`, :class:`Transformer`), the functional
-API used by the training loop (:func:`init`, :func:`apply`), then roles
-(:func:`role_of`, :func:`param_roles`, from :mod:`amemory.models.roles`) and analysis
-helpers (:func:`vo_maps`, :func:`ffn_matrices`, :func:`hidden_matrices`).
+(:class:`Block`, :class:`Transformer`; attention variants MHA / MLA live in
+:mod:`amemory.models.attention`, the MLP and the mixture of experts in
+:mod:`amemory.models.moe`, KV-cache decoding in :mod:`amemory.models.decode`), the functional
+API used by the training loop (:func:`init`, :func:`apply`). Re-exported here: roles
+(:func:`role_of`, :func:`param_roles`, from :mod:`amemory.models.roles`), analysis helpers
+(:func:`vo_maps`, :func:`ffn_matrices`, :func:`hidden_matrices`, from
+:mod:`amemory.models.matrices`) and scanned-layer layouts (:func:`stack_layers`,
+:func:`unstack_layers`, from :mod:`amemory.models.scan`).
 
 Design choices (papers.md A.3; peers.md "Routing of non-matrix parameters"):
 
@@ -13,7 +17,7 @@ Design choices (papers.md A.3; peers.md "Routing of non-matrix parameters"):
   ``w_in``/``w_gate``/``w_out`` (SwiGLU), so an optimizer router and a spectrum logger see
   exactly one matrix per role and layer.
 * Parameter paths read as roles, e.g. ``layers/3/attn/v/kernel`` -> ``"v"``. Every leaf
-  has exactly one role among ``q, k, v, o, w_in, w_gate, w_out, embed, head, norm, bias``;
+  has exactly one role of ``amemory.optim.ROLES`` (:mod:`amemory.models.roles`);
   :func:`role_of` raises ``ValueError`` on anything else, never guessing.
 * Kernel layout is Flax's ``[d_in, d_out]`` (``y = x @ kernel``). Analysis helpers return
   the mathematical ``[d_out, d_in]`` (``y = W x``) form, i.e. ``kernel.T``.
@@ -36,6 +40,27 @@ Parameter tree (``init`` returns it as a plain nested dict; list indices are int
     final_norm/scale             [D]           norm
     head/kernel                  [D, V]        head    (tied_head=False only)
 
+With ``attention="mla"`` the attention kernels are (H heads of d_h = D/H; DeepSeek-V2)::
+
+    layers/i/attn/q/kernel       [D, H d_h]    q       (mla.q_rank = 0), or
+    layers/i/attn/q_down/kernel  [D, d_c']     q_down  and  q_up/kernel [d_c', H d_h]  q_up
+    layers/i/attn/q_rope/kernel  [D or d_c', H d_R]  q_rope
+    layers/i/attn/kv_down/kernel [D, d_c]      kv_down
+    layers/i/attn/{k_up,v_up}/kernel [d_c, H d_h]  k_up, v_up
+    layers/i/attn/k_rope/kernel  [D, d_R]      k_rope
+    layers/i/attn/o/kernel       [H d_h, D]    o
+
+With ``moe.experts = E > 0`` the FFN is a mixture of experts (width F_e = moe.d_expert)::
+
+    layers/i/mlp/router/kernel   [D, E]        router
+    layers/i/mlp/experts/w_in    [E, D, F_e]   expert_w_in  (+ w_gate: expert_w_gate)
+    layers/i/mlp/experts/w_out   [E, F_e, D]   expert_w_out
+    layers/i/mlp/shared/{w_in,w_gate,w_out}/kernel   shared_w_*  (moe.shared > 0)
+
+With ``scan_layers=True`` the ``layers/i/...`` entries become one ``layers/...`` entry
+whose leaves carry a leading layer axis, e.g. ``layers/attn/q/kernel [L, D, D]``
+(:mod:`amemory.models.scan`; the roles are the same).
+
 Example (multi-seed forward, as the training loop uses it)::
 
     >>> config = preset("tiny")
@@ -52,7 +77,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import math
 from collections.abc import Mapping
 from typing import Any
 
@@ -61,16 +85,44 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from amemory.models.roles import ATTN_ROLES, FFN_ROLES, ROLES, param_roles, role_of
+from amemory.models.attention import ATTENTIONS, Attention, MLAConfig
+from amemory.models.layers import dropout as _dropout
+from amemory.models.layers import norm as _norm
+from amemory.models.matrices import ffn_matrices, hidden_matrices, vo_maps
+from amemory.models.moe import MLP, MoE, MoEConfig
+from amemory.models.roles import (
+    ATTN_ROLES,
+    FFN_ROLES,
+    HIDDEN_ROLES,
+    ROLES,
+    matrix_axes,
+    param_roles,
+    role_of,
+)
+from amemory.models.scan import (
+    REMAT_POLICIES,
+    is_scanned,
+    layer_views,
+    remat,
+    scan_blocks,
+    stack_layers,
+    stacked_modules,
+    unstack_layers,
+)
 
 __all__ = [
     "ATTN_ROLES",
     "FFN_ROLES",
+    "HIDDEN_ROLES",
     "PRESETS",
+    "REMAT_POLICIES",
     "ROLES",
     "Attention",
     "Block",
+    "MLAConfig",
     "MLP",
+    "MoE",
+    "MoEConfig",
     "Transformer",
     "TransformerConfig",
     "apply",
@@ -79,9 +131,13 @@ __all__ = [
     "hidden_matrices",
     "init",
     "init_params",
+    "is_scanned",
+    "matrix_axes",
     "param_roles",
     "preset",
     "role_of",
+    "stack_layers",
+    "unstack_layers",
     "vo_maps",
 ]
 
@@ -108,14 +164,33 @@ class TransformerConfig:
       qk_norm: RMS-normalise q and k per head (scale ``[D/H]``) before attention.
       tied_head: logits use the token embedding transposed (no ``head`` parameter).
       dropout: rate in ``[0, 1)`` on embeddings and residual branches (0 = off).
-      remat: rematerialise each block in the backward pass (``nnx.remat``).
+      remat: rematerialise each block in the backward pass (``jax.checkpoint``).
+      remat_policy: what a rematerialised block keeps from the forward pass, a name of
+        ``jax.checkpoint_policies`` (:data:`REMAT_POLICIES`; ``"nothing_saveable"``
+        recomputes everything, ``"dots_with_no_batch_dims_saveable"`` keeps the matmuls).
+      scan_layers: store the blocks' parameters stacked with a leading layer axis
+        ``[L, ...]`` (paths ``layers/attn/q/kernel``) and run them with one
+        ``jax.lax.scan`` over a single compiled block, instead of ``L`` separate blocks
+        (paths ``layers/i/attn/q/kernel``) unrolled in the program. Same function, so
+        :func:`stack_layers` / :func:`unstack_layers` convert parameters between the two.
       dtype: compute dtype name (``"float32"``, ``"bfloat16"``, ...); logits are float32.
+        With ``param_dtype="float32"`` this is the usual mixed-precision policy: float32
+        master weights (and optimizer state), matmuls and activations in ``dtype``.
       param_dtype: parameter dtype name.
       use_bias: biases in every Linear (GPT-2 style; role ``"bias"``).
       rope_base: RoPE frequency base.
       init_std: std of the normal initialisation of kernels and embeddings; the output
         projections ``o`` and ``w_out`` use ``init_std / sqrt(2 n_layers)`` (GPT-2).
       norm_eps: epsilon of every normalisation layer.
+      attention: ``"mha"`` (multi-head, q/k/v/o) or ``"mla"`` (multi-head latent attention,
+        DeepSeek-V2; needs ``position="rope"``, no ``qk_norm``, no ``use_bias``); one of
+        :data:`amemory.models.attention.ATTENTIONS`.
+      mla: :class:`MLAConfig` widths (used when ``attention="mla"``; None fields resolve
+        to DeepSeek-V2's ratios to the head width, see :attr:`mla_dims`). A dict is
+        accepted.
+      moe: :class:`MoEConfig`; ``moe.experts > 0`` replaces every block's MLP by a
+        mixture of experts (``ffn`` chooses the experts' activation; resolved widths in
+        :attr:`moe_dims`). A dict is accepted.
     """
 
     vocab_size: int
@@ -131,12 +206,17 @@ class TransformerConfig:
     tied_head: bool = True
     dropout: float = 0.0
     remat: bool = False
+    remat_policy: str = "nothing_saveable"
+    scan_layers: bool = False
     dtype: str = "float32"
     param_dtype: str = "float32"
     use_bias: bool = False
     rope_base: float = 10000.0
     init_std: float = 0.02
     norm_eps: float = 1e-5
+    attention: str = "mha"
+    mla: MLAConfig = MLAConfig()
+    moe: MoEConfig = MoEConfig()
 
     def __post_init__(self):
         for name in ("vocab_size", "d_model", "n_layers", "n_heads", "d_ff", "max_len"):
@@ -147,6 +227,8 @@ class TransformerConfig:
             "ffn": ("gelu", "swiglu"),
             "norm": ("layernorm", "rmsnorm"),
             "position": ("rope", "learned"),
+            "remat_policy": REMAT_POLICIES,
+            "attention": tuple(ATTENTIONS),
         }
         for name, allowed in choices.items():
             value = getattr(self, name)
@@ -178,11 +260,37 @@ class TransformerConfig:
         for name in ("rope_base", "init_std", "norm_eps"):
             if not float(getattr(self, name)) > 0:
                 raise ValueError(f"TransformerConfig.{name} must be > 0, got {getattr(self, name)}")
+        for name, cls in (("mla", MLAConfig), ("moe", MoEConfig)):
+            v = getattr(self, name)
+            if isinstance(v, Mapping):
+                v = cls(**v)
+            if not isinstance(v, cls):
+                raise ValueError(f"TransformerConfig.{name} must be a {cls.__name__}, got {v!r}")
+            v.resolve(self.head_dim if name == "mla" else self.d_ff)  # validates
+            object.__setattr__(self, name, v)
+        if self.attention == "mla":
+            for bad, why in (
+                (self.position != "rope", "position='rope' (its RoPE part is decoupled)"),
+                (self.qk_norm, "qk_norm=False"),
+                (self.use_bias, "use_bias=False"),
+            ):
+                if bad:
+                    raise ValueError(f"TransformerConfig: attention='mla' needs {why}")
 
     @property
     def head_dim(self) -> int:
         """D / H."""
         return self.d_model // self.n_heads
+
+    @property
+    def mla_dims(self) -> MLAConfig:
+        """``mla`` with None widths resolved from ``head_dim`` (DeepSeek-V2 ratios)."""
+        return self.mla.resolve(self.head_dim)
+
+    @property
+    def moe_dims(self) -> MoEConfig:
+        """``moe`` with ``d_expert`` resolved (None -> ``d_ff``)."""
+        return self.moe.resolve(self.d_ff)
 
     def replace(self, **overrides: Any) -> TransformerConfig:
         """A copy with fields replaced (validated again)."""
@@ -258,108 +366,40 @@ def preset(name: str, **overrides: Any) -> TransformerConfig:
 # ----------------------------------------------------------------------------- modules
 
 
-def _norm(config: TransformerConfig, features: int, rngs: nnx.Rngs) -> nnx.Module:
-    kw = dict(epsilon=config.norm_eps, dtype=config.dtype, param_dtype=config.param_dtype)
-    if config.norm == "layernorm":
-        return nnx.LayerNorm(features, rngs=rngs, **kw)
-    return nnx.RMSNorm(features, rngs=rngs, **kw)
-
-
-def _linear(config: TransformerConfig, d_in: int, d_out: int, std: float, rngs) -> nnx.Linear:
-    return nnx.Linear(
-        d_in,
-        d_out,
-        use_bias=config.use_bias,
-        kernel_init=nnx.initializers.normal(std),
-        dtype=config.dtype,
-        param_dtype=config.param_dtype,
-        rngs=rngs,
-    )
-
-
-def _dropout(x: jax.Array, rate: float, key: jax.Array | None) -> jax.Array:
-    """Inverted dropout; identity when key is None or rate is 0."""
-    if key is None or rate == 0.0:
-        return x
-    keep = jax.random.bernoulli(key, 1.0 - rate, x.shape)
-    return jnp.where(keep, x / (1.0 - rate), jnp.zeros_like(x))
-
-
-def _rope(x: jax.Array, base: float) -> jax.Array:
-    """Rotary position embedding (Su et al. 2021), rotate-half form, on x ``[B, T, H, Dh]``."""
-    t, dh = x.shape[1], x.shape[-1]
-    inv_freq = 1.0 / (base ** (jnp.arange(0, dh, 2, dtype=jnp.float32) / dh))  # (Dh/2,)
-    angles = jnp.arange(t, dtype=jnp.float32)[:, None] * inv_freq[None, :]  # (T, Dh/2)
-    cos = jnp.cos(angles)[None, :, None, :]  # (1, T, 1, Dh/2)
-    sin = jnp.sin(angles)[None, :, None, :]
-    x1, x2 = jnp.split(x.astype(jnp.float32), 2, axis=-1)
-    out = jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
-    return out.astype(x.dtype)
-
-
-class Attention(nnx.Module):
-    """Causal multi-head self-attention with separate 2-D q, k, v, o kernels ``[D, D]``."""
-
-    def __init__(self, config: TransformerConfig, *, rngs: nnx.Rngs):
-        d, std = config.d_model, config.init_std
-        self.config = config
-        self.q = _linear(config, d, d, std, rngs)
-        self.k = _linear(config, d, d, std, rngs)
-        self.v = _linear(config, d, d, std, rngs)
-        self.o = _linear(config, d, d, std / math.sqrt(2 * config.n_layers), rngs)
-        if config.qk_norm:
-            kw = dict(epsilon=config.norm_eps, dtype=config.dtype, param_dtype=config.param_dtype)
-            self.q_norm = nnx.RMSNorm(config.head_dim, rngs=rngs, **kw)
-            self.k_norm = nnx.RMSNorm(config.head_dim, rngs=rngs, **kw)
-
-    def __call__(self, x: jax.Array) -> jax.Array:
-        c = self.config
-        b, t, _ = x.shape
-        heads = (b, t, c.n_heads, c.head_dim)
-        q = self.q(x).reshape(heads)  # (B, T, H, Dh)
-        k = self.k(x).reshape(heads)
-        v = self.v(x).reshape(heads)
-        if c.qk_norm:
-            q, k = self.q_norm(q), self.k_norm(k)
-        if c.position == "rope":
-            q, k = _rope(q, c.rope_base), _rope(k, c.rope_base)
-        y = jax.nn.dot_product_attention(q, k, v, is_causal=True)  # (B, T, H, Dh)
-        return self.o(y.reshape(b, t, c.d_model))  # (B, T, D)
-
-
-class MLP(nnx.Module):
-    """FFN: ``w_out(gelu(w_in x))`` or SwiGLU ``w_out(silu(w_gate x) * w_in x)``."""
-
-    def __init__(self, config: TransformerConfig, *, rngs: nnx.Rngs):
-        d, f, std = config.d_model, config.d_ff, config.init_std
-        self.gated = config.ffn == "swiglu"
-        self.w_in = _linear(config, d, f, std, rngs)
-        if self.gated:
-            self.w_gate = _linear(config, d, f, std, rngs)
-        self.w_out = _linear(config, f, d, std / math.sqrt(2 * config.n_layers), rngs)
-
-    def __call__(self, x: jax.Array) -> jax.Array:
-        if self.gated:
-            h = jax.nn.silu(self.w_gate(x)) * self.w_in(x)  # (B, T, F)
-        else:
-            h = jax.nn.gelu(self.w_in(x))  # (B, T, F), tanh approximation as GPT-2
-        return self.w_out(h)  # (B, T, D)
-
-
 class Block(nnx.Module):
-    """Pre-norm block: ``x + attn(norm(x))`` then ``x + mlp(norm(x))``."""
+    """Pre-norm block: ``x + attn(norm(x))`` then ``x + ffn(norm(x))``.
+
+    ``attn`` is ``ATTENTIONS[config.attention]`` (MHA or MLA); ``mlp`` is an :class:`MLP`,
+    or a :class:`MoE` when ``config.moe.experts > 0``. A call returns ``(x, aux)``:
+    ``aux`` holds the MoE layer's scalars (load-balancing loss, dropped fraction), ``{}``
+    for a dense block.
+    """
 
     def __init__(self, config: TransformerConfig, *, rngs: nnx.Rngs):
         self.rate = float(config.dropout)
+        self.is_moe = config.moe.experts > 0
         self.attn_norm = _norm(config, config.d_model, rngs)
-        self.attn = Attention(config, rngs=rngs)
+        self.attn = ATTENTIONS[config.attention](config, rngs=rngs)
         self.mlp_norm = _norm(config, config.d_model, rngs)
-        self.mlp = MLP(config, rngs=rngs)
+        self.mlp = MoE(config, rngs=rngs) if self.is_moe else MLP(config, rngs=rngs)
 
-    def __call__(self, x: jax.Array, key: jax.Array | None = None) -> jax.Array:
+    def _ffn(self, h: jax.Array, dropless: bool = False) -> tuple[jax.Array, dict]:
+        return self.mlp(h, dropless=dropless) if self.is_moe else (self.mlp(h), {})
+
+    def __call__(self, x: jax.Array, key: jax.Array | None = None) -> tuple[jax.Array, dict]:
         k1, k2 = jax.random.split(key) if key is not None else (None, None)
         x = x + _dropout(self.attn(self.attn_norm(x)), self.rate, k1)
-        return x + _dropout(self.mlp(self.mlp_norm(x)), self.rate, k2)
+        h, aux = self._ffn(self.mlp_norm(x))
+        return x + _dropout(h, self.rate, k2), aux
+
+    def extend(self, x: jax.Array, cache: dict, pos: jax.Array) -> tuple[jax.Array, dict]:
+        """Incremental forward of S new tokens ``x [B, S, D]`` through the KV cache.
+
+        No dropout; the MoE never drops (dropless). Returns ``(x, cache)``.
+        """
+        h, cache = self.attn.extend(self.attn_norm(x), cache, pos)
+        x = x + h
+        return x + self._ffn(self.mlp_norm(x), dropless=True)[0], cache
 
 
 class Transformer(nnx.Module):
@@ -381,7 +421,12 @@ class Transformer(nnx.Module):
         self.embed = nnx.Embed(config.vocab_size, config.d_model, **emb_kw)
         if config.position == "learned":
             self.pos_embed = nnx.Embed(config.max_len, config.d_model, **emb_kw)
-        self.layers = nnx.List([Block(config, rngs=rngs) for _ in range(config.n_layers)])
+        if config.scan_layers:
+            # one Block whose every Param is [L, ...]
+            make = lambda r: Block(config, rngs=r)  # noqa: E731
+            self.layers = stacked_modules(make, config.n_layers, rngs)
+        else:
+            self.layers = nnx.List([Block(config, rngs=rngs) for _ in range(config.n_layers)])
         self.final_norm = _norm(config, config.d_model, rngs)
         if not config.tied_head:
             self.head = nnx.Linear(
@@ -395,14 +440,22 @@ class Transformer(nnx.Module):
             )
 
     def __call__(
-        self, tokens: jax.Array, *, rng: jax.Array | None = None, deterministic: bool = True
-    ) -> jax.Array:
+        self,
+        tokens: jax.Array,
+        *,
+        rng: jax.Array | None = None,
+        deterministic: bool = True,
+        with_aux: bool = False,
+    ) -> jax.Array | tuple[jax.Array, dict]:
         """Logits ``[B, T, V]`` float32 for tokens ``[B, T]``.
 
         Args:
           tokens: int ``[B, T]`` with ``T <= max_len``.
           rng: dropout key; required when ``dropout > 0`` and ``deterministic=False``.
           deterministic: disable dropout.
+          with_aux: also return the blocks' auxiliary scalars, each averaged over the
+            layers that produce it (MoE: ``moe_lb_loss``, ``moe_drop_fraction``; ``{}``
+            for a dense model).
 
         Raises:
           ValueError: on a bad token shape/dtype or a missing dropout key.
@@ -412,21 +465,49 @@ class Transformer(nnx.Module):
         use_dropout = c.dropout > 0 and not deterministic
         if use_dropout and rng is None:
             raise ValueError("rng is required when dropout > 0 and deterministic=False")
-        keys = jax.random.split(rng, c.n_layers + 1) if use_dropout else [None] * (c.n_layers + 1)
-        x = self.embed(tokens)  # (B, T, D)
-        if c.position == "learned":
-            x = x + self.pos_embed(jnp.arange(tokens.shape[1]))[None]
-        x = _dropout(x, c.dropout, keys[0])
-        for i, block in enumerate(self.layers):
-            if c.remat:
-                x = nnx.remat(lambda blk, h, k: blk(h, k))(block, x, keys[i + 1])
-            else:
-                x = block(x, keys[i + 1])
-        x = self.final_norm(x)
-        if c.tied_head:
-            logits = self.embed.attend(x)  # (B, T, V)
+        keys = jax.random.split(rng, c.n_layers + 1) if use_dropout else None  # (L + 1,)
+        x = _dropout(self._embed(tokens, 0), c.dropout, None if keys is None else keys[0])
+        layer_keys = None if keys is None else keys[1:]  # (L,)
+        if c.scan_layers:  # aux: {name: [L]}
+            x, aux = scan_blocks(self.layers, x, layer_keys, c.remat, c.remat_policy)
+            aux = {k: jnp.mean(v) for k, v in aux.items()}
         else:
-            logits = self.head(x)
+            auxes = []
+            for i, block in enumerate(self.layers):
+                key = None if layer_keys is None else layer_keys[i]
+                x, a = remat(c.remat, c.remat_policy)(lambda blk, h, k: blk(h, k))(block, x, key)
+                auxes.append(a)
+            aux = {k: jnp.mean(jnp.stack([a[k] for a in auxes])) for k in auxes[0]}
+        logits = self._logits(x)
+        return (logits, aux) if with_aux else logits
+
+    def extend(self, tokens: jax.Array, cache: list, pos: jax.Array) -> tuple[jax.Array, list]:
+        """Logits ``[B, S, V]`` of S new tokens at positions ``pos..pos+S-1`` and the new cache.
+
+        ``cache`` is one dict per layer (``amemory.models.decode.init_cache``); the result
+        equals rows ``pos..pos+S-1`` of the full forward pass of the whole sequence (the
+        MoE dropless). Used by :mod:`amemory.models.decode`. Scanned layers are run one
+        layer slice after the other (the cache is per layer).
+        """
+        x = self._embed(tokens, pos)
+        layers = self.layers
+        if self.config.scan_layers:
+            layers = layer_views(self.layers, self.config.n_layers)
+        new = []
+        for block, layer_cache in zip(layers, cache, strict=True):
+            x, layer_cache = block.extend(x, layer_cache, pos)
+            new.append(layer_cache)
+        return self._logits(x), new
+
+    def _embed(self, tokens: jax.Array, pos: jax.Array | int) -> jax.Array:
+        x = self.embed(tokens)  # (B, T, D)
+        if self.config.position == "learned":
+            x = x + self.pos_embed(pos + jnp.arange(tokens.shape[1]))[None]
+        return x
+
+    def _logits(self, x: jax.Array) -> jax.Array:
+        x = self.final_norm(x)
+        logits = self.embed.attend(x) if self.config.tied_head else self.head(x)  # (B, T, V)
         return logits.astype(jnp.float32)
 
 
@@ -483,7 +564,9 @@ def init_params(config: TransformerConfig, key: jax.Array) -> dict:
     if not isinstance(config, TransformerConfig):
         raise ValueError(f"config must be a TransformerConfig, got {type(config).__name__}")
     # Fields that do not change the parameters share one compiled initialiser.
-    config = config.replace(remat=False, dropout=0.0, dtype=config.param_dtype)
+    config = config.replace(
+        remat=False, remat_policy="nothing_saveable", dropout=0.0, dtype=config.param_dtype
+    )
     if _is_key_batch(key):
         return jax.vmap(lambda k: _init_params(config, k))(key)
     return _init_params(config, key)
@@ -525,7 +608,8 @@ def apply(
     *,
     rng: jax.Array | None = None,
     deterministic: bool = True,
-) -> jax.Array:
+    with_aux: bool = False,
+) -> jax.Array | tuple[jax.Array, dict]:
     """Pure forward pass: logits ``[B, T, V]`` float32 for tokens ``[B, T]`` int.
 
     Safe under ``jax.jit`` (graphdef static or closed over), ``jax.grad`` w.r.t. params,
@@ -537,105 +621,16 @@ def apply(
       tokens: int ``[B, T]``, ``T <= max_len``.
       rng: dropout key, required when ``dropout > 0`` and ``deterministic=False``.
       deterministic: disable dropout.
+      with_aux: return ``(logits, aux)``, ``aux`` the MoE layers' scalars averaged over
+        layers (``moe_lb_loss``, ``moe_drop_fraction``; ``{}`` for dense models).
 
     Raises:
       ValueError: on bad token shape/dtype or missing dropout key.
     """
     model = nnx.merge(graphdef, params)
-    return model(tokens, rng=rng, deterministic=deterministic)
+    return model(tokens, rng=rng, deterministic=deterministic, with_aux=with_aux)
 
 
 def count_params(params: Any) -> int:
     """Total number of scalar parameters in a pytree (works on ``jax.eval_shape`` output)."""
     return int(sum(np.prod(x.shape, dtype=np.int64) for x in jax.tree.leaves(params)))
-
-
-# ----------------------------------------------------------------------------- analysis
-
-
-def _layer_ids(params: Mapping[str, Any]) -> list:
-    if "layers" not in params:
-        raise ValueError("params has no 'layers' entry; expected a Transformer parameter dict")
-    return sorted(params["layers"], key=int)
-
-
-def _math(kernel: jax.Array) -> jax.Array:
-    """Flax kernel ``[..., d_in, d_out]`` -> matrix ``[..., d_out, d_in]``."""
-    return jnp.swapaxes(kernel, -1, -2)
-
-
-def vo_maps(params: Mapping[str, Any], config: TransformerConfig, *, per_head: bool = True):
-    """Value-output maps of every layer, in the ``y = M x`` convention.
-
-    Head h maps the (normalised) residual stream through ``W_O^h W_V^h``, with
-    ``W_V^h = W_V[h rows]`` ``[Dh, D]`` and ``W_O^h = W_O[:, h cols]`` ``[D, Dh]``
-    (W = kernel.T). The full-layer map is ``W_O W_V = Σ_h W_O^h W_V^h``. Paper A (A.3)
-    measures isotropy of VO.
-
-    Args:
-      params: parameter dict from :func:`init` (a leading seed axis is carried through).
-      config: its configuration (for the head split).
-      per_head: return per-head maps (rank <= Dh each) or the per-layer sum.
-
-    Returns:
-      ``[..., n_layers, n_heads, D, D]`` if ``per_head`` else ``[..., n_layers, D, D]``.
-
-    Raises:
-      ValueError: if params is not a Transformer parameter dict.
-    """
-    h, dh = config.n_heads, config.head_dim
-    out = []
-    for i in _layer_ids(params):
-        attn = params["layers"][i]["attn"]
-        wv = _math(attn["v"]["kernel"])  # [..., D(out), D(in)]
-        wo = _math(attn["o"]["kernel"])
-        if per_head:
-            lead = wv.shape[:-2]
-            wv_h = wv.reshape(*lead, h, dh, wv.shape[-1])  # [..., H, Dh, D]
-            wo_h = jnp.moveaxis(wo.reshape(*lead, wo.shape[-2], h, dh), -2, -3)  # [..., H, D, Dh]
-            out.append(wo_h @ wv_h)  # [..., H, D, D]
-        else:
-            out.append(wo @ wv)
-    return jnp.stack(out, axis=-4 if per_head else -3)
-
-
-def ffn_matrices(params: Mapping[str, Any]) -> dict[str, jax.Array]:
-    """FFN matrices stacked over layers, in the ``y = W x`` convention.
-
-    Returns:
-      ``{"w_in": [..., L, F, D], "w_out": [..., L, D, F]}`` plus ``"w_gate": [..., L, F, D]``
-      for SwiGLU models.
-
-    Raises:
-      ValueError: if params is not a Transformer parameter dict.
-    """
-    ids = _layer_ids(params)
-    roles = [r for r in FFN_ROLES if r in params["layers"][ids[0]]["mlp"]]
-    return {
-        r: jnp.stack([_math(params["layers"][i]["mlp"][r]["kernel"]) for i in ids], axis=-3)
-        for r in roles
-    }
-
-
-def hidden_matrices(params: Mapping[str, Any], *, include_vo: bool = True) -> dict[str, jax.Array]:
-    """Every hidden matrix by name, for spectrum logging.
-
-    Returns:
-      ``{"layers/i/<role>": [..., d_out, d_in]}`` for the roles ``q, k, v, o, w_in,
-      w_gate, w_out`` present (``W = kernel.T``), plus ``"layers/i/vo"`` = ``W_O W_V``
-      ``[..., D, D]`` (not a role: the product paper A analyses) when ``include_vo``.
-      Leading seed axes are carried through.
-
-    Raises:
-      ValueError: if params is not a Transformer parameter dict.
-    """
-    out = {}
-    for i in _layer_ids(params):
-        layer = params["layers"][i]
-        for group, roles in (("attn", ATTN_ROLES), ("mlp", FFN_ROLES)):
-            for r in roles:
-                if r in layer[group]:
-                    out[f"layers/{i}/{r}"] = _math(layer[group][r]["kernel"])
-        if include_vo:
-            out[f"layers/{i}/vo"] = out[f"layers/{i}/o"] @ out[f"layers/{i}/v"]
-    return out
