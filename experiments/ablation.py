@@ -54,7 +54,7 @@ def gain_share(l_none: Any, l_subset: Any, l_all: Any) -> Any:
 
 
 def paper_shares(ffn: str) -> dict[str, float]:
-    """The paper's share of gain per subset from Table 1 (papers.md A.3)."""
+    """The paper's share of gain per subset from Table 1 (paper A, arXiv 2509.26030)."""
     t = PAPER_TABLE[ffn]
     return {s: gain_share(t["none"], v, t["all"]) for s, v in t.items()}
 

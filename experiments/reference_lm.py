@@ -2,9 +2,10 @@
 
 ``amemory.train.train`` resolves a config into routed optimizers, schedules, a data
 pipeline and a jitted step. This module trains the same model (``amemory.models.
-transformer``, same initialisation per seed) on the same batches (``amemory.data.corpus``
-``Batcher`` with the run's ``seed``, the engine's data order) with nothing of the engine:
-the optimizer is written directly in optax, the schedule is
+transformer`` built by ``amemory.train.tasks.model_config``, same initialisation per
+seed) on the same batches (``amemory.data.batching.token_loader`` with the run's
+``seed``: the engine's data order) with nothing of the engine's optimizer or loop: the
+optimizer is written directly in optax, the schedule is
 ``optax.warmup_cosine_decay_schedule``, and the loop is a ``jax.jit`` of ``jax.vmap`` over
 seeds read top to bottom. It serves two experiments:
 
@@ -35,19 +36,6 @@ import optax
 
 KINDS = ("adam", "optax_muon", "muon", "normuon")
 HIDDEN = ("q", "k", "v", "o", "w_in", "w_gate", "w_out")
-
-
-def model_config(cfg: Any, vocab_size: int):
-    """``TransformerConfig`` of the run config ``cfg`` (its ``model`` preset and overrides)."""
-    from amemory.models import transformer
-
-    m = cfg.model
-    fields = ("d_model", "n_layers", "n_heads", "d_ff", "ffn", "norm", "position", "qk_norm",
-              "tied_head")  # fmt: skip
-    over = {k: m[k] for k in fields if m[k] is not None}
-    return transformer.preset(
-        m.preset, vocab_size=int(vocab_size), max_len=int(cfg.data.seq_len), **over
-    )
 
 
 def schedule(cfg: Any, peak: float) -> optax.Schedule:
@@ -142,8 +130,10 @@ def run(cfg: Any, kind: str, seeds: tuple[int, ...], *, log_every: int = 10) -> 
     Raises:
       ValueError: for an unknown kind, no seeds, a non-corpus task or a non-cosine schedule.
     """
+    from amemory.data import batching
     from amemory.data import corpus as C
     from amemory.models import transformer
+    from amemory.train.tasks import model_config
 
     if kind not in KINDS:
         raise ValueError(f"reference_lm kind must be one of {KINDS}, got {kind!r}")
@@ -184,13 +174,15 @@ def run(cfg: Any, kind: str, seeds: tuple[int, ...], *, log_every: int = 10) -> 
 
     train_step = jax.jit(jax.vmap(step, in_axes=(0, 0, None)))
     eval_fn = jax.jit(jax.vmap(loss_fn, in_axes=(0, None)))
-    val = list(C.eval_batches(data.val_tokens, int(d.batch_size), int(d.seq_len),
-                              max_batches=int(d.eval_batches)))  # fmt: skip
-    batcher = C.Batcher(data.train_tokens, int(d.batch_size), int(d.seq_len), int(cfg.seed))
+    val = list(batching.eval_batches(data.val_tokens, int(d.batch_size), int(d.seq_len),
+                                     max_batches=int(d.eval_batches)))  # fmt: skip
+    batches = iter(
+        batching.token_loader(data.train_tokens, int(d.batch_size), int(d.seq_len), int(cfg.seed))
+    )
     steps, every = int(cfg.steps), int(cfg.eval_every)
     eval_steps, val_loss, train_loss, cv_steps, cv_rows = [], [], [], [], []
     for t in range(1, steps + 1):
-        params, opt_state, loss, cv = train_step(params, opt_state, jnp.asarray(batcher.next()))
+        params, opt_state, loss, cv = train_step(params, opt_state, jnp.asarray(next(batches)))
         train_loss.append(np.asarray(loss))
         if t % log_every == 0:
             cv_steps.append(t)

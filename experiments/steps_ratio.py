@@ -104,9 +104,15 @@ def n_units(cfg: ConfigDict) -> int:
     n = 0
     for name in sizes(cfg):
         if name not in cfg.fixed_lr_sizes:
-            n += len(cfg.lr_grid.adam) + len(cfg.lr_grid.muon)
+            n += sum(len(g) for g in grid(cfg, name).values())
         n += 2
     return n + 2 * len(cfg.reference_sizes) + len(cfg.budget_fractions) + len(cfg.adam_betas)
+
+
+def grid(cfg: ConfigDict, name: str) -> dict[str, tuple[float, ...]]:
+    """The learning-rate grid of size ``name``: ``lr_grid_small`` for ``small_grid_sizes``."""
+    g = cfg.lr_grid_small if name in cfg.small_grid_sizes else cfg.lr_grid
+    return {k: tuple(float(x) for x in v) for k, v in g.to_dict().items()}
 
 
 def _ratio(steps: np.ndarray, muon: np.ndarray, adam_final: np.ndarray, total: float):
@@ -124,11 +130,12 @@ def run(
     """Run the sweep; writes result.json and figures. See the module docstring.
 
     Raises:
-      ValueError: for a ``test_size``, ``reference_sizes`` or ``fixed_lr_sizes`` entry
+      ValueError: for a ``test_size``, ``reference_sizes``, ``fixed_lr_sizes`` or
+        ``small_grid_sizes`` entry
         that is not one of the sweep's sizes, or fewer than 2 seeds (before training).
     """
     points = sizes(cfg)
-    for field in ("reference_sizes", "fixed_lr_sizes"):
+    for field in ("reference_sizes", "fixed_lr_sizes", "small_grid_sizes"):
         bad = [s for s in cfg[field] if s not in points]
         if bad:
             raise ValueError(f"steps_ratio config field {field!r}: {bad} not in {list(points)}")
@@ -145,7 +152,7 @@ def run(
             base = size_config(cfg.base, point)
             tl = ConfigDict({
                 "base": base, "optimizers": ("adam", "muon"), "matrix_roles": "hidden",
-                "lr_grid": cfg.lr_grid.to_dict(), "seeds": tuple(cfg.seeds),
+                "lr_grid": grid(cfg, name), "seeds": tuple(cfg.seeds),
             })  # fmt: skip
             if name in cfg.fixed_lr_sizes:
                 chosen, tables = {"adam": float(cfg.lr.adam), "muon": float(cfg.lr.muon)}, {}
@@ -161,7 +168,10 @@ def run(
                 **{k: point[k] for k in ("d_model", "n_layers", "vocab_size", "axes")},
                 "n_params": runs["adam"]["summary"].get("n_params"),
                 "chosen_lr": chosen, "lr_sweep": tables,
-                "lr_source": cfg.lr_source if name in cfg.fixed_lr_sizes else "grid, seed 0",
+                "lr_source": cfg.lr_source if name in cfg.fixed_lr_sizes else (
+                    "grid " + "; ".join(f"{o} {', '.join(f'{x:g}' for x in g)}"
+                                        for o, g in grid(cfg, name).items()) + " on seed 0"
+                ),
                 "eval_steps": curves["adam"][0],
                 "val_loss": {o: c[1] for o, c in curves.items()},
                 "final": {o: c[1][-1] for o, c in curves.items()},

@@ -30,7 +30,7 @@ def _np_stats(W, prior):
 
 
 def _np_grad(W, prior):
-    """Closed form (papers.md A.1), decoupled: dL/dW[i, k] = p_k (s_ik - 1[i = k])."""
+    """Closed form (paper A, arXiv 2509.26030), decoupled: dL/dW[i, k] = p_k (s_ik - 1[i = k])."""
     s = _np_softmax_cols(W)
     return (s - np.eye(W.shape[0])) * prior[None, :]
 
@@ -119,7 +119,7 @@ def test_word_counts_and_validation():
 
 
 def test_gain_share_reproduces_paper_arithmetic():
-    # papers.md A.3 Table 1 (non-gated): VO+FFN and QK shares of Muon's gain.
+    # Paper A (arXiv 2509.26030) Table 1 (non-gated): VO+FFN and QK shares of Muon's gain.
     np.testing.assert_allclose(ablation.gain_share(3.9242, 3.5858, 3.5654), 0.94314, rtol=1e-4)
     np.testing.assert_allclose(ablation.paper_shares("gelu")["qk"], 0.0317 / 0.3588, rtol=1e-3)
     assert math.isnan(ablation.gain_share(3.0, 2.9, 3.1))  # Muon-on-all did not help
@@ -259,12 +259,13 @@ def test_steps_ratio_and_plain_optax_reference(tiny_tail_lm, tmp_path):
 
     cfg, cache, res, _ = tiny_tail_lm
     scfg = common.load_config("steps_ratio", "quick")
-    assert set(steps_ratio.sizes(scfg)) == {"d128", "d256"}  # quick: tail_lm's size and d=256
+    assert set(steps_ratio.sizes(scfg)) == {"d64", "d128"}  # quick: d=64 and tail_lm's size
     scfg.base = cfg.base
     scfg.seeds = cfg.seeds
     scfg.lr_grid = cfg.lr_grid
     scfg.widths, scfg.depths, scfg.vocabs = (16,), (1,), (512,)  # tail_lm's runs only
-    scfg.fixed_lr_sizes, scfg.test_size, scfg.reference_sizes = (), "d16", ("d16",)
+    scfg.fixed_lr_sizes, scfg.small_grid_sizes = (), ()
+    scfg.test_size, scfg.reference_sizes = "d16", ("d16",)
     scfg.budget_fractions = (0.5,)
     n_runs = len(list(cache.iterdir()))
     out = steps_ratio.run(scfg, tmp_path / "sr", cache_dir=cache)
@@ -415,14 +416,15 @@ def test_reproduce_passes_tail_lm_lrs_to_reduced_tail_qa(tmp_path):
                                figures=[], claims=[], wall_s=0.0)
         )  # fmt: skip
 
-    stages = ("tail_lm", "isotropy", "tail_qa", "steps_ratio")
+    stages = ("tail_lm", "isotropy", "tail_qa", "arch", "steps_ratio")
     reproduce.reproduce(stages, "quick", tmp_path, progress=False,
                         stage_runner=runner, sets=["base.steps=3"])  # fmt: skip
     assert seen["sets"] == ("base.steps=3",)
     assert seen["tail_qa"]["sweep"] is False
-    for name in ("isotropy", "tail_qa", "steps_ratio"):
+    for name in ("isotropy", "tail_qa", "arch"):
         assert seen[name]["lr.adam"] == 0.01 and seen[name]["lr.muon"] == 0.05
         assert "tail_lm" in seen[name]["lr_source"]
+    assert "lr.adam" not in seen["steps_ratio"]  # its own grid at every size
 
 
 def test_reproduce_cli_rejects_bad_flags(capsys):

@@ -33,7 +33,7 @@ SEEDS = (1, 2, 3)
 def base_lm(scale: str = "quick") -> ConfigDict:
     """The LM run config (experiments/configs/lm.py) with this project's experiment sizes.
 
-    Hyper-parameters follow paper A (papers.md A.3) where it states them: no weight
+    Hyper-parameters follow paper A (Wang et al. 2025, arXiv 2509.26030; docs/science.md) where it states them: no weight
     decay, Adam betas (0.8, 0.95), Muon momentum 0.95 without Nesterov, 5 Newton-Schulz
     steps with Jordan's coefficients. Same seed (0) and hence the same data order for
     every optimizer.

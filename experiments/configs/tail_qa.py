@@ -4,7 +4,7 @@ Launch::
 
     python -m experiments.tail_qa --scale quick --out runs/tail_qa
 
-Biographies (papers.md A.3, ``amemory.data.biographies``): groups g = 0..m, group g holds
+Biographies (paper A, Wang et al. 2025, arXiv 2509.26030, Sec. 5; ``amemory.data.biographies``): groups g = 0..m, group g holds
 N_g = 2^(g-1) individuals each appearing in S_g = 2^(m-g) selections, so group m is the
 rarest. Quick scale: m = 8 (256 individuals), the tail_lm quick model (d=128, 2 layers),
 batch 32, 300 steps; learning rates from a 3-point grid for Adam, Muon and SGD on seed 0
@@ -24,7 +24,7 @@ from experiments.configs import SCALES as SCALES
 from experiments.configs import new_config
 from experiments.configs.tail_lm import SEEDS, base_lm
 
-# papers.md A.3: first-token accuracy at 10k steps (non-gated), groups 11 / 13 / 15 of m = 15.
+# Paper A (Wang et al. 2025, arXiv 2509.26030), Sec. 5: first-token accuracy at 10k steps (non-gated), groups 11 / 13 / 15 of m = 15.
 PAPER_FTA = {
     "muon": (1.000, 1.000, 0.976),
     "adam": (1.000, 0.890, 0.264),
