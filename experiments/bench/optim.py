@@ -28,7 +28,6 @@ Usage:
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import pathlib
 import platform
@@ -42,6 +41,7 @@ import numpy as np
 import optax
 from optax.contrib import muon as optax_muon
 
+from amemory import atomic
 from amemory.optim import muon, orthogonality_error, shape_scale_factor
 
 TREES = {
@@ -222,7 +222,7 @@ def main(argv: list[str]) -> int:
             "results": results,
         }
         args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(payload, indent=2))
+        atomic.write_json(args.json, payload)
         print(f"\nwrote {args.json}")
     return 0
 

@@ -36,7 +36,6 @@ Usage:
 from __future__ import annotations
 
 import argparse
-import json
 import pathlib
 import platform
 import sys
@@ -47,6 +46,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from amemory import atomic
 from amemory.models import transformer
 from amemory.train import optimizers
 from amemory.train.config import load_config
@@ -242,7 +242,7 @@ def main(argv: list[str]) -> int:
             f"from update times {out['predicted_ratio_from_update_times'][k]:.3f}"
         )
     if args.json:
-        pathlib.Path(args.json).write_text(json.dumps(out, indent=2) + "\n")
+        atomic.write_json(args.json, out)
     return 0
 
 
