@@ -1,13 +1,15 @@
 """Training engine: one device, ``pmap``, sharded ``jit`` over a mesh, or many hosts.
 
 Public API (imported lazily, so ``amemory train --help`` and config errors stay fast):
-  train(config, workdir, *, resume=False) -> summary dict   (amemory.train.loop)
+  train(config, workdir, *, resume=False, allow_changed=()) -> summary  (amemory.train.loop)
   run(config, workdir, *, resume=False) -> (summary, final TrainState as numpy)
   load_config(path, overrides) -> ConfigDict                (config file + a.b=value overrides)
-  TrainState, Checkpointer, NonFiniteLossError
+  TrainState, Checkpointer, NonFiniteLossError, DivergenceError, RunInterrupted,
+  WorkdirBusyError                                          (amemory.train.guard, .lock)
 
 Modules: config (load/override/validate), tasks (model + data + eval per config.task),
-optimizers (names -> optax), state, parallel (modes, mesh, multi-host), checkpoint (Orbax),
+optimizers (names -> optax), state, parallel (modes, mesh, multi-host), checkpoint (Orbax,
+verified restore), guard (stop signals, divergence, resume contract), lock (workdir lock),
 loop (the step and the loop), cli (``amemory train``).
 """
 
@@ -18,7 +20,10 @@ import importlib
 _EXPORTS = {
     "train": "amemory.train.loop",
     "run": "amemory.train.loop",
-    "NonFiniteLossError": "amemory.train.loop",
+    "NonFiniteLossError": "amemory.train.guard",
+    "DivergenceError": "amemory.train.guard",
+    "RunInterrupted": "amemory.train.guard",
+    "WorkdirBusyError": "amemory.train.lock",
     "load_config": "amemory.train.config",
     "TrainState": "amemory.train.state",
     "Checkpointer": "amemory.train.checkpoint",

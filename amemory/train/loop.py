@@ -3,8 +3,9 @@
 Run directory (``workdir``)
   config.json      the resolved config (after command-line overrides)
   metrics.jsonl    one JSON object per line, see below
-  checkpoints/     Orbax steps: params, opt_state, step, rng, data position, config
-  summary.json     the dict ``train`` returns
+  checkpoints/     Orbax steps: params, opt_state, step, rng, data position, config, digest
+  summary.json     the dict ``train`` returns (written last: its presence marks a finished run)
+  run.lock         held while a run is live (``amemory.train.lock``)
 
 metrics.jsonl records. Every record has ``"kind"`` and ``"step"`` (optimizer
 steps completed, int). In multi-seed runs (``config.seeds`` non-empty) every
@@ -36,7 +37,10 @@ numeric value below is a list with one entry per seed, in ``config.seeds`` order
                    stable_rank, condition_number
 
 ``kind == "event"``: ``event`` in {"start", "resume", "compiled", "nonfinite", "end"} with
-details ("start" holds the routing table: rows [path, shape, role, transform]).
+details ("start" holds the routing table: rows [path, shape, role, transform]); from
+``amemory.train.guard``: "checkpoint_rejected" (checkpoint, reason), "config_changed"
+(allowed, bookkeeping: {field: [old, new]}), "nonfinite" and "diverged" (healthy_checkpoint),
+"stopped" (reason: SIGTERM | SIGINT | preemption, checkpoint).
 
 Memory-task records count queries, not tokens: ``tokens_per_s`` is queries per second
 (``batch_size`` per step, or K per step for the exact population loss).
@@ -59,16 +63,14 @@ from jax.experimental import multihost_utils
 from ml_collections import ConfigDict
 from tqdm.auto import tqdm
 
+from amemory import atomic
 from amemory.analysis import spectrum as spectrum_lib
 from amemory.train import checkpoint as ckpt_lib
 from amemory.train import config as config_lib
+from amemory.train import guard as guard_lib
 from amemory.train import optimizers, parallel, tasks
+from amemory.train.guard import NonFiniteLossError as NonFiniteLossError  # issue 15: moved
 from amemory.train.state import TrainState
-
-
-class NonFiniteLossError(RuntimeError):
-    """The training loss became NaN or infinite; the message names the step and checkpoint."""
-
 
 # ----------------------------------------------------------------------------- the step
 
@@ -271,7 +273,7 @@ class _Log:
                     continue  # a line cut by a kill
                 if int(rec.get("step", 0)) <= keep_until:
                     kept.append(line)
-            self.path.write_text("".join(line + "\n" for line in kept))
+            atomic.write_text(self.path, "".join(line + "\n" for line in kept))  # issue 15
         self._f = self.path.open("a")
 
     def write(self, kind: str, step: int, **fields: Any) -> None:
@@ -307,17 +309,23 @@ def _per_seed(x: Any, multi: bool) -> Any:
 # ----------------------------------------------------------------------------- train
 
 
-def train(config: ConfigDict, workdir: str | pathlib.Path, *, resume: bool = False) -> dict:
+def train(
+    config: ConfigDict, workdir: str | pathlib.Path, *, resume: bool = False,
+    allow_changed: tuple[str, ...] = (),
+) -> dict:  # fmt: skip
     """Train ``config`` and write the run directory ``workdir``; return the summary dict.
 
     Args:
       config: run ConfigDict (``experiments/configs/lm.py`` or ``memory.py``).
       workdir: run directory (created); holds config.json, metrics.jsonl, checkpoints/,
         summary.json.
-      resume: continue from the newest checkpoint in ``workdir`` (a fresh start when
-        there is none). Without it a workdir that already has checkpoints is an error.
-        The continuation is exact for the same config; a different ``steps`` also
-        reshapes the learning-rate schedule (it is a function of ``steps``).
+      resume: continue from the newest intact checkpoint in ``workdir`` (a fresh start
+        when there is none; damaged ones are moved aside with a warning). Without it a
+        workdir that already has checkpoints is an error. The continuation is exact
+        for the same config; a different ``steps`` also reshapes the learning-rate
+        schedule (it is a function of ``steps``).
+      allow_changed: config fields that may differ from the checkpoint's config on
+        resume (``amemory.train.guard.check_resume``; recorded in metrics.jsonl).
 
     Returns:
       summary dict: workdir, task, optimizer, mode, seeds, steps, n_params,
@@ -329,15 +337,29 @@ def train(config: ConfigDict, workdir: str | pathlib.Path, *, resume: bool = Fal
         or a checkpoint that does not fit the model (names the leaf) -- all before
         compiling the step.
       NonFiniteLossError: the loss became NaN/inf (any seed of a multi-seed run); the
-        message names the step and the last good checkpoint.
+        message names the step and the newest healthy checkpoint.
+      amemory.train.guard.DivergenceError: the divergence test fired (``config.divergence``).
+      amemory.train.guard.RunInterrupted: SIGTERM/SIGINT/preemption; the step was saved.
+      amemory.train.guard.WorkdirBusyError: another run holds ``workdir``.
+      OSError: the workdir cannot be written (read-only, full disk).
     """
-    return run(config, workdir, resume=resume)[0]
+    return run(config, workdir, resume=resume, allow_changed=allow_changed)[0]
 
 
 def run(
-    config: ConfigDict, workdir: str | pathlib.Path, *, resume: bool = False
-) -> tuple[dict, TrainState]:
+    config: ConfigDict, workdir: str | pathlib.Path, *, resume: bool = False,
+    allow_changed: tuple[str, ...] = (),
+) -> tuple[dict, TrainState]:  # fmt: skip
     """``train``, also returning the final ``TrainState`` as numpy arrays (host copy)."""
+    config_lib.validate(config)  # issue 15: lock + signals + guards around the whole run
+    parallel.initialize_distributed(config.parallel)
+    with guard_lib.RunGuard(config, workdir, allow_changed) as g:
+        return _run(config, workdir, resume=resume, g=g)
+
+
+def _run(
+    config: ConfigDict, workdir: str | pathlib.Path, *, resume: bool, g: guard_lib.RunGuard
+) -> tuple[dict, TrainState]:
     t_start = time.perf_counter()
     config = ConfigDict(config.to_dict()) if isinstance(config, ConfigDict) else config
     config_lib.validate(config)
@@ -375,7 +397,7 @@ def run(
         )
     n_params = int(sum(np.prod(x.shape) for x in jax.tree.leaves(abstract_params)))
     if latest is not None:
-        restored, extra = ckpt.restore(latest, engine.restore_target)
+        latest, restored, extra = g.restore(ckpt, engine.restore_target)  # issue 15: intact
         state = engine.from_checkpoint(restored)
         task.restore_data(extra["data_position"])
         start = int(latest)
@@ -383,8 +405,9 @@ def run(
         state = engine.init_state()
         start = 0
     log = _Log(workdir / "metrics.jsonl", is_main, start if latest is not None else None)
+    g.attach(ckpt, log)  # issue 15
     if is_main:
-        (workdir / "config.json").write_text(config.to_json_best_effort(indent=2) + "\n")
+        atomic.write_text(workdir / "config.json", config.to_json_best_effort(indent=2) + "\n")
     if latest is not None:
         log.write("event", start, event="resume", checkpoint=str(ckpt.path(latest)))
     else:
@@ -421,15 +444,7 @@ def run(
             m = engine.fetch(metrics)
             dt = time.perf_counter() - t0
             loss = np.asarray(m["loss"])
-            if not np.all(np.isfinite(loss)):
-                ckpt.wait()
-                good = ckpt.latest_step()
-                where = str(ckpt.path(good)) if good is not None else "none (no checkpoint yet)"
-                log.write("event", s, event="nonfinite", loss=loss, last_checkpoint=where)
-                raise NonFiniteLossError(
-                    f"non-finite training loss {loss.tolist()} at step {s}; "
-                    f"last good checkpoint: {where}"
-                )
+            g.check_finite(s, loss)  # issue 15: names the newest healthy checkpoint
             if compile_s is None:
                 compile_s = dt
                 log.write("event", s, event="compiled", first_step_s=dt)
@@ -449,6 +464,7 @@ def run(
                     bar.set_postfix(loss=np.mean(loss))
                 acc_time, acc_steps = 0.0, 0
                 log.write("train", s, **rec)
+                g.observe_log(s, m["loss"], m["grad_norm"])  # issue 15: divergence test
             if s % int(config.eval_every) == 0 or s == steps:
                 last_eval = _evaluate(engine, task, state, multi)
                 log.write("eval", s, **last_eval)
@@ -457,9 +473,11 @@ def run(
                 log.write("spectrum", s, **_spectrum(engine, task, state, multi))
             every = int(config.checkpoint_every)
             if (every and s % every == 0) or s == steps:
-                ckpt.save(s, engine.for_checkpoint(state), extra_fn())
+                g.save(ckpt, s, engine.for_checkpoint(state), extra_fn())  # issue 15: verified
                 last_saved = s
             bar.update(1)
+            if s < steps and g.stop_requested(s):  # issue 15: SIGTERM/SIGINT -> save s, stop
+                g.stop(ckpt, s, engine.for_checkpoint(state), extra_fn, saved=last_saved == s)
         ckpt.wait()
     finally:
         bar.close()
@@ -489,7 +507,7 @@ def run(
     log.write("event", final_step, event="end", wall_s=summary["wall_s"])
     log.close()
     if is_main:
-        (workdir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+        atomic.write_json(workdir / "summary.json", summary)  # issue 15
     return summary, final_host
 
 
