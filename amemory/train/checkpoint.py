@@ -137,6 +137,8 @@ def state_digest(state: Any) -> tuple[dict[str, list[int]], dict[str, int]]:
     integer reductions, so they do not depend on sharding, device count or reduction
     order (the same state saved from 8 devices and read on 1 gives the same digest).
     One fused pass over the state on the device; only 3 integers per leaf reach the host.
+    The pair of sums is a Fletcher-style checksum (J. G. Fletcher, "An Arithmetic
+    Checksum for Serial Transmissions", IEEE Trans. Commun. 30(1), 1982) over 32-bit words.
 
     Args:
       state: pytree of arrays (numpy or jax, any sharding whose reduction is replicated).
@@ -165,17 +167,18 @@ def _first_line(e: BaseException, tail: bool = False) -> str:
 
 def _settle(held: Any, swallowed: list, quiet_s: float = 0.3, max_s: float = 3.0) -> None:
     """Wait until nothing more reaches ``held`` or ``swallowed`` for ``quiet_s`` (<= ``max_s``)."""
+    gc.collect()  # finalise the failed readers now, while their messages are held
     t0 = last_change = time.monotonic()
     seen = (-1, -1)
     while time.monotonic() - t0 < max_s:
-        gc.collect()  # finalise failed readers now, while their messages are held
         sys.stderr.flush()
         now = (os.fstat(held.fileno()).st_size, len(swallowed))
         if now != seen:
             seen, last_change = now, time.monotonic()
         elif time.monotonic() - last_change >= quiet_s:
-            return
+            break
         time.sleep(0.05)
+    gc.collect()
 
 
 @contextlib.contextmanager

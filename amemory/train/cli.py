@@ -111,6 +111,12 @@ def main(argv: list[str]) -> int:
     except (guard.NonFiniteLossError, guard.DivergenceError, guard.RunInterrupted) as e:
         sys.stderr.write(f"amemory train: {e}\n")
         return guard.exit_code(e)
+    except KeyboardInterrupt:  # a second Ctrl-C while the first one's save was running
+        sys.stderr.write(
+            "amemory train: aborted by a second Ctrl-C; the checkpoints already on disk are "
+            "intact (Orbax writes atomically)\n"
+        )
+        return guard.EXIT_INTERRUPTED
     brief = {k: v for k, v in summary.items() if k != "final_eval"}
     brief["final_eval"] = {
         k: v for k, v in summary["final_eval"].items() if not k.startswith("per_class")

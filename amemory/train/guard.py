@@ -224,6 +224,8 @@ class DivergenceMonitor:
       the loss is not zero (a loss of exactly 0 with a zero gradient is convergence).
 
     The run diverged when a seed is high, or dead, at ``patience`` consecutive records.
+    (A stop on a loss far above its best, as loss-spike guards in large-model training
+    do; big_vision stops on a non-finite loss only. The thresholds are ours.)
     A record is *healthy* when no seed is high or dead and every gradient norm is finite.
 
     Args:
