@@ -98,8 +98,11 @@ class DivergenceError(RuntimeError):
     """The divergence test fired (``config.divergence``); the message says which rule and where."""
 
 
-class RunInterrupted(RuntimeError):
+class RunInterrupted(KeyboardInterrupt):
     """The run stopped on SIGTERM/SIGINT/preemption after saving; ``--resume`` continues it.
+
+    A ``KeyboardInterrupt``, so that callers' ``except Exception`` blocks (``amemory
+    reproduce`` records a failed stage and goes on) do not swallow a stop request.
 
     Attributes:
       reason: ``"SIGTERM"``, ``"SIGINT"`` or ``"preemption"``.
