@@ -1,16 +1,18 @@
 """Paper A Fig. 4 on the one-layer memory: gap Δ against loss for GD, SignGD and Muon.
 
-Model (papers.md A.1): ``f_W(E_k) = softmax(Ẽᵀ W E_k)``, population loss
-``L(W) = -Σ_k p_k log f_W(E_k)_k``, ``W_0 = 0``. Optimizers without momentum:
-GD ``W ← W - η ∇L``; SignGD ``W ← W - η sign(∇L)``; Muon ``W ← W - η msgn(∇L)``
-(exact polar factor, :func:`amemory.optim.polar`).
+Model (Wang et al. 2025, arXiv 2509.26030, Section 5): ``f_W(E_k) = softmax(Ẽᵀ W E_k)``,
+population loss ``L(W) = -Σ_k p_k log f_W(E_k)_k``, ``W_0 = 0``. Optimizers without
+momentum: GD ``W ← W - η ∇L``; SignGD ``W ← W - η sign(∇L)``; Muon
+``W ← W - η msgn(∇L)`` (exact polar factor), all from the science kernel
+:mod:`amemory.analysis.one_step`, which the theory checks use too.
 
 For each prior (paper A's two-level prior with α = 0.8, β = 0.2, and a heavy-tailed
 prior from the word counts of the real corpus) and each embedding (decoupled
 ``E = Ẽ = I``; coupled, paper A's ZYZ blocks) we record
 
 * one step with scaled η: ``W_η = -η D(∇L(W_0))`` for a sweep of η, giving a curve
-  (loss(W_η), Δ(W_η)), and the one-step balance ``ϱ^ε`` (papers.md A.2);
+  (loss(W_η), Δ(W_η)), and the one-step balance ``ϱ^ε`` (first-crossing reading,
+  ``docs/science.md#one-step-balance``);
 * many steps with a constant η: the curve (loss(W_t), Δ(W_t)) along the trajectory.
 
 ``Δ(W) = max_i f_W(E_i)_i - min_j f_W(E_j)_j``. Expected (paper A): GD imbalanced;
@@ -32,14 +34,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from amemory.analysis import plots
+from amemory.analysis import one_step, plots
 from amemory.data import frequencies
 from amemory.models import memory
-from amemory.optim import polar
 from experiments import common
 
 NAME = "one_layer"
-OPTIMIZERS = ("gd", "signgd", "muon")
+OPTIMIZERS = one_step.OPTIMIZERS
 EMBEDDINGS = ("decoupled", "coupled")
 PRIORS = ("two_level", "corpus")
 
@@ -50,19 +51,14 @@ PRIORS = ("two_level", "corpus")
 def direction(name: str, g: jax.Array) -> jax.Array:
     """Update direction D(G) of ``W ← W - η D(G)`` for a gradient ``g`` ``[d_out, d_in]``.
 
-    ``gd``: G; ``signgd``: sign(G) (Adam with β1 = β2 = 0); ``muon``: msgn(G) = U Vᵀ over the
-    non-zero singular values (:func:`amemory.optim.polar`). Source: papers.md A.1.
+    ``gd``: G; ``signgd``: sign(G); ``muon``: msgn(G): minus
+    :func:`amemory.analysis.one_step.unit_update` (the papers' optimizers, run through
+    amemory.optim).
 
     Raises:
       ValueError: for an unknown ``name`` (allowed: ``gd``, ``signgd``, ``muon``).
     """
-    if name == "gd":
-        return g
-    if name == "signgd":
-        return jnp.sign(g)
-    if name == "muon":
-        return polar(g)
-    raise ValueError(f"optimizer must be one of {OPTIMIZERS}, got {name!r}")
+    return -one_step.unit_update(name, g)
 
 
 def embeddings(kind: str, K: int) -> tuple[jax.Array, jax.Array]:
@@ -176,43 +172,27 @@ def one_step_sweep(
     }
 
 
-@jax.jit
-def _scaled_stats(eta, step, E, Et, prior):
-    return _stats(eta * step, E, Et, prior)
-
-
 def one_step_rho(
-    name: str, E: jax.Array, Et: jax.Array, prior: jax.Array, eps: float, iters: int = 60
+    name: str, E: jax.Array, Et: jax.Array, prior: jax.Array, eps: float
 ) -> dict[str, float]:
-    """One-step balance ``ϱ^ε`` (papers.md A.2) by bisection on η.
+    """One-step balance ``ϱ^ε`` of ``name`` from ``W_0 = 0``, first-crossing reading.
 
-    ``ϱ^ε = min_k f_{W_η}(E_k)_k`` at the smallest η with ``max_k f_{W_η}(E_k)_k >= 1 - ε``
-    (the max is increasing in η along the one-step ray for these directions; for a
-    non-monotone ray this returns the value at the first crossing found by bisection
-    between 0 and the first grid point past the threshold).
+    The update is taken to task space (``memory.task_space``) and searched by
+    :func:`amemory.analysis.one_step.first_crossing_rho` (precision 1e-7 in η, enough
+    for float32).
 
     Returns:
-      {"rho": ϱ^ε, "eta": the η found}; rho is NaN if the threshold is never reached.
+      {"rho": ϱ^ε, "eta": the crossing η}; NaN for both if no class has all margins
+      positive (the threshold is never reached).
     """
     W0 = jnp.zeros((Et.shape[0], E.shape[0]), E.dtype)
     g = jax.grad(memory.population_loss)(W0, E, Et, prior)
-    step = -direction(name, g)
-    stats = lambda eta: _scaled_stats(jnp.asarray(eta, E.dtype), step, E, Et, prior)  # noqa: E731
-    hi = 1.0
-    for _ in range(200):
-        if float(stats(hi)[3]) >= 1 - eps:
-            break
-        hi *= 2.0
-    else:
+    dhat = memory.task_space(one_step.unit_update(name, g), E, Et)
+    try:
+        r = one_step.first_crossing_rho(dhat, eps, rtol=1e-7)
+    except ValueError:
         return {"rho": float("nan"), "eta": float("nan")}
-    lo = 0.0
-    for _ in range(iters):
-        mid = 0.5 * (lo + hi)
-        if float(stats(mid)[3]) >= 1 - eps:
-            hi = mid
-        else:
-            lo = mid
-    return {"rho": float(stats(hi)[2]), "eta": hi}
+    return {"rho": r.rho_boundary, "eta": r.eta_boundary}
 
 
 def trajectory(
@@ -244,17 +224,6 @@ def _trajectory(name, steps, E, Et, prior, lr):
 
     W_end, outs = jax.lax.scan(body, W0, None, length=steps)
     return W_end, outs, _stats(W_end, E, Et, prior)
-
-
-def gd_one_step_rho_closed_form(K: int, alpha: float, beta: float, eps: float) -> float:
-    """[derived] one-step GD ``ϱ^ε = x^r / (x^r + K - 1)``, ``x = (1/ε - 1)(K - 1)``.
-
-    Valid for decoupled/orthonormal embeddings and the two-level prior (papers.md A.2,
-    proof constants of Theorem 5.3) when α/β > (1-α)/(1-β) (head more frequent per class).
-    """
-    r = min(alpha * (1 - beta) / (beta * (1 - alpha)), beta * (1 - alpha) / (alpha * (1 - beta)))
-    x = (1 / eps - 1) * (K - 1)
-    return x**r / (x**r + K - 1)
 
 
 def learning_rate(name: str, cfg: Any, prior: np.ndarray) -> float:
@@ -339,8 +308,8 @@ def run(cfg: Any, out_dir: Any, *, progress: Callable[[str], None] | None = None
                 panels[f"{label}, {emb}: one step"] = one_panel
                 panels[f"{label}, {emb}: {cfg.steps} steps"] = many_panel
         if "two_level" in metrics["priors"]:
-            metrics["gd_rho_closed_form"] = gd_one_step_rho_closed_form(
-                cfg.K, cfg.alpha, cfg.beta, cfg.eps
+            metrics["gd_rho_closed_form"] = one_step.gd_one_step_rho(
+                frequencies.two_level(cfg.K, cfg.alpha, cfg.beta), cfg.eps
             )
         figures = []
         if panels:

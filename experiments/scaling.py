@@ -1,6 +1,7 @@
 """Paper B's scaling laws: excess loss against T for GD and Muon, and a data-scaling envelope.
 
-Synthetic part (papers.md B.1-B.2). Task space (E = Ẽ = I; the dynamics do not depend
+Synthetic part (Li et al. 2026, arXiv 2602.05725; statements and readings in
+``docs/science.md#paper-b``). Task space (E = Ẽ = I; the dynamics do not depend
 on orthonormal embeddings), hierarchical prior ``p_j = p̃_g / C`` with
 ``p̃_g ∝ g^{-β}``, label noise α, loss ``L(W) = -Σ_j p_j Σ_i p(i|j) log p̂(i|j)`` with
 Bayes optimum ``L*`` (``amemory.data.memory_tasks.optimal_loss``). From ``W_0 = 0``:
@@ -27,11 +28,10 @@ import jax.numpy as jnp
 import numpy as np
 from ml_collections import ConfigDict
 
-from amemory.analysis import plots
+from amemory.analysis import one_step, plots
 from amemory.analysis.scaling import fit_power_law
 from amemory.data import frequencies, memory_tasks
 from amemory.models import memory
-from amemory.optim import polar
 from experiments import common, tail_lm
 
 NAME = "scaling"
@@ -49,7 +49,7 @@ def gd_curve(steps: int, prior: jax.Array, noise: jax.Array, lr: jax.Array) -> j
 
     def body(W, _):
         loss, g = jax.value_and_grad(_loss)(W, prior, noise)
-        return W - lr * g, loss
+        return W + lr * one_step.unit_update("gd", g), loss
 
     W, losses = jax.lax.scan(body, jnp.zeros((K, K), prior.dtype), None, length=steps)
     return jnp.append(losses, _loss(W, prior, noise))
@@ -57,11 +57,14 @@ def gd_curve(steps: int, prior: jax.Array, noise: jax.Array, lr: jax.Array) -> j
 
 @jax.jit
 def muon_final_loss(T: jax.Array, prior: jax.Array, noise: jax.Array, lr: jax.Array) -> jax.Array:
-    """Loss after T steps of Muon ``W ← W - lr msgn(∇L)`` from 0 (T traced: one compile)."""
+    """Loss after T steps of Muon ``W ← W - lr msgn(∇L)`` from 0 (T traced: one compile).
+
+    The step is :func:`amemory.analysis.one_step.unit_update` (exact polar factor).
+    """
     K = prior.shape[0]
 
     def body(_, W):
-        return W - lr * polar(jax.grad(_loss)(W, prior, noise))
+        return W + lr * one_step.unit_update("muon", jax.grad(_loss)(W, prior, noise))
 
     W = jax.lax.fori_loop(0, T, body, jnp.zeros((K, K), prior.dtype))
     return _loss(W, prior, noise)

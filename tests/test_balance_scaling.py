@@ -125,7 +125,7 @@ def test_one_step_rho_gd_closed_form(K, alpha, beta, eps):
     p = np.r_[np.full(L, alpha / L), np.full(K - L, (1 - alpha) / (K - L))]
     x = (1 / eps - 1) * (K - 1)
     r = p.min() / p.max()
-    expected = x**r / (x**r + K - 1)  # papers.md A.2 [derived]
+    expected = x**r / (x**r + K - 1)  # docs/science.md#gd-one-step-closed-form
     res = balance.one_step_rho(_gd_one_step_correct(p, K), eps, eta_max=1e6)
     np.testing.assert_allclose(res.rho, expected, rtol=1e-9)
     np.testing.assert_allclose(res.eta_boundary, np.log(x) / p.max(), rtol=1e-9)

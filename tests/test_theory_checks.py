@@ -9,14 +9,15 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from theory_checks import cli, common
 
-# Checks that fail on purpose: the statement as transcribed in papers.md does not hold in
-# simulation, and the check reports the evidence (see the check's docstring). If one of
-# these starts passing, the finding is gone and this set must shrink.
-KNOWN_FINDINGS = {"wang2025.thm53_signgd_coupled_exponent"}
+# Checks that fail on purpose: a statement (docs/science.md) that does not hold in
+# simulation, with the evidence in the check's docstring. Empty since the coupled-SignGD
+# statement was corrected; a check that fails must be added here with its reason.
+KNOWN_FINDINGS: set[str] = set()
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -45,7 +46,8 @@ def test_quick_suite_passes(quick_run):
     assert all(r["kind"] in ("paper", "derived") for r in results)
     assert doc["meta"]["mode"] == "quick" and doc["meta"]["total"] == len(results)
     # the table is printed with one row per check and a verdict column
-    assert proc.stdout.count("| wang2025.") + proc.stdout.count("| li2026.") == len(results)
+    rows = sum(proc.stdout.count(f"| {paper}.") for paper in ("wang2025", "li2026", "kim2026"))
+    assert rows == len(results)
 
 
 def test_quick_suite_writes_figure(quick_run):
@@ -99,3 +101,25 @@ def test_cli_errors(tmp_path, capsys):
     assert "BEGIN checks" in capsys.readouterr().err
     assert cli.main(["--list", "--only", "li2026"]) == 0
     assert "li2026.tra_signgd_equals_muon_2eta" in capsys.readouterr().out
+
+
+def test_trajectory_per_step_rates_match_separate_runs():
+    """An [S, steps] array of per-step rates (one vmapped program) equals S separate runs
+    with optax schedules, for every optimizer of the kernel."""
+    import jax.numpy as jnp
+    import optax
+
+    K, steps = 5, 6
+    target = jnp.asarray(np.random.default_rng(0).standard_normal((K, K)))
+    loss = lambda w: jnp.sum((w - target) ** 2 * jnp.arange(1.0, K + 1.0))
+    rec = lambda w: w
+    sched = optax.piecewise_constant_schedule(0.2, {3: 0.25})
+    rates = np.stack([np.full(steps, 0.1), np.asarray(sched(np.arange(steps)))])
+    for name in ("gd", "signgd", "muon"):
+        both = common.trajectory(name, rates, loss, jnp.zeros((K, K)), steps, rec)
+        one = common.trajectory(name, 0.1, loss, jnp.zeros((K, K)), steps, rec)
+        two = common.trajectory(name, sched, loss, jnp.zeros((K, K)), steps, rec)
+        np.testing.assert_allclose(both[0], one, rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(both[1], two, rtol=1e-5, atol=1e-6)
+    with pytest.raises(ValueError, match="steps"):
+        common.trajectory("gd", rates[:, :3], loss, jnp.zeros((K, K)), steps, rec)

@@ -2,7 +2,7 @@
 
 Usage::
 
-    amemory check                       # full suite (about 5 minutes on 2 CPU cores)
+    amemory check                       # full suite (about 7 CPU-minutes on 2 CPU cores)
     amemory check --quick               # smaller sizes (< 60 s), used by the tests
     amemory check --only wang2025.thm53 # comma-separated substrings of check names
     amemory check --json results.json --out figures/
@@ -47,7 +47,14 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-PAPER_MODULES = ("theory_checks.wang2025", "theory_checks.li2026")
+PAPER_MODULES = (
+    "theory_checks.wang2025",
+    "theory_checks.wang2025_signgd",
+    "theory_checks.li2026",
+    "theory_checks.li2026_scaling",
+    "theory_checks.li2026_structure",
+    "theory_checks.kim2026",
+)
 
 
 def _load() -> None:

@@ -1,11 +1,11 @@
 """Shared machinery of the theory checks: result record, registry, runner, tables.
 
 A *check* is a function ``fn(ctx: Context) -> CheckResult`` registered with
-:func:`register`. It simulates one statement of ``papers.md`` with amemory's own
+:func:`register`. It simulates one statement of ``docs/science.md`` with amemory's own
 optimizers, model and priors, compares the measurement with the prediction and says
 whether it holds within a tolerance that its docstring justifies. ``kind`` is
 ``"paper"`` for a statement the paper makes and ``"derived"`` for a consequence
-worked out in ``papers.md`` (marked ``[derived]`` there).
+worked out in ``docs/science.md`` (marked ``[derived]`` there).
 
 The runner (:func:`run_checks`) never lets one check's exception stop the others: an
 exception becomes a failed result whose ``measured`` field holds the error.
@@ -45,7 +45,7 @@ class CheckResult:
 
     Attributes:
       name: registry name, ``"<paper>.<statement>"``.
-      statement: the statement checked, in words (with its source in papers.md).
+      statement: the statement checked, in words (source in docs/science.md).
       predicted: what theory says, as text (numbers with units where relevant).
       measured: what the simulation gave, as text.
       tolerance: the tolerance used, as text (justified in the check's docstring).
@@ -231,44 +231,6 @@ def update_readme(path: Path, table: str) -> None:
 # The helpers below import jax/optax lazily so that `amemory check --help` stays cheap.
 # They assume float64 (the runner turns on jax_enable_x64 before any check runs).
 
-OPTIMIZERS = ("gd", "signgd", "muon")
-
-
-def optimizer(name: str, learning_rate: Any) -> Any:
-    """The amemory/optax transformation for paper A/B's momentum-free optimizers.
-
-    ``gd``: ``optax.sgd`` (``W ← W - η G``); ``signgd``: ``amemory.optim.signgd``
-    (``W ← W - η sign(G)``); ``muon``: ``amemory.optim.muon`` with exact polar factor,
-    no momentum, no Nesterov, no shape scaling (``W ← W - η msgn(G)``, papers.md A.1).
-
-    Raises:
-      ValueError: unknown name (allowed: gd, signgd, muon).
-    """
-    import optax
-
-    from amemory import optim
-
-    if name == "gd":
-        return optax.sgd(learning_rate)
-    if name == "signgd":
-        return optim.signgd(learning_rate)
-    if name == "muon":
-        return optim.muon(
-            learning_rate,
-            momentum=0.0,
-            nesterov=False,
-            orthogonalizer="polar",
-            shape_scale="none",
-        )
-    raise ValueError(f"optimizer must be one of {OPTIMIZERS}, got {name!r}")
-
-
-def one_step_direction(name: str, grad: Any, params: Any) -> Any:
-    """Update ``D`` of one step with learning rate 1 from ``params``: ``W_η = W + η D``."""
-    tx = optimizer(name, 1.0)
-    updates, _ = tx.update(grad, tx.init(params), params)
-    return updates
-
 
 def trajectory(
     name: str,
@@ -280,41 +242,47 @@ def trajectory(
 ) -> Any:
     """Runs ``steps`` steps of optimizer ``name`` on ``loss_fn`` from ``w0`` (jit + scan).
 
+    ``name`` is one of :data:`amemory.analysis.one_step.OPTIMIZERS` (paper A/B's GD, SignGD,
+    Muon). ``learning_rate`` is a float, an optax schedule, or a numpy array
+    ``[S, steps]`` of per-step rates η_t for S schedules run side by side in one compiled
+    program (vmapped; exact for these momentum-free optimizers, whose update is
+    ``η_t`` times the update at rate 1).
+
     Returns:
       ``record`` applied to ``W_0, W_1, ..., W_steps``, stacked along a new leading axis
-      (length ``steps + 1``), as a pytree of numpy arrays.
+      (length ``steps + 1``; with an ``[S, steps]`` array, a further leading axis S), as a
+      pytree of numpy arrays.
     """
     import jax
     import numpy as np
     import optax
 
-    tx = optimizer(name, learning_rate)
+    from amemory.analysis.one_step import optimizer
 
-    @jax.jit
-    def run(w):
-        def body(carry, _):
+    per_step = isinstance(learning_rate, np.ndarray)
+    if per_step and (learning_rate.ndim != 2 or learning_rate.shape[1] != steps):
+        raise ValueError(
+            f"learning_rate array must be [S, steps={steps}], got {learning_rate.shape}"
+        )
+    tx = optimizer(name, 1.0 if per_step else learning_rate)
+
+    def run(w, lrs):
+        def body(carry, lr):
             w, s = carry
             g = jax.grad(loss_fn)(w)
             u, s = tx.update(g, s, w)
-            w = optax.apply_updates(w, u)
+            w = optax.apply_updates(w, u if lrs is None else jax.tree.map(lambda x: lr * x, u))
             return (w, s), record(w)
 
-        _, recs = jax.lax.scan(body, (w, tx.init(w)), length=steps)
+        _, recs = jax.lax.scan(body, (w, tx.init(w)), lrs, length=steps)
         first = record(w)
         return jax.tree.map(lambda a, b: jax.numpy.concatenate([a[None], b]), first, recs)
 
-    return jax.tree.map(np.asarray, run(w0))
-
-
-def correct_fn(w0: Any, direction: Any, E: Any, Et: Any) -> Callable[[Any], Any]:
-    """``η [n] -> q(W_0 + η D) [n, K]`` (jitted vmap of the model's correct probabilities)."""
-    import jax
-    import jax.numpy as jnp
-
-    from amemory.models import memory
-
-    f = jax.jit(jax.vmap(lambda eta: memory.correct_probabilities(w0 + eta * direction, E, Et)))
-    return lambda etas: f(jnp.asarray(etas))
+    if per_step:
+        out = jax.jit(jax.vmap(run, in_axes=(None, 0)))(w0, jax.numpy.asarray(learning_rate))
+    else:
+        out = jax.jit(lambda w: run(w, None))(w0)
+    return jax.tree.map(np.asarray, out)
 
 
 def savefig(fig: Any, ctx: Context, name: str) -> str | None:

@@ -1,11 +1,16 @@
 """Checks of paper A: Wang et al. 2025, "Muon Outperforms Adam in Tail-End Associative
-Memory Learning" (arXiv 2509.26030), as transcribed in papers.md A.1-A.2.
+Memory Learning" (arXiv 2509.26030), Section 5 (Theorems 5.3, 5.4), Appendix F
+(Prop. F.3) and Fig. 4. The statements, their sources and the readings chosen are listed
+in ``docs/science.md#paper-a``; the coupled-SignGD checks are in
+:mod:`theory_checks.wang2025_signgd`.
 
 Every check builds the one-layer memory with ``amemory.models.memory``, the two-level
 prior with ``amemory.data.frequencies.two_level``, takes the exact population gradient
 with ``jax.grad(memory.population_loss)`` and steps with ``amemory.optim``'s GD/SignGD/
-Muon (:func:`theory_checks.common.optimizer`), in float64. One-step balance ``ϱ^ε`` comes
-from :func:`amemory.analysis.balance.one_step_rho`, exponents from
+Muon (:func:`amemory.analysis.one_step.optimizer`), in float64. One-step balance
+``ϱ^ε`` is read at the first crossing (:func:`amemory.analysis.one_step.first_crossing_rho`;
+for one step of GD, Muon and decoupled SignGD every correct-class probability grows with
+η, so the first crossing *is* the paper's infimum), exponents come from
 :func:`amemory.analysis.scaling.fit_power_law`.
 
 Sizes: the prior is α = 0.8, β = 0.2 (the Fig. 4 setting) unless a check says otherwise.
@@ -18,15 +23,7 @@ import math
 
 import numpy as np
 
-from theory_checks.common import (
-    CheckResult,
-    Context,
-    fmt,
-    one_step_direction,
-    register,
-    savefig,
-    trajectory,
-)
+from theory_checks.common import CheckResult, Context, fmt, register, savefig, trajectory
 
 ALPHA, BETA = 0.8, 0.2
 EPS = 0.01
@@ -35,14 +32,14 @@ EPS = 0.01
 # ----------------------------------------------------------------------------- helpers
 
 
-def _Ks(ctx: Context) -> list[int]:
+def k_grid(ctx: Context) -> list[int]:
     """K grid shared by the one-step checks (multiples of 3 and of 5: the coupled
     construction needs 3 | K, and β = 0.2 then gives an integer L = K/5)."""
     return [60, 120, 240] if ctx.quick else [60, 120, 240, 480, 960]
 
 
 @functools.cache
-def _setup(K: int, embedding: str, alpha: float = ALPHA, beta: float = BETA, seed: int = 0):
+def problem(K: int, embedding: str, alpha: float = ALPHA, beta: float = BETA, seed: int = 0):
     """(prior [K], E [K, K], Et [K, K], grad at W_0 = 0 [K, K]) in float64."""
     import jax
     import jax.numpy as jnp
@@ -65,62 +62,39 @@ def _setup(K: int, embedding: str, alpha: float = ALPHA, beta: float = BETA, see
 
 
 @functools.cache
-def _task_q():
-    import jax
-    import jax.numpy as jnp
-
-    one = lambda dhat, eta: jnp.diagonal(jax.nn.softmax(eta * dhat.T, axis=-1))
-    return jax.jit(jax.vmap(one, in_axes=(None, 0)))
-
-
-def _task_correct_fn(dhat):
-    """``η [n] -> diag(softmax(η D̂ᵀ)) [n, K]``: correct-class probabilities of ``Ŵ = η D̂``.
-
-    Same numbers as ``memory.correct_probabilities(η D, E, Et)`` for orthonormal E, Ẽ
-    (``D̂ = ẼᵀDE``) without the two K^3 basis changes per η; :func:`_one_step` verifies
-    the equality once per direction with the model's own function. One jitted function
-    is shared by all checks (it compiles once per K).
-    """
-    import jax.numpy as jnp
-
-    d = jnp.asarray(dhat)
-    return lambda etas: _task_q()(d, jnp.asarray(etas))
-
-
-@functools.cache
 def _one_step(K: int, embedding: str, opt: str):
-    """One step of ``opt`` from W_0 = 0: (task-space direction D̂ [K, K] numpy, p [K])."""
-    import jax.numpy as jnp
+    """One step of ``opt`` from W_0 = 0: (task-space update D̂ [K, K] numpy, p [K]).
 
+    The task-space shortcut (:func:`amemory.analysis.one_step.task_correct_fn`) is checked
+    once per direction against the model's own ``memory.correct_probabilities``.
+    """
+    from amemory.analysis import one_step
     from amemory.models import memory
 
-    p, E, Et, g = _setup(K, embedding)
-    d = one_step_direction(opt, g, jnp.zeros_like(g))
+    p, E, Et, g = problem(K, embedding)
+    d = one_step.unit_update(opt, g)
     dhat = memory.task_space(d, E, Et)
-    # consistency of the task-space shortcut with the model, at one step size
     eta = 3.0
     q_model = np.asarray(memory.correct_probabilities(eta * d, E, Et))
-    q_task = np.asarray(_task_correct_fn(dhat)(np.array([eta])))[0]
+    q_task = one_step.task_correct_fn(dhat)(np.array([eta]))[0]
     if np.max(np.abs(q_model - q_task)) > 1e-10:
         raise RuntimeError(f"task-space shortcut disagrees with the model: {q_model} vs {q_task}")
     return np.asarray(dhat), np.asarray(p)
 
 
-def _rho(K: int, embedding: str, opt: str, eps: float, eta_max: float = 1e4, n_grid: int = 97):
-    from amemory.analysis import balance
+def _rho(K: int, embedding: str, opt: str, eps: float) -> float:
+    """First-crossing ϱ^ε of one ``opt`` step (the infimum where q grows with η)."""
+    from amemory.analysis import one_step
 
     dhat, _ = _one_step(K, embedding, opt)
-    return balance.one_step_rho(_task_correct_fn(dhat), eps, eta_max=eta_max, n_grid=n_grid)
+    return one_step.first_crossing_rho(dhat, eps).rho_boundary
 
 
 def _gd_closed_form(K: int, eps: float, alpha: float = ALPHA, beta: float = BETA) -> float:
-    """papers.md A.2 [derived]: ``ϱ_GD = x^r / (x^r + K - 1)``, ``x = (1/ε - 1)(K - 1)``."""
+    from amemory.analysis import one_step
     from amemory.data import frequencies
 
-    p = frequencies.two_level(K, alpha, beta)
-    r = p.min() / p.max()
-    x = (1.0 / eps - 1.0) * (K - 1)
-    return x**r / (x**r + K - 1)
+    return one_step.gd_one_step_rho(frequencies.two_level(K, alpha, beta), eps)
 
 
 def _r(alpha: float = ALPHA, beta: float = BETA) -> float:
@@ -133,7 +107,7 @@ def _r(alpha: float = ALPHA, beta: float = BETA) -> float:
 
 @register("wang2025.propF3_singular_values_of_X")
 def prop_f3(ctx: Context) -> CheckResult:
-    """Singular values of -∇L(W_0) = Ẽ X Eᵀ (papers.md A.1, Prop. F.3).
+    """Singular values of -∇L(W_0) = Ẽ X Eᵀ (paper A, Appendix F, Prop. F.3).
 
     Measured: the singular values of ``jax.grad(memory.population_loss)`` at ``W_0 = 0``
     with Haar-random orthonormal E, Ẽ (d = K), by numpy's SVD (independent of amemory).
@@ -146,7 +120,7 @@ def prop_f3(ctx: Context) -> CheckResult:
     Ks = [90] if ctx.quick else [60, 300, 999]
     worst = 0.0
     for K in Ks:
-        _, _, _, g = _setup(K, "random", seed=K)
+        _, _, _, g = problem(K, "random", seed=K)
         sv = np.sort(np.linalg.svd(np.asarray(g), compute_uv=False))
         L = frequencies.two_level_split(K, BETA)
         a, b = ALPHA / L, (1 - ALPHA) / (K - L)
@@ -176,14 +150,14 @@ def prop_f3(ctx: Context) -> CheckResult:
 
 
 def _gd_grid(ctx: Context):
-    Ks = _Ks(ctx)
+    Ks = k_grid(ctx)
     epss = [1e-4, 3e-4, 1e-3, 3e-3, 1e-2]
     return Ks, epss
 
 
 @register("wang2025.thm53_gd_closed_form")
 def gd_closed_form(ctx: Context) -> CheckResult:
-    """One-step GD balance equals the closed form x^r/(x^r + K - 1) (papers.md A.2 [derived]).
+    """One-step GD balance equals the closed form x^r/(x^r + K - 1) ([derived]).
 
     Measured: ϱ^ε by search over η (refined feasibility boundary) after one
     amemory GD step from W_0 = 0 with random orthonormal embeddings, for several K and ε.
@@ -195,7 +169,7 @@ def gd_closed_form(ctx: Context) -> CheckResult:
     worst, rows = 0.0, []
     for K in Ks[:1] if ctx.quick else Ks[:3]:
         for eps in epss:
-            rho = _rho(K, "random", "gd", eps).rho
+            rho = _rho(K, "random", "gd", eps)
             pred = _gd_closed_form(K, eps)
             rows.append((K, eps, rho, pred))
             worst = max(worst, abs(rho / pred - 1))
@@ -244,7 +218,7 @@ def gd_slope_k(ctx: Context) -> CheckResult:
     from amemory.analysis import scaling
 
     Ks, _ = _gd_grid(ctx)
-    ys = [_rho(K, "decoupled", "gd", EPS).rho for K in Ks]
+    ys = [_rho(K, "decoupled", "gd", EPS) for K in Ks]
     closed = scaling.fit_power_law(Ks, [_gd_closed_form(K, EPS) for K in Ks]).slope
     r = _r()
     return _slope_check(
@@ -266,7 +240,7 @@ def gd_slope_eps(ctx: Context) -> CheckResult:
 
     _, epss = _gd_grid(ctx)
     K = 240
-    ys = [_rho(K, "decoupled", "gd", e).rho for e in epss]
+    ys = [_rho(K, "decoupled", "gd", e) for e in epss]
     closed = scaling.fit_power_law(epss, [_gd_closed_form(K, e) for e in epss]).slope
     return _slope_check(
         "wang2025.thm53_gd_slope_eps",
@@ -276,10 +250,6 @@ def gd_slope_eps(ctx: Context) -> CheckResult:
 
 
 # ----------------------------------------------------------------------------- Thm 5.3 Muon
-
-
-def _muon_Ks(ctx: Context):
-    return _Ks(ctx)
 
 
 @register("wang2025.thm53_muon_balance")
@@ -295,10 +265,10 @@ def muon_balance(ctx: Context) -> CheckResult:
     """
     from amemory.analysis import scaling
 
-    Ks = _muon_Ks(ctx)
+    Ks = k_grid(ctx)
     out = {}
     for emb in ("decoupled", "coupled"):
-        out[emb] = np.array([1 - _rho(K, emb, "muon", EPS).rho / (1 - EPS) for K in Ks])
+        out[emb] = np.array([1 - _rho(K, emb, "muon", EPS) / (1 - EPS) for K in Ks])
     c = out["decoupled"] * np.array(Ks) / (EPS * np.log(Ks))
     same = float(np.max(np.abs(out["decoupled"] - out["coupled"])))
     nonincreasing = bool(np.all(c[1:] <= 1.05 * c[:-1]))
@@ -333,7 +303,7 @@ def muon_direction(ctx: Context) -> CheckResult:
     """
     from amemory.analysis import scaling
 
-    Ks = _muon_Ks(ctx)
+    Ks = k_grid(ctx)
     dev = []
     for K in Ks:
         dhat, _ = _one_step(K, "coupled", "muon")
@@ -361,10 +331,10 @@ def signgd_decoupled(ctx: Context) -> CheckResult:
     """SignGD with E = Ẽ = I is balanced: ϱ^ε = 1 - ε.
 
     sign(-∇L(W_0)) = sign(X) = 2I - 11ᵀ gives every class the same logit margin, so
-    ϱ^ε = 1 - ε exactly; tolerance 1e-10 (bisection precision).
+    ϱ^ε = 1 - ε exactly; tolerance 1e-10 (precision of the crossing search).
     """
-    Ks = _muon_Ks(ctx)
-    err = max(abs(_rho(K, "decoupled", "signgd", EPS).rho - (1 - EPS)) for K in Ks)
+    Ks = k_grid(ctx)
+    err = max(abs(_rho(K, "decoupled", "signgd", EPS) - (1 - EPS)) for K in Ks)
     return CheckResult(
         name="wang2025.thm53_signgd_decoupled",
         statement="Thm 5.3 (SignGD): with E = Ẽ = I, ϱ^ε >= 1 - ε",
@@ -376,132 +346,36 @@ def signgd_decoupled(ctx: Context) -> CheckResult:
     )
 
 
-def _sign_svs(K: int, emb: str):
-    import jax.numpy as jnp
-
-    _, _, _, g = _setup(K, emb)
-    d = np.asarray(one_step_direction("signgd", g, jnp.zeros_like(g)))
-    return np.linalg.svd(d, compute_uv=False)
-
-
-@register("wang2025.thm53_signgd_coupled_svd")
-def signgd_coupled_svd(ctx: Context) -> CheckResult:
-    """With the coupled construction the SignGD update has σ_min/σ_max <= 25%.
-
-    The update sign(∇L(W_0)) always has one outlying singular value ≈ K: the off-block
-    entries of ∇L are the rank-one term -(1/K)(Ẽ1)(Ep)ᵀ, whose sign is a rank-one ±1
-    pattern. Even for E = Ẽ = I (balanced) σ_min/σ_max = 2/(K-2), so the statement is
-    only meaningful without that direction: we measure σ_min/σ_2 (the spread of the
-    remaining K-1 singular values). Predicted <= 0.25 for the coupled construction;
-    reported next to the decoupled value (1, isotropic). No tolerance: the measured
-    ratio is stable across K to 1e-6.
-    """
-    Ks = _muon_Ks(ctx)
-    coup = [(lambda s: (s[-1] / s[1], s[-1] / s[0]))(_sign_svs(K, "coupled")) for K in Ks]
-    dec = _sign_svs(Ks[0], "decoupled")
-    worst = max(c[0] for c in coup)
-    return CheckResult(
-        name="wang2025.thm53_signgd_coupled_svd",
-        statement="Thm 5.3 (SignGD): coupled E', Ẽ' give σ_min/σ_max of the update <= 25%",
-        predicted="σ_min/σ_2 ≤ 0.25 (coupled); 1 (decoupled)",
-        measured=f"coupled σ_min/σ_2 = {', '.join(fmt(c[0], 4) for c in coup)} (K={Ks}); "
-        f"decoupled {fmt(dec[-1] / dec[1], 4)}; full σ_min/σ_max = {fmt(coup[0][1])} (K={Ks[0]})",
-        tolerance="none (exact bound)",
-        passed=worst <= 0.25 and abs(dec[-1] / dec[1] - 1) < 1e-9,
-        kind="paper",
-        details={"Ks": Ks, "coupled": coup},
-    )
-
-
-def _signgd_coupled_grid(ctx: Context):
-    Ks = _Ks(ctx)
-    epss = [1e-5, 1e-4, 1e-3, 1e-2]
-    return Ks, epss
-
-
-@register("wang2025.thm53_signgd_coupled_rho")
-def signgd_coupled_rho(ctx: Context) -> CheckResult:
-    """With the coupled construction SignGD is imbalanced: ϱ^ε = O(ε^{-0.7} K^{-0.3}).
-
-    Measured: ϱ^ε by its definition (infimum over all feasible η; searched up to
-    η = 1e4, where the infimum is attained) for K up to 960 and ε from 1e-5 to 1e-2,
-    compared with ε^{-0.7}K^{-0.3} (the O-constant taken as 1) and with 1 - ε. Passes
-    when every ϱ is below both. The exponents near the feasibility boundary are
-    checked separately (derived check below).
-    """
-    Ks, epss = _signgd_coupled_grid(ctx)
-    pairs = [(K, EPS) for K in Ks] + [(Ks[2], e) for e in epss]
-    rows = [(K, e, _rho(K, "coupled", "signgd", e).rho) for K, e in pairs]
-    ok = all(r <= min(1 - e, e**-0.7 * K**-0.3) for K, e, r in rows)
-    return CheckResult(
-        name="wang2025.thm53_signgd_coupled_rho",
-        statement="Thm 5.3 (SignGD): coupled E', Ẽ' give ϱ^ε = O(ε^-0.7 K^-0.3) (imbalanced)",
-        predicted="ϱ ≤ ε^-0.7 K^-0.3 and ≪ 1-ε",
-        measured=f"max ϱ = {fmt(max(r for *_, r in rows))} over {len(rows)} (K, ε)",
-        tolerance="O-constant 1",
-        passed=ok,
-        kind="paper",
-        details={"rows": rows},
-    )
-
-
-@register("wang2025.thm53_signgd_coupled_exponent")
-def signgd_coupled_exponent(ctx: Context) -> CheckResult:
-    """[derived] small-ϱ exponents of coupled SignGD: ϱ ∝ ε^{-0.675} K^{-0.325}.
-
-    Measured: ``min_k q_k`` at the smallest feasible η (the feasibility boundary, where
-    the proof evaluates ϱ), fitted against K (ε = 0.01) and ε (K = 120). Tolerance
-    ±0.05 on each exponent plus the CI half-width (0.7/0.3 are the paper's rounded
-    bounds of 0.675/0.325).
-
-    Finding (papers.md construction taken literally: Ẽ = I⊗R(3.638, 2.949, 5.218),
-    E = I⊗R(1.715, 0.876, 3.098), R as in papers.md): in task space the middle class of
-    every 3-block has a *negative* margin (≈ -0.0062 per unit η) against a same-block
-    answer, so its probability at the boundary stays ≈ 0.36 for every K and ε (slopes
-    ≈ 0) and tends to 0 as η → ∞. The imbalance is real but does not scale as
-    K^{-0.325}: the measured K-slope (≈ -0.003) is what the negative margin predicts,
-    -0.0062/m_best with m_best ≈ 2.47 the largest off-block margin, ≈ -0.0025. Reading
-    R's rows as columns (transposes), or swapping E and Ẽ, removes the negative margin
-    but gives boundary balances 0.55-0.96 with K-slopes ≈ -0.01 (checked by hand at
-    K = 60..480), not -0.325 either. The details hold the margins for the record.
-    """
-    from amemory.analysis import scaling
-
-    Ks, epss = _signgd_coupled_grid(ctx)
-    yk = [_rho(K, "coupled", "signgd", EPS).rho_boundary for K in Ks]
-    ye = [_rho(Ks[2], "coupled", "signgd", e).rho_boundary for e in epss]
-    fk, fe = scaling.fit_power_law(Ks, yk), scaling.fit_power_law(epss, ye)
-    hk = 0.5 * (fk.slope_ci[1] - fk.slope_ci[0])
-    he = 0.5 * (fe.slope_ci[1] - fe.slope_ci[0])
-    dhat, _ = _one_step(Ks[0], "coupled", "signgd")
-    margins = np.diag(dhat)[None, :] - dhat
-    np.fill_diagonal(margins, np.inf)
-    mins = margins.min(axis=0)[:3]
-    ok = abs(fk.slope + 0.325) <= 0.05 + hk and abs(fe.slope + 0.675) <= 0.05 + he
-    return CheckResult(
-        name="wang2025.thm53_signgd_coupled_exponent",
-        statement="Thm 5.3 (SignGD) [derived]: coupled ϱ ∝ ε^-0.675 K^-0.325",
-        predicted="K slope -0.325, ε slope -0.675",
-        measured=f"K: {fk.describe()}; ε: {fe.describe()}; ϱ_boundary ≈ {fmt(yk[0])}; "
-        f"per-unit-η min margins of a block {', '.join(fmt(m, 4) for m in mins)}",
-        tolerance=f"±(0.05 + CI) = ±{fmt(0.05 + hk)}, ±{fmt(0.05 + he)}",
-        passed=ok,
-        kind="derived",
-        details={"Ks": Ks, "rho_K": yk, "eps": epss, "rho_eps": ye, "block_margins": mins.tolist()},
-    )
-
-
 # ----------------------------------------------------------------------------- Thm 5.4
 
 
+SCHEDULES = ("cosine", "step")
+
+
+def _schedules(lr: float, steps: int) -> np.ndarray:
+    """η_t of Thm 5.4's non-constant schedules, ``[2, steps]`` in the order of SCHEDULES:
+    cosine from 2·lr to 0.1·lr; step decay 2·lr, lr, 0.2·lr over thirds of the run."""
+    import optax
+
+    t = np.arange(steps)
+    third = steps // 3
+    cosine = optax.cosine_decay_schedule(2 * lr, steps, alpha=0.05)
+    step = optax.piecewise_constant_schedule(2 * lr, {third: 0.5, 2 * third: 0.2})
+    return np.stack([np.asarray(cosine(t)), np.asarray(step(t))])
+
+
 @functools.cache
-def _multi_step(K: int, opt: str, lr: float, steps: int, emb: str = "decoupled"):
-    """Trajectory of ``opt``: per step (correct probs [K], task-space diagonal [K], loss)."""
+def _multi_step(
+    K: int, opt: str, lr: float, steps: int, emb: str = "decoupled", scheduled: bool = False
+):
+    """Trajectory of ``opt`` at constant ``lr`` (leading axis of size 1) or, with
+    ``scheduled``, under both SCHEDULES in one compiled, vmapped program (leading axis 2):
+    (correct probs [S, T+1, K], task-space diagonal [S, T+1, K], loss [S, T+1]), prior."""
     import jax.numpy as jnp
 
     from amemory.models import memory
 
-    p, E, Et, _ = _setup(K, emb)
+    p, E, Et, _ = problem(K, emb)
 
     def record(w):
         return (
@@ -511,7 +385,35 @@ def _multi_step(K: int, opt: str, lr: float, steps: int, emb: str = "decoupled")
         )
 
     loss = lambda w: memory.population_loss(w, E, Et, p)
-    return trajectory(opt, lr, loss, jnp.zeros((K, K)), steps, record), np.asarray(p)
+    if scheduled:
+        out = trajectory(opt, _schedules(lr, steps), loss, jnp.zeros((K, K)), steps, record)
+    else:
+        out = tuple(a[None] for a in trajectory(opt, lr, loss, jnp.zeros((K, K)), steps, record))
+    return out, np.asarray(p)
+
+
+def _thm54_stats(Ks: list[int], schedule: str, emb: str = "decoupled"):
+    """Per K: (K, sup_t K|a_t - b_t|/a_t, sup_t (ratio - 1)·K/log K, final loss)."""
+    from amemory.analysis import balance
+
+    stats = []
+    i = 0 if schedule == "constant" else SCHEDULES.index(schedule)
+    for K in Ks:
+        (q, diag, loss), p = _multi_step(K, "muon", 0.4, 40, emb, schedule != "constant")
+        q, diag, loss = q[i], diag[i], loss[i]
+        head, tail = balance.head_tail_masks(p)
+        a, b = diag[1:, head].mean(axis=1), diag[1:, tail].mean(axis=1)
+        ab = float(np.max(K * np.abs(a - b) / a))
+        ratio = np.asarray(balance.error_ratio(q[1:]))
+        bal = float(np.max((ratio - 1) * K / np.log(K)))
+        stats.append((K, ab, bal, float(loss[-1])))
+    return stats
+
+
+def _thm54_ok(stats) -> bool:
+    """Both quantities < 5 everywhere and the larger K's at most 1.05x the smaller K's."""
+    ok = all(s[1] < 5 and s[2] < 5 for s in stats)
+    return ok and stats[-1][1] <= 1.05 * stats[0][1] + 1e-9 and stats[-1][2] <= 1.05 * stats[0][2]
 
 
 @register("wang2025.thm54_multistep_muon")
@@ -526,25 +428,19 @@ def thm54(ctx: Context) -> CheckResult:
     ε(1 + O(log K/K)) for every ε reached). Both must stay bounded as K grows (the
     larger K's value at most 1.05x the smaller K's, round-off allowance) and below 5
     (the one-step constant is ≈ 1.6 at K = 60). GD's worst/best error ratio must exceed
-    10 (imbalanced).
+    10 (imbalanced). Fragility, reported: near convergence some gradient singular values
+    come close to msgn's zero threshold (K·eps·σ_max), and whether one is kept at step ~25
+    moves the K = 60 value of K|a_t - b_t|/a_t between 0.71 and 0.77 (it is 0.77 in this
+    single-program run, 0.71 when the same run is vmapped with other schedules), so the
+    5% growth criterion against K = 240's 0.81 sits at its edge.
     """
     from amemory.analysis import balance
 
     Ks = [30, 60] if ctx.quick else [60, 240]
-    stats = []
-    for K in Ks:
-        (q, diag, loss), p = _multi_step(K, "muon", 0.4, 40)
-        head, tail = balance.head_tail_masks(p)
-        a, b = diag[1:, head].mean(axis=1), diag[1:, tail].mean(axis=1)
-        ab = float(np.max(K * np.abs(a - b) / a))
-        ratio = np.asarray(balance.error_ratio(q[1:]))
-        bal = float(np.max((ratio - 1) * K / np.log(K)))
-        stats.append((K, ab, bal, float(loss[-1])))
-    (qg, _, lossg), pg = _multi_step(Ks[0], "gd", 2.0 / pg_max(Ks[0]), 40)
-    gd_ratio = float(np.max(np.asarray(balance.error_ratio(qg[1:]))))
-    ok = all(s[1] < 5 and s[2] < 5 for s in stats)
-    ok &= stats[-1][1] <= 1.05 * stats[0][1] + 1e-9 and stats[-1][2] <= 1.05 * stats[0][2]
-    ok &= gd_ratio > 10
+    stats = _thm54_stats(Ks, "constant")
+    (qg, _, _), _ = _multi_step(Ks[0], "gd", 2.0 / pg_max(Ks[0]), 40)
+    gd_ratio = float(np.max(np.asarray(balance.error_ratio(qg[0, 1:]))))
+    ok = _thm54_ok(stats) and gd_ratio > 10
     return CheckResult(
         name="wang2025.thm54_multistep_muon",
         statement="Thm 5.4: multi-step Muon keeps a_t = b_t (+O(a_t/K)) and ϱ >= 1-ε(1+O(log K/K)) "
@@ -558,6 +454,45 @@ def thm54(ctx: Context) -> CheckResult:
         passed=ok,
         kind="paper",
         details={"stats": stats, "gd_ratio": gd_ratio},
+    )
+
+
+@register("wang2025.thm54_schedules")
+def thm54_schedules(ctx: Context) -> CheckResult:
+    """Thm 5.4 under non-constant step schedules: cosine decay and step decay.
+
+    Reading: Theorem 5.4 holds for "any fixed step schedule" η_t (chosen before training,
+    not adapted to W_t), because Muon's step from W_0 = 0 keeps the task-space matrix of
+    the form diag(a_t I_L, b_t I_{K-L}) + C_t whatever η_t is. Runs Muon for 40 steps with
+    a cosine schedule (0.8 decaying to 0.04) and a step decay (0.8, 0.4, 0.08 over
+    thirds), decoupled embeddings (full: also random orthonormal and the coupled ones; the
+    statement is for any orthonormal E, Ẽ), all schedules in one vmapped program, and
+    applies the same criteria as
+    ``wang2025.thm54_multistep_muon`` to each: K|a_t - b_t|/a_t and
+    sup_t (ratio - 1)·K/log K below 5 and not growing with K (5%).
+    """
+    Ks = [30, 60] if ctx.quick else [60, 240]
+    embs = ["decoupled"] if ctx.quick else ["decoupled", "random", "coupled"]
+    rows, ok = [], True
+    for emb in embs:
+        for sched in ("cosine", "step"):
+            stats = _thm54_stats(Ks, sched, emb)
+            rows.append((emb, sched, stats))
+            ok &= _thm54_ok(stats)
+    return CheckResult(
+        name="wang2025.thm54_schedules",
+        statement="Thm 5.4: the balance of multi-step Muon holds for any fixed step schedule "
+        "(cosine, step decay)",
+        predicted="K|a_t-b_t|/a_t and sup_t (ratio-1)K/log K bounded, as for constant η",
+        measured="; ".join(
+            f"{emb[:4]}/{sched}: "
+            + ", ".join(f"K={K}: {fmt(ab)}, {fmt(bal)} (loss {fmt(lf)})" for K, ab, bal, lf in st)
+            for emb, sched, st in rows
+        ),
+        tolerance="< 5 and non-increasing in K (5%)",
+        passed=ok,
+        kind="paper",
+        details={"rows": rows},
     )
 
 
@@ -603,7 +538,7 @@ def _fig4_trajectory(K: int, opt: str, lr: float, steps: int, space: str):
 
     from amemory.models import memory
 
-    p, E, Et, _ = _setup(K, "decoupled" if space == "task" else space)
+    p, E, Et, _ = problem(K, "decoupled" if space == "task" else space)
 
     def stats(what):
         logp = jax.nn.log_softmax(what.T, axis=-1)
@@ -639,6 +574,7 @@ def fig4(ctx: Context) -> CheckResult:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    from amemory.analysis import one_step
     from amemory.models import memory
 
     K = 60 if ctx.quick else 999
@@ -656,9 +592,9 @@ def fig4(ctx: Context) -> CheckResult:
     colors = {"gd": "tab:blue", "signgd": "tab:orange", "muon": "tab:green"}
     verdicts, ok = [], True
     for ax, emb in zip(axes, ("decoupled", "coupled"), strict=True):
-        p, E, Et, g = _setup(K, emb)
+        p, E, Et, g = problem(K, emb)
         for opt in ("gd", "signgd", "muon"):
-            d = one_step_direction(opt, g, jnp.zeros_like(g))
+            d = one_step.unit_update(opt, g)
             dhat = memory.task_space(d, E, Et)
             # one step W_η = η D over a sweep of η (loss and gap of each W_η)
             etas = np.geomspace(1e-3, 1e3, 60) / float(np.max(np.abs(np.asarray(d))))

@@ -1,9 +1,15 @@
-"""Analysis of trained weights and training curves; imports no amemory models, data or train.
+"""Analysis of trained weights and training curves, and the science kernel of the one-layer
+memory; imports no amemory models, data or train (``one_step`` uses amemory.optim, which is
+pure Optax).
 
-  spectrum   isotropy metrics of matrices: entropy, effective rank, top-k energy, Q75/25, ...
-  balance    per-class error, gap Delta, one-step rho^eps, head/tail buckets
-  scaling    power-law fits with confidence intervals
-  plots      matplotlib figures used by reports
+  spectrum         isotropy metrics of matrices: entropy, effective rank, top-k energy, Q75/25
+  balance          per-class error, gap Delta, the one-step rho^eps search, head/tail buckets
+  one_step         the papers' GD/SignGD/Muon, one-step updates, first-crossing rho^eps, the
+                   GD closed form: the one kernel experiments/ and theory_checks/ share
+  signgd_blocks    exact per-block reduction of one coupled SignGD step (paper A), any K
+  group_symmetric  paper B's GD/TRA-SignGD/Muon on the group-symmetric subspace, any K
+  scaling          straight-line and power-law fits with confidence intervals
+  plots            matplotlib figures used by reports
 
 Submodules are imported explicitly (``from amemory.analysis import spectrum``).
 """

@@ -1,14 +1,15 @@
-"""Power-law fits with confidence intervals.
+"""Straight-line and power-law fits with confidence intervals.
 
-A power law ``y = A x^s`` is a straight line in log-log coordinates,
-``log y = log A + s log x``. :func:`fit_power_law` fits that line by ordinary least
-squares and returns the slope s (the exponent), the intercept ``log A`` (natural log) and
-two-sided Student-t confidence intervals for both, computed from the residual scatter
-around the line. The interval is the usual OLS one: exact when the log-residuals are
-i.i.d. Gaussian, approximate otherwise. In the theory checks the residuals are mostly
-*systematic* (finite-size corrections that bend the log-log curve), not noise; there the
-interval measures how straight the curve is over the fitted window, and each check states
-its own tolerance for the remaining bias.
+:func:`fit_line` fits ``y = intercept + slope * x`` by ordinary least squares with
+Student-t intervals (used e.g. for step counts that grow like ``log(1/ε)``). A power law
+``y = A x^s`` is a straight line in log-log coordinates, ``log y = log A + s log x``.
+:func:`fit_power_law` fits that line by ordinary least squares and returns the slope s (the
+exponent), the intercept ``log A`` (natural log) and two-sided Student-t confidence
+intervals for both, computed from the residual scatter around the line. The interval is the
+usual OLS one: exact when the log-residuals are i.i.d. Gaussian, approximate otherwise. In
+the theory checks the residuals are mostly *systematic* (finite-size corrections that bend
+the log-log curve), not noise; there the interval measures how straight the curve is over
+the fitted window, and each check states its own tolerance for the remaining bias.
 
 Used by ``theory_checks`` (every fitted exponent) and by the experiments' scaling plots.
 Imports no other part of amemory.
@@ -26,7 +27,7 @@ from typing import NamedTuple
 import numpy as np
 from scipy import stats
 
-__all__ = ["PowerLawFit", "fit_power_law", "local_slopes"]
+__all__ = ["LineFit", "PowerLawFit", "fit_line", "fit_power_law", "local_slopes"]
 
 
 class PowerLawFit(NamedTuple):
@@ -74,6 +75,90 @@ def _as_positive_1d(name: str, v: object) -> np.ndarray:
     return a
 
 
+class LineFit(NamedTuple):
+    """Result of :func:`fit_line` for ``y ≈ intercept + slope * x``.
+
+    Attributes:
+      slope, intercept: least-squares estimates (units of y per unit of x, units of y).
+      slope_ci, intercept_ci: ``(lo, hi)`` two-sided Student-t intervals.
+      slope_stderr: standard error of the slope.
+      r2: coefficient of determination; n: number of points; confidence: e.g. 0.95.
+    """
+
+    slope: float
+    intercept: float
+    slope_ci: tuple[float, float]
+    intercept_ci: tuple[float, float]
+    slope_stderr: float
+    r2: float
+    n: int
+    confidence: float
+
+    def describe(self) -> str:
+        """One-line summary ``slope = 2.01 [1.98, 2.04] (95% CI, n=6)``."""
+        lo, hi = self.slope_ci
+        pct = round(100 * self.confidence)
+        return f"slope = {self.slope:.4g} [{lo:.4g}, {hi:.4g}] ({pct}% CI, n={self.n})"
+
+
+def _as_finite_1d(name: str, v: object) -> np.ndarray:
+    a = np.asarray(v, dtype=np.float64)
+    if a.ndim != 1:
+        raise ValueError(f"{name} must be 1-D, got shape {a.shape}")
+    if not np.all(np.isfinite(a)):
+        raise ValueError(f"{name} must be finite, got {a}")
+    return a
+
+
+def fit_line(x: object, y: object, *, confidence: float = 0.95) -> LineFit:
+    """Least-squares fit of ``y = intercept + slope * x`` with t-based intervals.
+
+    Args:
+      x: ``[n]`` finite numbers, at least 2 distinct values; y: ``[n]`` finite numbers.
+      confidence: level of the two-sided intervals, in (0, 1); default 0.95.
+
+    Returns:
+      :class:`LineFit`: slope interval ``slope ± t_{n-2} sqrt(RSS/(n-2)/Sxx)``, intercept
+      interval with standard error ``sqrt(RSS/(n-2) (1/n + mean(x)^2/Sxx))``
+      (``scipy.stats.t.ppf``). Exact data give intervals of width 0.
+
+    Raises:
+      ValueError: if x or y is not 1-D and finite, their lengths differ, fewer than 3
+      points are given, x has fewer than 2 distinct values, or ``confidence`` is outside
+      (0, 1).
+    """
+    if not (isinstance(confidence, (int, float)) and 0.0 < confidence < 1.0):
+        raise ValueError(f"confidence must lie in (0, 1), got {confidence!r}")
+    xa, ya = _as_finite_1d("x", x), _as_finite_1d("y", y)
+    if xa.shape != ya.shape:
+        raise ValueError(f"x and y must have the same length, got {xa.shape} and {ya.shape}")
+    n = xa.size
+    if n < 3:
+        raise ValueError(f"need at least 3 points for a fit with a confidence interval, got {n}")
+    mx, my = xa.mean(), ya.mean()
+    sxx = float(np.sum((xa - mx) ** 2))
+    if sxx <= 0.0:
+        raise ValueError("x must take at least 2 distinct values")
+    slope = float(np.sum((xa - mx) * (ya - my)) / sxx)
+    intercept = float(my - slope * mx)
+    rss = float(np.sum((ya - (intercept + slope * xa)) ** 2))
+    syy = float(np.sum((ya - my) ** 2))
+    s2 = rss / (n - 2)
+    se_slope = math.sqrt(s2 / sxx)
+    se_int = math.sqrt(s2 * (1.0 / n + mx**2 / sxx))
+    tq = float(stats.t.ppf(0.5 + confidence / 2.0, n - 2))
+    return LineFit(
+        slope=slope,
+        intercept=intercept,
+        slope_ci=(slope - tq * se_slope, slope + tq * se_slope),
+        intercept_ci=(intercept - tq * se_int, intercept + tq * se_int),
+        slope_stderr=se_slope,
+        r2=float(1.0 - rss / syy if syy > 0 else 1.0),
+        n=int(n),
+        confidence=float(confidence),
+    )
+
+
 def fit_power_law(x: object, y: object, *, confidence: float = 0.95) -> PowerLawFit:
     """Least-squares fit of ``log y = intercept + slope * log x`` with t-based CIs.
 
@@ -100,34 +185,7 @@ def fit_power_law(x: object, y: object, *, confidence: float = 0.95) -> PowerLaw
     ya = _as_positive_1d("y", y)
     if xa.shape != ya.shape:
         raise ValueError(f"x and y must have the same length, got {xa.shape} and {ya.shape}")
-    n = xa.size
-    if n < 3:
-        raise ValueError(f"need at least 3 points for a fit with a confidence interval, got {n}")
-    lx, ly = np.log(xa), np.log(ya)
-    mx, my = lx.mean(), ly.mean()
-    sxx = float(np.sum((lx - mx) ** 2))
-    if sxx <= 0.0:
-        raise ValueError("x must take at least 2 distinct values")
-    slope = float(np.sum((lx - mx) * (ly - my)) / sxx)
-    intercept = float(my - slope * mx)
-    resid = ly - (intercept + slope * lx)
-    rss = float(np.sum(resid**2))
-    syy = float(np.sum((ly - my) ** 2))
-    s2 = rss / (n - 2)
-    se_slope = math.sqrt(s2 / sxx)
-    se_int = math.sqrt(s2 * (1.0 / n + mx**2 / sxx))
-    tq = float(stats.t.ppf(0.5 + confidence / 2.0, n - 2))
-    r2 = 1.0 - rss / syy if syy > 0 else 1.0
-    return PowerLawFit(
-        slope=slope,
-        intercept=intercept,
-        slope_ci=(slope - tq * se_slope, slope + tq * se_slope),
-        intercept_ci=(intercept - tq * se_int, intercept + tq * se_int),
-        slope_stderr=se_slope,
-        r2=float(r2),
-        n=int(n),
-        confidence=float(confidence),
-    )
+    return PowerLawFit(*fit_line(np.log(xa), np.log(ya), confidence=confidence))
 
 
 def local_slopes(x: object, y: object) -> np.ndarray:

@@ -1,8 +1,8 @@
 """Isotropy metrics of weight matrices from their singular values.
 
-Definitions (papers.md A.3, Wang et al. 2025, arXiv 2509.26030, Sec. 6): for a
-matrix with NON-ZERO singular values sigma_1 >= ... >= sigma_n and energy shares
-q_i = sigma_i^2 / sum_j sigma_j^2,
+Definitions (Wang et al. 2025, arXiv 2509.26030, Section 4; see
+docs/science.md#isotropy-metrics): for a matrix with NON-ZERO singular values
+sigma_1 >= ... >= sigma_n and energy shares q_i = sigma_i^2 / sum_j sigma_j^2,
 
   entropy            H = -(1 / log n) sum_i q_i log q_i          in [0, 1]; 1 = flat spectrum
   effective_rank     eRank = exp(-sum_i q_i log q_i)              in [1, n]   (Roy & Vetterli 2007)
@@ -83,7 +83,8 @@ def _prep(x, rtol):
 def entropy(x, *, rtol: float | None = None) -> np.ndarray:
     """Normalised SVD entropy ``H = -(1/log n) sum q_i log q_i`` of ``x [..., m, n]`` -> ``[...]``.
 
-    Source: papers.md A.3. n = number of non-zero singular values; n = 1 gives 0.
+    Source: Wang et al. 2025 (arXiv 2509.26030), Section 4. n = number of non-zero singular
+    values; n = 1 gives 0.
     """
     s, mask = _prep(x, rtol)
     q = _shares(s, mask)
@@ -97,7 +98,7 @@ def entropy(x, *, rtol: float | None = None) -> np.ndarray:
 def effective_rank(x, *, rtol: float | None = None) -> np.ndarray:
     """Effective rank ``exp(-sum q_i log q_i)`` of ``x [..., m, n]`` -> ``[...]`` in ``[1, n]``.
 
-    Source: Roy & Vetterli (2007); papers.md A.3.
+    Source: Roy & Vetterli (2007); Wang et al. 2025 (arXiv 2509.26030), Section 4.
     """
     s, mask = _prep(x, rtol)
     return np.exp(_neg_q_log_q(_shares(s, mask), mask))
