@@ -10,9 +10,11 @@ Usage::
     amemory reproduce --scale full --set base.parallel.mode=sharded   # many devices
 
 Default stages (quick scale): ``check`` (``amemory check --quick``), ``one_layer``,
-``tail_lm``, a reduced ``ablation`` (Muon on none, qk, vo+ffn, all) and a reduced
-``tail_qa`` (Muon, Adam, Muon on VO+FFN, Muon on QK). ``--only`` also accepts
-``isotropy`` and ``scaling``, and a full (non-reduced) ``ablation`` / ``tail_qa``.
+``tail_lm``, a reduced ``ablation`` (Muon on none, qk, vo+ffn, all), a reduced
+``tail_qa`` (Muon, Adam, Muon on VO+FFN, Muon on QK) and ``arch`` (dense / MLA / MoE /
+MLA+MoE with AdamW and Muon; the last two at tail_lm's chosen learning rates).
+``--only`` also accepts ``isotropy`` and ``scaling``, and a full (non-reduced)
+``ablation`` / ``tail_qa``.
 
 Output: ``runs/reproduce-<UTC timestamp>/`` (or ``--out``) with one sub-directory per
 stage (``result.json``, ``figures/``), ``train_runs/`` (every transformer run, shared
@@ -42,8 +44,12 @@ from typing import Any
 from amemory import atomic
 from experiments import common
 
-DEFAULT_STAGES = ("check", "one_layer", "tail_lm", "ablation", "tail_qa")
-ALL_STAGES = ("check", "one_layer", "tail_lm", "ablation", "tail_qa", "isotropy", "scaling")
+DEFAULT_STAGES = ("check", "one_layer", "tail_lm", "ablation", "tail_qa", "arch")
+ALL_STAGES = (
+    "check", "one_layer", "tail_lm", "ablation", "tail_qa", "arch", "isotropy", "scaling"
+)  # fmt: skip
+# Stages whose reduced run takes tail_lm's chosen learning rates (no grid of their own).
+LR_FROM_TAIL_LM = ("tail_qa", "arch")
 
 # Overrides giving the reduced variants run by default (not with --only).
 REDUCED: dict[str, dict[str, Any]] = {
@@ -399,8 +405,8 @@ def reproduce(
             else:
                 runner = stage_runner or run_experiment
                 overrides = dict(REDUCED.get(name, {})) if reduced else {}
-                if reduced and name == "tail_qa":
-                    # the reduced tail_qa has no grid of its own: tail_lm's choice
+                if reduced and name in LR_FROM_TAIL_LM:
+                    # no grid of their own in the reduced run: tail_lm's choice
                     overrides.update({f"lr.{k}": v for k, v in chosen_lr.items()})
                     if chosen_lr:
                         overrides["lr_source"] = (

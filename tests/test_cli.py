@@ -17,7 +17,7 @@ def _run(*args):
 def test_help_lists_every_subcommand():
     out = _run("--help")
     assert out.returncode == 0
-    for name in ("train", "check", "reproduce", "data", "bench"):
+    for name in ("train", "check", "reproduce", "sample", "data", "bench"):
         assert f"    {name}" in out.stdout, out.stdout
 
 

@@ -42,7 +42,9 @@ def role_fn(path, leaf):
 
 def test_groups_and_specs():
     assert set(GROUPS["hidden"]) == set(GROUPS["qk"] + GROUPS["vo"] + GROUPS["ffn"])
-    assert parse_spec("vo+ffn") == ("v", "o", "w_in", "w_gate", "w_out")
+    assert parse_spec("vo+ffn")[:6] == ("v", "o", "v_up", "w_in", "w_gate", "w_out")
+    assert parse_spec("v+w_in+v") == ("v", "w_in")
+    assert "router" in ROLES and not any("router" in g for g in GROUPS.values())
     assert set(parse_spec("hidden")) <= set(ROLES)
     with pytest.raises(ValueError, match=r"unknown role or group 'mlp'.*'w_in'"):
         parse_spec("vo+mlp")

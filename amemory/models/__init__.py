@@ -4,11 +4,15 @@
   papers A and B, its losses and embedding builders (``decoupled``, ``coupled_rotation``,
   ``random_orthonormal``, ``gaussian``, ``coherent``).
 - :mod:`amemory.models.transformer`: decoder-only Flax NNX transformer with separate 2-D
-  q/k/v/o and FFN kernels, role-named parameter paths, presets (``tiny``, ``small``,
+  kernels per role, role-named parameter paths, presets (``tiny``, ``small``,
   ``gpt2-small``, ``nanogpt-160m``) and a functional ``init``/``apply`` API.
+- :mod:`amemory.models.attention`: multi-head (MHA) and multi-head latent attention
+  (MLA, DeepSeek-V2); :mod:`amemory.models.moe`: the MLP and a mixture of experts;
+  :mod:`amemory.models.decode`: KV-cache decoding and sampling; :mod:`amemory.models.roles`:
+  parameter roles from paths.
 """
 
-from amemory.models import memory, transformer
+from amemory.models import attention, decode, memory, moe, transformer
 from amemory.models.transformer import (
     ROLES,
     Transformer,
@@ -29,11 +33,14 @@ __all__ = [
     "Transformer",
     "TransformerConfig",
     "apply",
+    "attention",
+    "decode",
     "ffn_matrices",
     "hidden_matrices",
     "init",
     "init_params",
     "memory",
+    "moe",
     "param_roles",
     "preset",
     "role_of",

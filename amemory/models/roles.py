@@ -1,11 +1,20 @@
 """Parameter roles of :mod:`amemory.models.transformer`, read from parameter paths.
 
-Every trainable parameter has one role from :data:`ROLES` (design.md): ``q, k, v, o``
-(attention kernels), ``w_in, w_gate, w_out`` (FFN kernels), ``embed`` (token and
-learned-position tables), ``head`` (untied output kernel), ``norm`` (normalisation
-scales and biases), ``bias`` (biases of Linear layers). :func:`role_of` is directly a
-``role_fn`` for ``amemory.optim.routing``; a path it cannot classify is a ValueError,
-never a silent default.
+Every trainable parameter has one role from :data:`ROLES` (defined once, in
+``amemory.optim.routing``):
+
+* ``q, k, v, o``: multi-head attention kernels; ``w_in, w_gate, w_out``: dense FFN kernels;
+* ``q_down, q_up, q_rope, kv_down, k_up, v_up, k_rope`` (and ``q``, ``o``): multi-head
+  latent attention (:mod:`amemory.models.attention`);
+* ``router``; ``expert_w_in, expert_w_gate, expert_w_out`` (stacked ``[E, ...]``);
+  ``shared_w_in, shared_w_gate, shared_w_out``: mixture of experts (:mod:`amemory.models.moe`);
+* ``embed`` (token and learned-position tables), ``head`` (untied output kernel),
+  ``norm`` (normalisation scales and biases), ``bias`` (biases of Linear layers).
+
+Paths are matched on their module names, never on the layer index: ``layers/3/attn/v/kernel``
+and a scanned layout ``layers/attn/v/kernel`` (leaves with a leading layer axis) both read
+``v``. :func:`role_of` is directly a ``role_fn`` for ``amemory.optim.routing``; a path it
+cannot classify is a ValueError, never a silent default.
 """
 
 from __future__ import annotations
@@ -15,11 +24,27 @@ from typing import Any
 import jax
 import numpy as np
 
-ROLES = ("q", "k", "v", "o", "w_in", "w_gate", "w_out", "embed", "head", "norm", "bias")
+from amemory.optim.routing import ROLES
+
+__all__ = ["ATTN_ROLES", "FFN_ROLES", "MLA_ROLES", "MOE_ROLES", "ROLES", "param_roles", "role_of"]
+
 ATTN_ROLES = ("q", "k", "v", "o")
+MLA_ROLES = ("q", "q_down", "q_up", "q_rope", "kv_down", "k_up", "v_up", "k_rope", "o")
 FFN_ROLES = ("w_in", "w_gate", "w_out")
+MOE_ROLES = ("router",) + tuple(f"expert_{r}" for r in FFN_ROLES)
+MOE_ROLES += tuple(f"shared_{r}" for r in FFN_ROLES)
 _NORM_MODULES = ("attn_norm", "mlp_norm", "final_norm", "q_norm", "k_norm")
 _EMBED_MODULES = ("embed", "pos_embed")
+# Block-level paths (after "layers/<i>/" or "layers/") -> role of the kernel; the
+# matching "bias" leaf of the same Linear has role "bias".
+_KERNELS: dict[tuple[str, ...], str] = {
+    **{("attn", r): r for r in set(ATTN_ROLES + MLA_ROLES)},
+    **{("mlp", r): r for r in FFN_ROLES},
+    ("mlp", "router"): "router",
+    **{("mlp", "shared", r): f"shared_{r}" for r in FFN_ROLES},
+}
+# Stacked expert leaves: a bare Param named by its FFN role (no "kernel" level).
+_STACKED: dict[tuple[str, ...], str] = {("mlp", "experts", r): f"expert_{r}" for r in FFN_ROLES}
 
 
 def _key_name(entry: Any) -> str | int:
@@ -48,15 +73,13 @@ def role_of(path: Any, leaf: Any = None) -> str:
     Args:
       path: a tuple of keys such as ``("layers", 3, "attn", "v", "kernel")`` (ints or digit
         strings for list indices; ``jax.tree_util`` key entries are accepted, so this works
-        inside ``tree_map_with_path``), or the string ``"layers/3/attn/v/kernel"``.
+        inside ``tree_map_with_path``), or the string ``"layers/3/attn/v/kernel"``. The
+        layer index may be absent (scanned layers: ``"layers/attn/v/kernel"``).
       leaf: ignored; accepted so that ``role_of`` is directly a ``role_fn(path, leaf)`` for
         ``amemory.optim.routing``.
 
     Returns:
-      one of :data:`ROLES`: ``q, k, v, o`` (attention kernels), ``w_in, w_gate, w_out``
-      (FFN kernels), ``embed`` (token and learned-position tables), ``head`` (untied output
-      kernel), ``norm`` (every parameter of a normalisation layer, scales and LayerNorm
-      biases), ``bias`` (biases of Linear layers).
+      one of :data:`ROLES` (see the module docstring).
 
     Raises:
       ValueError: if the path is not a parameter of :class:`Transformer`.
@@ -74,14 +97,17 @@ def role_of(path: Any, leaf: Any = None) -> str:
         return "embed"
     if len(p) == 2 and module == "head" and leaf in ("kernel", "bias"):
         return "head" if leaf == "kernel" else "bias"
-    if len(p) == 5 and p[0] == "layers" and isinstance(p[1], int):
-        parent_ok = (p[2] == "attn" and module in ATTN_ROLES) or (
-            p[2] == "mlp" and module in FFN_ROLES
-        )
-        if parent_ok and leaf == "kernel":
-            return module
-        if parent_ok and leaf == "bias":
-            return "bias"
+    if p[0] != "layers":
+        raise bad
+    block = p[2:] if len(p) > 1 and isinstance(p[1], int) else p[1:]
+    if any(not isinstance(s, str) for s in block):
+        raise bad
+    if block in _STACKED:
+        return _STACKED[block]
+    if block[:-1] in _KERNELS and leaf == "kernel":
+        return _KERNELS[block[:-1]]
+    if block[:-1] in _KERNELS and leaf == "bias" and block[-2] != "router":
+        return "bias"
     raise bad
 
 

@@ -1,7 +1,9 @@
 """A decoder-only transformer in Flax NNX whose parameter paths name their roles.
 
 Read top to bottom: :class:`TransformerConfig` and :func:`preset`, the modules
-(:class:`Attention`, :class:`MLP`, :class:`Block`, :class:`Transformer`), the functional
+(:class:`Block`, :class:`Transformer`; attention variants MHA / MLA live in
+:mod:`amemory.models.attention`, the MLP and the mixture of experts in
+:mod:`amemory.models.moe`, KV-cache decoding in :mod:`amemory.models.decode`), the functional
 API used by the training loop (:func:`init`, :func:`apply`), then roles
 (:func:`role_of`, :func:`param_roles`, from :mod:`amemory.models.roles`) and analysis
 helpers (:func:`vo_maps`, :func:`ffn_matrices`, :func:`hidden_matrices`).
@@ -13,7 +15,7 @@ Design choices (papers.md A.3; peers.md "Routing of non-matrix parameters"):
   ``w_in``/``w_gate``/``w_out`` (SwiGLU), so an optimizer router and a spectrum logger see
   exactly one matrix per role and layer.
 * Parameter paths read as roles, e.g. ``layers/3/attn/v/kernel`` -> ``"v"``. Every leaf
-  has exactly one role among ``q, k, v, o, w_in, w_gate, w_out, embed, head, norm, bias``;
+  has exactly one role of ``amemory.optim.ROLES`` (:mod:`amemory.models.roles`);
   :func:`role_of` raises ``ValueError`` on anything else, never guessing.
 * Kernel layout is Flax's ``[d_in, d_out]`` (``y = x @ kernel``). Analysis helpers return
   the mathematical ``[d_out, d_in]`` (``y = W x``) form, i.e. ``kernel.T``.
@@ -36,6 +38,23 @@ Parameter tree (``init`` returns it as a plain nested dict; list indices are int
     final_norm/scale             [D]           norm
     head/kernel                  [D, V]        head    (tied_head=False only)
 
+With ``attention="mla"`` the attention kernels are (H heads of d_h = D/H; DeepSeek-V2)::
+
+    layers/i/attn/q/kernel       [D, H d_h]    q       (mla.q_rank = 0), or
+    layers/i/attn/q_down/kernel  [D, d_c']     q_down  and  q_up/kernel [d_c', H d_h]  q_up
+    layers/i/attn/q_rope/kernel  [D or d_c', H d_R]  q_rope
+    layers/i/attn/kv_down/kernel [D, d_c]      kv_down
+    layers/i/attn/{k_up,v_up}/kernel [d_c, H d_h]  k_up, v_up
+    layers/i/attn/k_rope/kernel  [D, d_R]      k_rope
+    layers/i/attn/o/kernel       [H d_h, D]    o
+
+With ``moe.experts = E > 0`` the FFN is a mixture of experts (width F_e = moe.d_expert)::
+
+    layers/i/mlp/router/kernel   [D, E]        router
+    layers/i/mlp/experts/w_in    [E, D, F_e]   expert_w_in  (+ w_gate: expert_w_gate)
+    layers/i/mlp/experts/w_out   [E, F_e, D]   expert_w_out
+    layers/i/mlp/shared/{w_in,w_gate,w_out}/kernel   shared_w_*  (moe.shared > 0)
+
 Example (multi-seed forward, as the training loop uses it)::
 
     >>> config = preset("tiny")
@@ -52,7 +71,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import math
 from collections.abc import Mapping
 from typing import Any
 
@@ -61,16 +79,32 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from amemory.models.roles import ATTN_ROLES, FFN_ROLES, ROLES, param_roles, role_of
+from amemory.models.attention import ATTENTIONS, Attention, MLAConfig
+from amemory.models.layers import dropout as _dropout
+from amemory.models.layers import norm as _norm
+from amemory.models.moe import MLP, MoE, MoEConfig
+from amemory.models.roles import (
+    ATTN_ROLES,
+    FFN_ROLES,
+    MLA_ROLES,
+    MOE_ROLES,
+    ROLES,
+    param_roles,
+    role_of,
+)
 
 __all__ = [
     "ATTN_ROLES",
     "FFN_ROLES",
+    "HIDDEN_ROLES",
     "PRESETS",
     "ROLES",
     "Attention",
     "Block",
+    "MLAConfig",
     "MLP",
+    "MoE",
+    "MoEConfig",
     "Transformer",
     "TransformerConfig",
     "apply",
@@ -86,6 +120,8 @@ __all__ = [
 ]
 
 _DTYPES = ("float32", "bfloat16", "float16", "float64")
+# Matrices of the blocks (every role but embeddings, head, norms, biases and the router).
+HIDDEN_ROLES = tuple(dict.fromkeys(ATTN_ROLES + MLA_ROLES + FFN_ROLES + MOE_ROLES[1:]))
 
 
 # ----------------------------------------------------------------------------- config
@@ -116,6 +152,15 @@ class TransformerConfig:
       init_std: std of the normal initialisation of kernels and embeddings; the output
         projections ``o`` and ``w_out`` use ``init_std / sqrt(2 n_layers)`` (GPT-2).
       norm_eps: epsilon of every normalisation layer.
+      attention: ``"mha"`` (multi-head, q/k/v/o) or ``"mla"`` (multi-head latent attention,
+        DeepSeek-V2; needs ``position="rope"``, no ``qk_norm``, no ``use_bias``); one of
+        :data:`amemory.models.attention.ATTENTIONS`.
+      mla: :class:`MLAConfig` widths (used when ``attention="mla"``; None fields resolve
+        to DeepSeek-V2's ratios to the head width, see :attr:`mla_dims`). A dict is
+        accepted.
+      moe: :class:`MoEConfig`; ``moe.experts > 0`` replaces every block's MLP by a
+        mixture of experts (``ffn`` chooses the experts' activation; resolved widths in
+        :attr:`moe_dims`). A dict is accepted.
     """
 
     vocab_size: int
@@ -137,6 +182,9 @@ class TransformerConfig:
     rope_base: float = 10000.0
     init_std: float = 0.02
     norm_eps: float = 1e-5
+    attention: str = "mha"
+    mla: MLAConfig = MLAConfig()
+    moe: MoEConfig = MoEConfig()
 
     def __post_init__(self):
         for name in ("vocab_size", "d_model", "n_layers", "n_heads", "d_ff", "max_len"):
@@ -147,6 +195,7 @@ class TransformerConfig:
             "ffn": ("gelu", "swiglu"),
             "norm": ("layernorm", "rmsnorm"),
             "position": ("rope", "learned"),
+            "attention": tuple(ATTENTIONS),
         }
         for name, allowed in choices.items():
             value = getattr(self, name)
@@ -178,11 +227,37 @@ class TransformerConfig:
         for name in ("rope_base", "init_std", "norm_eps"):
             if not float(getattr(self, name)) > 0:
                 raise ValueError(f"TransformerConfig.{name} must be > 0, got {getattr(self, name)}")
+        for name, cls in (("mla", MLAConfig), ("moe", MoEConfig)):
+            v = getattr(self, name)
+            if isinstance(v, Mapping):
+                v = cls(**v)
+            if not isinstance(v, cls):
+                raise ValueError(f"TransformerConfig.{name} must be a {cls.__name__}, got {v!r}")
+            v.resolve(self.head_dim if name == "mla" else self.d_ff)  # validates
+            object.__setattr__(self, name, v)
+        if self.attention == "mla":
+            for bad, why in (
+                (self.position != "rope", "position='rope' (its RoPE part is decoupled)"),
+                (self.qk_norm, "qk_norm=False"),
+                (self.use_bias, "use_bias=False"),
+            ):
+                if bad:
+                    raise ValueError(f"TransformerConfig: attention='mla' needs {why}")
 
     @property
     def head_dim(self) -> int:
         """D / H."""
         return self.d_model // self.n_heads
+
+    @property
+    def mla_dims(self) -> MLAConfig:
+        """``mla`` with None widths resolved from ``head_dim`` (DeepSeek-V2 ratios)."""
+        return self.mla.resolve(self.head_dim)
+
+    @property
+    def moe_dims(self) -> MoEConfig:
+        """``moe`` with ``d_expert`` resolved (None -> ``d_ff``)."""
+        return self.moe.resolve(self.d_ff)
 
     def replace(self, **overrides: Any) -> TransformerConfig:
         """A copy with fields replaced (validated again)."""
@@ -258,108 +333,40 @@ def preset(name: str, **overrides: Any) -> TransformerConfig:
 # ----------------------------------------------------------------------------- modules
 
 
-def _norm(config: TransformerConfig, features: int, rngs: nnx.Rngs) -> nnx.Module:
-    kw = dict(epsilon=config.norm_eps, dtype=config.dtype, param_dtype=config.param_dtype)
-    if config.norm == "layernorm":
-        return nnx.LayerNorm(features, rngs=rngs, **kw)
-    return nnx.RMSNorm(features, rngs=rngs, **kw)
-
-
-def _linear(config: TransformerConfig, d_in: int, d_out: int, std: float, rngs) -> nnx.Linear:
-    return nnx.Linear(
-        d_in,
-        d_out,
-        use_bias=config.use_bias,
-        kernel_init=nnx.initializers.normal(std),
-        dtype=config.dtype,
-        param_dtype=config.param_dtype,
-        rngs=rngs,
-    )
-
-
-def _dropout(x: jax.Array, rate: float, key: jax.Array | None) -> jax.Array:
-    """Inverted dropout; identity when key is None or rate is 0."""
-    if key is None or rate == 0.0:
-        return x
-    keep = jax.random.bernoulli(key, 1.0 - rate, x.shape)
-    return jnp.where(keep, x / (1.0 - rate), jnp.zeros_like(x))
-
-
-def _rope(x: jax.Array, base: float) -> jax.Array:
-    """Rotary position embedding (Su et al. 2021), rotate-half form, on x ``[B, T, H, Dh]``."""
-    t, dh = x.shape[1], x.shape[-1]
-    inv_freq = 1.0 / (base ** (jnp.arange(0, dh, 2, dtype=jnp.float32) / dh))  # (Dh/2,)
-    angles = jnp.arange(t, dtype=jnp.float32)[:, None] * inv_freq[None, :]  # (T, Dh/2)
-    cos = jnp.cos(angles)[None, :, None, :]  # (1, T, 1, Dh/2)
-    sin = jnp.sin(angles)[None, :, None, :]
-    x1, x2 = jnp.split(x.astype(jnp.float32), 2, axis=-1)
-    out = jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
-    return out.astype(x.dtype)
-
-
-class Attention(nnx.Module):
-    """Causal multi-head self-attention with separate 2-D q, k, v, o kernels ``[D, D]``."""
-
-    def __init__(self, config: TransformerConfig, *, rngs: nnx.Rngs):
-        d, std = config.d_model, config.init_std
-        self.config = config
-        self.q = _linear(config, d, d, std, rngs)
-        self.k = _linear(config, d, d, std, rngs)
-        self.v = _linear(config, d, d, std, rngs)
-        self.o = _linear(config, d, d, std / math.sqrt(2 * config.n_layers), rngs)
-        if config.qk_norm:
-            kw = dict(epsilon=config.norm_eps, dtype=config.dtype, param_dtype=config.param_dtype)
-            self.q_norm = nnx.RMSNorm(config.head_dim, rngs=rngs, **kw)
-            self.k_norm = nnx.RMSNorm(config.head_dim, rngs=rngs, **kw)
-
-    def __call__(self, x: jax.Array) -> jax.Array:
-        c = self.config
-        b, t, _ = x.shape
-        heads = (b, t, c.n_heads, c.head_dim)
-        q = self.q(x).reshape(heads)  # (B, T, H, Dh)
-        k = self.k(x).reshape(heads)
-        v = self.v(x).reshape(heads)
-        if c.qk_norm:
-            q, k = self.q_norm(q), self.k_norm(k)
-        if c.position == "rope":
-            q, k = _rope(q, c.rope_base), _rope(k, c.rope_base)
-        y = jax.nn.dot_product_attention(q, k, v, is_causal=True)  # (B, T, H, Dh)
-        return self.o(y.reshape(b, t, c.d_model))  # (B, T, D)
-
-
-class MLP(nnx.Module):
-    """FFN: ``w_out(gelu(w_in x))`` or SwiGLU ``w_out(silu(w_gate x) * w_in x)``."""
-
-    def __init__(self, config: TransformerConfig, *, rngs: nnx.Rngs):
-        d, f, std = config.d_model, config.d_ff, config.init_std
-        self.gated = config.ffn == "swiglu"
-        self.w_in = _linear(config, d, f, std, rngs)
-        if self.gated:
-            self.w_gate = _linear(config, d, f, std, rngs)
-        self.w_out = _linear(config, f, d, std / math.sqrt(2 * config.n_layers), rngs)
-
-    def __call__(self, x: jax.Array) -> jax.Array:
-        if self.gated:
-            h = jax.nn.silu(self.w_gate(x)) * self.w_in(x)  # (B, T, F)
-        else:
-            h = jax.nn.gelu(self.w_in(x))  # (B, T, F), tanh approximation as GPT-2
-        return self.w_out(h)  # (B, T, D)
-
-
 class Block(nnx.Module):
-    """Pre-norm block: ``x + attn(norm(x))`` then ``x + mlp(norm(x))``."""
+    """Pre-norm block: ``x + attn(norm(x))`` then ``x + ffn(norm(x))``.
+
+    ``attn`` is ``ATTENTIONS[config.attention]`` (MHA or MLA); ``mlp`` is an :class:`MLP`,
+    or a :class:`MoE` when ``config.moe.experts > 0``. A call returns ``(x, aux)``:
+    ``aux`` holds the MoE layer's scalars (load-balancing loss, dropped fraction), ``{}``
+    for a dense block.
+    """
 
     def __init__(self, config: TransformerConfig, *, rngs: nnx.Rngs):
         self.rate = float(config.dropout)
+        self.is_moe = config.moe.experts > 0
         self.attn_norm = _norm(config, config.d_model, rngs)
-        self.attn = Attention(config, rngs=rngs)
+        self.attn = ATTENTIONS[config.attention](config, rngs=rngs)
         self.mlp_norm = _norm(config, config.d_model, rngs)
-        self.mlp = MLP(config, rngs=rngs)
+        self.mlp = MoE(config, rngs=rngs) if self.is_moe else MLP(config, rngs=rngs)
 
-    def __call__(self, x: jax.Array, key: jax.Array | None = None) -> jax.Array:
+    def _ffn(self, h: jax.Array, dropless: bool = False) -> tuple[jax.Array, dict]:
+        return self.mlp(h, dropless=dropless) if self.is_moe else (self.mlp(h), {})
+
+    def __call__(self, x: jax.Array, key: jax.Array | None = None) -> tuple[jax.Array, dict]:
         k1, k2 = jax.random.split(key) if key is not None else (None, None)
         x = x + _dropout(self.attn(self.attn_norm(x)), self.rate, k1)
-        return x + _dropout(self.mlp(self.mlp_norm(x)), self.rate, k2)
+        h, aux = self._ffn(self.mlp_norm(x))
+        return x + _dropout(h, self.rate, k2), aux
+
+    def extend(self, x: jax.Array, cache: dict, pos: jax.Array) -> tuple[jax.Array, dict]:
+        """Incremental forward of S new tokens ``x [B, S, D]`` through the KV cache.
+
+        No dropout; the MoE never drops (dropless). Returns ``(x, cache)``.
+        """
+        h, cache = self.attn.extend(self.attn_norm(x), cache, pos)
+        x = x + h
+        return x + self._ffn(self.mlp_norm(x), dropless=True)[0], cache
 
 
 class Transformer(nnx.Module):
@@ -395,14 +402,22 @@ class Transformer(nnx.Module):
             )
 
     def __call__(
-        self, tokens: jax.Array, *, rng: jax.Array | None = None, deterministic: bool = True
-    ) -> jax.Array:
+        self,
+        tokens: jax.Array,
+        *,
+        rng: jax.Array | None = None,
+        deterministic: bool = True,
+        with_aux: bool = False,
+    ) -> jax.Array | tuple[jax.Array, dict]:
         """Logits ``[B, T, V]`` float32 for tokens ``[B, T]``.
 
         Args:
           tokens: int ``[B, T]`` with ``T <= max_len``.
           rng: dropout key; required when ``dropout > 0`` and ``deterministic=False``.
           deterministic: disable dropout.
+          with_aux: also return the blocks' auxiliary scalars, each averaged over the
+            layers that produce it (MoE: ``moe_lb_loss``, ``moe_drop_fraction``; ``{}``
+            for a dense model).
 
         Raises:
           ValueError: on a bad token shape/dtype or a missing dropout key.
@@ -413,20 +428,42 @@ class Transformer(nnx.Module):
         if use_dropout and rng is None:
             raise ValueError("rng is required when dropout > 0 and deterministic=False")
         keys = jax.random.split(rng, c.n_layers + 1) if use_dropout else [None] * (c.n_layers + 1)
-        x = self.embed(tokens)  # (B, T, D)
-        if c.position == "learned":
-            x = x + self.pos_embed(jnp.arange(tokens.shape[1]))[None]
-        x = _dropout(x, c.dropout, keys[0])
+        x = _dropout(self._embed(tokens, 0), c.dropout, keys[0])
+        auxes = []
         for i, block in enumerate(self.layers):
             if c.remat:
-                x = nnx.remat(lambda blk, h, k: blk(h, k))(block, x, keys[i + 1])
+                x, aux = nnx.remat(lambda blk, h, k: blk(h, k))(block, x, keys[i + 1])
             else:
-                x = block(x, keys[i + 1])
+                x, aux = block(x, keys[i + 1])
+            auxes.append(aux)
+        logits = self._logits(x)
+        if not with_aux:
+            return logits
+        return logits, {k: jnp.mean(jnp.stack([a[k] for a in auxes])) for k in auxes[0]}
+
+    def extend(self, tokens: jax.Array, cache: list, pos: jax.Array) -> tuple[jax.Array, list]:
+        """Logits ``[B, S, V]`` of S new tokens at positions ``pos..pos+S-1`` and the new cache.
+
+        ``cache`` is one dict per layer (``amemory.models.decode.init_cache``); the result
+        equals rows ``pos..pos+S-1`` of the full forward pass of the whole sequence (the
+        MoE dropless). Used by :mod:`amemory.models.decode`.
+        """
+        x = self._embed(tokens, pos)
+        new = []
+        for block, layer_cache in zip(self.layers, cache, strict=True):
+            x, layer_cache = block.extend(x, layer_cache, pos)
+            new.append(layer_cache)
+        return self._logits(x), new
+
+    def _embed(self, tokens: jax.Array, pos: jax.Array | int) -> jax.Array:
+        x = self.embed(tokens)  # (B, T, D)
+        if self.config.position == "learned":
+            x = x + self.pos_embed(pos + jnp.arange(tokens.shape[1]))[None]
+        return x
+
+    def _logits(self, x: jax.Array) -> jax.Array:
         x = self.final_norm(x)
-        if c.tied_head:
-            logits = self.embed.attend(x)  # (B, T, V)
-        else:
-            logits = self.head(x)
+        logits = self.embed.attend(x) if self.config.tied_head else self.head(x)  # (B, T, V)
         return logits.astype(jnp.float32)
 
 
@@ -525,7 +562,8 @@ def apply(
     *,
     rng: jax.Array | None = None,
     deterministic: bool = True,
-) -> jax.Array:
+    with_aux: bool = False,
+) -> jax.Array | tuple[jax.Array, dict]:
     """Pure forward pass: logits ``[B, T, V]`` float32 for tokens ``[B, T]`` int.
 
     Safe under ``jax.jit`` (graphdef static or closed over), ``jax.grad`` w.r.t. params,
@@ -537,12 +575,14 @@ def apply(
       tokens: int ``[B, T]``, ``T <= max_len``.
       rng: dropout key, required when ``dropout > 0`` and ``deterministic=False``.
       deterministic: disable dropout.
+      with_aux: return ``(logits, aux)``, ``aux`` the MoE layers' scalars averaged over
+        layers (``moe_lb_loss``, ``moe_drop_fraction``; ``{}`` for dense models).
 
     Raises:
       ValueError: on bad token shape/dtype or missing dropout key.
     """
     model = nnx.merge(graphdef, params)
-    return model(tokens, rng=rng, deterministic=deterministic)
+    return model(tokens, rng=rng, deterministic=deterministic, with_aux=with_aux)
 
 
 def count_params(params: Any) -> int:
@@ -583,6 +623,8 @@ def vo_maps(params: Mapping[str, Any], config: TransformerConfig, *, per_head: b
     Raises:
       ValueError: if params is not a Transformer parameter dict.
     """
+    if config.attention != "mha":
+        raise ValueError(f"vo_maps needs attention='mha', got {config.attention!r}")
     h, dh = config.n_heads, config.head_dim
     out = []
     for i in _layer_ids(params):
@@ -621,21 +663,24 @@ def hidden_matrices(params: Mapping[str, Any], *, include_vo: bool = True) -> di
     """Every hidden matrix by name, for spectrum logging.
 
     Returns:
-      ``{"layers/i/<role>": [..., d_out, d_in]}`` for the roles ``q, k, v, o, w_in,
-      w_gate, w_out`` present (``W = kernel.T``), plus ``"layers/i/vo"`` = ``W_O W_V``
-      ``[..., D, D]`` (not a role: the product paper A analyses) when ``include_vo``.
-      Leading seed axes are carried through.
+      ``{"layers/i/<role>": [..., d_out, d_in]}`` (``W = kernel.T``) for every role of
+      :data:`HIDDEN_ROLES` present (MHA, MLA, dense FFN, routed experts ``[..., E, d_out,
+      d_in]``, shared experts), plus ``"layers/i/vo"`` ``[..., D, D]`` when
+      ``include_vo``: the value-output product paper A analyses, ``W_O W_V`` (MHA) or
+      ``W_O W_uv W_dkv`` (MLA; not a role). Leading seed axes are carried through.
 
     Raises:
       ValueError: if params is not a Transformer parameter dict.
     """
     out = {}
     for i in _layer_ids(params):
-        layer = params["layers"][i]
-        for group, roles in (("attn", ATTN_ROLES), ("mlp", FFN_ROLES)):
-            for r in roles:
-                if r in layer[group]:
-                    out[f"layers/{i}/{r}"] = _math(layer[group][r]["kernel"])
+        for path, leaf in jax.tree_util.tree_flatten_with_path(params["layers"][i])[0]:
+            role = role_of(("layers", i, *path))
+            if role in HIDDEN_ROLES:
+                out[f"layers/{i}/{role}"] = _math(leaf)
         if include_vo:
-            out[f"layers/{i}/vo"] = out[f"layers/{i}/o"] @ out[f"layers/{i}/v"]
+            v = out.get(f"layers/{i}/v")
+            if v is None:  # MLA: values are v_up(kv_down(x))
+                v = out[f"layers/{i}/v_up"] @ out[f"layers/{i}/kv_down"]
+            out[f"layers/{i}/vo"] = out[f"layers/{i}/o"] @ v
     return out

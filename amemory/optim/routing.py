@@ -53,12 +53,35 @@ ROLES: tuple[str, ...] = (
     "head",
     "norm",
     "bias",
+    # multi-head latent attention (DeepSeek-V2, arXiv 2405.04434)
+    "q_down",
+    "q_up",
+    "q_rope",
+    "kv_down",
+    "k_up",
+    "v_up",
+    "k_rope",
+    # mixture of experts: router, routed experts (stacked [E, ...]), shared experts
+    "router",
+    "expert_w_in",
+    "expert_w_gate",
+    "expert_w_out",
+    "shared_w_in",
+    "shared_w_gate",
+    "shared_w_out",
 )
+_QK = ("q", "k", "q_down", "q_up", "q_rope", "kv_down", "k_up", "k_rope")
+_VO = ("v", "o", "v_up")
+_FFN = ("w_in", "w_gate", "w_out", "expert_w_in", "expert_w_gate", "expert_w_out",
+        "shared_w_in", "shared_w_gate", "shared_w_out")  # fmt: skip
+# qk: query/key paths (MLA's kv_down feeds keys and values; it is counted with qk);
+# vo: value/output; ffn: dense, routed-expert and shared-expert FFN matrices; hidden:
+# all of them. The MoE router is in no group: it goes to the "rest" rule (Adam).
 GROUPS: dict[str, tuple[str, ...]] = {
-    "qk": ("q", "k"),
-    "vo": ("v", "o"),
-    "ffn": ("w_in", "w_gate", "w_out"),
-    "hidden": ("q", "k", "v", "o", "w_in", "w_gate", "w_out"),
+    "qk": _QK,
+    "vo": _VO,
+    "ffn": _FFN,
+    "hidden": _QK + _VO + _FFN,
     "none": (),
 }
 REST = "rest"

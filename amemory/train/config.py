@@ -65,6 +65,9 @@ NULLABLE = frozenset(
         "model.position",
         "model.qk_norm",
         "model.tied_head",
+        "model.mla.kv_rank",
+        "model.mla.rope_dim",
+        "model.moe.d_expert",
         "optimizer.preset",
         "optimizer.lr",
         "memory.d",
@@ -93,7 +96,13 @@ MINIMUMS: dict[str, int] = {
     "memory.K": 2,
     "batch_size": 0,
     "divergence.patience": 1,
+    "model.mla.q_rank": 0,
+    "model.moe.experts": 0,
+    "model.moe.top_k": 1,
+    "model.moe.shared": 0,
 }
+# Integer fields that may be None (keep the default) but are >= 1 when set.
+POSITIVE_OR_NONE = ("model.mla.kv_rank", "model.mla.rope_dim", "model.moe.d_expert")
 
 
 def parse_roles(spec: str, field: str = "optimizer.muon_roles") -> tuple[str, ...]:
@@ -245,6 +254,8 @@ INTERVALS: dict[str, tuple[float, float, bool, bool]] = {
     "schedule.decay_fraction": (0.0, 1.0, True, True),
     "model.dropout": (0.0, 1.0, True, False),
     "memory.coherence": (0.0, 1.0, True, False),
+    "model.moe.capacity_factor": (0.0, _INF, True, False),
+    "model.moe.lb_coef": (0.0, _INF, True, False),
     "divergence.loss_factor": (1.0, _INF, False, False),
 }
 
@@ -302,6 +313,22 @@ def validate(config: ConfigDict) -> None:
         present, value = _get(config, field)
         if present and (not isinstance(value, int) or isinstance(value, bool) or value < lo):
             raise ValueError(f"config.{field}={value!r}; must be an integer >= {lo}")
+    for field in POSITIVE_OR_NONE:
+        present, value = _get(config, field)
+        if present and value is not None and (isinstance(value, bool) or value < 1):
+            raise ValueError(f"config.{field}={value!r}; must be None or an integer >= 1")
+    present, value = _get(config, "model.attention")
+    if present:
+        from amemory.models.attention import ATTENTIONS  # the registry (imports jax)
+
+        if value not in ATTENTIONS:
+            allowed = tuple(ATTENTIONS)
+            raise ValueError(f"config.model.attention={value!r}; allowed values: {allowed}")
+    present, moe = _get(config, "model.moe")
+    if present and moe.experts and moe.top_k > moe.experts:
+        raise ValueError(
+            f"config.model.moe.top_k={moe.top_k} must be <= config.model.moe.experts={moe.experts}"
+        )
     validate_numbers(config)
     present, roles = _get(config, "optimizer.muon_roles")
     if present and config.task == "lm":

@@ -18,6 +18,9 @@ numeric value below is a list with one entry per seed, in ``config.seeds`` order
   grad_norm       global L2 norm of the gradient (before clipping)
   param_norm      global L2 norm of the parameters after the step
   update_rms/<role>   RMS of the parameter update (new - old) over all entries of that role
+  aux/<name>      scalars the task's loss returns beside the loss (MoE models: ce_loss, the
+                  cross-entropy alone; moe_lb_loss, the load-balancing loss averaged over
+                  layers; moe_lb_coef, its coefficient in ``loss``; moe_drop_fraction)
   ortho_error/<path>  orthogonality error of the Muon direction (amemory.optim.collect_diagnostics)
   tokens_per_s    training throughput since the previous train record (global tokens / wall second)
   step_time_s     mean wall seconds per step since the previous train record
@@ -82,7 +85,8 @@ def make_train_step(
     """One optimizer step ``(state, batch) -> (state, metrics)`` (pure; jit/pmap/vmap it).
 
     Args:
-      loss_fn: ``(params, batch, rng) -> scalar`` mean loss (nats).
+      loss_fn: ``(params, batch, rng) -> (loss, aux)``: mean loss (nats) and a dict of
+        scalar metrics, reported as ``aux/<name>``.
       opt: resolved optimizer (transformation and learning-rate schedules).
       roles: tree of role strings, same structure as params.
       axis_name: under ``pmap``, the axis over which gradients and loss are averaged
@@ -91,7 +95,7 @@ def make_train_step(
 
     Returns:
       the step function; metrics are scalars: loss, grad_norm, param_norm, lr, adam_lr,
-      update_rms/<role>, and ortho_error/<path> when ``diagnostics``.
+      update_rms/<role>, aux/<name>, and ortho_error/<path> when ``diagnostics``.
     """
     leaf_roles = jax.tree.leaves(roles)
     role_names = sorted(set(leaf_roles))
@@ -100,9 +104,9 @@ def make_train_step(
         rng, sub = jax.random.split(state.rng)
         if axis_name is not None:
             sub = jax.random.fold_in(sub, jax.lax.axis_index(axis_name))
-        loss, grads = jax.value_and_grad(loss_fn)(state.params, batch, sub)
+        (loss, aux), grads = jax.value_and_grad(loss_fn, has_aux=True)(state.params, batch, sub)
         if axis_name is not None:
-            loss, grads = jax.lax.pmean((loss, grads), axis_name)
+            loss, aux, grads = jax.lax.pmean((loss, aux, grads), axis_name)
         updates, opt_state = opt.tx.update(grads, state.opt_state, state.params)
         params = optax.apply_updates(state.params, updates)
         metrics = {
@@ -111,6 +115,7 @@ def make_train_step(
             "param_norm": optax.tree.norm(params),
             "lr": opt.lr(state.step),
             "adam_lr": opt.adam_lr(state.step),
+            **{f"aux/{k}": v for k, v in aux.items()},
         }
         leaves = jax.tree.leaves(updates)
         for r in role_names:
@@ -384,7 +389,9 @@ def _run(
             config, abstract_params, roles, matrix_roles=matrix, matrix_axes=(1, 0)
         )
     else:
-        opt = optimizers.build(config, abstract_params, roles)
+        # The last two axes of every leaf are its matrix; leading axes (MoE experts
+        # [E, d, f]) are batch axes, each matrix orthogonalised on its own.
+        opt = optimizers.build(config, abstract_params, roles, matrix_axes=(-2, -1))
     diag = bool(config.optimizer.diagnostics) and config.optimizer.name in ("muon", "normuon")
     engine = _Engine(place, task, opt, roles, keys, multi, diag)
 

@@ -203,12 +203,12 @@ def build(
     names = {MATRIX: ocfg.name, ADAM: ADAM}
     table = [[r.path, list(r.shape), r.role, names[part[r.transform]]] for r in rows]
     for r in rows:
-        if part[r.transform] == MATRIX and ocfg.name in ("muon", "normuon") and matrix_axes is None:
-            if len(r.shape) != 2:
+        if part[r.transform] == MATRIX and ocfg.name in ("muon", "normuon"):
+            if len(r.shape) != 2 if matrix_axes is None else len(r.shape) < 2:
                 raise ValueError(
                     f"config.optimizer.muon_roles={ocfg.muon_roles!r} routes {r.path} "
-                    f"(role {r.role!r}, shape {r.shape}) to {ocfg.name}, which needs 2-D "
-                    "matrices; leave embed/head/norm/bias roles to Adam"
+                    f"(role {r.role!r}, shape {r.shape}) to {ocfg.name}, which needs matrices "
+                    "(2-D, or stacks of them); leave embed/head/norm/bias roles to Adam"
                 )
     labels = jax.tree.unflatten(jax.tree.structure(params), [part[r.transform] for r in rows])
     adam = optax.adamw(

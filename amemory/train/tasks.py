@@ -4,7 +4,8 @@ A task adapts one model family and its data to the loop's needs:
 
   init_params(key) -> params          one seed's parameters (key: raw ``[2] uint32``)
   roles(params) -> tree of str        role of every leaf (routing, update RMS)
-  loss(params, batch, rng) -> scalar  mean training loss of the batch (nats)
+  loss(params, batch, rng) -> (scalar, aux)  mean training loss of the batch (nats) and a
+                                      dict of scalar metrics (logged as ``aux/<name>``)
   next_batch() -> numpy tree          this process's rows of the next global batch
   data_state() / restore_data(list)   input position, saved in checkpoints
   eval_stats(params, batch) -> dict   summable sums for one eval batch (jax, any mode)
@@ -58,6 +59,7 @@ def model_config(config: Any, vocab_size: int, max_len: int | None = None):
                   "tied_head")
         if m[k] is not None
     }  # fmt: skip
+    moe = m.moe
     return transformer.preset(
         m.preset,
         vocab_size=int(vocab_size),
@@ -66,21 +68,45 @@ def model_config(config: Any, vocab_size: int, max_len: int | None = None):
         remat=bool(m.remat),
         dtype=m.dtype,
         param_dtype=m.param_dtype,
+        attention=m.attention,
+        mla=transformer.MLAConfig(
+            kv_rank=m.mla.kv_rank, rope_dim=m.mla.rope_dim, q_rank=int(m.mla.q_rank)
+        ),
+        moe=transformer.MoEConfig(
+            experts=int(moe.experts),
+            top_k=int(moe.top_k),
+            shared=int(moe.shared),
+            d_expert=moe.d_expert,
+            capacity_factor=float(moe.capacity_factor),
+        ),
         **over,
     )
 
 
-def _lm_loss(graphdef, params, tokens, targets, mask, rng, dropout: bool):
+def _lm_loss(graphdef, params, tokens, targets, mask, rng, dropout: bool, lb_coef: float):
+    """``(loss, aux)``: mean cross-entropy (nats per target token), plus ``lb_coef`` times
+    the MoE load-balancing loss for MoE models (then aux holds ``ce_loss``,
+    ``moe_lb_loss``, ``moe_lb_coef`` and ``moe_drop_fraction``; ``{}`` for dense models)."""
     from amemory.models import transformer
 
-    logits = transformer.apply(
-        graphdef, params, tokens, rng=rng if dropout else None, deterministic=not dropout
+    logits, aux = transformer.apply(
+        graphdef,
+        params,
+        tokens,
+        rng=rng if dropout else None,
+        deterministic=not dropout,
+        with_aux=True,
     )  # (B, T, V)
     ce = optax.softmax_cross_entropy_with_integer_labels(logits, targets)  # (B, T)
     if mask is None:
-        return ce.mean()
-    mask = mask.astype(ce.dtype)
-    return (ce * mask).sum() / jnp.maximum(mask.sum(), 1.0)
+        ce = ce.mean()
+    else:
+        mask = mask.astype(ce.dtype)
+        ce = (ce * mask).sum() / jnp.maximum(mask.sum(), 1.0)
+    if "moe_lb_loss" not in aux:
+        return ce, {}
+    loss = ce + lb_coef * aux["moe_lb_loss"]
+    return loss, {"ce_loss": ce, "moe_lb_coef": jnp.float32(lb_coef), **aux}
 
 
 class _Transformer:
@@ -92,6 +118,7 @@ class _Transformer:
         self.model_config = model_config(config, vocab_size, max_len)
         self.graphdef = transformer._graphdef(self.model_config)
         self.dropout = float(config.model.dropout) > 0
+        self.lb_coef = float(config.model.moe.lb_coef)
         self.spectrum_roles = parse_roles(config.spectrum_roles, "spectrum_roles")
 
     def init_params(self, key: jax.Array) -> Any:
@@ -105,16 +132,20 @@ class _Transformer:
         return transformer.param_roles(params)
 
     def spectrum_matrices(self, params: Any) -> dict[str, np.ndarray]:
-        """``{role: [n_layers, ..., d_out, d_in]}`` for the requested roles (+ "vo" = W_O W_V)."""
+        """``{role: [n, ..., d_out, d_in]}`` for the requested roles (+ "vo", the value-output
+        product); ``n`` runs over layers, and over layers x experts for routed experts."""
         from amemory.models import transformer
 
         want = set(self.spectrum_roles)
-        mats = transformer.hidden_matrices(params, include_vo={"v", "o"} <= want)
+        with_vo = "o" in want and bool({"v", "v_up"} & want)
+        mats = transformer.hidden_matrices(params, include_vo=with_vo)
         out: dict[str, list] = {}
         for name, m in mats.items():
             role = name.rsplit("/", 1)[-1]
             if role in want or role == "vo":
-                out.setdefault(role, []).append(np.asarray(m))
+                m = np.asarray(m)
+                stacked = role.startswith("expert_")  # [..., E, d_out, d_in]
+                out.setdefault(role, []).extend(np.moveaxis(m, -3, 0) if stacked else [m])
         return {r: np.stack(v) for r, v in out.items()}
 
 
@@ -150,7 +181,10 @@ class LMTask(_Transformer):
         next(C.eval_batches(self.data.val_tokens, self.batch_size, self.seq_len, max_batches=1))
 
     def loss(self, params, batch, rng):
-        return _lm_loss(self.graphdef, params, batch[:, :-1], batch[:, 1:], None, rng, self.dropout)
+        return _lm_loss(
+            self.graphdef, params, batch[:, :-1], batch[:, 1:], None, rng, self.dropout,
+            self.lb_coef,
+        )  # fmt: skip
 
     def next_batch(self) -> np.ndarray:
         return self.batcher.next()
@@ -293,8 +327,8 @@ class MemoryTask:
         from amemory.models import memory as M
 
         if self.batch_size == 0:
-            return M.population_loss(params["W"], self.E, self.Et, self.prior_j, self.noise)
-        return M.sampled_loss(params["W"], self.E, self.Et, batch["q"], batch["a"])
+            return M.population_loss(params["W"], self.E, self.Et, self.prior_j, self.noise), {}
+        return M.sampled_loss(params["W"], self.E, self.Et, batch["q"], batch["a"]), {}
 
     def next_batch(self) -> Any:
         from amemory.data import memory_tasks
@@ -406,8 +440,9 @@ class BiographyTask(_Transformer):
     def loss(self, params, batch, rng):
         tok, mask = batch["tokens"], batch["mask"]
         return _lm_loss(
-            self.graphdef, params, tok[:, :-1], tok[:, 1:], mask[:, 1:], rng, self.dropout
-        )
+            self.graphdef, params, tok[:, :-1], tok[:, 1:], mask[:, 1:], rng, self.dropout,
+            self.lb_coef,
+        )  # fmt: skip
 
     def next_batch(self) -> dict[str, np.ndarray]:
         tokens, mask = self.batcher.next()

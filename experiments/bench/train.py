@@ -108,7 +108,7 @@ def _setup(name: str, mc, batch: int, seq: int, lr_overrides: list[str]):
         import optax
 
         logits = transformer.apply(graphdef, p, b[:, :-1])
-        return optax.softmax_cross_entropy_with_integer_labels(logits, b[:, 1:]).mean()
+        return optax.softmax_cross_entropy_with_integer_labels(logits, b[:, 1:]).mean(), {}
 
     step = jax.jit(make_train_step(loss, opt, roles), donate_argnums=0)
     state = TrainState(jnp.zeros((), jnp.int32), params, opt.tx.init(params), jax.random.PRNGKey(1))

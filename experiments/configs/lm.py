@@ -88,14 +88,34 @@ def get_config(scale: str = "quick") -> ConfigDict:
     c.model.remat = False  # rematerialise blocks to save activation memory
     c.model.dtype = "float32"  # compute dtype: "float32" | "bfloat16"
     c.model.param_dtype = "float32"  # parameter dtype: "float32" | "bfloat16"
+    # Attention: "mha" (q, k, v, o) | "mla" (multi-head latent attention, DeepSeek-V2,
+    # arXiv 2405.04434: keys/values from a cached low-rank latent + a decoupled RoPE key).
+    c.model.attention = "mha"
+    c.model.mla = ConfigDict()  # MLA widths (attention="mla"); heads keep d_model / n_heads
+    c.model.mla.kv_rank = _int_or_none(None)  # d_c, latent width; None = 4 x head dim
+    c.model.mla.rope_dim = _int_or_none(
+        None
+    )  # d_R, RoPE key/query width (even); None = head dim / 2
+    c.model.mla.q_rank = 0  # d_c', query latent width; 0 = queries not compressed
+    # Mixture of experts in every block (DeepSeekMoE: routed top-k + shared experts).
+    c.model.moe = ConfigDict()
+    c.model.moe.experts = 0  # E routed experts; 0 = dense FFN (no MoE)
+    c.model.moe.top_k = 2  # routed experts per token (token-choice top-k, <= experts)
+    c.model.moe.shared = 0  # shared experts, always on
+    c.model.moe.d_expert = _int_or_none(None)  # hidden width of each expert; None = d_ff
+    # expert capacity per sequence = ceil(capacity_factor * T * top_k / experts); 0 = dropless
+    c.model.moe.capacity_factor = 0.0
+    c.model.moe.lb_coef = 0.01  # load-balancing loss coefficient (Switch Transformer's 0.01)
 
     # ---- optimizer (amemory.optim; resolved in amemory.train.optimizers) ---------
     c.optimizer = ConfigDict()
     c.optimizer.name = "muon"  # "adam" | "muon" | "normuon" | "signgd" | "signum" | "sgd"
     # Roles given to optimizer.name; every other parameter (embed, head, norm,
-    # bias, and unlisted matrices) is trained by Adam. Roles/groups: q k v o w_in
-    # w_gate w_out embed head norm bias, qk vo ffn hidden; join with "+"
-    # ("vo+ffn"); "all" = every parameter; "none" = all Adam. Ignored for "adam".
+    # bias, router, and unlisted matrices) is trained by Adam. Roles/groups: q k v o
+    # w_in w_gate w_out embed head norm bias (MLA: q_down q_up q_rope kv_down k_up v_up
+    # k_rope; MoE: router expert_w_in/gate/out shared_w_in/gate/out), qk vo ffn hidden;
+    # join with "+" ("vo+ffn"); "all" = every parameter; "none" = all Adam. Ignored for
+    # "adam". The MoE router is in no group (Adam unless named).
     c.optimizer.muon_roles = "hidden"
     # peak learning rate of optimizer.name on its roles; None = that optimizer's default
     # (amemory.train.optimizers.DEFAULT_LR: muon/normuon 0.02, signgd/signum 1e-3, sgd 0.05)

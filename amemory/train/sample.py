@@ -1,0 +1,155 @@
+"""``amemory sample``: continue a text prompt with a trained run's model (KV-cache decoding).
+
+    amemory sample --workdir runs/lm_muon --prompt "ROMEO:" --max-new-tokens 100
+    amemory sample --workdir runs/lm_muon --prompt "To be" --temperature 0.8 --top-k 40 --seed 1
+
+Reads the run directory written by ``amemory train`` (a language model on a text
+corpus): ``config.json`` (model and tokenizer settings), the tokenizer cached beside the
+corpus (``amemory.data.corpus``), and the parameters of the newest checkpoint (or
+``--step``). Decoding is :func:`amemory.models.decode.generate`: the prompt is prefilled
+into a KV cache, then one token per step; ``--temperature 0`` is greedy and
+deterministic; otherwise the draws follow ``--seed``. An empty prompt starts a new
+document (the end-of-text token).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import pathlib
+import sys
+
+from ml_collections import ConfigDict
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # noqa: D401 - argparse API
+        sys.stderr.write(f"amemory sample: error: {message}\n")
+        raise SystemExit(2)
+
+
+def load_run(workdir: str | pathlib.Path, *, step: int | None = None, seed_index: int = 0):
+    """Model, parameters and tokenizer of a trained language-model run.
+
+    Args:
+      workdir: a run directory of ``amemory train`` (config.json, checkpoints/).
+      step: checkpoint step (None = the newest).
+      seed_index: which seed of a multi-seed run (``config.seeds``) to load.
+
+    Returns:
+      ``(graphdef, params, tokenizer, corpus)``: ``params`` one seed's nested dict of
+      arrays; ``tokenizer`` a ``tokenizers.Tokenizer``; ``corpus`` the
+      ``amemory.data.corpus.Corpus`` (for ``eot_id``).
+
+    Raises:
+      ValueError: no config.json or checkpoint, a run that is not a language model on a
+        text corpus, or a checkpoint whose parameters do not fit the model.
+    """
+    import jax
+    import numpy as np
+
+    from amemory.data import corpus as C
+    from amemory.models import transformer
+    from amemory.train.checkpoint import leaf_names, load_params
+    from amemory.train.tasks import model_config
+
+    workdir = pathlib.Path(workdir)
+    path = workdir / "config.json"
+    if not path.is_file():
+        raise ValueError(f"--workdir {workdir}: no config.json (not an amemory train run)")
+    config = ConfigDict(json.loads(path.read_text()))
+    if config.task != "lm" or config.data.kind != "corpus":
+        raise ValueError(
+            f"--workdir {workdir}: amemory sample needs a language model on a text corpus "
+            f"(task='lm', data.kind='corpus'), got task={config.task!r}, "
+            f"data.kind={config.data.get('kind')!r}"
+        )
+    d = config.data
+    data = C.prepare_corpus(d.corpus, tokenizer=d.tokenizer, vocab_size=int(d.vocab_size))
+    if data.tokenizer is None:
+        raise ValueError(f"--workdir {workdir}: corpus {d.corpus!r} has no tokenizer (.bin)")
+    mc = model_config(config, data.vocab_size)
+    abstract = jax.eval_shape(lambda: transformer.init_params(mc, jax.random.PRNGKey(0)))
+    saved = leaf_names(load_params(workdir / "checkpoints", step))
+    leaves = []
+    for name, want in leaf_names(abstract).items():
+        if name not in saved:
+            raise ValueError(f"checkpoint of {workdir} has no parameter {name!r}")
+        x = saved[name]
+        if config.get("seeds") and x.ndim == len(want.shape) + 1:
+            if not 0 <= seed_index < x.shape[0]:
+                raise ValueError(f"--seed-index {seed_index}: the run has {x.shape[0]} seeds")
+            x = x[seed_index]
+        if tuple(x.shape) != tuple(want.shape):
+            raise ValueError(f"parameter {name!r}: checkpoint {x.shape}, model {want.shape}")
+        leaves.append(np.asarray(x, want.dtype))
+    params = jax.tree.unflatten(jax.tree.structure(abstract), leaves)
+    return transformer._graphdef(mc), params, data.tokenizer, data
+
+
+def sample_text(
+    workdir: str | pathlib.Path,
+    prompt: str,
+    max_new_tokens: int,
+    *,
+    temperature: float = 1.0,
+    top_k: int = 0,
+    seed: int = 0,
+    step: int | None = None,
+    seed_index: int = 0,
+) -> str:
+    """The prompt and its continuation by a trained run, decoded together as text.
+
+    (See the module docstring; a word-level tokenizer re-spaces the prompt.)
+
+    Raises:
+      ValueError: as :func:`load_run`, or bad decoding options (names the option).
+    """
+    import jax
+    import jax.numpy as jnp
+
+    from amemory.models import decode
+
+    graphdef, params, tok, data = load_run(workdir, step=step, seed_index=seed_index)
+    ids = tok.encode(prompt, add_special_tokens=False).ids if prompt else [data.eot_id]
+    out = decode.generate(
+        graphdef,
+        params,
+        jnp.asarray([ids], jnp.int32),
+        int(max_new_tokens),
+        key=jax.random.PRNGKey(seed),
+        temperature=float(temperature),
+        top_k=int(top_k),
+    )
+    start = 0 if prompt else 1  # an empty prompt's end-of-text token is not printed
+    return tok.decode([int(i) for i in out[0, start:]], skip_special_tokens=False)
+
+
+def main(argv: list[str]) -> int:
+    """Parse ``argv``, generate, print the text. Returns the exit status."""
+    p = _Parser(prog="amemory sample", description=__doc__.splitlines()[0])
+    p.add_argument("--workdir", required=True, help="run directory of amemory train")
+    p.add_argument("--prompt", required=True, help="text to continue ('' = a new document)")
+    p.add_argument("--max-new-tokens", type=int, default=100, help="tokens to generate (>= 1)")
+    p.add_argument("--temperature", type=float, default=1.0, help="0 = greedy (deterministic)")
+    p.add_argument("--top-k", type=int, default=0, help="sample among the k likeliest (0 = all)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the draws")
+    p.add_argument("--step", type=int, default=None, help="checkpoint step (default: newest)")
+    p.add_argument("--seed-index", type=int, default=0, help="seed of a multi-seed run")
+    args = p.parse_args(argv)
+    try:
+        text = sample_text(
+            args.workdir,
+            args.prompt,
+            args.max_new_tokens,
+            temperature=args.temperature,
+            top_k=args.top_k,
+            seed=args.seed,
+            step=args.step,
+            seed_index=args.seed_index,
+        )
+    except ValueError as e:
+        sys.stderr.write(f"amemory sample: error: {e}\n")
+        return 2
+    print(text)
+    return 0
