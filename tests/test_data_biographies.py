@@ -141,23 +141,6 @@ def test_fta_with_training_oracle(data):
         B.first_token_accuracy(lambda x: np.zeros((1, 1, V)), sub)
 
 
-def test_row_batcher_resume(data):
-    b = data.batcher(batch_size=32, seed=1)
-    for _ in range(3):
-        b.next()
-    s = b.state()
-    want = [b.next() for _ in range(200)]  # crosses epochs (832 rows / 32 = 26 per epoch)
-    r = data.batcher(batch_size=32, seed=1)
-    r.restore(s)
-    for wt, wm in want:
-        gt, gm = r.next()
-        np.testing.assert_array_equal(gt, wt)
-        np.testing.assert_array_equal(gm, wm)
-    halves = [data.batcher(32, seed=1, process_index=p, process_count=2) for p in range(2)]
-    full = data.batcher(32, seed=1).next()[0]
-    np.testing.assert_array_equal(np.concatenate([h.next()[0] for h in halves]), full)
-
-
 @pytest.mark.parametrize(
     "kw,name",
     [

@@ -1,8 +1,8 @@
 """Tests for amemory.data.corpus on small fixtures written by the tests.
 
 References are independent of the code under test: the original texts (decode
-round trips), np.bincount / pure-Python ranking for counts and buckets, direct
-slicing of the token stream for batches, closed-form power laws for the Zipf fit.
+round trips), np.bincount / pure-Python ranking for counts and buckets, closed-form
+power laws for the Zipf fit (the training input is tested in test_train_input.py).
 The real Shakespeare test runs only when the corpus is already in the user's cache.
 """
 
@@ -227,69 +227,10 @@ def test_bin_token_files(data_env):
     assert inferred.vocab_size == int(max(train.max(), val.max())) + 1
     with pytest.raises(ValueError, match="vocab_size"):
         C.prepare_corpus(d, vocab_size=100)
-    b = C.Batcher(data.train_tokens, 4, 16, seed=1)
-    x = b.next()
+    from amemory.data import batching
+
+    x = next(iter(batching.token_loader(data.train_tokens, 4, 16, seed=1)))
     assert x.dtype == np.int32 and x.shape == (4, 17)
-
-
-def _find_start(tokens, row):
-    """Brute-force: the offsets where ``row`` occurs in ``tokens``."""
-    T1 = row.size
-    win = np.lib.stride_tricks.sliding_window_view(tokens, T1)
-    return np.flatnonzero((win == row).all(axis=1))
-
-
-def test_batcher_windows_resume_and_processes():
-    rng = np.random.default_rng(0)
-    tokens = rng.integers(0, 50_000, size=3000).astype(np.int32)  # ~unique windows
-    B, T = 6, 10
-    b = C.Batcher(tokens, B, T, seed=3)
-    first = [b.next() for _ in range(5)]
-    for batch in first:
-        assert batch.shape == (B, T + 1) and batch.dtype == np.int32
-        for row in batch:
-            assert _find_start(tokens, row).size == 1  # a contiguous slice of the stream
-    saved = b.state()
-    assert saved.dtype == np.int64 and saved.shape == (4,) and np.all(saved < 2**31)
-    # Run through several epochs (3000 tokens / 10 = ~300 windows = 49 batches per epoch).
-    cont = [b.next() for _ in range(120)]
-    assert b.state()[0] >= 2  # epochs wrapped
-    # Within an epoch no window repeats.
-    starts = [int(_find_start(tokens, r)[0]) for batch in cont[:40] for r in batch]
-    assert len(set(starts)) == len(starts)
-    # Resume from the saved position in a fresh Batcher: same stream.
-    r = C.Batcher(tokens, B, T, seed=3)
-    r.restore(saved)
-    for want in cont:
-        np.testing.assert_array_equal(r.next(), want)
-    # Same seed -> same stream; other seed -> different.
-    np.testing.assert_array_equal(C.Batcher(tokens, B, T, seed=3).next(), first[0])
-    assert not np.array_equal(C.Batcher(tokens, B, T, seed=4).next(), first[0])
-    # Processes: the concatenation of the per-process rows is the global batch.
-    parts = [C.Batcher(tokens, B, T, seed=3, process_index=p, process_count=3) for p in range(3)]
-    for k in range(3):
-        got = np.concatenate([p.next() for p in parts])
-        np.testing.assert_array_equal(got, first[k])
-    with pytest.raises(ValueError, match="state"):
-        C.Batcher(tokens, B, T, seed=5).restore(saved)
-    with pytest.raises(ValueError, match="divisible by process_count"):
-        C.Batcher(tokens, 5, T, process_count=2)
-    with pytest.raises(ValueError, match="process_index"):
-        C.Batcher(tokens, 4, T, process_index=2, process_count=2)
-    with pytest.raises(ValueError, match="too few"):
-        C.Batcher(tokens[:50], B, T)
-
-
-def test_eval_batches_sequential():
-    tokens = np.arange(1000, dtype=np.int32)
-    batches = list(C.eval_batches(tokens, 4, 9))
-    assert len(batches) == (999 // 9) // 4
-    np.testing.assert_array_equal(batches[1][2], np.arange(6 * 9, 6 * 9 + 10))
-    halves = [
-        list(C.eval_batches(tokens, 4, 9, max_batches=2, process_index=p, process_count=2))
-        for p in range(2)
-    ]
-    np.testing.assert_array_equal(np.concatenate([halves[0][1], halves[1][1]]), batches[1])
 
 
 def test_frequency_buckets_against_python_ranking():
@@ -354,4 +295,3 @@ def test_real_shakespeare_when_cached(monkeypatch):
 def test_text_corpus_unpacks(text_dir):
     train, val = C.load_text_corpus(text_dir, val_fraction=0.2)
     assert len(train) == 8 and len(val) == 2
-    assert C.TokenStream is C.Batcher

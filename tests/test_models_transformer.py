@@ -226,6 +226,11 @@ def test_role_of_path_forms_and_errors():
     assert T.role_of("layers/0/attn/q_norm/scale") == "norm"
     assert T.role_of("pos_embed/embedding") == "embed"
     assert T.role_of(("head", "kernel"), jnp.zeros((3, 5))) == "head"  # role_fn(path, leaf)
+    # the stacked layout of scan_layers=True: same roles without the layer index
+    assert T.role_of(("layers", "attn", "v", "kernel")) == "v"
+    assert T.role_of("layers/mlp/w_out/bias") == "bias"
+    assert T.role_of("layers/attn/k_norm/scale") == "norm"
+    assert T.role_of("layers/mlp_norm/scale") == "norm"
     for bad in (
         "layers/0/attn/w_in/kernel",  # FFN role under attn
         "layers/0/mlp/q/kernel",
@@ -235,11 +240,90 @@ def test_role_of_path_forms_and_errors():
         "foo/kernel",
         "kernel",
         "layers/0/attn/q/kernel/extra",
+        "layers/attn/q/kernel/extra",
+        "layers/q/kernel",
     ):
         with pytest.raises(ValueError, match="cannot classify"):
             T.role_of(bad)
     with pytest.raises(ValueError, match="cannot classify"):
         T.param_roles({"embed": {"embedding": jnp.zeros(3)}, "extra": {"w": jnp.zeros(2)}})
+
+
+# ----------------------------------------------------------------------------- scanned layers
+
+
+def test_scanned_layers_match_per_layer_model():
+    """scan_layers=True on stack_layers(params) gives the per-layer model's loss and
+    gradients (same operations in the same order: float32 rounding only, rtol 1e-5 /
+    atol 1e-6), with dropout masks and remat. Every optional feature is on (TINY_ALT); the
+    plain tiny preset is trained scanned in tests/test_train_parallel.py."""
+    config = TINY_ALT.replace(dropout=0.3, remat=True, remat_policy="dots_saveable")
+    scanned = config.replace(scan_layers=True)
+    graphdef, params = T.init(config, jax.random.key(2))
+    g_scan, p_init = T.init(scanned, jax.random.key(2))
+    stacked = T.stack_layers(params)
+    assert jax.tree.structure(stacked) == jax.tree.structure(p_init)
+    chex.assert_trees_all_equal_shapes(stacked, p_init)
+    chex.assert_shape(p_init["layers"]["attn"]["q"]["kernel"], (config.n_layers, 24, 24))
+    q = np.asarray(p_init["layers"]["attn"]["q"]["kernel"])
+    assert not np.allclose(q[0], q[1])  # each layer drew its own initialisation
+    assert T.count_params(p_init) == T.count_params(params)
+    chex.assert_trees_all_equal(T.unstack_layers(stacked), params)
+    tokens = _tokens(4, 3, 13, config.vocab_size)
+
+    def loss(gd, p):
+        return jnp.mean(T.apply(gd, p, tokens, rng=jax.random.key(5), deterministic=False) ** 2)
+
+    l_ref, g_ref = jax.jit(jax.value_and_grad(lambda p: loss(graphdef, p)))(params)
+    l_scan, g_scan_ = jax.jit(jax.value_and_grad(lambda p: loss(g_scan, p)))(stacked)
+    np.testing.assert_allclose(float(l_scan), float(l_ref), rtol=1e-5)
+    chex.assert_trees_all_close(T.unstack_layers(g_scan_), g_ref, rtol=1e-5, atol=1e-6)
+    # Roles, analysis helpers and Muon's matrix axes read both layouts alike.
+    roles = T.param_roles(stacked)
+    assert roles["layers"]["attn"]["q"]["kernel"] == "q"
+    assert roles["layers"]["attn_norm"]["scale"] == "norm"
+    assert set(jax.tree.leaves(roles)) == set(jax.tree.leaves(T.param_roles(params)))
+    for name, m in T.hidden_matrices(params).items():
+        np.testing.assert_array_equal(np.asarray(T.hidden_matrices(stacked)[name]), np.asarray(m))
+    np.testing.assert_array_equal(
+        np.asarray(T.vo_maps(stacked, config)), np.asarray(T.vo_maps(params, config))
+    )
+    assert T.matrix_axes("layers/attn/q/kernel") == (-2, -1)
+    assert T.matrix_axes("layers/attn_norm/scale") is None
+    assert T.matrix_axes("layers/1/mlp/w_in/bias") is None
+    with pytest.raises(ValueError, match="already in the stacked"):
+        T.stack_layers(stacked)
+    with pytest.raises(ValueError, match="remat_policy"):
+        config.replace(remat_policy="dots")
+
+
+def test_scanned_mla_moe_blocks_and_decoding_match():
+    """Whatever a Block holds scans: MLA attention and a mixture of experts give the same
+    logits and MoE aux scalars stacked or per layer, and KV-cache decoding (layers walked
+    one by one) gives the same logits (float32 rounding: rtol 1e-5)."""
+    from amemory.models import decode
+
+    config = T.preset("tiny", attention="mla", ffn="swiglu", moe={"experts": 4, "top_k": 2})
+    graphdef, params = T.init(config, jax.random.key(3))
+    g_scan = T.init(config.replace(scan_layers=True), jax.random.key(3))[0]
+    stacked = T.stack_layers(params)
+    tokens = _tokens(5, 2, 9, config.vocab_size)
+    fwd = jax.jit(lambda g, p: T.apply(g, p, tokens, with_aux=True), static_argnums=0)
+    (l_ref, a_ref), (l_scan, a_scan) = fwd(graphdef, params), fwd(g_scan, stacked)
+    np.testing.assert_allclose(np.asarray(l_scan), np.asarray(l_ref), rtol=1e-5, atol=1e-6)
+    assert set(a_scan) == set(a_ref) == {"moe_lb_loss", "moe_drop_fraction"}
+    for k in a_ref:
+        np.testing.assert_allclose(float(a_scan[k]), float(a_ref[k]), rtol=1e-5)
+    # KV-cache extension (the decoding path): prefill 6 tokens, then 3 more, both layouts.
+    ext = jax.jit(decode.extend, static_argnums=0)
+    outs = []
+    for g, p in ((graphdef, params), (g_scan, stacked)):
+        cache = decode.init_cache(config, 2, 9)
+        _, cache = ext(g, p, tokens[:, :6], cache, 0)
+        outs.append(np.asarray(ext(g, p, tokens[:, 6:], cache, 6)[0]))  # (B, 3, V)
+    np.testing.assert_allclose(outs[1], outs[0], rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(outs[0], np.asarray(l_ref)[:, 6:], rtol=1e-4, atol=1e-5)
+    assert T.matrix_axes("layers/mlp/experts/w_in") == (-2, -1)  # [L, E, D, F]: L, E batch
 
 
 # ----------------------------------------------------------------------------- transforms

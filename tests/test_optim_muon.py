@@ -364,3 +364,53 @@ def test_ns_mesh_keeps_matrices_whole_under_fsdp():
     assert whole < plain, (whole, plain)
     with pytest.raises(ValueError, match="ns_mesh"):
         muon(0.1, ns_mesh=(mesh, "tp"))
+
+
+# ---------------------------------------------------------------- options, presets, stacks
+
+
+def test_explicit_none_overrides_the_preset(monkeypatch):
+    """muon(lr, preset="jordan", ns_dtype=None) must keep fp32 NS, not the preset's "auto"
+    (bf16 off CPU). The backend is faked as GPU so that "auto" would mean bf16 here."""
+    monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
+    params = _params(15)
+    g = _grads(np.random.default_rng(16), params)
+    explicit = muon(0.1, preset="jordan", ns_dtype=None)
+    u, _ = explicit.update(g, explicit.init(params), params)
+    ref_tx = muon(0.1, preset="jordan", ns_dtype=jnp.float32)
+    ref, _ = ref_tx.update(g, ref_tx.init(params), params)
+    chex.assert_trees_all_close(u, ref, atol=1e-7)
+    auto = muon(0.1, preset="jordan")  # the preset's "auto": bf16 under the fake GPU
+    u_auto, _ = auto.update(g, auto.init(params), params)
+    assert float(jnp.max(jnp.abs(u_auto["wide"] - ref["wide"]))) > 1e-4
+
+
+def test_options_are_one_object_in_every_signature():
+    import dataclasses
+    import inspect
+
+    from amemory.optim import MuonOptions, adamuon, normuon, scale_by_adamuon, scale_by_normuon
+
+    fields = [f.name for f in dataclasses.fields(MuonOptions)]
+    for fn in (scale_by_muon, muon, scale_by_normuon, normuon, scale_by_adamuon, adamuon):
+        params = inspect.signature(fn).parameters
+        assert all(params[f].kind is inspect.Parameter.KEYWORD_ONLY for f in fields), fn
+    assert inspect.signature(scale_by_adamuon).parameters["presign"].default is True
+    with pytest.raises(ValueError, match=r"scale_by_normuon: unknown option\(s\) \['beta'\]"):
+        scale_by_normuon(beta=0.9)
+    with pytest.raises(ValueError, match="preconditioning='newton'"):
+        scale_by_muon(preconditioning="newton")
+
+
+@pytest.mark.parametrize("shape", [(12, 20), (3, 12, 20), (2, 3, 20, 12)])
+def test_leading_stack_axes_are_batch_axes(shape):
+    """matrix_axes=(-2, -1): scanned layers [L, ...] and experts [E, ...] are independent
+    matrices; reference: a Python loop of NS on each matrix, scaled by its own shape."""
+    g = jnp.asarray(np.random.default_rng(17).standard_normal(shape), jnp.float32)
+    tx = scale_by_muon(momentum=0.0, matrix_axes=(-2, -1), shape_scale="jordan")
+    u, _ = jax.jit(tx.update)({"w": g}, tx.init({"w": g}))
+    flat_g = np.asarray(g).reshape((-1,) + shape[-2:])
+    flat_u = np.asarray(u["w"]).reshape(flat_g.shape)
+    scale = max(1.0, shape[-1] / shape[-2]) ** 0.5
+    for m, o in zip(flat_g, flat_u, strict=True):
+        np.testing.assert_allclose(o, scale * _np_ns(m.astype(np.float64)), atol=2e-5)

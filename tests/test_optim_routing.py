@@ -41,7 +41,7 @@ def role_fn(path, leaf):
 
 
 def test_groups_and_specs():
-    assert set(GROUPS["hidden"]) == set(GROUPS["qk"] + GROUPS["vo"] + GROUPS["ffn"])
+    assert set(GROUPS["hidden"]) == set(GROUPS["qk"] + GROUPS["vo"] + GROUPS["ffn"] + ("dense",))
     assert parse_spec("vo+ffn")[:6] == ("v", "o", "v_up", "w_in", "w_gate", "w_out")
     assert parse_spec("v+w_in+v") == ("v", "w_in")
     assert "router" in ROLES and not any("router" in g for g in GROUPS.values())

@@ -33,3 +33,20 @@ def test_signum_matches_numpy_loop_with_schedule():
 def test_signum_bad_beta():
     with pytest.raises(ValueError, match="beta"):
         signum(0.1, beta=1.0)
+
+
+def test_signum_beta_is_injectable_under_jit():
+    """optax.inject_hyperparams passes beta as a traced array (float(beta) used to fail)."""
+    rng = np.random.default_rng(1)
+    grads = rng.standard_normal((4, 3)).astype(np.float32)
+    tx = optax.inject_hyperparams(signum)(learning_rate=0.1, beta=0.8)
+    state = tx.init(jnp.zeros(3))
+    update = jax.jit(tx.update)
+    m = np.zeros(3)
+    for t, g in enumerate(grads):
+        if t == 2:
+            state.hyperparams["beta"] = jnp.asarray(0.5)
+        u, state = update(jnp.asarray(g), state, jnp.zeros(3))
+        beta = 0.8 if t < 2 else 0.5
+        m = beta * m + (1 - beta) * g
+        np.testing.assert_allclose(u, -0.1 * np.sign(m), rtol=1e-6)

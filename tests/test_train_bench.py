@@ -18,6 +18,9 @@ def test_step_flops_hand_count():
     tied = mc.replace(tied_head=True)
     params_t = jax.eval_shape(lambda: transformer.init_params(tied, jax.random.PRNGKey(0)))
     assert bench_train.step_flops(tied, params_t, B, T) == pytest.approx(want)
+    scanned = mc.replace(scan_layers=True)  # stacked [L, ...] kernels: same count
+    params_s = jax.eval_shape(lambda: transformer.init_params(scanned, jax.random.PRNGKey(0)))
+    assert bench_train.step_flops(scanned, params_s, B, T) == pytest.approx(want)
 
 
 @pytest.mark.parametrize("shape", [(24, 24), (24, 56), (56, 24), (256, 1024), (100, 150)])

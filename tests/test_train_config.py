@@ -36,11 +36,25 @@ def test_overrides_typed_and_locked():
         ("optimizer.muon_roles=vo+xx", r"unknown role or group 'xx'"),
         ("seeds=1,1", r"distinct integers"),
         ("data", r"expected --config.field=value"),
+        ("model.remat_policy=dots", r"remat_policy='dots'; allowed values: \('nothing_saveable'"),
+        ("profile_steps=5,2", r"profile_steps=\(5, 2\); must be \(\) or \(first, last\)"),
+        ("optimizer.ns_dtype=fp8", r"ns_dtype='fp8'; allowed values: \('auto', 'float32'"),
     ],
 )
 def test_bad_overrides_name_field_and_allowed_values(override, match):
     with pytest.raises(ValueError, match=match):
         C.load_config(LM_CONFIG, [override])
+
+
+def test_engine_fields_added_once_and_overridable():
+    c = C.load_config(LM_CONFIG, ["model.scan_layers=true", "profile_steps=10,15"])
+    assert c.model.scan_layers is True and c.profile_steps == (10, 15)
+    assert c.model.remat_policy == "nothing_saveable" and c.optimizer.ns_dtype == "auto"
+    m = C.load_config(MEMORY_CONFIG)  # no model group: only the fields that apply
+    assert "model" not in m and m.optimizer.ns_dtype == "auto"
+    assert m.profile_steps == ()
+    with pytest.raises(ValueError, match=r"unknown field 'scan_layers' in optimizer"):
+        C.load_config(LM_CONFIG, ["optimizer.scan_layers=true"])
 
 
 def test_seeds_with_pmap_rejected():
@@ -79,6 +93,20 @@ def test_muon_on_non_matrix_rejected_before_compile():
         optimizers.build(c, params, roles)
     built = optimizers.build(c, params, {"w": "q", "s": "norm"}, matrix_roles=("q",))
     assert [r[3] for r in built.table] == ["adam", "muon"]  # leaves in key order: s, w
+    # Stacked (scanned) layout: a norm scale [L, D] is 2-D but not a matrix.
+    from amemory.models.roles import matrix_axes
+
+    stacked = {
+        "layers": {
+            "attn": {"q": {"kernel": jax.ShapeDtypeStruct((3, 4, 4), "float32")}},
+            "attn_norm": {"scale": jax.ShapeDtypeStruct((3, 4), "float32")},
+        }
+    }
+    roles = {"layers": {"attn": {"q": {"kernel": "q"}}, "attn_norm": {"scale": "norm"}}}
+    with pytest.raises(ValueError, match=r"routes layers/attn_norm/scale \(role 'norm', shape"):
+        optimizers.build(c, stacked, roles, matrix_axes=matrix_axes)
+    ok = optimizers.build(c, stacked, roles, matrix_roles=("q",), matrix_axes=matrix_axes)
+    assert [r[3] for r in ok.table] == ["muon", "adam"]
 
 
 def test_cli_rejects_bad_overrides_before_training(capsys, tmp_path):

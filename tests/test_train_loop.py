@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from train_helpers import LM_CONFIG, lm_config, lm_overrides, memory_config, write_corpus
 
-from amemory.train import run, train
+from amemory.train import NonFiniteLossError, run, train
 from amemory.train.checkpoint import leaf_names, load_params
 
 
@@ -65,6 +65,80 @@ def test_memory_run_matches_numpy_reference(tmp_path, name, lr, direction):
     sp = [r for r in recs if r["kind"] == "spectrum"][-1]
     s = np.linalg.svd(W_ref, compute_uv=False)
     assert sp["spectrum/W/stable_rank"] == pytest.approx((s**2).sum() / s[0] ** 2, rel=1e-4)
+
+
+@pytest.mark.filterwarnings("ignore:overflow encountered in cast:RuntimeWarning")
+def test_nonfinite_state_is_never_saved_and_names_healthy_checkpoint(tmp_path):
+    # lr = 3e38 (finite in float32, so it passes validation) overflows the SGD update:
+    # the parameters after step 1 are inf/nan (the loss of step 1, computed before the
+    # update, is still finite).
+    bad = {"optimizer.name": "sgd", "optimizer.lr": 3e38, "checkpoint_every": 1}
+    with pytest.raises(NonFiniteLossError, match=r"at step 1; no checkpoint on disk$"):
+        train(memory_config(**bad, log_every=10), tmp_path / "a")
+    assert not (tmp_path / "a" / "checkpoints" / "1").exists()
+    # A good first step (saved), then a resume that diverges at step 2: checked before the
+    # save of step 2 (not a log step), which therefore never happens.
+    train(memory_config(**{"optimizer.name": "sgd", "steps": 1}), tmp_path / "b")
+    with pytest.raises(
+        NonFiniteLossError,
+        # the checkpoint of step 1 has no healthy train record after it (amemory.train.guard)
+        match=r"at step 2; no checkpoint on disk is confirmed healthy \(the newest, .*/1,",
+    ):
+        train(
+            memory_config(**bad, steps=3, log_every=10), tmp_path / "b", resume=True,
+            allow_changed=("optimizer.lr",),
+        )  # fmt: skip
+    assert not (tmp_path / "b" / "checkpoints" / "2").exists()
+    recs = [json.loads(x) for x in (tmp_path / "b" / "metrics.jsonl").read_text().splitlines()]
+    assert recs[-1]["event"] == "nonfinite" and recs[-1]["step"] == 2
+
+
+def test_steps_between_log_steps_copy_nothing_to_host(tmp_path, monkeypatch):
+    """Every step runs under jax.transfer_guard_device_to_host; host reads happen only at the
+    log / eval / checkpoint / profile points, so a per-step read (the old loop's fetch) raises.
+
+    On CPU a device array is host memory and JAX's guard never fires (reads are zero-copy),
+    so the spy also makes every value read of a jax.Array (``jax.device_get``, ``float``,
+    ``.item()``, ``.tolist()``, ``bool``; all go through ``Array._value``) an error while
+    the guard is held. Not caught on CPU: ``np.asarray`` (numpy's zero-copy buffer view).
+    """
+    import contextlib
+
+    import jax
+    import jax.numpy as jnp
+
+    real_guard = jax.transfer_guard_device_to_host
+    array_type = type(jnp.zeros(()))
+    value = array_type._value
+    levels, held = [], [False]
+
+    def read(self):
+        if held[0]:
+            raise AssertionError("device-to-host read between two log steps")
+        return value.fget(self)
+
+    @contextlib.contextmanager
+    def spy(level):
+        levels.append(level)
+        with real_guard("disallow_explicit"):  # explicit and implicit copies both raise
+            held[0] = True
+            try:
+                yield
+            finally:
+                held[0] = False
+
+    monkeypatch.setattr(jax, "transfer_guard_device_to_host", spy)
+    monkeypatch.setattr(array_type, "_value", property(read))
+    monkeypatch.setenv("AMEMORY_DATA", str(tmp_path / "cache"))
+    extra = {"steps": 12, "log_every": 6, "eval_every": 12, "spectrum_every": 0}
+    extra |= {"checkpoint_every": 4, "keep_checkpoints": 3, "profile_steps": "2,3"}
+    summary = train(lm_config(write_corpus(tmp_path), **extra), tmp_path / "run")
+    assert summary["steps"] == 12 and levels == ["disallow_explicit"] * 12
+    recs = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in recs if r["kind"] == "train"] == [6, 12]
+    assert sorted(int(p.name) for p in (tmp_path / "run" / "checkpoints").iterdir()) == [4, 8, 12]
+    traces = list((tmp_path / "run" / "plugins" / "profile").glob("*/*.xplane.pb"))
+    assert len(traces) == 1 and traces[0].stat().st_size > 0
 
 
 def test_restore_into_different_shape_names_leaf(tmp_path):

@@ -7,10 +7,11 @@ cheap (no jax, no tokenizers):
   * :mod:`amemory.data.memory_tasks`: (query, answer) samplers with label noise; exact joints.
   * :mod:`amemory.data.biographies`: paper A's heavy-tailed biography QA and first-token accuracy.
   * :mod:`amemory.data.corpus`: Shakespeare / user text / .bin tokens, BPE and word tokenizers,
-    resumable multi-process batches, token-frequency buckets (re-exports the four below).
+    token-frequency buckets (re-exports sources, tokenizer and stats).
   * :mod:`amemory.data.sources`: data cache, Shakespeare fetch, user text files, .bin tokens.
   * :mod:`amemory.data.tokenizer`: BPE and word-level tokenizers, trained once and cached.
-  * :mod:`amemory.data.batching`: resumable multi-process batch iterators.
+  * :mod:`amemory.data.batching`: Grain input pipelines (shuffled, per-process sharded,
+    checkpointable) and evaluation windows.
   * :mod:`amemory.data.stats`: frequency buckets, Zipf exponent, corpus summary.
 """
 

@@ -1,25 +1,45 @@
-"""Deterministic, resumable, multi-process batch iterators for language-model training.
+"""Training input on Grain, plus deterministic evaluation windows.
 
-* :class:`Batcher` (alias :data:`TokenStream`): contiguous windows of a flat token
-  stream (a tokenized corpus), rows int32 [B / P, T + 1].
-* :func:`eval_batches`: sequential, non-overlapping windows for evaluation.
-* :class:`RowBatcher`: shuffled batches of fixed padded rows plus a loss mask
-  (the synthetic biographies of :mod:`amemory.data.biographies`).
+Training batches come from ``grain.DataLoader`` (the input library of the Flax examples
+and MaxText): a random-access source, an ``IndexSampler`` that shuffles every epoch
+and shards the records per process (``ShardByJaxProcess``), batching, and an iterator
+whose state (``get_state`` / ``set_state``, a few integers as JSON) is checkpointed next
+to the model, so a resumed run continues the exact data order. What is specific to
+amemory is only the records:
 
-The window (row) order of a Batcher or RowBatcher is a pure function of (seed,
-epoch), so its state is a small int64 array saved in checkpoints; evaluation
-windows are the same on every call. Process p of P receives its own rows of each
-global batch, so every process holds the same state.
+* :class:`TokenWindows` + :class:`RandomCrop`: windows of ``seq_len + 1`` tokens of a
+  flat token stream (inputs ``[:, :-1]``, targets ``[:, 1:]``). Slot ``i`` covers tokens
+  ``[i T, i T + 2T)`` and the crop keeps ``T + 1`` of them from a random offset in
+  ``[0, T)``, drawn per (epoch, position) from the sampler's seed, so window boundaries
+  move between epochs;
+* :class:`MaskedRows`: fixed padded rows with a loss mask (the synthetic biographies of
+  :mod:`amemory.data.biographies`).
+
+:func:`token_loader` and :func:`row_loader` build the loaders; :func:`eval_batches`
+yields the same sequential validation windows on every call (no state, no shuffling).
+
+Process ``p`` of ``P`` reads only its shard of the records (a contiguous ``1/P`` of them,
+``ShardByJaxProcess``) and makes batches of ``B / P`` rows; the global batch of a step
+is the concatenation of the processes' batches (``jax.make_array_from_process_local_data``).
 """
 
 from __future__ import annotations
 
 import numbers
+import zlib
 from collections.abc import Iterator
 
+import grain
 import numpy as np
 
-__all__ = ["Batcher", "TokenStream", "eval_batches", "RowBatcher"]
+__all__ = [
+    "MaskedRows",
+    "RandomCrop",
+    "TokenWindows",
+    "eval_batches",
+    "row_loader",
+    "token_loader",
+]
 
 
 def _check_pos_int(name: str, v, lo: int = 1) -> int:
@@ -28,152 +48,174 @@ def _check_pos_int(name: str, v, lo: int = 1) -> int:
     return int(v)
 
 
-class Batcher:
-    """Deterministic, resumable, multi-process batches of contiguous token windows.
+def _fingerprint(a: np.ndarray) -> int:
+    """CRC32 of up to 4096 evenly spaced entries: identifies an array in a loader's repr."""
+    flat = a.reshape(-1)
+    step = max(1, flat.size // 4096)
+    return zlib.crc32(np.ascontiguousarray(flat[::step]).tobytes())
 
-    Each epoch e cuts the token stream into non-overlapping windows of T + 1
-    tokens starting at an epoch-dependent shift in [0, T) (so window boundaries
-    move between epochs), shuffles the windows with ``np.random.default_rng([seed,
-    e])`` and serves them ``batch_size`` at a time; the remainder of an epoch that
-    does not fill a batch is dropped. ``batch_size`` is the GLOBAL batch: process p
-    of P receives rows [p B/P, (p+1) B/P) of every global batch, so all processes
-    hold the same state and can save/restore it identically (multi-host runs:
-    every host builds a Batcher with its own ``process_index``; feed the local rows
-    to ``jax.make_array_from_process_local_data``).
+
+class TokenWindows:
+    """Random-access source of ``2T``-token slots of a flat token stream (Grain source).
+
+    Record ``i`` is ``tokens[i T : i T + 2T]`` (int32), so that :class:`RandomCrop` can take
+    a ``T + 1``-token window from any offset in ``[0, T)``. ``len = (N - T) // T``.
 
     Args:
-      tokens: [N] integer token ids (np array or memmap), N >= batch_size * seq_len + 1.
-      batch_size: B, global rows per batch, divisible by ``process_count``.
-      seq_len: T, model context; rows have T + 1 tokens (inputs [:, :-1], targets [:, 1:]).
-      seed: integer seed of the window order.
-      process_index: this process, in [0, process_count).
-      process_count: number of processes sharing the global batch.
+      tokens: ``[N]`` integer token ids (np array or memmap).
+      seq_len: T.
 
     Raises:
-      ValueError: naming the argument when sizes are invalid or the stream is too
-        short to fill one batch.
+      ValueError: naming the argument for a non-1-D / non-integer stream or a bad T.
     """
 
-    def __init__(
-        self,
-        tokens,
-        batch_size: int,
-        seq_len: int,
-        seed: int = 0,
-        process_index: int = 0,
-        process_count: int = 1,
-    ):
-        self.batch_size = _check_pos_int("batch_size", batch_size)
+    def __init__(self, tokens, seq_len: int):
         self.seq_len = _check_pos_int("seq_len", seq_len)
-        self.process_count = _check_pos_int("process_count", process_count)
-        self.process_index = _check_pos_int("process_index", process_index, lo=0)
-        if isinstance(seed, bool) or not isinstance(seed, numbers.Integral) or seed < 0:
-            raise ValueError(f"seed must be a non-negative integer, got {seed!r}")
-        self.seed = int(seed)
-        if self.process_index >= self.process_count:
-            raise ValueError(
-                f"process_index must lie in [0, process_count={self.process_count}), "
-                f"got {self.process_index}"
-            )
-        if self.batch_size % self.process_count:
-            raise ValueError(
-                f"batch_size={self.batch_size} must be divisible by "
-                f"process_count={self.process_count}"
-            )
-        if not hasattr(tokens, "ndim") or tokens.ndim != 1:
+        if not hasattr(tokens, "ndim"):
             tokens = np.asarray(tokens)
-            if tokens.ndim != 1:
-                raise ValueError(f"tokens must be a 1-D array, got shape {tokens.shape}")
+        if tokens.ndim != 1:
+            raise ValueError(f"tokens must be a 1-D array, got shape {tokens.shape}")
         if not np.issubdtype(tokens.dtype, np.integer):
             raise ValueError(f"tokens must hold integers, got dtype {tokens.dtype}")
         self.tokens = tokens
-        self.n_tokens = int(tokens.shape[0])
-        need = self.batch_size * self.seq_len + self.seq_len + 1
-        if self.n_tokens < need:
-            raise ValueError(
-                f"tokens has {self.n_tokens} tokens, too few for batch_size={self.batch_size} "
-                f"windows of seq_len+1={self.seq_len + 1} (need at least {need}); "
-                "reduce batch_size or seq_len"
-            )
-        self.local_batch = self.batch_size // self.process_count
-        self._epoch = 0
-        self._cursor = 0
-        self._order_epoch = -1
-        self._order: np.ndarray | None = None
-        self._shift = 0
-
-    # The order of one epoch is a pure function of (seed, epoch, n_tokens, seq_len).
-    def _epoch_order(self, epoch: int) -> tuple[int, np.ndarray]:
-        if self._order_epoch != epoch:
-            rng = np.random.default_rng([self.seed, epoch])
-            shift = int(rng.integers(0, self.seq_len))
-            n_windows = (self.n_tokens - 1 - shift) // self.seq_len
-            self._shift = shift
-            self._order = rng.permutation(n_windows)
-            self._order_epoch = epoch
-        return self._shift, self._order
-
-    @property
-    def batches_per_epoch(self) -> int:
-        """Number of full global batches in the current epoch."""
-        return len(self._epoch_order(self._epoch)[1]) // self.batch_size
-
-    def next(self) -> np.ndarray:
-        """The next batch for this process: int32 [batch_size / process_count, seq_len + 1]."""
-        shift, order = self._epoch_order(self._epoch)
-        if self._cursor + self.batch_size > len(order):
-            self._epoch += 1
-            self._cursor = 0
-            shift, order = self._epoch_order(self._epoch)
-        start = self._cursor + self.process_index * self.local_batch
-        windows = order[start : start + self.local_batch]
-        self._cursor += self.batch_size
-        T1 = self.seq_len + 1
-        starts = shift + windows * self.seq_len
-        out = np.empty((self.local_batch, T1), dtype=np.int32)
-        for r, s in enumerate(starts):
-            out[r] = self.tokens[s : s + T1]
-        return out
-
-    def __iter__(self) -> Iterator[np.ndarray]:
-        while True:
-            yield self.next()
-
-    def state(self) -> np.ndarray:
-        """Position to checkpoint: int64 [4] = (epoch, cursor, seed % 2**31, n_tokens % 2**31).
-
-        Every entry is < 2**31, so casting to int32 (e.g. ``jnp.asarray`` without
-        x64) is lossless. The last two entries only guard :meth:`restore` against
-        resuming on a different seed or stream.
-        """
-        return np.array(
-            [self._epoch, self._cursor, self.seed % 2**31, self.n_tokens % 2**31], dtype=np.int64
+        self._repr = (
+            f"TokenWindows(n_tokens={tokens.shape[0]}, seq_len={self.seq_len}, "
+            f"crc={_fingerprint(np.asarray(tokens[: 1 << 20]))})"
         )
 
-    def restore(self, state) -> None:
-        """Continue from a saved :meth:`state`; the next :meth:`next` returns the batch
-        that followed it in the original run.
+    def __len__(self) -> int:
+        return max(0, (int(self.tokens.shape[0]) - self.seq_len) // self.seq_len)
 
-        Raises:
-          ValueError: naming ``state`` when it has the wrong shape, or was saved by a
-            Batcher with a different seed or token stream.
-        """
-        s = np.asarray(state).astype(np.int64).ravel()
-        if s.shape != (4,):
-            raise ValueError(f"state must be an int array of shape [4], got shape {s.shape}")
-        epoch, cursor, seed, n = (int(x) for x in s)
-        if seed != self.seed % 2**31 or n != self.n_tokens % 2**31:
+    def __getitem__(self, i: int) -> np.ndarray:
+        T = self.seq_len
+        return np.asarray(self.tokens[i * T : i * T + 2 * T], dtype=np.int32)
+
+    def __repr__(self) -> str:  # Grain compares it on restore: no object address
+        return self._repr
+
+
+class RandomCrop(grain.transforms.RandomMap):
+    """``[2T]`` slot -> ``[T + 1]`` window from a random offset in ``[0, T)`` (Grain transform)."""
+
+    def __init__(self, seq_len: int):
+        self.seq_len = seq_len
+
+    def random_map(self, element: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+        off = int(rng.integers(0, self.seq_len))
+        return element[off : off + self.seq_len + 1]
+
+
+class MaskedRows:
+    """Random-access source of padded rows ``{"tokens": int32 [T], "mask": float32 [T]}``.
+
+    Raises:
+      ValueError: unless tokens and mask are both ``[N, T]``.
+    """
+
+    def __init__(self, tokens: np.ndarray, mask: np.ndarray):
+        tokens, mask = np.asarray(tokens), np.asarray(mask)
+        if tokens.ndim != 2 or mask.shape != tokens.shape:
             raise ValueError(
-                f"state was saved with seed={seed}, n_tokens%2**31={n}; this Batcher has "
-                f"seed={self.seed}, n_tokens={self.n_tokens}"
+                f"tokens and mask must both be [N, T]; got {tokens.shape} and {mask.shape}"
             )
-        if epoch < 0 or cursor < 0 or cursor % self.batch_size:
-            raise ValueError(f"state has an invalid position epoch={epoch}, cursor={cursor}")
-        self._epoch, self._cursor = epoch, cursor
+        self.tokens = tokens.astype(np.int32, copy=False)
+        self.mask = mask.astype(np.float32, copy=False)
+        self._repr = (
+            f"MaskedRows(shape={tokens.shape}, crc={_fingerprint(tokens)}/{_fingerprint(mask)})"
+        )
+
+    def __len__(self) -> int:
+        return int(self.tokens.shape[0])
+
+    def __getitem__(self, i: int) -> dict[str, np.ndarray]:
+        return {"tokens": self.tokens[i], "mask": self.mask[i]}
+
+    def __repr__(self) -> str:
+        return self._repr
 
 
-#: Alias matching the interface contract's name for the token batch iterator.
-TokenStream = Batcher
+def _loader(
+    source,
+    transforms: list,
+    batch_size: int,
+    seed: int,
+    shard_options: grain.sharding.ShardOptions | None,
+) -> grain.DataLoader:
+    batch_size = _check_pos_int("batch_size", batch_size)
+    if isinstance(seed, bool) or not isinstance(seed, numbers.Integral) or not 0 <= seed < 2**32:
+        raise ValueError(f"seed must be an integer in [0, 2**32), got {seed!r}")
+    shard = shard_options or grain.sharding.ShardByJaxProcess(drop_remainder=True)
+    if batch_size % shard.shard_count:
+        raise ValueError(
+            f"batch_size={batch_size} must be divisible by the process count {shard.shard_count}"
+        )
+    if len(source) < batch_size:
+        raise ValueError(
+            f"{source!r} has {len(source)} records, too few for batch_size={batch_size}; "
+            "reduce batch_size or seq_len"
+        )
+    sampler = grain.samplers.IndexSampler(
+        len(source), shard_options=shard, shuffle=True, num_epochs=None, seed=int(seed)
+    )
+    return grain.DataLoader(
+        data_source=source,
+        sampler=sampler,
+        operations=[*transforms, grain.transforms.Batch(batch_size // shard.shard_count, True)],
+        # The records are in memory: read them in the loader's thread, no worker processes
+        # or reader threads (Grain's advice for in-memory data); the loop prefetches.
+        worker_count=0,
+        shard_options=shard,
+        read_options=grain.ReadOptions(num_threads=0, prefetch_buffer_size=0),
+    )
+
+
+def token_loader(
+    tokens,
+    batch_size: int,
+    seq_len: int,
+    seed: int = 0,
+    *,
+    shard_options: grain.sharding.ShardOptions | None = None,
+) -> grain.DataLoader:
+    """Grain loader of shuffled ``T + 1``-token windows of ``tokens``, every epoch anew.
+
+    Iterating it yields int32 ``[batch_size / P, seq_len + 1]`` forever (epochs repeat with
+    a new order and new crop offsets). Its iterator's ``get_state()`` (bytes) is the
+    position to checkpoint; ``set_state`` on a fresh iterator of an identical loader
+    continues the same stream (Grain checks the sampler and source match).
+
+    Args:
+      tokens: ``[N]`` token ids.
+      batch_size: B, GLOBAL rows per step, divisible by the process count P.
+      seq_len: T.
+      seed: shuffle / crop seed in ``[0, 2**32)``.
+      shard_options: Grain sharding (default ``ShardByJaxProcess(drop_remainder=True)``:
+        process p reads the p-th contiguous ``1/P`` of the windows).
+
+    Raises:
+      ValueError: naming the argument for bad sizes, or a stream with fewer than B windows.
+    """
+    src = TokenWindows(tokens, seq_len)
+    return _loader(src, [RandomCrop(src.seq_len)], batch_size, seed, shard_options)
+
+
+def row_loader(
+    tokens: np.ndarray,
+    mask: np.ndarray,
+    batch_size: int,
+    seed: int = 0,
+    *,
+    shard_options: grain.sharding.ShardOptions | None = None,
+) -> grain.DataLoader:
+    """Grain loader of shuffled rows: ``{"tokens": int32 [B / P, T], "mask": float32 [B / P, T]}``.
+
+    Same contract as :func:`token_loader` (global ``batch_size``, per-process shards,
+    checkpointable iterator, a new order every epoch).
+
+    Raises:
+      ValueError: naming the argument for bad shapes or sizes.
+    """
+    return _loader(MaskedRows(tokens, mask), [], batch_size, seed, shard_options)
 
 
 def eval_batches(
@@ -188,15 +230,15 @@ def eval_batches(
     """Sequential non-overlapping windows for evaluation, the same on every call.
 
     Window i holds tokens [i T, i T + T + 1). Global batches of ``batch_size``
-    windows, the last partial batch dropped; process p gets its rows as in
-    :class:`Batcher`.
+    windows, the last partial batch dropped; process p gets rows
+    ``[p B/P, (p+1) B/P)`` of each global batch.
 
     Args:
       tokens: [N] token ids.
       batch_size: global rows per batch, divisible by ``process_count``.
       seq_len: T.
       max_batches: stop after this many batches (None: the whole stream).
-      process_index / process_count: as in :class:`Batcher`.
+      process_index / process_count: this process and the number of processes.
 
     Yields:
       int32 [batch_size / process_count, seq_len + 1].
@@ -230,90 +272,3 @@ def eval_batches(
             s = (first + r) * seq_len
             out[r] = tokens[s : s + seq_len + 1]
         yield out
-
-
-class RowBatcher:
-    """Deterministic, resumable batches of fixed rows (tokens and loss mask).
-
-    Each epoch e shuffles the N rows with ``np.random.default_rng([seed, e])`` and
-    serves global batches of ``batch_size`` rows (the remainder is dropped);
-    process p of P gets rows [p B/P, (p+1) B/P) of each global batch. Same state
-    convention as :class:`Batcher`.
-
-    Args:
-      tokens: int32 [N, T]; mask: float32 [N, T]; batch_size <= N, divisible by
-      process_count; seed >= 0.
-
-    Raises:
-      ValueError: naming the invalid argument.
-    """
-
-    def __init__(
-        self,
-        tokens: np.ndarray,
-        mask: np.ndarray,
-        batch_size: int,
-        seed: int = 0,
-        process_index: int = 0,
-        process_count: int = 1,
-    ):
-        tokens, mask = np.asarray(tokens), np.asarray(mask)
-        if tokens.ndim != 2 or mask.shape != tokens.shape:
-            raise ValueError(
-                f"tokens and mask must both be [N, T]; got {tokens.shape} and {mask.shape}"
-            )
-        for name, v, lo in (
-            ("batch_size", batch_size, 1),
-            ("process_count", process_count, 1),
-            ("process_index", process_index, 0),
-            ("seed", seed, 0),
-        ):
-            if isinstance(v, bool) or not isinstance(v, numbers.Integral) or v < lo:
-                raise ValueError(f"{name} must be an integer >= {lo}, got {v!r}")
-        if process_index >= process_count:
-            raise ValueError(f"process_index must be < process_count={process_count}")
-        if batch_size % process_count:
-            raise ValueError(f"batch_size={batch_size} must be divisible by process_count")
-        if batch_size > tokens.shape[0]:
-            raise ValueError(f"batch_size={batch_size} exceeds the {tokens.shape[0]} rows")
-        self.tokens, self.mask = tokens, mask
-        self.batch_size, self.seed = int(batch_size), int(seed)
-        self.process_index, self.process_count = int(process_index), int(process_count)
-        self.local = self.batch_size // self.process_count
-        self._epoch, self._cursor = 0, 0
-        self._perm_epoch, self._perm = -1, None
-
-    def _order(self) -> np.ndarray:
-        if self._perm_epoch != self._epoch:
-            rng = np.random.default_rng([self.seed, self._epoch])
-            self._perm = rng.permutation(self.tokens.shape[0])
-            self._perm_epoch = self._epoch
-        return self._perm
-
-    def next(self) -> tuple[np.ndarray, np.ndarray]:
-        """(tokens int32 [B/P, T], mask float32 [B/P, T]) for this process."""
-        if self._cursor + self.batch_size > self.tokens.shape[0]:
-            self._epoch, self._cursor = self._epoch + 1, 0
-        order = self._order()
-        start = self._cursor + self.process_index * self.local
-        rows = order[start : start + self.local]
-        self._cursor += self.batch_size
-        return self.tokens[rows], self.mask[rows]
-
-    def state(self) -> np.ndarray:
-        """int64 [4] = (epoch, cursor, seed % 2**31, N); every entry < 2**31."""
-        return np.array(
-            [self._epoch, self._cursor, self.seed % 2**31, self.tokens.shape[0]], dtype=np.int64
-        )
-
-    def restore(self, state) -> None:
-        """Continue from :meth:`state`. Raises ValueError naming ``state`` on mismatch."""
-        s = np.asarray(state).astype(np.int64).ravel()
-        if s.shape != (4,) or s[2] != self.seed % 2**31 or s[3] != self.tokens.shape[0]:
-            raise ValueError(
-                f"state {s.tolist()} does not belong to this RowBatcher "
-                f"(seed={self.seed}, rows={self.tokens.shape[0]})"
-            )
-        if s[0] < 0 or s[1] < 0 or s[1] % self.batch_size:
-            raise ValueError(f"state has an invalid position {s.tolist()}")
-        self._epoch, self._cursor = int(s[0]), int(s[1])

@@ -42,13 +42,13 @@ Exact data design
   ``"city:Brenmouth"``, ``"w:born"``), so decoding is unambiguous. Special
   tokens: ``<pad>`` = 0, ``<bos>`` = 1, ``<eos>`` = 2.
 
-Training convention (same as :class:`amemory.data.batching.Batcher` rows):
+Training convention (same as the token windows of :mod:`amemory.data.batching`):
 inputs = tokens[:, :-1], targets = tokens[:, 1:], per-target weights =
 loss_mask[:, 1:]; ``loss_mask[n, t] = 1`` iff token t is a training target.
 
-Layout: this module generates the data. Batches of its rows come from
-:class:`amemory.data.batching.RowBatcher` and the FTA metric from
-:mod:`amemory.data.biography_eval`; both are re-exported here.
+Layout: this module generates the data. Batches of its rows come from a Grain
+loader (:meth:`BiographyData.loader`, :func:`amemory.data.batching.row_loader`) and the
+FTA metric from :mod:`amemory.data.biography_eval` (re-exported here).
 """
 
 from __future__ import annotations
@@ -59,7 +59,6 @@ import numbers
 
 import numpy as np
 
-from amemory.data.batching import RowBatcher
 from amemory.data.biography_eval import first_token_accuracy, first_token_predictions
 
 __all__ = [
@@ -67,7 +66,6 @@ __all__ = [
     "BiographyTokenizer",
     "EvalSet",
     "BiographyData",
-    "RowBatcher",
     "ATTRIBUTES",
     "QUESTION_TEMPLATES",
     "make_biographies",
@@ -336,12 +334,13 @@ class BiographyData:
     def pad_id(self) -> int:
         return self.tokenizer.pad_id
 
-    def batcher(
-        self, batch_size: int, seed: int = 0, process_index: int = 0, process_count: int = 1
-    ) -> RowBatcher:
-        """A :class:`RowBatcher` over the training rows."""
-        return RowBatcher(
-            self.train_tokens, self.train_mask, batch_size, seed, process_index, process_count
+    def loader(self, batch_size: int, seed: int = 0, *, shard_options=None):
+        """Grain loader of shuffled training rows (:func:`amemory.data.batching.row_loader`):
+        ``{"tokens": int32 [B / P, T], "mask": float32 [B / P, T]}`` per process, forever."""
+        from amemory.data.batching import row_loader  # lazy: Grain imports jax
+
+        return row_loader(
+            self.train_tokens, self.train_mask, batch_size, seed, shard_options=shard_options
         )
 
 

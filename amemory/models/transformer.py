@@ -4,9 +4,11 @@ Read top to bottom: :class:`TransformerConfig` and :func:`preset`, the modules
 (:class:`Block`, :class:`Transformer`; attention variants MHA / MLA live in
 :mod:`amemory.models.attention`, the MLP and the mixture of experts in
 :mod:`amemory.models.moe`, KV-cache decoding in :mod:`amemory.models.decode`), the functional
-API used by the training loop (:func:`init`, :func:`apply`), then roles
-(:func:`role_of`, :func:`param_roles`, from :mod:`amemory.models.roles`) and analysis
-helpers (:func:`vo_maps`, :func:`ffn_matrices`, :func:`hidden_matrices`).
+API used by the training loop (:func:`init`, :func:`apply`). Re-exported here: roles
+(:func:`role_of`, :func:`param_roles`, from :mod:`amemory.models.roles`), analysis helpers
+(:func:`vo_maps`, :func:`ffn_matrices`, :func:`hidden_matrices`, from
+:mod:`amemory.models.matrices`) and scanned-layer layouts (:func:`stack_layers`,
+:func:`unstack_layers`, from :mod:`amemory.models.scan`).
 
 Design choices (papers.md A.3; peers.md "Routing of non-matrix parameters"):
 
@@ -55,6 +57,10 @@ With ``moe.experts = E > 0`` the FFN is a mixture of experts (width F_e = moe.d_
     layers/i/mlp/experts/w_out   [E, F_e, D]   expert_w_out
     layers/i/mlp/shared/{w_in,w_gate,w_out}/kernel   shared_w_*  (moe.shared > 0)
 
+With ``scan_layers=True`` the ``layers/i/...`` entries become one ``layers/...`` entry
+whose leaves carry a leading layer axis, e.g. ``layers/attn/q/kernel [L, D, D]``
+(:mod:`amemory.models.scan`; the roles are the same).
+
 Example (multi-seed forward, as the training loop uses it)::
 
     >>> config = preset("tiny")
@@ -82,15 +88,26 @@ from flax import nnx
 from amemory.models.attention import ATTENTIONS, Attention, MLAConfig
 from amemory.models.layers import dropout as _dropout
 from amemory.models.layers import norm as _norm
+from amemory.models.matrices import ffn_matrices, hidden_matrices, vo_maps
 from amemory.models.moe import MLP, MoE, MoEConfig
 from amemory.models.roles import (
     ATTN_ROLES,
     FFN_ROLES,
-    MLA_ROLES,
-    MOE_ROLES,
+    HIDDEN_ROLES,
     ROLES,
+    matrix_axes,
     param_roles,
     role_of,
+)
+from amemory.models.scan import (
+    REMAT_POLICIES,
+    is_scanned,
+    layer_views,
+    remat,
+    scan_blocks,
+    stack_layers,
+    stacked_modules,
+    unstack_layers,
 )
 
 __all__ = [
@@ -98,6 +115,7 @@ __all__ = [
     "FFN_ROLES",
     "HIDDEN_ROLES",
     "PRESETS",
+    "REMAT_POLICIES",
     "ROLES",
     "Attention",
     "Block",
@@ -113,15 +131,17 @@ __all__ = [
     "hidden_matrices",
     "init",
     "init_params",
+    "is_scanned",
+    "matrix_axes",
     "param_roles",
     "preset",
     "role_of",
+    "stack_layers",
+    "unstack_layers",
     "vo_maps",
 ]
 
 _DTYPES = ("float32", "bfloat16", "float16", "float64")
-# Matrices of the blocks (every role but embeddings, head, norms, biases and the router).
-HIDDEN_ROLES = tuple(dict.fromkeys(ATTN_ROLES + MLA_ROLES + FFN_ROLES + MOE_ROLES[1:]))
 
 
 # ----------------------------------------------------------------------------- config
@@ -144,8 +164,18 @@ class TransformerConfig:
       qk_norm: RMS-normalise q and k per head (scale ``[D/H]``) before attention.
       tied_head: logits use the token embedding transposed (no ``head`` parameter).
       dropout: rate in ``[0, 1)`` on embeddings and residual branches (0 = off).
-      remat: rematerialise each block in the backward pass (``nnx.remat``).
+      remat: rematerialise each block in the backward pass (``jax.checkpoint``).
+      remat_policy: what a rematerialised block keeps from the forward pass, a name of
+        ``jax.checkpoint_policies`` (:data:`REMAT_POLICIES`; ``"nothing_saveable"``
+        recomputes everything, ``"dots_with_no_batch_dims_saveable"`` keeps the matmuls).
+      scan_layers: store the blocks' parameters stacked with a leading layer axis
+        ``[L, ...]`` (paths ``layers/attn/q/kernel``) and run them with one
+        ``jax.lax.scan`` over a single compiled block, instead of ``L`` separate blocks
+        (paths ``layers/i/attn/q/kernel``) unrolled in the program. Same function, so
+        :func:`stack_layers` / :func:`unstack_layers` convert parameters between the two.
       dtype: compute dtype name (``"float32"``, ``"bfloat16"``, ...); logits are float32.
+        With ``param_dtype="float32"`` this is the usual mixed-precision policy: float32
+        master weights (and optimizer state), matmuls and activations in ``dtype``.
       param_dtype: parameter dtype name.
       use_bias: biases in every Linear (GPT-2 style; role ``"bias"``).
       rope_base: RoPE frequency base.
@@ -176,6 +206,8 @@ class TransformerConfig:
     tied_head: bool = True
     dropout: float = 0.0
     remat: bool = False
+    remat_policy: str = "nothing_saveable"
+    scan_layers: bool = False
     dtype: str = "float32"
     param_dtype: str = "float32"
     use_bias: bool = False
@@ -195,6 +227,7 @@ class TransformerConfig:
             "ffn": ("gelu", "swiglu"),
             "norm": ("layernorm", "rmsnorm"),
             "position": ("rope", "learned"),
+            "remat_policy": REMAT_POLICIES,
             "attention": tuple(ATTENTIONS),
         }
         for name, allowed in choices.items():
@@ -388,7 +421,12 @@ class Transformer(nnx.Module):
         self.embed = nnx.Embed(config.vocab_size, config.d_model, **emb_kw)
         if config.position == "learned":
             self.pos_embed = nnx.Embed(config.max_len, config.d_model, **emb_kw)
-        self.layers = nnx.List([Block(config, rngs=rngs) for _ in range(config.n_layers)])
+        if config.scan_layers:
+            # one Block whose every Param is [L, ...]
+            make = lambda r: Block(config, rngs=r)  # noqa: E731
+            self.layers = stacked_modules(make, config.n_layers, rngs)
+        else:
+            self.layers = nnx.List([Block(config, rngs=rngs) for _ in range(config.n_layers)])
         self.final_norm = _norm(config, config.d_model, rngs)
         if not config.tied_head:
             self.head = nnx.Linear(
@@ -427,30 +465,36 @@ class Transformer(nnx.Module):
         use_dropout = c.dropout > 0 and not deterministic
         if use_dropout and rng is None:
             raise ValueError("rng is required when dropout > 0 and deterministic=False")
-        keys = jax.random.split(rng, c.n_layers + 1) if use_dropout else [None] * (c.n_layers + 1)
-        x = _dropout(self._embed(tokens, 0), c.dropout, keys[0])
-        auxes = []
-        for i, block in enumerate(self.layers):
-            if c.remat:
-                x, aux = nnx.remat(lambda blk, h, k: blk(h, k))(block, x, keys[i + 1])
-            else:
-                x, aux = block(x, keys[i + 1])
-            auxes.append(aux)
+        keys = jax.random.split(rng, c.n_layers + 1) if use_dropout else None  # (L + 1,)
+        x = _dropout(self._embed(tokens, 0), c.dropout, None if keys is None else keys[0])
+        layer_keys = None if keys is None else keys[1:]  # (L,)
+        if c.scan_layers:  # aux: {name: [L]}
+            x, aux = scan_blocks(self.layers, x, layer_keys, c.remat, c.remat_policy)
+            aux = {k: jnp.mean(v) for k, v in aux.items()}
+        else:
+            auxes = []
+            for i, block in enumerate(self.layers):
+                key = None if layer_keys is None else layer_keys[i]
+                x, a = remat(c.remat, c.remat_policy)(lambda blk, h, k: blk(h, k))(block, x, key)
+                auxes.append(a)
+            aux = {k: jnp.mean(jnp.stack([a[k] for a in auxes])) for k in auxes[0]}
         logits = self._logits(x)
-        if not with_aux:
-            return logits
-        return logits, {k: jnp.mean(jnp.stack([a[k] for a in auxes])) for k in auxes[0]}
+        return (logits, aux) if with_aux else logits
 
     def extend(self, tokens: jax.Array, cache: list, pos: jax.Array) -> tuple[jax.Array, list]:
         """Logits ``[B, S, V]`` of S new tokens at positions ``pos..pos+S-1`` and the new cache.
 
         ``cache`` is one dict per layer (``amemory.models.decode.init_cache``); the result
         equals rows ``pos..pos+S-1`` of the full forward pass of the whole sequence (the
-        MoE dropless). Used by :mod:`amemory.models.decode`.
+        MoE dropless). Used by :mod:`amemory.models.decode`. Scanned layers are run one
+        layer slice after the other (the cache is per layer).
         """
         x = self._embed(tokens, pos)
+        layers = self.layers
+        if self.config.scan_layers:
+            layers = layer_views(self.layers, self.config.n_layers)
         new = []
-        for block, layer_cache in zip(self.layers, cache, strict=True):
+        for block, layer_cache in zip(layers, cache, strict=True):
             x, layer_cache = block.extend(x, layer_cache, pos)
             new.append(layer_cache)
         return self._logits(x), new
@@ -520,7 +564,9 @@ def init_params(config: TransformerConfig, key: jax.Array) -> dict:
     if not isinstance(config, TransformerConfig):
         raise ValueError(f"config must be a TransformerConfig, got {type(config).__name__}")
     # Fields that do not change the parameters share one compiled initialiser.
-    config = config.replace(remat=False, dropout=0.0, dtype=config.param_dtype)
+    config = config.replace(
+        remat=False, remat_policy="nothing_saveable", dropout=0.0, dtype=config.param_dtype
+    )
     if _is_key_batch(key):
         return jax.vmap(lambda k: _init_params(config, k))(key)
     return _init_params(config, key)
@@ -588,99 +634,3 @@ def apply(
 def count_params(params: Any) -> int:
     """Total number of scalar parameters in a pytree (works on ``jax.eval_shape`` output)."""
     return int(sum(np.prod(x.shape, dtype=np.int64) for x in jax.tree.leaves(params)))
-
-
-# ----------------------------------------------------------------------------- analysis
-
-
-def _layer_ids(params: Mapping[str, Any]) -> list:
-    if "layers" not in params:
-        raise ValueError("params has no 'layers' entry; expected a Transformer parameter dict")
-    return sorted(params["layers"], key=int)
-
-
-def _math(kernel: jax.Array) -> jax.Array:
-    """Flax kernel ``[..., d_in, d_out]`` -> matrix ``[..., d_out, d_in]``."""
-    return jnp.swapaxes(kernel, -1, -2)
-
-
-def vo_maps(params: Mapping[str, Any], config: TransformerConfig, *, per_head: bool = True):
-    """Value-output maps of every layer, in the ``y = M x`` convention.
-
-    Head h maps the (normalised) residual stream through ``W_O^h W_V^h``, with
-    ``W_V^h = W_V[h rows]`` ``[Dh, D]`` and ``W_O^h = W_O[:, h cols]`` ``[D, Dh]``
-    (W = kernel.T). The full-layer map is ``W_O W_V = Σ_h W_O^h W_V^h``. Paper A (A.3)
-    measures isotropy of VO.
-
-    Args:
-      params: parameter dict from :func:`init` (a leading seed axis is carried through).
-      config: its configuration (for the head split).
-      per_head: return per-head maps (rank <= Dh each) or the per-layer sum.
-
-    Returns:
-      ``[..., n_layers, n_heads, D, D]`` if ``per_head`` else ``[..., n_layers, D, D]``.
-
-    Raises:
-      ValueError: if params is not a Transformer parameter dict.
-    """
-    if config.attention != "mha":
-        raise ValueError(f"vo_maps needs attention='mha', got {config.attention!r}")
-    h, dh = config.n_heads, config.head_dim
-    out = []
-    for i in _layer_ids(params):
-        attn = params["layers"][i]["attn"]
-        wv = _math(attn["v"]["kernel"])  # [..., D(out), D(in)]
-        wo = _math(attn["o"]["kernel"])
-        if per_head:
-            lead = wv.shape[:-2]
-            wv_h = wv.reshape(*lead, h, dh, wv.shape[-1])  # [..., H, Dh, D]
-            wo_h = jnp.moveaxis(wo.reshape(*lead, wo.shape[-2], h, dh), -2, -3)  # [..., H, D, Dh]
-            out.append(wo_h @ wv_h)  # [..., H, D, D]
-        else:
-            out.append(wo @ wv)
-    return jnp.stack(out, axis=-4 if per_head else -3)
-
-
-def ffn_matrices(params: Mapping[str, Any]) -> dict[str, jax.Array]:
-    """FFN matrices stacked over layers, in the ``y = W x`` convention.
-
-    Returns:
-      ``{"w_in": [..., L, F, D], "w_out": [..., L, D, F]}`` plus ``"w_gate": [..., L, F, D]``
-      for SwiGLU models.
-
-    Raises:
-      ValueError: if params is not a Transformer parameter dict.
-    """
-    ids = _layer_ids(params)
-    roles = [r for r in FFN_ROLES if r in params["layers"][ids[0]]["mlp"]]
-    return {
-        r: jnp.stack([_math(params["layers"][i]["mlp"][r]["kernel"]) for i in ids], axis=-3)
-        for r in roles
-    }
-
-
-def hidden_matrices(params: Mapping[str, Any], *, include_vo: bool = True) -> dict[str, jax.Array]:
-    """Every hidden matrix by name, for spectrum logging.
-
-    Returns:
-      ``{"layers/i/<role>": [..., d_out, d_in]}`` (``W = kernel.T``) for every role of
-      :data:`HIDDEN_ROLES` present (MHA, MLA, dense FFN, routed experts ``[..., E, d_out,
-      d_in]``, shared experts), plus ``"layers/i/vo"`` ``[..., D, D]`` when
-      ``include_vo``: the value-output product paper A analyses, ``W_O W_V`` (MHA) or
-      ``W_O W_uv W_dkv`` (MLA; not a role). Leading seed axes are carried through.
-
-    Raises:
-      ValueError: if params is not a Transformer parameter dict.
-    """
-    out = {}
-    for i in _layer_ids(params):
-        for path, leaf in jax.tree_util.tree_flatten_with_path(params["layers"][i])[0]:
-            role = role_of(("layers", i, *path))
-            if role in HIDDEN_ROLES:
-                out[f"layers/{i}/{role}"] = _math(leaf)
-        if include_vo:
-            v = out.get(f"layers/{i}/v")
-            if v is None:  # MLA: values are v_up(kv_down(x))
-                v = out[f"layers/{i}/v_up"] @ out[f"layers/{i}/kv_down"]
-            out[f"layers/{i}/vo"] = out[f"layers/{i}/o"] @ v
-    return out

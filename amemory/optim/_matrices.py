@@ -1,6 +1,6 @@
 """Leaves as stacks of matrices, and their batched orthogonalisation (Muon family internals).
 
-Three pieces shared by :mod:`amemory.optim.muon` and :mod:`amemory.optim.normuon`:
+Three pieces shared by the Muon family (``muon``, ``normuon``, ``contrib``):
 
 - Layouts. :func:`leaf_layouts` maps every leaf of a pytree to a stack of matrices
   ``[batch, fan_in, fan_out]`` under the ``matrix_axes`` rule documented in
@@ -11,12 +11,12 @@ Three pieces shared by :mod:`amemory.optim.muon` and :mod:`amemory.optim.normuon
   so ``[256, 1024]`` and ``[1024, 256]`` leaves share a group. The result is the same
   as per-leaf calls (orthogonalisation commutes with transposition and acts on each
   matrix of a batch independently).
-- Placement. :func:`make_orth_fn` builds the orthogonaliser (Newton-Schulz or exact
-  polar); with ``ns_mesh=(mesh, axis)`` each stack is zero-padded and sharded along
-  its batch axis so every device orthogonalises whole matrices under sharded ``jit``.
+- Kernel. :func:`make_orth_fn` builds the orthogonaliser (Newton-Schulz or exact
+  polar); :func:`check_ns_mesh` validates the mesh option. Where the matrices sit on a
+  device mesh is decided in :mod:`amemory.optim.distributed` (owner layout).
 
 Sources: Jordan (2024) https://kellerjordan.github.io/posts/muon/ (NS on the wide
-side); Levanter/MaxText batch-sharded Muon (whole matrices per device).
+side).
 """
 
 from __future__ import annotations
@@ -38,6 +38,7 @@ __all__ = [
     "Layout",
     "MatrixAxes",
     "check_ns_mesh",
+    "layout_of",
     "leaf_layouts",
     "make_orth_fn",
     "orthogonalize_groups",
@@ -144,6 +145,15 @@ def _layout(path: tuple, x: Any, matrix_axes: MatrixAxes) -> Layout:
     )
 
 
+def layout_of(x: Any, matrix_axes: MatrixAxes, path: tuple = ()) -> Layout:
+    """The :class:`Layout` of one array ``x`` under ``matrix_axes`` (see :func:`leaf_layouts`).
+
+    Raises:
+      ValueError: ``x`` is not a matrix under ``matrix_axes`` (names ``path`` and shape).
+    """
+    return _layout(path, x, matrix_axes)
+
+
 def leaf_layouts(tree: Any, matrix_axes: MatrixAxes) -> tuple[list[Any], Any, list[Layout]]:
     """Flatten ``tree`` and lay out every leaf as a matrix stack.
 
@@ -209,80 +219,54 @@ def orthogonalize_with_errors(
     return orth, errs
 
 
-# --------------------------------------------------------------------------- placement
+# --------------------------------------------------------------------------- kernel
 
 
 def check_ns_mesh(ns_mesh: Any) -> None:
-    """Raise ``ValueError`` unless ``ns_mesh`` is None or ``(Mesh, axis name in it)``."""
+    """Raise ``ValueError`` unless ``ns_mesh`` is None or ``(Mesh, axis name(s) in it)``."""
     if ns_mesh is None:
         return
-    ok = (
-        isinstance(ns_mesh, tuple)
-        and len(ns_mesh) == 2
-        and isinstance(ns_mesh[0], jax.sharding.Mesh)
-        and ns_mesh[1] in ns_mesh[0].axis_names
-    )
+    ok = isinstance(ns_mesh, tuple) and len(ns_mesh) == 2
+    ok = ok and isinstance(ns_mesh[0], jax.sharding.Mesh)
+    if ok:
+        names = (ns_mesh[1],) if isinstance(ns_mesh[1], str) else ns_mesh[1]
+        ok = isinstance(names, tuple) and bool(names)
+        ok = ok and all(isinstance(a, str) and a in ns_mesh[0].axis_names for a in names)
     if not ok:
         raise ValueError(
-            f"ns_mesh must be None or (jax.sharding.Mesh, axis name in the mesh), got {ns_mesh!r}"
+            "ns_mesh must be None or (jax.sharding.Mesh, axis name or tuple of axis names "
+            f"in the mesh), got {ns_mesh!r}"
         )
 
 
-def _batch_sharded(orth_fn: Callable, ns_mesh: tuple[Any, str]) -> Callable:
-    """Run ``orth_fn`` on a ``[b, k, l]`` stack with whole matrices per device.
-
-    The stack is zero-padded to a multiple of the mesh axis size (NS and polar map
-    zero to zero) and constrained to be sharded along its batch axis, so GSPMD
-    moves each matrix to one device once instead of all-reducing every NS matmul
-    of a matrix sharded across devices (the Levanter/MaxText layout).
-    """
-    mesh, axis = ns_mesh
-    n = mesh.shape[axis]
-    spec = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec(axis, None, None))
-
-    def orth(x):
-        b = x.shape[0]
-        pad = (-b) % n
-        if pad:
-            x = jnp.concatenate([x, jnp.zeros((pad,) + x.shape[1:], x.dtype)], axis=0)
-        x = jax.lax.with_sharding_constraint(x, spec)
-        y = jax.lax.with_sharding_constraint(orth_fn(x), spec)
-        return y[:b] if pad else y
-
-    return orth
-
-
 def _resolve_dtype(ns_dtype: Any) -> Any:
-    if ns_dtype == "auto":
+    if isinstance(ns_dtype, str) and ns_dtype == "auto":
         return None if jax.default_backend() == "cpu" else jnp.bfloat16
     return ns_dtype
 
 
-def make_orth_fn(
-    orthogonalizer: str,
-    ns_coeffs: Any,
-    steps: int,
-    ns_eps: float,
-    ns_dtype: Any,
-    ns_method: str,
-    ns_mesh: tuple[Any, str] | None = None,
-) -> Callable[[jax.Array], jax.Array]:
-    """The ``[b, k, l] -> [b, k, l]`` orthogonaliser chosen by the Muon options.
+def make_orth_fn(opts: Any) -> Callable[[jax.Array], jax.Array]:
+    """The ``[b, k, l] -> [b, k, l]`` orthogonaliser chosen by ``opts`` (a ``MuonOptions``).
 
     ``orthogonalizer="polar"``: exact ``orthogonalize.polar``; otherwise
-    ``orthogonalize.newton_schulz`` with the given coefficients, steps, eps, method and
-    dtype (``"auto"``: bf16 off CPU, fp32 on CPU). With ``ns_mesh`` the call is wrapped
-    to shard the stack along its batch axis (same result). Options are validated by
-    the caller.
+    ``orthogonalize.newton_schulz`` with the options' coefficients, steps, eps, method,
+    pre-conditioning, Gram restarts and dtype (``"auto"``: bf16 off CPU, fp32 on CPU).
+    The options are validated by ``MuonOptions``. Placement on a mesh is
+    :mod:`amemory.optim.distributed`'s job.
     """
-    if orthogonalizer == "polar":
-        orth = polar
-    else:
-        dtype = _resolve_dtype(ns_dtype)
+    if opts.orthogonalizer == "polar":
+        return polar
+    kw = dict(
+        coeffs=opts.ns_coeffs,
+        steps=opts.steps,
+        eps=opts.ns_eps,
+        dtype=_resolve_dtype(opts.ns_dtype),
+        method=opts.ns_method,
+        preconditioning=opts.preconditioning,
+        gram_restarts=opts.gram_restarts,
+    )
 
-        def orth(x):
-            return newton_schulz(
-                x, coeffs=ns_coeffs, steps=steps, eps=ns_eps, dtype=dtype, method=ns_method
-            )
+    def orth(x):
+        return newton_schulz(x, **kw)
 
-    return orth if ns_mesh is None else _batch_sharded(orth, ns_mesh)
+    return orth

@@ -1,25 +1,36 @@
-"""The update path shared by Muon and NorMuon (momentum, orthogonalisation, scaling).
+"""The update path shared by the Muon family, and its one frozen options object.
 
-Both transforms run the same steps per matrix leaf and differ only between
-orthogonalisation and shape scaling (NorMuon normalises per output neuron there):
+:class:`MuonOptions` holds every option of the family once (its fields, defaults,
+allowed values and validation); the public factories (``scale_by_muon``, ``muon``,
+``scale_by_normuon``, ``normuon``, ``scale_by_adamuon``, ``adamuon``) take its fields as
+keyword arguments through :func:`with_options`, which writes them into each factory's
+signature (so ``inspect.signature``, ``help`` and ``optax.inject_hyperparams`` see them).
+Adding an option is one field here.
 
-    1. validate options (:meth:`MuonCore.build`, before any compilation);
-    2. momentum and the Nesterov look-ahead ``U`` (:func:`momentum_update`);
-    3. ``O = orth(U)`` for all leaves, batched by shape (``_matrices``);
+Per matrix leaf every member runs the same steps, and differs only between the
+direction and the shape scaling (NorMuon / AdaMuon normalise by a second moment there):
+
+    1. validate options (:class:`MuonOptions`, before any compilation);
+    2. momentum and the Nesterov look-ahead ``U`` (:func:`momentum_update`), optionally
+       ``U <- sign(U)`` (``presign``, AdaMuon);
+    3. the direction ``O``: the LMO of the chosen norm ball (``norm``): for
+       ``"spectral"`` ``O = orth(U)`` for all leaves, batched by shape (``_matrices``);
+       then the PolarGrad scaling ``O <- <U, O> O`` (``nuclear_scale``);
     4. ``update = O * shape_scale_factor(...)`` cast to the gradient dtype, plus the
-       optional diagnostics (orthogonality error, update RMS) (:meth:`MuonCore.finish`).
+       optional diagnostics (orthogonality error, update RMS) (:meth:`MuonOptions.finish`).
 
-Also the optimizer wrappers' shared glue (preset/override resolution, decoupled
-weight decay, learning rate): :func:`optimizer`.
-
-Sources: Jordan (2024) https://kellerjordan.github.io/posts/muon/ ; Liu et al.,
-arXiv 2502.16982 (Moonlight); optax 0.2.8 ``optax.contrib.muon``; Wang et al.,
-arXiv 2509.26030; Li et al., arXiv 2510.05491 (NorMuon).
+Sources: Jordan (2024) https://kellerjordan.github.io/posts/muon/ ; Liu et al., arXiv
+2502.16982 (Moonlight); optax 0.2.8 ``optax.contrib.muon``; Wang et al., arXiv 2509.26030;
+Lau, Long, Su, "PolarGrad", arXiv 2505.21799 (nuclear-norm scaling); Bernstein & Newhouse,
+"Old Optimizer, New Norm", arXiv 2409.20325 (the same scaling as the dual norm); Pethick
+et al., "Scion", arXiv 2502.07529 (norm balls); Si et al., "AdaMuon", arXiv 2507.11005.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
+import inspect
 import math
 from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
@@ -37,27 +48,40 @@ from amemory.optim._matrices import (
     make_orth_fn,
     orthogonalize_with_errors,
 )
-from amemory.optim.orthogonalize import coefficient_table
-from amemory.optim.presets import preset_options
+from amemory.optim.distributed import (
+    DISTRIBUTED_MODES,
+    OwnerLayout,
+    OwnerStacks,
+    Post,
+    resolve_layout,
+)
+from amemory.optim.orthogonalize import (
+    NORMS,
+    NS_METHODS,
+    PRECONDITIONINGS,
+    coefficient_table,
+    norm_ball_lmo,
+    orthogonality_error,
+)
 
 __all__ = [
     "MOMENTUM_FORMS",
-    "MUON_OPTIONS",
-    "NS_METHODS",
+    "NUCLEAR_SCALES",
     "ORTHOGONALIZERS",
     "SHAPE_SCALES",
-    "MuonCore",
+    "UNSET",
+    "MuonOptions",
     "Orthogonalized",
     "check_unit_interval",
     "momentum_update",
-    "optimizer",
     "shape_scale_factor",
+    "with_options",
 ]
 
 MOMENTUM_FORMS = ("ema", "sum")
 ORTHOGONALIZERS = ("newton_schulz", "polar")
 SHAPE_SCALES = ("none", "jordan", "rms_match", "spectral")
-NS_METHODS = ("auto", "direct", "gram")
+NUCLEAR_SCALES = ("none", "matrix", "leaf")
 
 
 def shape_scale_factor(
@@ -69,8 +93,9 @@ def shape_scale_factor(
     - ``"jordan"``: ``sqrt(max(1, fan_out / fan_in))`` (Keller Jordan's reference,
       torch.optim.Muon "original", optax.contrib.muon).
     - ``"rms_match"``: ``rms_scale * sqrt(max(fan_in, fan_out))`` (Moonlight; gives
-      update RMS ~ ``rms_scale``, like AdamW's ~0.2).
-    - ``"spectral"``: ``sqrt(fan_out / fan_in)`` (spectral-norm / muP scaling, Dion).
+      update RMS ~ ``rms_scale``, like AdamW's ~0.2; optax's ``consistent_rms``).
+    - ``"spectral"``: ``sqrt(fan_out / fan_in)`` (spectral-norm / muP scaling, Dion,
+      Scion's normalised ``Spectral``).
 
     Raises:
       ValueError: unknown ``kind`` (lists the allowed ones).
@@ -90,155 +115,180 @@ def shape_scale_factor(
 
 
 def _check_choice(name: str, value: Any, allowed: Sequence[str]) -> None:
-    if value not in allowed:
+    if isinstance(value, jax.core.Tracer) or value not in allowed:
         raise ValueError(f"{name}={value!r}; allowed: {tuple(allowed)}")
 
 
-def check_unit_interval(name: str, value: Any, upper_open: bool = True) -> None:
+def check_unit_interval(name: str, value: Any) -> None:
     """Raise ``ValueError`` if a Python number ``value`` is outside ``[0, 1)``.
 
     Arrays (e.g. hyperparameters injected by ``optax.inject_hyperparams``) are not
     checked: they may be traced.
     """
     if isinstance(value, int | float) and not isinstance(value, bool):
-        ok = 0.0 <= value < 1.0 if upper_open else 0.0 <= value <= 1.0
-        if not ok:
+        if not 0.0 <= value < 1.0:
             raise ValueError(f"{name} must be in [0, 1), got {value!r}")
 
 
-def _static_steps(ns_steps: Any, ns_coeffs: Any) -> int:
-    if ns_steps is None:
-        if not isinstance(ns_coeffs, str) and np.ndim(ns_coeffs) == 2:
-            return int(np.shape(ns_coeffs)[0])
-        return 5
-    if isinstance(ns_steps, jax.core.Tracer):
+def _check_static(name: str, value: Any) -> None:
+    if isinstance(value, jax.core.Tracer):
         raise ValueError(
-            "ns_steps must be a static Python int; with optax.inject_hyperparams pass "
-            "static_args=('ns_steps',)"
+            f"{name} must be static (a Python value); with optax.inject_hyperparams pass "
+            f"static_args=({name!r},)"
         )
-    return int(ns_steps)
 
 
-# --------------------------------------------------------------------------- update path
-
-
-def momentum_update(g, m, count_inc, beta, form, nesterov, bias_correction):
-    """Return (new momentum, matrix to orthogonalise), both in the compute dtype.
-
-    The formulas are listed in :func:`amemory.optim.scale_by_muon`'s docstring.
-    """
-    if form == "ema":
-        m_new = beta * m + (1.0 - beta) * g
-    else:
-        m_new = beta * m + g
-    if bias_correction:  # optax.contrib.muon: Adam-style bias correction, NAdam Nesterov
-        t = count_inc.astype(g.dtype)
-        if nesterov:
-            u = beta * m_new / (1.0 - beta ** (t + 1)) + (1.0 - beta) * g / (1.0 - beta**t)
-        else:
-            u = m_new / (1.0 - beta**t)
-    elif nesterov:
-        u = beta * m_new + (1.0 - beta) * g if form == "ema" else g + beta * m_new
-    else:
-        u = m_new
-    return m_new, u
-
-
-class Orthogonalized(NamedTuple):
-    """One update's state after step 3 (see module doc), input to :meth:`MuonCore.finish`."""
-
-    count: jax.Array  # [] int32, incremented
-    mu: Any  # new momentum tree (state dtype)
-    mats: list[jax.Array]  # orth(U) per leaf, [batch, fan_in, fan_out]
-    errors: list[jax.Array] | None  # [] float32 orthogonality error per leaf, or None
-    grads: list[jax.Array]  # gradient leaves (for the output dtype)
-    layouts: list[Layout]
-    treedef: Any
-
-
-def _rms_tree(leaves: list[jax.Array], treedef: Any) -> Any:
-    rms = [jnp.sqrt(jnp.mean(jnp.square(x.astype(jnp.float32)))) for x in leaves]
-    return treedef.unflatten(rms)
+# --------------------------------------------------------------------------- options
 
 
 @dataclasses.dataclass(frozen=True)
-class MuonCore:
-    """Validated options and the shared steps of a Muon-family transform.
+class MuonOptions:
+    """Every option of the Muon family, validated once (frozen; raises ``ValueError``).
 
-    ``momentum`` and ``rms_scale`` may be arrays (injected hyperparameters); every
-    other field is static.
+    ``momentum``, ``ns_eps`` and ``rms_scale`` may be arrays (injected hyperparameters);
+    every other field is static.
+
+    Attributes:
+      momentum: ``beta`` in ``[0, 1)``.
+      momentum_form: ``"ema"`` (``M <- beta M + (1 - beta) G``) or ``"sum"``
+        (``M <- beta M + G``).
+      nesterov: use the Nesterov look-ahead ``U`` (see ``scale_by_muon``).
+      bias_correction: optax.contrib.muon's Adam-style bias correction (``"ema"`` only).
+      norm: the unit ball whose LMO gives the direction (Scion, arXiv 2502.07529):
+        ``"spectral"`` (Muon: ``orth(U)``), ``"sign"`` (SignGD), ``"colnorm"``,
+        ``"rownorm"`` (see ``orthogonalize.norm_ball_lmo``). Only ``"spectral"``
+        orthogonalises; the NS options below apply to it.
+      orthogonalizer: ``"newton_schulz"`` or ``"polar"`` (exact, SVD; float64 under x64).
+      ns_coeffs: ``"jordan"``, ``"polar_express"``, ``"dion"`` or an array ``[steps, 3]``.
+      ns_steps: NS steps; ``None``: 5, or the length of an array ``ns_coeffs``. Static.
+      ns_eps: added to the norm before NS (1e-7 Keller/torch, 1e-8 optax).
+      ns_dtype: NS compute dtype: ``None`` (momentum's dtype, at least fp32), a dtype or
+        its name (``"bfloat16"``), or ``"auto"`` (bf16 on GPU/TPU, fp32 on CPU).
+      ns_method: ``"auto"`` (the Gram form when ``fan_max >= 2 fan_min``, except
+        in bfloat16), ``"direct"`` or ``"gram"`` (see ``orthogonalize.newton_schulz``).
+      preconditioning: ``"frobenius"``, ``"spectral"``, ``"aol"`` (Turbo-Muon) or
+        ``"schatten"`` (see ``orthogonalize.newton_schulz``).
+      gram_restarts: steps before which the Gram form restarts; ``None``: ``(2,)``
+        (Dao-AILab) below 32-bit compute, none in float32 (see ``newton_schulz``).
+      presign: orthogonalise ``sign(U)`` instead of ``U`` (AdaMuon's sign stabilisation).
+      nuclear_scale: ``"none"``; ``"matrix"`` multiplies each matrix's direction by
+        ``<U, O>`` (``= ||U||_*`` for the exact polar factor: PolarGrad, arXiv
+        2505.21799; the dual-norm step of arXiv 2409.20325); ``"leaf"`` by the sum of
+        ``<U_b, O_b>`` over a leaf's matrices (optax.contrib.muon's ``adaptive=True``).
+      shape_scale: ``"none"``, ``"jordan"``, ``"rms_match"`` or ``"spectral"``.
+      rms_scale: ``c`` of ``"rms_match"`` (0.2 matches AdamW's update RMS).
+      mu_dtype: momentum dtype (``None``: parameter dtype).
+      matrix_axes: ``None`` (every leaf must be 2-D ``[fan_in, fan_out]``), a pair
+        ``(in_axes, out_axes)`` of ints or int tuples applied to every leaf, or a callable
+        ``(path_keys, leaf) -> pair | None``; other axes are batch axes.
+      batch_leaves: orthogonalise same-shape leaves in one batched call (same result).
+      ns_mesh: ``(mesh, axis)`` for sharded ``jit``: the device mesh and the mesh axis
+        name (or tuple of names) along which parameters are split (FSDP); other mesh
+        axes replicate them. Used by the owner layout (``distributed``).
+      distributed: where orthogonalisation runs on the mesh (``amemory.optim.
+        distributed``): ``"owner"`` stacks same-shape matrices, hands each device a
+        round-robin share of whole matrices with one ``all_to_all`` per stack (padding
+        the stack to a multiple of the device count), runs Newton-Schulz with no
+        collective, and returns the results with one ``all_to_all`` (plus an
+        ``all_gather`` over replica axes); ``"gspmd"`` leaves it to XLA's partitioner
+        (collectives inside every NS step of a sharded matrix); ``"auto"`` is
+        ``"owner"`` when ``ns_mesh`` is given on more than one device, else ``"gspmd"``.
+        Same update either way. Only ``norm="spectral"`` orthogonalises; the other norm
+        balls are elementwise and stay where the parameters are.
+      diagnostics: keep each leaf's orthogonality error and update RMS of the last update
+        in the state (read with ``amemory.optim.collect_diagnostics``).
     """
 
-    momentum: Any
-    momentum_form: str
-    nesterov: bool
-    bias_correction: bool
-    orth_fn: Callable[[jax.Array], jax.Array]
-    shape_scale: str
-    rms_scale: Any
-    mu_dtype: Any
-    matrix_axes: MatrixAxes
-    batch_leaves: bool
-    diagnostics: bool
+    momentum: Any = 0.95
+    momentum_form: str = "ema"
+    nesterov: bool = True
+    bias_correction: bool = False
+    norm: str = "spectral"
+    orthogonalizer: str = "newton_schulz"
+    ns_coeffs: Any = "jordan"
+    ns_steps: int | None = None
+    ns_eps: Any = 1e-7
+    ns_dtype: Any = None
+    ns_method: str = "auto"
+    preconditioning: str = "frobenius"
+    gram_restarts: tuple[int, ...] | None = None
+    presign: bool = False
+    nuclear_scale: str = "none"
+    shape_scale: str = "jordan"
+    rms_scale: Any = 0.2
+    mu_dtype: Any = None
+    matrix_axes: MatrixAxes = None
+    batch_leaves: bool = True
+    ns_mesh: Any = None
+    distributed: str = "auto"
+    diagnostics: bool = False
 
-    @classmethod
-    def build(
-        cls,
-        *,
-        momentum: Any,
-        momentum_form: str,
-        nesterov: bool,
-        bias_correction: bool,
-        orthogonalizer: str,
-        ns_coeffs: Any,
-        ns_steps: int | None,
-        ns_eps: float,
-        ns_dtype: Any,
-        ns_method: str,
-        shape_scale: str,
-        rms_scale: Any,
-        mu_dtype: Any,
-        matrix_axes: MatrixAxes,
-        batch_leaves: bool,
-        ns_mesh: tuple[Any, str] | None,
-        diagnostics: bool,
-    ) -> MuonCore:
-        """Validate the :func:`amemory.optim.scale_by_muon` options and build the core.
-
-        Raises:
-          ValueError: a bad option (names it and lists the allowed values).
-        """
-        check_unit_interval("momentum", momentum)
-        _check_choice("momentum_form", momentum_form, MOMENTUM_FORMS)
-        _check_choice("orthogonalizer", orthogonalizer, ORTHOGONALIZERS)
-        _check_choice("shape_scale", shape_scale, SHAPE_SCALES)
-        _check_choice("ns_method", ns_method, NS_METHODS)
-        if not isinstance(nesterov, bool):
-            raise ValueError(f"nesterov must be a bool, got {nesterov!r}")
-        if bias_correction and momentum_form != "ema":
+    def __post_init__(self):
+        check_unit_interval("momentum", self.momentum)
+        _check_choice("momentum_form", self.momentum_form, MOMENTUM_FORMS)
+        _check_choice("norm", self.norm, NORMS)
+        _check_choice("orthogonalizer", self.orthogonalizer, ORTHOGONALIZERS)
+        _check_choice("ns_method", self.ns_method, NS_METHODS)
+        _check_choice("preconditioning", self.preconditioning, PRECONDITIONINGS)
+        _check_choice("nuclear_scale", self.nuclear_scale, NUCLEAR_SCALES)
+        _check_choice("shape_scale", self.shape_scale, SHAPE_SCALES)
+        _check_choice("distributed", self.distributed, DISTRIBUTED_MODES)
+        for name in ("nesterov", "bias_correction", "presign", "batch_leaves", "diagnostics"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"{name} must be a bool, got {getattr(self, name)!r}")
+        if self.bias_correction and self.momentum_form != "ema":
             raise ValueError("bias_correction=True needs momentum_form='ema' (optax convention)")
-        steps = _static_steps(ns_steps, ns_coeffs)
-        coefficient_table(ns_coeffs, steps)  # raises ValueError on a bad spec
-        check_ns_mesh(ns_mesh)
-        orth_fn = make_orth_fn(
-            orthogonalizer, ns_coeffs, steps, ns_eps, ns_dtype, ns_method, ns_mesh
-        )
-        return cls(
-            momentum=momentum,
-            momentum_form=momentum_form,
-            nesterov=nesterov,
-            bias_correction=bias_correction,
-            orth_fn=orth_fn,
-            shape_scale=shape_scale,
-            rms_scale=rms_scale,
-            mu_dtype=mu_dtype,
-            matrix_axes=matrix_axes,
-            batch_leaves=batch_leaves,
-            diagnostics=diagnostics,
-        )
+        for name in ("ns_coeffs", "ns_steps", "gram_restarts", "ns_dtype", "mu_dtype"):
+            _check_static(name, getattr(self, name))
+        if self.ns_steps is not None and (
+            isinstance(self.ns_steps, bool) or not isinstance(self.ns_steps, int | np.integer)
+        ):
+            raise ValueError(f"ns_steps must be None or an int >= 1, got {self.ns_steps!r}")
+        coefficient_table(self.ns_coeffs, self.steps)  # raises ValueError on a bad spec
+        restarts = self.gram_restarts
+        if restarts is not None and (
+            not isinstance(restarts, tuple | list)
+            or not all(isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in restarts)
+        ):
+            raise ValueError(
+                f"gram_restarts must be None or a tuple of ints >= 0, got {restarts!r}"
+            )
+        if self.ns_dtype not in (None, "auto"):
+            try:
+                jnp.dtype(self.ns_dtype)
+            except TypeError:
+                raise ValueError(
+                    f"ns_dtype={self.ns_dtype!r}; allowed: None, 'auto', or a dtype "
+                    "(e.g. 'bfloat16')"
+                ) from None
+        check_ns_mesh(self.ns_mesh)
+        resolve_layout(self.distributed, self.ns_mesh)  # raises for "owner" without a mesh
 
-    def init(self, params: Any) -> tuple[list[Layout], Any, dict[str, Any]]:
-        """Validate every leaf and make the common state fields.
+    @property
+    def steps(self) -> int:
+        """Number of NS steps: ``ns_steps``, else the rows of an array table, else 5."""
+        if self.ns_steps is not None:
+            return int(self.ns_steps)
+        if not isinstance(self.ns_coeffs, str) and np.ndim(self.ns_coeffs) == 2:
+            return int(np.shape(self.ns_coeffs)[0])
+        return 5
+
+    @functools.cached_property
+    def orth_fn(self) -> Callable[[jax.Array], jax.Array]:
+        """The ``[b, k, l] -> [b, k, l]`` orthogonaliser of ``norm="spectral"``."""
+        return make_orth_fn(self)
+
+    @functools.cached_property
+    def layout(self) -> OwnerLayout | None:
+        """The owner layout on ``ns_mesh`` (``distributed``), or None (XLA places NS)."""
+        if self.norm != "spectral":
+            return None
+        return resolve_layout(self.distributed, self.ns_mesh)
+
+    # ------------------------------------------------------------------- update path
+
+    def init_fields(self, params: Any) -> tuple[list[Layout], Any, dict[str, Any]]:
+        """Validate every leaf and make the state fields shared by the family.
 
         Returns:
           ``(layouts, treedef, fields)`` with ``fields`` = ``count`` ([] int32 zero),
@@ -248,19 +298,33 @@ class MuonCore:
         Raises:
           ValueError: a leaf that is not a matrix (names path and shape).
         """
-        _, treedef, layouts = leaf_layouts(params, self.matrix_axes)
-        mu = optax.tree.zeros_like(params, dtype=self.mu_dtype)
+        leaves, treedef, layouts = leaf_layouts(params, self.matrix_axes)
+        mu = treedef.unflatten([jnp.zeros(np.shape(x), self.mu_dtype or _dtype(x)) for x in leaves])
         diag = None
         if self.diagnostics:
-            zero = lambda _: jnp.zeros([], jnp.float32)  # noqa: E731
-            diag = {
-                "ortho_error": jax.tree.map(zero, params),
-                "update_rms": jax.tree.map(zero, params),
-            }
+            zeros = [jnp.zeros([], jnp.float32) for _ in leaves]
+            diag = {"ortho_error": treedef.unflatten(zeros), "update_rms": treedef.unflatten(zeros)}
         return layouts, treedef, {"count": jnp.zeros([], jnp.int32), "mu": mu, "diagnostics": diag}
 
-    def orthogonalize(self, updates: Any, mu: Any, count: jax.Array) -> Orthogonalized:
-        """Steps 2-3: momentum (compute dtype >= fp32), then batched ``orth(U)``."""
+    def direction(
+        self,
+        updates: Any,
+        mu: Any,
+        count: jax.Array,
+        post: Post | None = None,
+        post_state: OwnerStacks | None = None,
+    ) -> Orthogonalized:
+        """Steps 2-3: momentum (compute dtype >= fp32), then the batched direction.
+
+        With an owner layout (:attr:`layout`), ``post``/``post_state`` (see
+        ``distributed.OwnerLayout.orthogonalize``) run on each matrix's owner right after
+        orthogonalisation (and the ``"matrix"`` nuclear scaling); without one they are
+        not used (the caller applies its own step to the returned directions).
+
+        Raises:
+          ValueError: ``nuclear_scale="leaf"`` with a ``post`` hook in the owner layout
+            (a leaf's matrices may have different owners).
+        """
         g_leaves, treedef, layouts = leaf_layouts(updates, self.matrix_axes)
         m_leaves = treedef.flatten_up_to(mu)
         count_inc = optax.safe_increment(count)
@@ -272,15 +336,36 @@ class MuonCore:
                 self.momentum_form, self.nesterov, self.bias_correction,
             )  # fmt: skip
             new_m.append(m_new.astype(m.dtype))
-            mats_u.append(lay.to_matrix(u))
-        orth, errs = orthogonalize_with_errors(
-            mats_u, self.orth_fn, self.batch_leaves, self.diagnostics
-        )
+            mats_u.append(lay.to_matrix(jnp.sign(u) if self.presign else u))
+        new_post, nuclear = None, self.nuclear_scale
+        if self.layout is not None:
+            if post is not None and nuclear == "leaf":
+                raise ValueError(
+                    "nuclear_scale='leaf' cannot be combined with NorMuon/AdaMuon in the "
+                    "owner layout; use nuclear_scale='matrix' or distributed='gspmd'"
+                )
+            rescale = None
+            if nuclear == "matrix":  # on the owner, before the post hook
+                rescale, nuclear = functools.partial(_nuclear, mode="matrix"), "none"
+            orth, errs, new_post = self.layout.orthogonalize(
+                mats_u, layouts, self.orth_fn, batch_leaves=self.batch_leaves, post=post,
+                post_state=post_state, rescale=rescale, diagnostics=self.diagnostics,
+            )  # fmt: skip
+        elif self.norm == "spectral":
+            orth, errs = orthogonalize_with_errors(
+                mats_u, self.orth_fn, self.batch_leaves, self.diagnostics
+            )
+        else:
+            orth = [norm_ball_lmo(u, self.norm, eps=self.ns_eps) for u in mats_u]
+            errs = _errors(orth) if self.diagnostics else None
+        if nuclear != "none":
+            orth = [_nuclear(u, o, nuclear) for u, o in zip(mats_u, orth, strict=True)]
         return Orthogonalized(
             count=count_inc,
             mu=treedef.unflatten(new_m),
             mats=orth,
             errors=errs,
+            post_state=new_post,
             grads=g_leaves,
             layouts=layouts,
             treedef=treedef,
@@ -300,96 +385,132 @@ class MuonCore:
             out.append((lay.from_matrix(o) * scale).astype(g.dtype))
         diag = None
         if self.diagnostics:
+            rms = [jnp.sqrt(jnp.mean(jnp.abs(x.astype(jnp.float32)) ** 2)) for x in out]
             diag = {
                 "ortho_error": step.treedef.unflatten(step.errors),
-                "update_rms": _rms_tree(out, step.treedef),
+                "update_rms": step.treedef.unflatten(rms),
             }
         return step.treedef.unflatten(out), diag
 
 
-# --------------------------------------------------------------------------- optimizers
-
-MUON_OPTIONS = (
-    "momentum",
-    "momentum_form",
-    "nesterov",
-    "bias_correction",
-    "orthogonalizer",
-    "ns_coeffs",
-    "ns_steps",
-    "ns_eps",
-    "ns_dtype",
-    "ns_method",
-    "shape_scale",
-    "rms_scale",
-    "mu_dtype",
-    "matrix_axes",
-    "batch_leaves",
-    "ns_mesh",
-    "diagnostics",
-)
+def _dtype(x: Any) -> Any:
+    return x.dtype if hasattr(x, "dtype") else jnp.asarray(x).dtype
 
 
-def _flatten_injected(extra: dict[str, Any]) -> dict[str, Any]:
-    # optax.inject_hyperparams binds **kwargs as one argument named after the
-    # VAR_KEYWORD parameter and passes it back as a keyword: unwrap it.
-    nested = extra.pop("overrides", None)
-    if isinstance(nested, dict):
-        extra.update(nested)
-    return extra
+def _errors(mats: list[jax.Array]) -> list[jax.Array]:
+    return [jnp.mean(orthogonality_error(o)).astype(jnp.float32) for o in mats]
 
 
-def _resolve(preset, explicit, allowed, weight_decay):
-    unknown = sorted(set(explicit) - set(allowed))
-    if unknown:
-        names = sorted(allowed) + ["weight_decay", "weight_decay_mask"]
-        raise ValueError(f"unknown option(s) {unknown}; allowed: {names}")
-    opts: dict[str, Any] = {}
-    wd = 0.0
-    if preset is not None:
-        base = preset_options(preset)
-        wd = base.pop("weight_decay", 0.0)
-        opts.update({k: v for k, v in base.items() if k in allowed})
-    opts.update({k: v for k, v in explicit.items() if v is not None})
-    if weight_decay is not None:
-        wd = weight_decay
-    return opts, wd
+def _nuclear(u: jax.Array, o: jax.Array, mode: str) -> jax.Array:
+    """``O <U, O>`` per matrix (``"matrix"``) or leaf (``"leaf"``); ``<A, B> = sum conj(A) B``."""
+    ip = jnp.sum(jnp.conj(u).astype(o.dtype) * o, axis=(-2, -1), keepdims=True)  # [b, 1, 1]
+    if mode == "leaf":
+        ip = jnp.sum(ip, axis=0, keepdims=True)
+    return o * ip
 
 
-def _weight_decay(wd: Any, mask: Any) -> optax.GradientTransformation:
-    """``optax.add_decayed_weights`` that tolerates ``params=None`` when ``wd == 0``."""
-    inner = optax.add_decayed_weights(wd, mask)
+class Orthogonalized(NamedTuple):
+    """One update's state after step 3 (see module doc), input to :meth:`MuonOptions.finish`."""
 
-    def update_fn(updates, state, params=None):
-        if params is None and isinstance(wd, int | float) and wd == 0:
-            return updates, state
-        return inner.update(updates, state, params)
+    count: jax.Array  # [] int32, incremented
+    mu: Any  # new momentum tree (state dtype)
+    mats: list[jax.Array]  # direction per leaf, [batch, fan_in, fan_out]
+    errors: list[jax.Array] | None  # [] float32 orthogonality error per leaf, or None
+    post_state: OwnerStacks | None  # owner layout with a post hook: its new state, else None
+    grads: list[jax.Array]  # gradient leaves (for the output dtype)
+    layouts: list[Layout]
+    treedef: Any
 
-    return optax.GradientTransformation(inner.init, update_fn)
 
+def momentum_update(g, m, count_inc, beta, form, nesterov, bias_correction):
+    """Return (new momentum, matrix to orthogonalise), both in the compute dtype.
 
-def optimizer(
-    scale_fn: Callable[..., optax.GradientTransformation],
-    allowed: Sequence[str],
-    learning_rate: optax.ScalarOrSchedule,
-    *,
-    preset: str | None,
-    weight_decay: float | None,
-    weight_decay_mask: Any,
-    overrides: dict[str, Any],
-) -> optax.GradientTransformation:
-    """``chain(scale_fn(**opts), decoupled weight decay, scale_by_learning_rate)``.
-
-    ``opts`` = the preset's options (if any) updated by the non-None ``overrides``;
-    the weight decay is ``weight_decay`` if given, else the preset's, else 0.
-
-    Raises:
-      ValueError: an override not in ``allowed``, or an unknown preset.
+    The formulas are listed in :func:`amemory.optim.scale_by_muon`'s docstring. Bias
+    corrections are computed in the real dtype of ``g`` (complex parameters work).
     """
-    overrides = _flatten_injected(dict(overrides))
-    opts, wd = _resolve(preset, overrides, allowed, weight_decay)
-    return optax.chain(
-        scale_fn(**opts),
-        _weight_decay(wd, weight_decay_mask),
-        optax.scale_by_learning_rate(learning_rate),
-    )
+    if form == "ema":
+        m_new = beta * m + (1.0 - beta) * g
+    else:
+        m_new = beta * m + g
+    if bias_correction:  # optax.contrib.muon: Adam-style bias correction, NAdam Nesterov
+        t = count_inc.astype(jnp.real(g).dtype)
+        if nesterov:
+            u = beta * m_new / (1.0 - beta ** (t + 1)) + (1.0 - beta) * g / (1.0 - beta**t)
+        else:
+            u = m_new / (1.0 - beta**t)
+    elif nesterov:
+        u = beta * m_new + (1.0 - beta) * g if form == "ema" else g + beta * m_new
+    else:
+        u = m_new
+    return m_new, u
+
+
+# --------------------------------------------------------------------------- signatures
+
+
+class _Unset:
+    """Default of an option a preset may set: "the preset's value, else the default"."""
+
+    def __repr__(self) -> str:
+        return "<preset or MuonOptions default>"
+
+
+UNSET = _Unset()
+
+
+def with_options(*, defaults: dict[str, Any] | None = None, unset_defaults: bool = False):
+    """Decorator: the factory ``fn(..., **options)`` takes every :class:`MuonOptions` field.
+
+    The wrapped function's signature (``inspect.signature``) lists ``fn``'s own parameters
+    followed by each field as a keyword-only parameter (default: ``defaults`` or the
+    field's default, or :data:`UNSET` with ``unset_defaults``), so ``help`` shows them and
+    ``optax.inject_hyperparams`` binds and injects them. ``fn`` receives every option as a
+    keyword (unset ones as :data:`UNSET`).
+
+    Raises (from the wrapper):
+      ValueError: an unknown keyword (lists the allowed ones).
+    """
+    defaults = defaults or {}
+
+    def deco(fn):
+        sig = inspect.signature(fn)
+        own = [p for p in sig.parameters.values() if p.kind is not p.VAR_KEYWORD]
+        taken = {p.name for p in own}
+        extra = [
+            inspect.Parameter(
+                f.name,
+                inspect.Parameter.KEYWORD_ONLY,
+                default=UNSET if unset_defaults else defaults.get(f.name, f.default),
+                annotation=f.type,
+            )
+            for f in dataclasses.fields(MuonOptions)
+            if f.name not in taken
+        ]
+        full = sig.replace(parameters=own + extra)
+        allowed = list(full.parameters)
+
+        @functools.wraps(fn)
+        def wrapper(*args, **kwargs):
+            unknown = sorted(set(kwargs) - set(allowed))
+            if unknown:
+                raise ValueError(f"{fn.__name__}: unknown option(s) {unknown}; allowed: {allowed}")
+            bound = full.bind(*args, **kwargs)
+            bound.apply_defaults()
+            return fn(**bound.arguments)
+
+        wrapper.__signature__ = full
+        return wrapper
+
+    return deco
+
+
+def options_from(kwargs: dict[str, Any], base: dict[str, Any] | None = None) -> MuonOptions:
+    """``MuonOptions`` from ``base`` (e.g. a preset) updated by the set ``kwargs``.
+
+    An explicitly passed ``None`` counts as set (it overrides the base); :data:`UNSET`
+    does not. Keys of ``kwargs`` that are not fields are ignored.
+    """
+    names = {f.name for f in dataclasses.fields(MuonOptions)}
+    opts = {k: v for k, v in (base or {}).items() if k in names}
+    opts.update({k: v for k, v in kwargs.items() if k in names and v is not UNSET})
+    return MuonOptions(**opts)

@@ -1,4 +1,12 @@
-"""Pytree key paths as plain tuples / strings (shared by muon, routing, diagnostics)."""
+"""Pytree key paths as plain tuples / strings: the one place parameter paths are normalised.
+
+Shared by routing (roles), Muon (``matrix_axes`` callables, error messages) and the
+diagnostics. ``flax.nnx.Optimizer(model, tx, wrt=nnx.Param)`` calls ``tx.init`` on
+``nnx.state(model)``, whose leaves sit inside ``nnx.Variable`` nodes, so their key paths
+end in an attribute key ``value`` (``l1/kernel/value``); it calls ``tx.update`` on pure
+arrays (``l1/kernel``). :func:`path_keys` drops that trailing attribute key, so a role
+function sees the same path at ``init`` and ``update``.
+"""
 
 from __future__ import annotations
 
@@ -9,12 +17,22 @@ import jax
 __all__ = ["path_keys", "path_str"]
 
 
+def _is_variable_value(key: Any) -> bool:
+    """The key under which a ``flax.nnx.Variable`` (or a legacy ``VariableState``) holds its
+    array: an attribute key named ``value``. Dict keys named ``"value"`` (e.g. the value
+    projection of ``nnx.MultiHeadAttention``) are not."""
+    return isinstance(key, jax.tree_util.GetAttrKey) and key.name == "value"
+
+
 def path_keys(path: tuple[Any, ...]) -> tuple[str | int, ...]:
     """Turn a jax key path into a tuple of ``str`` / ``int`` keys.
 
     ``DictKey("w") -> "w"``, ``SequenceKey(3) -> 3``, ``GetAttrKey("mu") -> "mu"``,
-    ``FlattenedIndexKey(i) -> i``; anything else -> ``str(key)``.
+    ``FlattenedIndexKey(i) -> i``; anything else -> ``str(key)``. A trailing
+    ``GetAttrKey("value")`` (the array inside an ``nnx.Variable``) is dropped.
     """
+    if path and _is_variable_value(path[-1]):
+        path = path[:-1]
     out: list[str | int] = []
     for k in path:
         if isinstance(k, str | int):

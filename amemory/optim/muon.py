@@ -1,4 +1,4 @@
-"""Muon as an Optax gradient transformation (NorMuon lives in ``amemory.optim.normuon``).
+"""Muon as an Optax gradient transformation (NorMuon / AdaMuon live in ``normuon``).
 
 Muon (MomentUm Orthogonalized by Newton-Schulz) keeps a momentum buffer per
 matrix parameter and replaces each update by (an approximation of) its polar
@@ -9,36 +9,44 @@ factor, rescaled by a shape-dependent factor:
     O_t = orth(U_t)                           (Newton-Schulz or exact polar)
     update = -lr * (scale(fan_in, fan_out) * O_t + wd * theta)
 
+One option set spans the family: the norm ball (``norm="sign"`` is SignGD,
+``"spectral"`` is Muon; Scion), the pre-conditioning (AOL / Turbo-Muon), the Gram form
+of Newton-Schulz with restarts, PolarGrad's nuclear-norm scaling; every option is a
+field of :class:`amemory.optim.MuonOptions`.
+
 Matrix convention. Every leaf is seen as a matrix ``[fan_in, fan_out]`` (plus
 optional batch axes), the layout of Flax ``Dense``/``nnx.Linear`` kernels
 (``y = x @ W``). ``matrix_axes=(in_axes, out_axes)`` picks the axes: the
 default for 2-D leaves is ``(0, 1)``; a PyTorch-style ``[d_out, d_in]`` weight
-(e.g. amemory.models.memory's ``W``) takes ``matrix_axes=(1, 0)``. Only the
-shape scaling depends on which side is fan_in: orthogonalisation commutes with
-transposition. All other axes of a leaf are batch axes (independent matrices).
-A leaf that is not a matrix under this rule raises ``ValueError`` naming its
-path and shape: Muon never falls back to Adam; routing (``amemory.optim.routing``)
-decides which leaves reach it.
+(e.g. amemory.models.memory's ``W``) takes ``matrix_axes=(1, 0)``; stacked layers or
+experts ``[L, ..., fan_in, fan_out]`` take ``matrix_axes=(-2, -1)`` (every leading axis
+is a batch axis). Only the shape scaling depends on which side is fan_in:
+orthogonalisation commutes with transposition. A leaf that is not a matrix under this
+rule raises ``ValueError`` naming its path and shape: Muon never falls back to Adam;
+routing (``amemory.optim.routing``) decides which leaves reach it.
 
 Speed. Inside ``update`` leaves are grouped by matrix shape (tall matrices are
 transposed to wide first, so ``[256, 1024]`` and ``[1024, 256]`` share a group)
-and each group is orthogonalised by ONE batched call. Wide groups with
-``fan_max >= 2 fan_min`` use the Gram form of Newton-Schulz (see
-``orthogonalize.newton_schulz(method="gram")``) in fp32. Under sharded ``jit``,
-``ns_mesh=(mesh, axis)`` shards each stack along its batch axis so every device
-orthogonalises whole matrices instead of all-gathering inside each NS matmul.
+and each group is orthogonalised by ONE batched call. Groups with
+``fan_max >= 2 fan_min`` use the Gram form of Newton-Schulz
+(``orthogonalize.newton_schulz(method="gram")``, restarted after the second step below
+32-bit precision) in every compute dtype but bfloat16 (where one restart was measured
+not to be enough). Under
+sharded ``jit``, ``ns_mesh=(mesh, axis)`` selects the owner layout of
+``amemory.optim.distributed``: every device orthogonalises a share of whole matrices (one
+all-to-all there and one back per stack) instead of all-reducing inside every NS step of
+a sharded matrix.
 
 Layout. This module holds the public Muon API (:class:`MuonState`,
-:func:`scale_by_muon`, :func:`muon`, :func:`collect_diagnostics`) and re-exports
-NorMuon (``amemory.optim.normuon``) and the option tuples / :func:`shape_scale_factor`
-(``amemory.optim._muon_core``, the update path both transforms share). The
-leaf-to-matrix layouts, shape grouping and ``ns_mesh`` placement are in
-``amemory.optim._matrices``.
+:func:`scale_by_muon`, :func:`muon`); the options and the update path the family
+shares are in ``amemory.optim._muon_core``; leaf-to-matrix layouts and shape grouping
+in ``amemory.optim._matrices``; the placement on a device mesh in
+``amemory.optim.distributed``.
 
 Sources: Jordan (2024) https://kellerjordan.github.io/posts/muon/ ; Liu et al.,
 "Muon is Scalable for LLM Training" (Moonlight), arXiv 2502.16982; optax
 0.2.8 ``optax.contrib.muon``; Wang et al. 2025, arXiv 2509.26030 (sum momentum,
-no Nesterov); Li et al., "NorMuon", arXiv 2510.05491.
+no Nesterov).
 """
 
 from __future__ import annotations
@@ -48,31 +56,34 @@ from typing import Any, NamedTuple
 import jax
 import optax
 
+from amemory.optim._chain import decoupled
 from amemory.optim._matrices import Axes, MatrixAxes
 from amemory.optim._muon_core import (
     MOMENTUM_FORMS,
-    MUON_OPTIONS,
-    NS_METHODS,
+    NUCLEAR_SCALES,
     ORTHOGONALIZERS,
     SHAPE_SCALES,
-    MuonCore,
-    optimizer,
+    MuonOptions,
+    options_from,
     shape_scale_factor,
+    with_options,
 )
-from amemory.optim._paths import path_str
+from amemory.optim.diagnostics import collect_diagnostics  # noqa: F401  (old import path)
 from amemory.optim.normuon import NorMuonState, normuon, scale_by_normuon
+from amemory.optim.presets import preset_options
 
 __all__ = [
     "MOMENTUM_FORMS",
-    "NS_METHODS",
+    "NUCLEAR_SCALES",
     "ORTHOGONALIZERS",
     "SHAPE_SCALES",
     "Axes",
     "MatrixAxes",
+    "MuonOptions",
     "MuonState",
     "NorMuonState",
-    "collect_diagnostics",
     "muon",
+    "muon_direction",
     "normuon",
     "scale_by_muon",
     "scale_by_normuon",
@@ -90,26 +101,8 @@ class MuonState(NamedTuple):
     diagnostics: Any
 
 
-def scale_by_muon(
-    momentum: float = 0.95,
-    *,
-    momentum_form: str = "ema",
-    nesterov: bool = True,
-    bias_correction: bool = False,
-    orthogonalizer: str = "newton_schulz",
-    ns_coeffs: Any = "jordan",
-    ns_steps: int | None = None,
-    ns_eps: float = 1e-7,
-    ns_dtype: Any = None,
-    ns_method: str = "auto",
-    shape_scale: str = "jordan",
-    rms_scale: float = 0.2,
-    mu_dtype: Any = None,
-    matrix_axes: MatrixAxes = None,
-    batch_leaves: bool = True,
-    ns_mesh: tuple[Any, str] | None = None,
-    diagnostics: bool = False,
-) -> optax.GradientTransformation:
+@with_options()
+def scale_by_muon(**options: Any) -> optax.GradientTransformation:
     r"""Muon direction: momentum, orthogonalisation, shape scaling (no learning rate).
 
     Per matrix leaf ``G`` (seen as ``[batch, fan_in, fan_out]``, see module doc)::
@@ -121,42 +114,24 @@ def scale_by_muon(
         bias_correction (ema only, optax.contrib.muon):
             U = beta M / (1 - beta^(t+1)) + (1 - beta) G / (1 - beta^t)   (Nesterov)
             U = M / (1 - beta^t)                                        (otherwise)
-        O = orth(U) * shape_scale_factor(shape_scale, fan_in, fan_out)
+        O = LMO_norm(U)        norm="spectral": orth(U) (NS or polar), "sign": sign(U), ...
+        O <- <U, O> O          nuclear_scale="matrix" (PolarGrad)
+        update = O * shape_scale_factor(shape_scale, fan_in, fan_out)
 
     ``momentum=0`` with ``orthogonalizer="polar"`` and ``shape_scale="none"`` is the
-    papers' ``W <- W - lr msgn(G)``.
+    papers' ``W <- W - lr msgn(G)``; the same with ``norm="sign"`` is SignGD.
 
     Args:
-      momentum: ``beta`` in ``[0, 1)`` (may be injected by ``optax.inject_hyperparams``).
-      momentum_form: ``"ema"`` or ``"sum"``.
-      nesterov: use the Nesterov look-ahead ``U`` above.
-      bias_correction: optax.contrib.muon's Adam-style bias correction (``"ema"`` only).
-      orthogonalizer: ``"newton_schulz"`` or ``"polar"`` (exact, SVD; slow but exact,
-        and float64 under ``jax_enable_x64``).
-      ns_coeffs: ``"jordan"``, ``"polar_express"`` or an array ``[steps, 3]``.
-      ns_steps: NS steps; ``None`` means 5 (or the length of an array ``ns_coeffs``).
-        Must be static (``static_args=("ns_steps",)`` under inject_hyperparams).
-      ns_eps: added to the Frobenius norm before NS (1e-7 Keller/torch, 1e-8 optax).
-      ns_dtype: NS compute dtype: ``None`` (momentum's dtype, at least fp32),
-        ``jnp.bfloat16``, or ``"auto"`` (bf16 on GPU/TPU, fp32 on CPU).
-      ns_method: ``"auto"``, ``"direct"`` or ``"gram"`` (see ``newton_schulz``).
-      shape_scale: ``"none"``, ``"jordan"``, ``"rms_match"`` or ``"spectral"``.
-      rms_scale: ``c`` of ``"rms_match"`` (0.2 matches AdamW's update RMS).
-      mu_dtype: momentum dtype (``None``: parameter dtype).
-      matrix_axes: ``None`` (every leaf must be 2-D ``[fan_in, fan_out]``), a pair
-        ``(in_axes, out_axes)`` of ints or int tuples applied to every leaf, or a
-        callable ``(path_keys, leaf) -> pair | None``.
-      batch_leaves: orthogonalise same-shape leaves in one batched call (exactly the
-        same result; disable to keep per-leaf sharding untouched).
-      ns_mesh: ``(mesh, axis_name)`` for sharded ``jit``: each same-shape stack is
-        sharded along its batch axis over ``axis_name`` during orthogonalisation, so
-        every device works on whole matrices (one reshard per stack instead of
-        collectives inside every NS matmul of FSDP-sharded matrices). Same result;
-        ``None`` leaves the layout to XLA.
-      diagnostics: store each leaf's orthogonality error and update RMS (of the
-        returned direction, before the learning rate) of the last update in
-        ``state.diagnostics`` (read with :func:`collect_diagnostics`); the update
-        itself is unchanged.
+      **options: every field of :class:`amemory.optim.MuonOptions` (its docstring lists
+        them, their defaults and allowed values): ``momentum`` (may be injected by
+        ``optax.inject_hyperparams``), ``momentum_form``, ``nesterov``,
+        ``bias_correction``, ``norm``, ``orthogonalizer``, ``ns_coeffs``, ``ns_steps``
+        (static), ``ns_eps``, ``ns_dtype``, ``ns_method``, ``preconditioning``,
+        ``gram_restarts``, ``presign``, ``nuclear_scale``, ``shape_scale``, ``rms_scale``,
+        ``mu_dtype``, ``matrix_axes``, ``batch_leaves``, ``ns_mesh``, ``distributed``,
+        ``diagnostics``.
+        With ``optax.inject_hyperparams``, pass a callable ``matrix_axes`` or a dtype
+        object ``ns_dtype`` in ``static_args`` (they would be taken for schedules).
 
     Returns:
       ``optax.GradientTransformation`` with state :class:`MuonState`. Updates have
@@ -178,35 +153,33 @@ def scale_by_muon(
       Jordan (2024); Liu et al. arXiv 2502.16982; optax.contrib.muon (0.2.8);
       Wang et al. arXiv 2509.26030.
     """
-    core = MuonCore.build(
-        momentum=momentum, momentum_form=momentum_form, nesterov=nesterov,
-        bias_correction=bias_correction, orthogonalizer=orthogonalizer, ns_coeffs=ns_coeffs,
-        ns_steps=ns_steps, ns_eps=ns_eps, ns_dtype=ns_dtype, ns_method=ns_method,
-        shape_scale=shape_scale, rms_scale=rms_scale, mu_dtype=mu_dtype,
-        matrix_axes=matrix_axes, batch_leaves=batch_leaves, ns_mesh=ns_mesh,
-        diagnostics=diagnostics,
-    )  # fmt: skip
+    return muon_direction(MuonOptions(**options))
+
+
+def muon_direction(opts: MuonOptions) -> optax.GradientTransformation:
+    """:func:`scale_by_muon` from a validated :class:`MuonOptions` (state :class:`MuonState`)."""
 
     def init_fn(params):
-        _, _, fields = core.init(params)  # validates every leaf
+        _, _, fields = opts.init_fields(params)  # validates every leaf
         return MuonState(**fields)
 
     def update_fn(updates, state, params=None):
         del params
-        step = core.orthogonalize(updates, state.mu, state.count)
-        out, diag = core.finish(step, step.mats)
+        step = opts.direction(updates, state.mu, state.count)
+        out, diag = opts.finish(step, step.mats)
         return out, MuonState(count=step.count, mu=step.mu, diagnostics=diag)
 
     return optax.GradientTransformation(init_fn, update_fn)
 
 
+@with_options(unset_defaults=True)
 def muon(
     learning_rate: optax.ScalarOrSchedule,
     *,
     preset: str | None = None,
-    weight_decay: float | None = None,
+    weight_decay: Any = None,
     weight_decay_mask: Any = None,
-    **overrides: Any,
+    **options: Any,
 ) -> optax.GradientTransformation:
     r"""Muon optimizer: :func:`scale_by_muon`, decoupled weight decay, learning rate.
 
@@ -216,19 +189,19 @@ def muon(
     Args:
       learning_rate: float or optax schedule (units: spectral-norm-ish step per
         update for ``shape_scale="none"``; see ``shape_scale_factor``).
-      preset: ``None`` (the :func:`scale_by_muon` defaults) or a name in
+      preset: ``None`` (the :class:`MuonOptions` defaults) or a name in
         ``amemory.optim.PRESETS`` (``"jordan"``, ``"moonlight"``, ``"torch"``,
-        ``"optax"``, ``"wang2025"``); explicit options override the preset.
+        ``"optax"``, ``"wang2025"``); every option passed explicitly (``None``
+        included) overrides the preset's.
       weight_decay: decoupled weight decay ``wd`` (``None``: the preset's, else 0).
       weight_decay_mask: optax mask tree/callable for the decay.
-      **overrides: any :func:`scale_by_muon` option.
+      **options: any :class:`MuonOptions` field; an option not passed takes the preset's
+        value, else the field's default.
 
     Returns:
-      ``optax.GradientTransformation`` (a ``chain``); works with
-      ``optax.inject_hyperparams(muon)(learning_rate=...)``, which injects
-      ``learning_rate`` (and ``weight_decay`` when given); options passed through
-      ``**overrides`` stay static. To inject ``momentum`` or ``rms_scale``, wrap
-      :func:`scale_by_muon` instead: ``optax.inject_hyperparams(scale_by_muon)(momentum=0.9)``.
+      ``optax.GradientTransformation`` (a ``chain``); ``optax.inject_hyperparams(muon)``
+      injects ``learning_rate``, ``weight_decay`` and every numeric option passed
+      (``momentum``, ``ns_eps``, ``rms_scale``).
 
     Raises:
       ValueError: unknown preset or option name (lists the allowed ones), or a
@@ -239,41 +212,9 @@ def muon(
       >>> tx = muon(0.02, preset="jordan", weight_decay=0.01)
       >>> state = tx.init({"w": jnp.zeros((8, 8))})
     """
-    return optimizer(
-        scale_by_muon,
-        MUON_OPTIONS,
-        learning_rate,
-        preset=preset,
-        weight_decay=weight_decay,
-        weight_decay_mask=weight_decay_mask,
-        overrides=overrides,
-    )
-
-
-# --------------------------------------------------------------------------- diagnostics
-
-
-def collect_diagnostics(opt_state: Any) -> dict[str, jax.Array]:
-    """Flatten the diagnostics stored in every Muon/NorMuon state inside ``opt_state``.
-
-    Walks any nesting (``chain``, ``partition``/``routed``, ``inject_hyperparams``)
-    and returns ``{"ortho_error/<leaf path>": [] float32, "update_rms/<leaf path>": ...}``
-    for every matrix leaf whose transform was built with ``diagnostics=True``:
-    the orthogonality error (``orthogonalize.orthogonality_error``, averaged over
-    batch axes) of the last update before shape scaling, and the RMS of the
-    transform's output (before learning rate and weight decay). Empty dict when
-    none is enabled. Update RMS per role of the final updates is left to the
-    training loop (it sees them).
-    """
-    out: dict[str, jax.Array] = {}
-
-    def is_state(x):
-        return isinstance(x, MuonState | NorMuonState)
-
-    for _, node in jax.tree_util.tree_flatten_with_path(opt_state, is_leaf=is_state)[0]:
-        if not is_state(node) or node.diagnostics is None:
-            continue
-        for name, tree in node.diagnostics.items():
-            for path, value in jax.tree_util.tree_flatten_with_path(tree)[0]:
-                out[f"{name}/{path_str(path)}"] = value
-    return out
+    base = preset_options(preset) if preset is not None else {}
+    wd = base.pop("weight_decay", 0.0)
+    if weight_decay is not None:
+        wd = weight_decay
+    direction = muon_direction(options_from(options, base))
+    return decoupled(direction, learning_rate, wd, weight_decay_mask)

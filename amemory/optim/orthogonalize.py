@@ -1,22 +1,34 @@
-"""Orthogonalisation kernels: Newton-Schulz iterations and the exact polar factor.
+"""Orthogonalisation kernels: Newton-Schulz iterations, the exact polar factor, norm-ball LMOs.
 
 Every function here works on arrays ``[..., m, n]``: the last two axes are the
 matrix, any leading axes are independent batch entries (one call orthogonalises
-a whole stack of same-shape matrices).
+a whole stack of same-shape matrices). Real and complex inputs are supported:
+every transpose below is the conjugate transpose ``X^H``.
 
-The *polar factor* (``msign``) of ``X = U diag(s) V^T`` is ``U diag(sign(s)) V^T``:
-the nearest semi-orthogonal matrix, with directions of zero singular value kept
-at zero. Newton-Schulz (NS) approximates it with odd matrix polynomials
-``X <- a X + b (X X^T) X + c (X X^T)^2 X`` that only need matmuls. Each step
-maps every singular value ``s`` through the scalar polynomial
-``p(s) = a s + b s^3 + c s^5`` and leaves the singular vectors unchanged, so
-the quality of an NS output is fully described by where the scalar iteration
-sends the normalised singular values ``s / ||X||_F``.
+The *polar factor* (``msign``) of ``X = U diag(s) V^H`` is ``U diag(sign(s)) V^H``:
+the nearest semi-orthogonal (semi-unitary) matrix, with directions of zero
+singular value kept at zero. Newton-Schulz (NS) approximates it with odd matrix
+polynomials ``X <- a X + b (X X^H) X + c (X X^H)^2 X`` that only need matmuls.
+Each step maps every singular value ``s`` through the scalar polynomial
+``p(s) = a s + b s^3 + c s^5`` and leaves the singular vectors unchanged, so the
+quality of an NS output is fully described by where the scalar iteration sends
+the pre-conditioned singular values.
+
+Members of the Muon family that live here (each cites its source where defined):
+coefficient sets (Jordan; Polar Express; Dion), pre-conditionings before the first
+step (Frobenius, spectral, AOL / Turbo-Muon, Schatten-4), the Gram form with restarts
+(Gram Newton-Schulz), and the linear-minimisation oracles of other norm balls (Scion).
 
 Sources: Keller Jordan, "Muon: An optimizer for hidden layers" (2024),
 https://kellerjordan.github.io/posts/muon/ (coefficients 3.4445, -4.7750,
 2.0315); Amsel et al., "The Polar Express", arXiv 2505.16932, Algorithm 1
-(per-step coefficients, safety factor 1.01).
+(per-step coefficients, safety factor 1.01); Ahn et al., "Dion", arXiv 2504.05295
+(the per-step table optax 0.2.8 ships as ``ns_coeffs="dion"``); Boissin et al.,
+"Turbo-Muon", arXiv 2512.04632 (AOL pre-conditioning); Grishina et al., arXiv
+2506.10935 (Schatten-4 pre-conditioning); Zhang, Amsel, Chen, Dao, "Gram
+Newton-Schulz" (Dao-AILab, 2026, github.com/Dao-AILab/gram-newton-schulz);
+Pethick et al., "Training Deep Learning Models with Norm-Constrained LMOs" (Scion),
+arXiv 2502.07529, Sec. 3 and Table 1.
 """
 
 from __future__ import annotations
@@ -29,8 +41,12 @@ import numpy as np
 
 __all__ = [
     "COEFFICIENT_SETS",
+    "NORMS",
+    "NS_METHODS",
+    "PRECONDITIONINGS",
     "coefficient_table",
     "newton_schulz",
+    "norm_ball_lmo",
     "orthogonality_error",
     "polar",
     "singular_value_range",
@@ -56,27 +72,47 @@ _POLAR_EXPRESS = tuple((a / 1.01, b / 1.01**3, c / 1.01**5) for a, b, c in _POLA
     (1.875, -1.25, 0.375),
 )
 
+# Dion's five per-step triples (Ahn et al. 2025, arXiv 2504.05295), as optax 0.2.8
+# ships them (``optax.contrib.muon(ns_coeffs="dion")``); the last one is repeated.
+_DION = (
+    (4.0848, -6.8946, 2.9270),
+    (3.9505, -6.3029, 2.6377),
+    (3.7418, -5.5913, 2.3037),
+    (2.8769, -3.1427, 1.2046),
+    (2.8366, -3.0525, 1.2012),
+)
+
 #: Named coefficient sets: name -> (per-step triples, pre-normalisation factor).
-#: The input is divided by ``factor * ||X||_F + eps`` before the first step.
+#: The input is divided by ``factor * ||X|| + eps`` before the first step; the
+#: last triple is repeated when more steps are asked for than the set lists.
 COEFFICIENT_SETS: dict[str, tuple[tuple[tuple[float, float, float], ...], float]] = {
     "jordan": ((_JORDAN,), 1.0),
     "polar_express": (_POLAR_EXPRESS, 1.01),
+    "dion": (_DION, 1.0),
 }
 
+#: How the input is scaled before the first NS step (see :func:`newton_schulz`).
+PRECONDITIONINGS = ("frobenius", "spectral", "aol", "schatten")
+#: Forms of the iteration (see :func:`newton_schulz`).
+NS_METHODS = ("auto", "direct", "gram")
+#: Unit balls whose linear-minimisation oracle :func:`norm_ball_lmo` returns.
+NORMS = ("spectral", "sign", "colnorm", "rownorm")
 
-def coefficient_table(coeffs: str | Any = "jordan", steps: int = 5) -> tuple[np.ndarray, float]:
+
+def coefficient_table(coeffs: str | Any = "jordan", steps: int = 5) -> tuple[Any, float]:
     """Resolve a coefficient spec into a per-step table.
 
     Args:
-      coeffs: ``"jordan"`` (the same triple every step), ``"polar_express"``
-        (per-step table, its last triple repeated past step 8), or an array-like
-        of shape ``[steps, 3]`` (used as given, pre-normalisation factor 1) or
-        ``[3]`` (repeated).
+      coeffs: a name in :data:`COEFFICIENT_SETS` (``"jordan"`` repeats one triple,
+        ``"polar_express"`` and ``"dion"`` are per-step tables whose last triple is
+        repeated past their length), or an array-like of shape ``[steps, 3]`` (used as
+        given, pre-normalisation factor 1) or ``[3]`` (repeated). A traced jax array
+        (e.g. optimizer state under ``jit``) is kept as a jax array.
       steps: number of NS steps, ``>= 1``.
 
     Returns:
-      ``(table, factor)``: ``table`` float64 ``[steps, 3]`` of ``(a, b, c)``
-      triples, ``factor`` the Frobenius pre-normalisation factor.
+      ``(table, factor)``: ``table`` ``[steps, 3]`` of ``(a, b, c)`` triples (float64
+      numpy, or a jax array for traced input), ``factor`` the pre-normalisation factor.
 
     Raises:
       ValueError: unknown name (lists the allowed ones), bad ``steps``, or a
@@ -93,9 +129,10 @@ def coefficient_table(coeffs: str | Any = "jordan", steps: int = 5) -> tuple[np.
         triples, factor = COEFFICIENT_SETS[coeffs]
         rows = [triples[min(i, len(triples) - 1)] for i in range(steps)]
         return np.asarray(rows, dtype=np.float64), factor
-    table = np.asarray(coeffs, dtype=np.float64)
+    traced = isinstance(coeffs, jax.core.Tracer)
+    table = coeffs if traced else np.asarray(coeffs, dtype=np.float64)
     if table.shape == (3,):
-        return np.tile(table, (steps, 1)), 1.0
+        return (jnp.tile(table, (steps, 1)) if traced else np.tile(table, (steps, 1))), 1.0
     if table.ndim != 2 or table.shape[1] != 3 or table.shape[0] != steps:
         raise ValueError(
             f"coeffs array must have shape [steps, 3] = [{steps}, 3] or [3], got {table.shape}"
@@ -108,6 +145,36 @@ def _check_matrix(x: jax.Array, name: str) -> None:
         raise ValueError(f"{name} needs an array [..., m, n] with ndim >= 2, got shape {x.shape}")
 
 
+def _check_choice(name: str, value: Any, allowed: tuple[str, ...]) -> None:
+    if value not in allowed:
+        raise ValueError(f"{name}={value!r}; allowed: {allowed}")
+
+
+def _ht(x: jax.Array) -> jax.Array:
+    """Conjugate transpose of the last two axes (plain transpose for real arrays)."""
+    x = jnp.swapaxes(x, -1, -2)
+    return jnp.conj(x) if jnp.iscomplexobj(x) else x
+
+
+def _abs2(x: jax.Array) -> jax.Array:
+    """``|x|^2`` entrywise, real, at least float32."""
+    x = x.astype(jnp.result_type(x.dtype, jnp.float32))
+    return jnp.real(x * jnp.conj(x)) if jnp.iscomplexobj(x) else jnp.square(x)
+
+
+def _frobenius(x: jax.Array) -> jax.Array:
+    return jnp.sqrt(jnp.sum(_abs2(x), axis=(-2, -1), keepdims=True))
+
+
+def _compute_dtype(x: jax.Array, dtype: Any) -> Any:
+    if dtype is None:
+        return jnp.result_type(x.dtype, jnp.float32)
+    dtype = jnp.dtype(dtype)
+    if jnp.iscomplexobj(x) and not jnp.issubdtype(dtype, jnp.complexfloating):
+        raise ValueError(f"dtype={dtype} is real but the input is complex ({x.dtype})")
+    return dtype
+
+
 def newton_schulz(
     x: jax.Array,
     *,
@@ -116,115 +183,177 @@ def newton_schulz(
     eps: float = 1e-7,
     dtype: Any = None,
     method: str = "direct",
+    preconditioning: str = "frobenius",
+    gram_restarts: tuple[int, ...] | None = None,
 ) -> jax.Array:
     r"""Approximate the polar factor of ``x`` with quintic Newton-Schulz steps.
 
-    With ``X0 = x / (factor * ||x||_F + eps)`` (Frobenius norm per matrix), each
-    step is ``X <- a X + (b A + c A^2) X`` with ``A = X X^T`` taken on the
-    smaller side (tall matrices are transposed first, which gives the same
-    result because the iteration commutes with transposition).
+    Tall matrices are transposed first (the iteration commutes with transposition), so
+    the work is on ``X [k, l]``, ``k <= l``. Pre-conditioning before the first step:
 
-    Output singular values (per matrix, for inputs with normalised singular
-    values ``s / ||x||_F`` in ``[0.01, 1]``; computed from the scalar
-    iteration in float64): ``"jordan"`` x5 lies in ``[0.68, 1.14]`` (also x4
-    to x8: the iteration oscillates, it does not converge to 1);
-    ``"polar_express"`` x5 in ``[0.87, 1.13]``, x6 in ``[0.997, 1.002]``,
-    x8 within 1e-12 of 1; smaller normalised singular
-    values are only multiplied by the product of the ``a`` coefficients
-    (``3.4445^5 ~ 487`` for jordan).
+    - ``"frobenius"``: ``X0 = X / (factor ||X||_F + eps)`` (Jordan 2024; every peer).
+    - ``"spectral"``: ``X0 = X / (factor ||X||_2 + eps)`` with the exact spectral norm
+      (an SVD: slow, but the most accurate start).
+    - ``"aol"``: no norm division; the first step uses ``A = X X^H`` to rescale the rows
+      of ``X`` by ``s_i = (sum_j |A_ij| + eps)^(-1/2)`` (an "almost orthogonal layer"
+      bound: ``||diag(s) X||_2 <= 1``) and ``A <- diag(s) A diag(s)``, so the rescale
+      costs no matmul and the start is tighter than Frobenius: at equal error one step
+      fewer (Boissin et al., "Turbo-Muon", arXiv 2512.04632, Sec. 3).
+    - ``"schatten"``: ``X0 = X / ||X X^H||_F^(1/2)`` (the Schatten-4 norm), folded into
+      the first step the same way (Grishina et al., arXiv 2506.10935).
+
+    Each step is ``X <- a X + (b A + c A^2) X`` with ``A = X X^H``.
+
+    Output singular values (per matrix, for inputs with Frobenius-normalised singular
+    values in ``[0.01, 1]``; from the scalar iteration in float64): ``"jordan"`` x5 lies
+    in ``[0.68, 1.14]`` (also x4 to x8: the iteration oscillates, it does not converge to
+    1); ``"polar_express"`` x5 in ``[0.87, 1.13]``, x6 in ``[0.997, 1.002]``, x8 within
+    1e-12 of 1; smaller normalised singular values are only multiplied by the product of
+    the ``a`` coefficients (``3.4445^5 ~ 487`` for jordan).
 
     Args:
-      x: ``[..., m, n]`` float array; leading axes are batch axes.
-      coeffs: ``"jordan"``, ``"polar_express"`` or an array ``[steps, 3]``
+      x: ``[..., m, n]`` real or complex array; leading axes are batch axes.
+      coeffs: ``"jordan"``, ``"polar_express"``, ``"dion"`` or an array ``[steps, 3]``
         (see :func:`coefficient_table`).
       steps: number of NS steps.
-      eps: added to the Frobenius norm before dividing (guards zero inputs:
-        a zero matrix maps to zero).
-      dtype: compute dtype of the iteration (e.g. ``jnp.bfloat16`` on GPU/TPU,
-        as in the PyTorch reference); ``None`` keeps ``x.dtype``. The result
-        is cast back to ``x.dtype``.
+      eps: added to the norm before dividing (guards zero inputs: zero maps to zero),
+        and the floor of the AOL / Schatten rescale denominators.
+      dtype: compute dtype (e.g. ``jnp.bfloat16`` on GPU/TPU, as in the PyTorch
+        reference); ``None`` keeps ``x.dtype`` (at least float32). The result is cast
+        back to ``x.dtype``.
       method: ``"direct"`` iterates on ``X`` (3 matmuls a step, two of them
-        ``k x k x l`` for ``k = min(m, n)``, ``l = max(m, n)``);
-        ``"gram"`` iterates on the ``k x k`` Gram matrix and applies the
-        accumulated polynomial to ``X`` once at the end (fewer FLOPs when
-        ``l >= 2k``; same result in exact arithmetic; keep fp32 or wider).
-        ``"auto"`` picks ``"gram"`` when ``l >= 2k`` and the compute dtype has
-        at least 32 bits, else ``"direct"``.
+        ``k x k x l``); ``"gram"`` iterates on the ``k x k`` Gram matrix
+        ``R = X X^H`` and applies the accumulated polynomial ``Q`` to ``X`` only at
+        the restarts and at the end (4 ``k^3`` matmuls a step plus 2 ``k x k x l`` per
+        restart; fewer FLOPs when ``l >= 2k``). Gram Newton-Schulz (Zhang, Amsel, Chen,
+        Dao 2026): ``Z = b R + c R^2``, ``Q <- Q (a I + Z)``, ``R <- (a I + Z) R (a I +
+        Z)``; at a restart ``X <- Q X``, ``R <- X X^H``, ``Q <- I``, which removes the
+        error ``R`` accumulates in low precision (where ``R`` is also re-symmetrised
+        each step). ``"auto"``: ``"gram"`` when ``l >= 2k`` and the compute dtype is
+        not bfloat16, else ``"direct"``. Measured (64 x 256, singular values over 2
+        decades, Polar Express x5, error ``orthogonality_error``): float16 direct 0.170,
+        Gram with the restart 0.178, without it 0.48; bfloat16 direct 0.18, Gram with
+        one restart 0.83 (9.1 over 4 decades), so bfloat16 keeps the direct form unless
+        asked.
+      preconditioning: ``"frobenius"``, ``"spectral"``, ``"aol"`` or ``"schatten"``.
+      gram_restarts: step indices (0-based) before which the Gram form restarts.
+        ``None``: Dao-AILab's ``(2,)`` (a restart after the second step) when the compute
+        dtype has fewer than 32 bits, ``()`` otherwise: the restart stabilises low
+        precision and costs two ``k x k x l`` matmuls (27% of the Gram form's FLOPs at
+        ``l = 4k``, 5 steps), while in float32 the Gram form without it was measured as
+        accurate as the direct form (the case above and over 4 decades: equal errors).
 
     Returns:
       ``[..., m, n]`` array of ``x.dtype``.
 
     Raises:
-      ValueError: ``x.ndim < 2``, unknown ``coeffs``/``method``, bad ``steps``.
+      ValueError: ``x.ndim < 2``, unknown ``coeffs``/``method``/``preconditioning``, bad
+        ``steps``, or a real ``dtype`` for a complex input.
 
     References:
       Jordan (2024), https://kellerjordan.github.io/posts/muon/ ;
-      Amsel et al. (2025), arXiv 2505.16932.
+      Amsel et al. (2025), arXiv 2505.16932; Boissin et al. (2025), arXiv 2512.04632;
+      Zhang et al. (2026), github.com/Dao-AILab/gram-newton-schulz.
     """
     _check_matrix(x, "newton_schulz")
-    if method not in ("direct", "gram", "auto"):
-        raise ValueError(f"method={method!r}; allowed: 'direct', 'gram', 'auto'")
+    _check_choice("method", method, NS_METHODS)
+    _check_choice("preconditioning", preconditioning, PRECONDITIONINGS)
     table, factor = coefficient_table(coeffs, steps)
+    cdtype = _compute_dtype(x, dtype)
+    k, l = sorted(x.shape[-2:])
+    if method == "auto":  # Gram form where it saves FLOPs and was measured stable
+        method = "gram" if l >= 2 * k and jnp.dtype(cdtype) != jnp.bfloat16 else "direct"
+    if gram_restarts is None:
+        gram_restarts = (2,) if jnp.finfo(cdtype).bits < 32 else ()
+    restarts = tuple(int(i) for i in gram_restarts)
+    if isinstance(table, np.ndarray):  # static: part of the compiled program
+        static_table = tuple(tuple(float(v) for v in row) for row in table)
+        return _ns_static(x, eps, static_table, factor, cdtype, method, preconditioning, restarts)
+    return _ns_dynamic(x, eps, table, factor, cdtype, method, preconditioning, restarts)
+
+
+def _ns(x, eps, table, factor, cdtype, method, preconditioning, restarts):
+    """The NS iteration (see :func:`newton_schulz`); arguments already validated."""
     out_dtype = x.dtype
-    cdtype = jnp.dtype(dtype) if dtype is not None else jnp.result_type(x.dtype, jnp.float32)
-    m, n = x.shape[-2], x.shape[-1]
-    tall = m > n
+    tall = x.shape[-2] > x.shape[-1]
     X = jnp.swapaxes(x, -1, -2) if tall else x  # [..., k, l], k <= l
-    k, l = X.shape[-2], X.shape[-1]
-    if method == "auto":
-        method = "gram" if (l >= 2 * k and jnp.finfo(cdtype).bits >= 32) else "direct"
     X = X.astype(cdtype)
-    norm = jnp.sqrt(jnp.sum(jnp.square(X.astype(jnp.float32)), axis=(-2, -1), keepdims=True))
-    X = X / (factor * norm + eps).astype(cdtype)
-    if method == "direct":
-        for a, b, c in table:
-            A = X @ jnp.swapaxes(X, -1, -2)  # [..., k, k]
-            B = b * A + c * (A @ A)
-            X = a * X + B @ X
+    if preconditioning in ("frobenius", "spectral"):
+        if preconditioning == "frobenius":
+            norm = _frobenius(X)
+        else:
+            xs = X.astype(jnp.result_type(X.dtype, jnp.float32))
+            norm = jnp.linalg.svd(xs, compute_uv=False)[..., :1, None]
+        X = X / (factor * norm + eps).astype(cdtype)
+    A = X @ _ht(X)  # [..., k, k]
+    if preconditioning == "aol":
+        s = jax.lax.rsqrt(jnp.maximum(jnp.sum(jnp.sqrt(_abs2(A)), axis=-1), eps))  # [..., k]
+        s = s.astype(jnp.real(A).dtype)
+        X = X * s[..., :, None]
+        A = A * s[..., :, None] * s[..., None, :]
+    elif preconditioning == "schatten":
+        s = jax.lax.rsqrt(jnp.maximum(_frobenius(A), eps)).astype(jnp.real(A).dtype)
+        X, A = X * s, A * (s * s)
+    if method == "gram":
+        X = _gram_ns(X, A, table, restarts, jnp.finfo(cdtype).bits < 32)
     else:
-        X = _gram_ns(X, table)
+        for i, (a, b, c) in enumerate(table):
+            if i > 0:
+                A = X @ _ht(X)
+            X = a * X + (b * A + c * (A @ A)) @ X
     if tall:
         X = jnp.swapaxes(X, -1, -2)
     return X.astype(out_dtype)
 
 
-def _gram_ns(X: jax.Array, table: np.ndarray) -> jax.Array:
-    """NS on the Gram matrix: X_t = Q_t X_0 with A_t = X_t X_t^T = Q_t A_0 Q_t^T.
+# One compiled program per shape and static options: eager calls do not dispatch op by
+# op, and inside an outer ``jit`` the call is inlined.
+_STATIC = ("factor", "cdtype", "method", "preconditioning", "restarts")
+_ns_static = jax.jit(_ns, static_argnames=("table",) + _STATIC)
+_ns_dynamic = jax.jit(_ns, static_argnames=_STATIC)
 
-    Every iterate is a polynomial in A_0, so all factors commute and
-    ``P_t = a + b A_t + c A_t^2``, ``Q_{t+1} = P_t Q_t``,
-    ``A_{t+1} = P_t^2 A_t``. Per step: 4 matmuls ``k x k x k`` instead of
-    2 of ``k x k x l`` plus one ``k^3``; plus 2 of ``k x k x l`` overall.
+
+def _gram_ns(
+    X: jax.Array, R: jax.Array, table: Any, restarts: tuple[int, ...], low_precision: bool
+) -> jax.Array:
+    """Gram Newton-Schulz on ``X [..., k, l]`` with ``R = X X^H`` given (see newton_schulz).
+
+    Every iterate is ``X_t = Q_t X_0`` with ``Q_t`` a polynomial in ``R_0``, so all the
+    factors commute: ``P_t = a I + Z_t`` with ``Z_t = b R + c R^2``, ``Q_t = Q_{t-1} P_t``
+    and ``R_t = P_t R_{t-1} P_t``. Zhang, Amsel, Chen, Dao (2026), Dao-AILab.
     """
-    k = X.shape[-2]
-    eye = jnp.eye(k, dtype=X.dtype)
-    A = X @ jnp.swapaxes(X, -1, -2)  # [..., k, k]
+    eye = jnp.eye(X.shape[-2], dtype=X.dtype)
     Q = None
-    last = len(table) - 1
-    for i, (a, b, c) in enumerate(table):
-        A2 = A @ A
-        P = a * eye + b * A + c * A2
-        Q = P if Q is None else P @ Q
-        if i < last:
-            PA = a * A + b * A2 + c * (A2 @ A)  # P A
-            A = P @ PA  # P^2 A
-            A = 0.5 * (A + jnp.swapaxes(A, -1, -2))  # keep exactly symmetric
+    n = len(table)
+    for i in range(n):
+        a, b, c = table[i][0], table[i][1], table[i][2]
+        if i in restarts and Q is not None:
+            X = Q @ X
+            R = X @ _ht(X)
+            Q = None
+        Z = b * R + c * (R @ R)
+        Q = Z + a * eye if Q is None else Q @ Z + a * Q
+        if i + 1 < n and (i + 1) not in restarts:
+            RZ = R @ Z + a * R
+            R = Z @ RZ + a * RZ
+            if low_precision:  # keep R exactly Hermitian (float16: error 0.196 -> 0.178)
+                R = 0.5 * (R + _ht(R))
     return Q @ X
 
 
 def polar(x: jax.Array, *, rtol: float | None = None) -> jax.Array:
-    r"""Exact polar factor ``msign(x) = U sign(S) V^T`` via the SVD.
+    r"""Exact polar factor ``msign(x) = U sign(S) V^H`` via the SVD.
 
     Singular values ``s <= rtol * s_max`` are treated as zero and their
     directions are dropped (the output has the rank of ``x``), so
     rank-deficient inputs, e.g. gradients with ``1^T G = 0``, keep their null
-    space. A zero matrix maps to zero.
+    space. A zero matrix maps to zero. Complex inputs give the unitary polar factor.
 
     Works in the input dtype: with ``jax.config.update("jax_enable_x64", True)``
     a float64 input gives a float64 result.
 
     Args:
-      x: ``[..., m, n]`` float array.
+      x: ``[..., m, n]`` real or complex array.
       rtol: relative threshold for zero singular values; default
         ``max(m, n) * finfo(dtype).eps`` (numpy's ``matrix_rank`` rule). In
         float32 with ``K = 1000`` that is ``1.2e-4 * s_max``: genuine singular
@@ -244,7 +373,7 @@ def polar(x: jax.Array, *, rtol: float | None = None) -> jax.Array:
     _check_matrix(x, "polar")
     if rtol is not None and rtol < 0:
         raise ValueError(f"rtol must be >= 0, got {rtol}")
-    if not jnp.issubdtype(x.dtype, jnp.floating):
+    if not jnp.issubdtype(x.dtype, jnp.inexact):
         x = x.astype(jnp.float32)
     m, n = x.shape[-2:]
     if rtol is None:
@@ -255,28 +384,71 @@ def polar(x: jax.Array, *, rtol: float | None = None) -> jax.Array:
     return (u * keep[..., None, :].astype(x.dtype)) @ vh
 
 
+def norm_ball_lmo(x: jax.Array, norm: str, *, eps: float = 1e-7) -> jax.Array:
+    r"""Linear-minimisation oracle of a unit operator-norm ball: ``argmax_{||D|| <= 1} <x, D>``.
+
+    The descent step of steepest descent / Scion under that norm is ``-lr * D``. With
+    ``x`` a stack ``[..., fan_in, fan_out]`` (Flax kernel layout, ``y = x_in @ W``):
+
+    - ``"spectral"`` (``||W||_{2->2}``): ``D = msign(x)``, the exact polar factor
+      (:func:`polar`); Muon approximates it with :func:`newton_schulz`.
+    - ``"sign"`` (``||W||_{1->inf}``, the max entry): ``D = sign(x)``: SignGD.
+    - ``"colnorm"`` (``||W||_{1->2}``, PyTorch layout ``[out, in]``: the largest column
+      norm): every input feature's weight vector ``x[..., i, :]`` scaled to unit l2 norm.
+      Scion's ``ColNorm`` (unnormalised) is this times ``sqrt(fan_out)``.
+    - ``"rownorm"`` (``||W||_{2->inf}``, PyTorch layout: the largest row norm): every
+      output neuron's weight vector ``x[..., :, j]`` scaled to unit l2 norm.
+
+    Dimension factors (Scion's ``normalized`` variants) are left to the caller's
+    shape scaling (``amemory.optim.shape_scale_factor``).
+
+    Args:
+      x: ``[..., fan_in, fan_out]`` real array.
+      norm: one of :data:`NORMS`.
+      eps: added to the vector norms of ``colnorm``/``rownorm`` (zero maps to zero).
+
+    Returns:
+      ``[..., fan_in, fan_out]`` array of ``x.dtype``.
+
+    Raises:
+      ValueError: unknown ``norm`` or ``x.ndim < 2``.
+
+    Source: Pethick et al., "Training Deep Learning Models with Norm-Constrained LMOs"
+    (Scion), arXiv 2502.07529, Sec. 3, Table 1; reference code github.com/LIONS-EPFL/scion.
+    """
+    _check_matrix(x, "norm_ball_lmo")
+    _check_choice("norm", norm, NORMS)
+    if norm == "spectral":
+        return polar(x)
+    if norm == "sign":
+        return jnp.sign(x)
+    axis = -1 if norm == "colnorm" else -2
+    n = jnp.sqrt(jnp.sum(_abs2(x), axis=axis, keepdims=True))
+    return (x / (n + eps).astype(x.dtype)).astype(x.dtype)
+
+
 def _gram_small(o: jax.Array) -> jax.Array:
     m, n = o.shape[-2:]
     o32 = o.astype(jnp.result_type(o.dtype, jnp.float32))
     if m >= n:
-        return jnp.swapaxes(o32, -1, -2) @ o32  # [..., n, n]
-    return o32 @ jnp.swapaxes(o32, -1, -2)  # [..., m, m]
+        return _ht(o32) @ o32  # [..., n, n]
+    return o32 @ _ht(o32)  # [..., m, m]
 
 
 def orthogonality_error(o: jax.Array) -> jax.Array:
-    r"""Distance of ``o`` from semi-orthogonality, per matrix.
+    r"""Distance of ``o`` from semi-orthogonality (semi-unitarity), per matrix.
 
     ``err(O) = ||G - I_k||_F / sqrt(k)`` with ``k = min(m, n)`` and ``G`` the
-    ``k x k`` Gram matrix on the smaller side (``O^T O`` for tall ``O``,
-    ``O O^T`` for wide). Equivalently the RMS over the ``k`` singular values
+    ``k x k`` Gram matrix on the smaller side (``O^H O`` for tall ``O``,
+    ``O O^H`` for wide). Equivalently the RMS over the ``k`` singular values
     of ``(s_i^2 - 1)``: 0 for a semi-orthogonal matrix; a direction with
     ``s_i = 0`` (rank deficiency) contributes 1. Computed in at least fp32.
 
     Args:
-      o: ``[..., m, n]`` float array (usually an NS or polar output).
+      o: ``[..., m, n]`` real or complex array (usually an NS or polar output).
 
     Returns:
-      ``[...]`` float array (dimensionless).
+      ``[...]`` real float array (dimensionless).
 
     Raises:
       ValueError: ``o.ndim < 2``.
@@ -285,17 +457,17 @@ def orthogonality_error(o: jax.Array) -> jax.Array:
     g = _gram_small(o)
     k = g.shape[-1]
     diff = g - jnp.eye(k, dtype=g.dtype)
-    return jnp.sqrt(jnp.sum(jnp.square(diff), axis=(-2, -1)) / k)
+    return jnp.sqrt(jnp.sum(_abs2(diff), axis=(-2, -1)) / k)
 
 
 def singular_value_range(o: jax.Array) -> tuple[jax.Array, jax.Array]:
     """Smallest and largest of the ``min(m, n)`` singular values of each matrix.
 
     Args:
-      o: ``[..., m, n]`` float array.
+      o: ``[..., m, n]`` real or complex array.
 
     Returns:
-      ``(s_min, s_max)``, each ``[...]``, in at least fp32.
+      ``(s_min, s_max)``, each ``[...]``, real, in at least fp32.
 
     Raises:
       ValueError: ``o.ndim < 2``.

@@ -3,7 +3,9 @@
 Every trainable parameter has one role from :data:`ROLES`; a ``role_fn(path,
 leaf) -> role`` supplies it (a one-argument ``role_fn(path)`` such as
 ``amemory.models.transformer.role_of`` is accepted too; ``path`` is a tuple of
-``str``/``int`` keys such as ``("layers", 3, "attn", "v", "kernel")``).
+``str``/``int`` keys such as ``("layers", 3, "attn", "v", "kernel")``, normalised by
+``amemory.optim._paths.path_keys``: the trailing ``value`` key of an ``nnx.Variable`` is
+dropped, so ``flax.nnx.Optimizer`` gives the same path at ``init`` and ``update``).
 A rule set maps role specs to transformations::
 
     routed({"vo+ffn": muon(0.02), "rest": optax.adam(3e-4)}, role_fn)
@@ -13,8 +15,8 @@ A spec is a role, a group from :data:`GROUPS`, or several joined with ``+``;
 rule claims, or a role claimed by two rules, is a ``ValueError`` listing the
 roles: nothing is ever routed by a silent default.
 
-Source: design.md (roles), Wang et al. 2025 (arXiv 2509.26030) Sec. 6 component
-ablation (Muon on Q, K, V, O, W_in, W_out, W_gate, the rest Adam).
+Source: Wang et al. 2025 (arXiv 2509.26030) Sec. 6 component ablation (Muon on Q, K,
+V, O, W_in, W_out, W_gate, the rest Adam), whose roles this vocabulary names.
 """
 
 from __future__ import annotations
@@ -41,18 +43,21 @@ __all__ = [
     "routing_table",
 ]
 
+# The role vocabulary, defined here once (amemory.models.roles classifies paths into it).
+# Adding a role is one line; adding a group is one entry of GROUPS.
 ROLES: tuple[str, ...] = (
-    "q",
-    "k",
-    "v",
-    "o",
-    "w_in",
-    "w_gate",
-    "w_out",
-    "embed",
-    "head",
-    "norm",
-    "bias",
+    "q",  # attention query kernel
+    "k",  # attention key kernel
+    "v",  # attention value kernel
+    "o",  # attention output kernel
+    "w_in",  # FFN input (up) kernel
+    "w_gate",  # FFN gate kernel (gated FFNs)
+    "w_out",  # FFN output (down) kernel
+    "dense",  # a Linear kernel whose place the path does not tell (foreign models)
+    "embed",  # token / position embedding table
+    "head",  # untied output (LM head) kernel
+    "norm",  # scale (and bias) of a normalisation layer
+    "bias",  # bias of a Linear layer
     # multi-head latent attention (DeepSeek-V2, arXiv 2405.04434)
     "q_down",
     "q_up",
@@ -81,7 +86,7 @@ GROUPS: dict[str, tuple[str, ...]] = {
     "qk": _QK,
     "vo": _VO,
     "ffn": _FFN,
-    "hidden": _QK + _VO + _FFN,
+    "hidden": _QK + _VO + _FFN + ("dense",),
     "none": (),
 }
 REST = "rest"
@@ -186,6 +191,11 @@ def label_params(params: Any, role_fn: RoleFn) -> Any:
 
 
 def _labels(params: Any, rules: Mapping[str, Any], role_fn: RoleFn) -> tuple[list, Any]:
+    labels, treedef, _ = _labels_and_paths(params, rules, role_fn)
+    return labels, treedef
+
+
+def _labels_and_paths(params, rules, role_fn):
     owner = _claims(rules)
     paths, leaves, treedef, roles = _roles(params, role_fn)
     unclaimed: dict[str, str] = {}
@@ -198,7 +208,7 @@ def _labels(params: Any, rules: Mapping[str, Any], role_fn: RoleFn) -> tuple[lis
             f"no rule claims the role(s) {detail}; rules {list(rules)} claim "
             f"{sorted(owner)}; add them to a rule or add a {REST!r} rule"
         )
-    return [owner[r] for r in roles], treedef
+    return [owner[r] for r in roles], treedef, paths
 
 
 def routed(
@@ -214,8 +224,11 @@ def routed(
       ``optax.GradientTransformation`` whose state is ``optax.partition``'s.
 
     Raises:
-      ValueError: unknown spec token, a role claimed twice (at construction), or a
-        parameter whose role no rule claims (at ``init``, before compilation).
+      ValueError: unknown spec token, a role claimed twice (at construction), a
+        parameter whose role no rule claims (at ``init``, before compilation), or a
+        parameter that ``role_fn`` labels differently at ``update`` than at ``init``
+        (names it; ``role_fn`` sees the same normalised path at both, nnx ``value``
+        keys removed, so only a ``role_fn`` that depends on more than the path can).
 
     Example:
       >>> import jax.numpy as jnp, optax
@@ -225,9 +238,20 @@ def routed(
     """
     _claims(rules)  # validate early
     transforms = dict(rules)
+    first_labels: dict[tuple, tuple[str, ...]] = {}  # (paths, shapes) -> labels of the 1st call
 
     def param_labels(params):
-        labels, treedef = _labels(params, rules, role_fn)
+        labels, treedef, paths = _labels_and_paths(params, rules, role_fn)
+        names = tuple(path_str(p) for p in paths)
+        key = (names, tuple(tuple(np.shape(x)) for x in treedef.flatten_up_to(params)))
+        seen = first_labels.setdefault(key, tuple(labels))
+        for name, before, now in zip(names, seen, labels, strict=True):
+            if before != now:
+                raise ValueError(
+                    f"role_fn labels parameter {name!r} {now!r} now but {before!r} at init "
+                    "(optax.partition would mix the two transforms' states); make role_fn a "
+                    "function of the path alone (amemory.optim normalises nnx paths)"
+                )
         return treedef.unflatten(labels)
 
     return optax.partition(transforms, param_labels)

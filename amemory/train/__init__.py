@@ -1,16 +1,19 @@
-"""Training engine: one device, ``pmap``, sharded ``jit`` over a mesh, or many hosts.
+"""Training engine: ``jit`` over a mesh (one device or many), ``pmap``, or many hosts.
 
 Public API (imported lazily, so ``amemory train --help`` and config errors stay fast):
   train(config, workdir, *, resume=False, allow_changed=()) -> summary  (amemory.train.loop)
-  run(config, workdir, *, resume=False) -> (summary, final TrainState as numpy)
+  run(config, workdir, *, resume=False, allow_changed=(), task=None)
+                                                -> (summary, final TrainState as numpy)
   load_config(path, overrides) -> ConfigDict                (config file + a.b=value overrides)
-  TrainState, Checkpointer, NonFiniteLossError, DivergenceError, RunInterrupted,
-  WorkdirBusyError                                          (amemory.train.guard, .lock)
+  Task (the interface a model family implements), TrainState, Checkpointer,
+  NonFiniteLossError, DivergenceError, RunInterrupted, WorkdirBusyError
+                                                (amemory.train.guard, .lock)
 
-Modules: config (load/override/validate), tasks (model + data + eval per config.task),
-optimizers (names -> optax), state, parallel (modes, mesh, multi-host), checkpoint (Orbax,
-verified restore), guard (stop signals, divergence, resume contract), lock (workdir lock),
-loop (the step and the loop), cli (``amemory train``).
+Modules: config (load/override/validate, engine defaults), tasks (the Task protocol; LM and
+biographies), memory_task, optimizers (names -> optax), state, parallel (meshes, pmap,
+multi-host), engine (the compiled step, on-device metrics), loop (the host loop), records
+(metrics.jsonl + TensorBoard), checkpoint (Orbax + Grain, verified restore), guard (stop
+signals, divergence, resume contract), lock (workdir lock), cli (``amemory train``).
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ _EXPORTS = {
     "WorkdirBusyError": "amemory.train.lock",
     "load_config": "amemory.train.config",
     "TrainState": "amemory.train.state",
+    "Task": "amemory.train.tasks",
     "Checkpointer": "amemory.train.checkpoint",
 }
 

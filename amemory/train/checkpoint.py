@@ -1,10 +1,15 @@
 """Checkpoints: a thin wrapper over Orbax ``CheckpointManager``.
 
-One checkpoint step holds two items:
+One checkpoint step holds up to three items:
   state   the ``TrainState`` (params, opt_state, step, rng), saved with
           ``StandardSave``; restored against an abstract target so optax states
           come back as their NamedTuples and arrays land with the target's sharding;
-  extra   JSON: data position (list of ints), the run config, and free metadata.
+  extra   JSON: the run config, the fields that fix the parameter layout
+          (``task_meta``, e.g. ``model.scan_layers``) and free metadata;
+  data    the Grain iterator state of the training input, one JSON file per process
+          (``grain.checkpoint.CheckpointHandler``), present when the task reads data:
+          the position after the last batch the saved state was trained on, so a
+          resumed run reads exactly the batch that followed.
 
 Saves are asynchronous (training continues while the arrays are written) and
 atomic (Orbax writes to a temporary directory and renames it when complete), so a
@@ -36,6 +41,7 @@ import tempfile
 import time
 from typing import Any, NamedTuple
 
+import grain
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -95,12 +101,14 @@ class Restored(NamedTuple):
       state: the restored ``TrainState``.
       extra: its JSON extras.
       skipped: ``[(path moved to, reason)]`` for each newer checkpoint that was rejected.
+      data: this process's saved input position (Grain iterator state), or None.
     """
 
     step: int
     state: state_lib.TrainState
     extra: dict
     skipped: list
+    data: bytes | None = None
 
 
 def _words(x: jax.Array) -> jax.Array:
@@ -240,6 +248,7 @@ class Checkpointer:
             item_handlers={
                 "state": ocp.StandardCheckpointHandler(),
                 "extra": ocp.JsonCheckpointHandler(),
+                "data": grain.checkpoint.CheckpointHandler(),
             },
         )
 
@@ -255,8 +264,12 @@ class Checkpointer:
         """Directory of checkpoint ``step``."""
         return self.directory / str(step)
 
-    def save(self, step: int, state: state_lib.TrainState, extra: dict) -> None:
-        """Start saving ``state`` and JSON-serialisable ``extra`` as ``step``; returns early.
+    def save(
+        self, step: int, state: state_lib.TrainState, extra: dict, data: bytes | None = None
+    ) -> None:
+        """Start saving ``state``, JSON-serialisable ``extra`` and this process's input
+        position ``data`` (a Grain iterator's ``get_state()``, or None) as ``step``;
+        returns early (arrays are written in the background).
 
         ``extra["integrity"]`` receives the digest of :func:`state_digest`.
 
@@ -269,11 +282,11 @@ class Checkpointer:
         if bad:
             raise NonFiniteStateError(step, bad)
         extra = {**extra, "integrity": {"digest": DIGEST, "leaves": digest}}
-        args = ocp.args.Composite(
-            state=ocp.args.StandardSave(state), extra=ocp.args.JsonSave(extra)
-        )
+        items = {"state": ocp.args.StandardSave(state), "extra": ocp.args.JsonSave(extra)}
+        if data is not None:
+            items["data"] = grain.checkpoint.CheckpointSave(_InputState(data))
         with self._writing():
-            self._manager.save(int(step), args=args)
+            self._manager.save(int(step), args=ocp.args.Composite(**items))
 
     def check_compatible(self, step: int, target: state_lib.TrainState) -> None:
         """Compare the saved leaves of ``step`` with ``target`` by name, shape and dtype.
@@ -307,28 +320,43 @@ class Checkpointer:
                 f"{extra[:5]}"
             )
 
-    def restore(self, step: int, target: state_lib.TrainState) -> tuple[state_lib.TrainState, dict]:
+    def extra(self, step: int) -> dict:
+        """The JSON ``extra`` item of ``step`` (config, task_meta, ...), without the arrays."""
+        items = {"extra": ocp.args.JsonRestore()}
+        if _has_input_state(self.path(step)):  # read too, so Orbax does not warn about it
+            items["data"] = grain.checkpoint.CheckpointRestore(_InputState(None))
+        return dict(self._manager.restore(int(step), args=ocp.args.Composite(**items))["extra"])
+
+    def restore(
+        self, step: int, target: state_lib.TrainState, *, data: bool = False
+    ) -> tuple[state_lib.TrainState, dict, bytes | None]:
         """Restore ``step`` into the structure, shapes, dtypes and shardings of ``target``.
 
         Args:
           step: checkpoint step to read.
           target: a ``TrainState`` of arrays or ``jax.ShapeDtypeStruct`` (``state.abstract``).
+          data: also read this process's input position (saved by ``save(data=...)``).
 
         Returns:
-          ``(state, extra)``.
+          ``(state, extra, data)``; ``data`` is the saved iterator state (bytes) or None.
 
         Raises:
-          ValueError: if a leaf's shape differs from the checkpoint's (names the leaf).
+          ValueError: if a leaf's shape differs from the checkpoint's (names the leaf), or
+            ``data`` is requested from a checkpoint without it.
         """
         self.check_compatible(step, target)
         abstract = state_lib.abstract(target)
-        out = self._manager.restore(
-            int(step),
-            args=ocp.args.Composite(
-                state=ocp.args.StandardRestore(abstract), extra=ocp.args.JsonRestore()
-            ),
-        )
-        return out["state"], dict(out["extra"])
+        items = {"state": ocp.args.StandardRestore(abstract), "extra": ocp.args.JsonRestore()}
+        holder = _InputState(None)
+        if data and not _has_input_state(self.path(step)):
+            raise ValueError(
+                f"checkpoint {self.path(step)} holds no input position (data/) for process "
+                f"{jax.process_index()} of {jax.process_count()}"
+            )
+        if _has_input_state(self.path(step)):
+            items["data"] = grain.checkpoint.CheckpointRestore(holder)
+        out = self._manager.restore(int(step), args=ocp.args.Composite(**items))
+        return out["state"], dict(out["extra"]), holder.state
 
     def verify(self, step: int, state: Any, extra: dict) -> None:
         """Check a restored ``state`` against the digest saved in ``extra`` and for finiteness.
@@ -376,7 +404,7 @@ class Checkpointer:
         self.wait()
         return [self._reject(s, reason) for s in steps if s in self.all_steps()]
 
-    def restore_intact(self, target: state_lib.TrainState) -> Restored:
+    def restore_intact(self, target: state_lib.TrainState, *, data: bool = False) -> Restored:
         """Restore the newest checkpoint that reads back intact, rejecting newer broken ones.
 
         From the newest step down: a step whose files fail to read (missing or
@@ -387,9 +415,11 @@ class Checkpointer:
 
         Args:
           target: as :meth:`restore`.
+          data: also read this process's input position (as :meth:`restore`); a
+            checkpoint without one counts as damaged.
 
         Returns:
-          :class:`Restored` (step, state, extra, skipped).
+          :class:`Restored` (step, state, extra, skipped, data).
 
         Raises:
           ValueError: the newest readable checkpoint does not fit ``target`` (names the
@@ -399,7 +429,7 @@ class Checkpointer:
         for step in sorted(self.all_steps(), reverse=True):
             with _stderr_held() as replay:
                 try:
-                    state, extra = self.restore(step, target)
+                    state, extra, position = self.restore(step, target, data=data)
                     self.verify(step, state, extra)
                     ok, reason = True, ""
                 except IncompatibleCheckpointError:
@@ -409,7 +439,7 @@ class Checkpointer:
                     ok, reason = False, _first_line(e)
                 replay[0] = ok
             if _all_agree(ok):
-                return Restored(step, state, extra, skipped)
+                return Restored(step, state, extra, skipped, position)
             reason = reason or "damaged on another process"
             skipped.append((self._reject(step, reason), reason))
         if skipped:
@@ -470,6 +500,32 @@ def _all_agree(ok: bool) -> bool:
     return bool(np.all(multihost_utils.process_allgather(np.asarray(ok, np.int32))))
 
 
+def _has_input_state(step_dir: pathlib.Path) -> bool:
+    """Whether ``step_dir`` holds this process's input position (Grain writes one file per
+    process: ``data/process_<i>-of-<n>.json``)."""
+    i, n = jax.process_index(), jax.process_count()
+    return (step_dir / "data" / f"process_{i}-of-{n}.json").is_file()
+
+
+class _InputState:
+    """A saved or restored Grain iterator state, in the shape Grain's Orbax handler wants
+    (``get_state`` / ``set_state`` / ``start_prefetch``): the loop saves the state recorded
+    when the batch of the saved step was read, not the live iterator's (which is ahead by
+    the prefetched batches), and sets the restored one on its iterator itself."""
+
+    def __init__(self, state: bytes | None):
+        self.state = state
+
+    def get_state(self) -> bytes:
+        return self.state
+
+    def set_state(self, state: bytes) -> None:
+        self.state = state
+
+    def start_prefetch(self) -> None:
+        pass
+
+
 def load_params(directory: str | pathlib.Path, step: int | None = None) -> Any:
     """Parameters of a saved run as a nested dict of numpy arrays (no target needed).
 
@@ -488,6 +544,7 @@ def load_params(directory: str | pathlib.Path, step: int | None = None) -> Any:
         item_handlers={
             "state": ocp.StandardCheckpointHandler(),
             "extra": ocp.JsonCheckpointHandler(),
+            "data": grain.checkpoint.CheckpointHandler(),
         },
     )
     try:
@@ -501,7 +558,11 @@ def load_params(directory: str | pathlib.Path, step: int | None = None) -> Any:
             dict(meta),
             is_leaf=lambda m: hasattr(m, "shape") and hasattr(m, "dtype"),
         )
-        out = manager.restore(step, args=ocp.args.Composite(state=ocp.args.StandardRestore(target)))
+        items = {"state": ocp.args.StandardRestore(target)}
+        if _has_input_state(pathlib.Path(directory) / str(step)):  # read, so Orbax does not warn
+            items["data"] = grain.checkpoint.CheckpointRestore(_InputState(None))
+        items["extra"] = ocp.args.JsonRestore()
+        out = manager.restore(step, args=ocp.args.Composite(**items))
     finally:
         manager.close()
     return jax.tree.map(np.asarray, out["state"]["params"])

@@ -7,6 +7,11 @@ here (no absl flags) so that ``amemory train`` keeps one argparse parser.
 
 Every check that can fail runs before any JAX compilation and raises a
 ``ValueError`` naming the field and the allowed values.
+
+Engine fields (:data:`ENGINE_DEFAULTS`): options of the training engine itself
+(scanned layers, remat policy, Newton-Schulz dtype, profiling) that every
+run config gets when its file does not set them, so they are named once, here, and
+still overridable and printed (``--print-config``) like any other field.
 """
 
 from __future__ import annotations
@@ -24,14 +29,30 @@ from typing import Any
 
 from ml_collections import ConfigDict
 
-# Enumerated fields: dotted name -> allowed values (checked when the field exists).
+# Engine fields added to a run config that lacks them (`with_engine_defaults`): dotted
+# name -> (default, comment). A field is added only where its parent group exists
+# (the memory task has no `model` or `data` group).
+ENGINE_DEFAULTS: dict[str, tuple[Any, str]] = {
+    "model.scan_layers": (
+        False,
+        "stack the blocks' parameters [L, ...] and run them with one lax.scan (fast compile)",
+    ),
+    "model.remat_policy": (
+        "nothing_saveable",
+        "with model.remat: jax.checkpoint_policies name kept for the backward pass",
+    ),
+    "optimizer.ns_dtype": (
+        "auto",
+        "Newton-Schulz compute dtype: 'auto' (bf16 on GPU/TPU, fp32 on CPU) | float32 | bfloat16",
+    ),
+    "profile_steps": ((), "(first, last): jax.profiler trace of these steps into the workdir"),
+}
+
+# Enumerated fields: dotted name -> allowed values (checked when the field exists). The
+# optimizer fields are derived from their registries by optimizer_choices().
 CHOICES: dict[str, tuple] = {
     "task": ("lm", "memory"),
     "scale": ("quick", "full"),
-    "optimizer.name": ("adam", "muon", "normuon", "signgd", "signum", "sgd"),
-    "optimizer.orthogonalizer": ("newton_schulz", "polar"),
-    "optimizer.shape_scale": ("jordan", "none", "rms_match", "spectral"),
-    "optimizer.preset": (None, "jordan", "moonlight", "torch", "optax", "wang2025"),
     "schedule.name": ("constant", "cosine", "linear", "wsd"),
     "parallel.mode": ("single", "pmap", "sharded"),
     "parallel.cpu_collectives": ("gloo", "mpi"),
@@ -43,6 +64,7 @@ CHOICES: dict[str, tuple] = {
     "model.position": (None, "rope", "learned"),
     "model.dtype": ("float32", "bfloat16"),
     "model.param_dtype": ("float32", "bfloat16"),
+    "optimizer.ns_dtype": ("auto", "float32", "bfloat16"),
     "memory.embeddings": (
         "decoupled",
         "coupled_rotation",
@@ -105,6 +127,25 @@ MINIMUMS: dict[str, int] = {
 POSITIVE_OR_NONE = ("model.mla.kv_rank", "model.mla.rope_dim", "model.moe.d_expert")
 
 
+def optimizer_choices() -> dict[str, tuple]:
+    """Allowed values of the optimizer fields, read from their registries (one place each).
+
+    ``optimizer.name`` from ``amemory.train.optimizers.NAMES`` (``amemory.optim.OPTIMIZERS``
+    plus optax's Adam and SGD); ``optimizer.preset`` from ``amemory.optim.PRESETS``;
+    ``optimizer.orthogonalizer`` and ``optimizer.shape_scale`` from
+    ``amemory.optim.ORTHOGONALIZERS`` / ``SHAPE_SCALES``. Imported lazily (jax).
+    """
+    from amemory import optim
+    from amemory.train.optimizers import NAMES
+
+    return {
+        "optimizer.name": NAMES,
+        "optimizer.orthogonalizer": optim.ORTHOGONALIZERS,
+        "optimizer.shape_scale": optim.SHAPE_SCALES,
+        "optimizer.preset": (None, *optim.PRESETS),
+    }
+
+
 def parse_roles(spec: str, field: str = "optimizer.muon_roles") -> tuple[str, ...]:
     """Expand a role spec like ``"vo+ffn"`` or ``"q+w_out"`` into a tuple of roles.
 
@@ -158,9 +199,24 @@ def load_config(path: str, overrides: Sequence[str] = ()) -> ConfigDict:
     if not hasattr(module, "get_config"):
         raise ValueError(f"--config: {file!r} defines no get_config()")
     config = module.get_config(arg) if arg else module.get_config()
+    with_engine_defaults(config)
     apply_overrides(config, overrides)
     validate(config)
     config.lock()
+    return config
+
+
+def with_engine_defaults(config: ConfigDict) -> ConfigDict:
+    """Add every :data:`ENGINE_DEFAULTS` field the config lacks (in place; returns it).
+
+    A field is added only where its parent group exists; existing values are kept.
+    """
+    for dotted, (default, _) in ENGINE_DEFAULTS.items():
+        *parents, name = dotted.split(".")
+        present, node = _get(config, ".".join(parents)) if parents else (True, config)
+        if present and isinstance(node, ConfigDict) and name not in node:
+            with node.unlocked():
+                node[name] = default
     return config
 
 
@@ -305,7 +361,7 @@ def validate(config: ConfigDict) -> None:
     Raises:
       ValueError: naming the field and the allowed values.
     """
-    for field, allowed in CHOICES.items():
+    for field, allowed in {**CHOICES, **optimizer_choices()}.items():
         present, value = _get(config, field)
         if present and value not in allowed:
             raise ValueError(f"config.{field}={value!r}; allowed values: {allowed}")
@@ -336,6 +392,23 @@ def validate(config: ConfigDict) -> None:
     present, roles = _get(config, "spectrum_roles")
     if present and config.task == "lm":
         parse_roles(roles, "spectrum_roles")
+    present, policy = _get(config, "model.remat_policy")
+    if present:
+        from amemory.models.scan import REMAT_POLICIES  # lazy: imports flax
+
+        if policy not in REMAT_POLICIES:
+            raise ValueError(
+                f"config.model.remat_policy={policy!r}; allowed values: {REMAT_POLICIES}"
+            )
+    prof = tuple(config.get("profile_steps", ()))
+    if prof and not (
+        len(prof) == 2
+        and all(isinstance(v, int) and not isinstance(v, bool) for v in prof)
+        and 1 <= prof[0] <= prof[1]
+    ):
+        raise ValueError(
+            f"config.profile_steps={prof!r}; must be () or (first, last) with 1 <= first <= last"
+        )
     seeds = config.get("seeds", ())
     if not all(isinstance(s, int) for s in seeds) or len(set(seeds)) != len(seeds):
         raise ValueError(f"config.seeds={seeds!r}; must be distinct integers (or empty)")

@@ -8,10 +8,11 @@ the host only at log steps:
                                      then the resume contract (``check_resume``)
   ``g.attach(ckpt, log)``            once metrics.jsonl is open: writes pending events
   ``g.check_finite(step, loss)``     wherever the loss reaches the host (NaN/inf -> stop)
+  ``g.fail(error, step, what, ev)``  any other stop: names the newest healthy checkpoint
   ``g.observe_log(step, loss, gn)``  at each train record: divergence test, health marks
   ``g.save(ckpt, step, state, ex)``  every checkpoint save (never writes NaN/inf)
   ``g.stop_requested(step)``         after every step: SIGTERM/SIGINT/preemption notice
-  ``g.stop(ckpt, step, state, ex)``  then: synchronous save, "stopped" event, raise
+  ``g.stop(ckpt, step)``             after the loop saved that step: "stopped" event, raise
 
 Guarantees (README, "Reliability"; tests in ``tests/test_train_guard.py``):
 
@@ -444,16 +445,19 @@ class RunGuard:
 
     # -- restore and the resume contract
 
-    def restore(self, ckpt: Any, target: Any) -> tuple[int, Any, dict]:
+    def restore(
+        self, ckpt: Any, target: Any, *, data: bool = False
+    ) -> tuple[int, Any, dict, bytes | None]:
         """Newest intact checkpoint of ``ckpt`` into ``target``, checked against the contract.
 
-        Returns ``(step, state, extra)``; damaged checkpoints are reported (stderr and a
+        Returns ``(step, state, extra, input position or None)`` (``data``: also read the
+        input position); damaged checkpoints are reported (stderr and a
         ``checkpoint_rejected`` event) and the config changes recorded (``config_changed``).
 
         Raises:
           ValueError: from ``Checkpointer.restore_intact`` or :func:`check_resume`.
         """
-        found = ckpt.restore_intact(target)
+        found = ckpt.restore_intact(target, data=data)
         for moved, reason in found.skipped:
             if self.is_main:
                 _say(f"warning: checkpoint {moved.name} was damaged ({reason}); moved to {moved}")
@@ -475,7 +479,7 @@ class RunGuard:
             )
         h = found.extra.get("healthy_through")
         self.healthy_through = int(h) if h is not None else None
-        return found.step, found.state, found.extra
+        return found.step, found.state, found.extra, found.data
 
     def attach(self, ckpt: Any, log: Any) -> None:
         """Bind the run's Checkpointer and metrics log; write the events gathered so far."""
@@ -514,7 +518,10 @@ class RunGuard:
             )
         return text, good
 
-    def _fail(self, error: type, step: int, what: str, event: dict) -> NoReturn:
+    def fail(self, error: type, step: int, what: str, event: dict) -> NoReturn:
+        """Log ``event`` (plus the healthy checkpoint) at ``step`` and raise ``error``
+        whose message is ``what`` and the newest healthy checkpoint (newer ones are moved
+        aside, so ``--resume`` continues from it)."""
         where, good = self._describe_healthy()
         event = {
             **event,
@@ -534,7 +541,7 @@ class RunGuard:
         if np.all(np.isfinite(loss)):
             return
         values = [x if math.isfinite(x) else None for x in np.atleast_1d(loss).tolist()]
-        self._fail(
+        self.fail(
             NonFiniteLossError, step, f"non-finite training loss {loss.tolist()} at step {step}",
             {"event": "nonfinite", "loss": values},
         )  # fmt: skip
@@ -552,13 +559,16 @@ class RunGuard:
         if healthy:
             self.healthy_through = int(step)
         if message:
-            self._fail(
+            self.fail(
                 DivergenceError, step, message + " (config.divergence sets the test)",
                 {"event": "diverged", "message": message},
             )  # fmt: skip
 
-    def save(self, ckpt: Any, step: int, state: Any, extra: dict) -> None:
-        """``ckpt.save`` that never writes NaN/inf (checked on the device first).
+    def save(
+        self, ckpt: Any, step: int, state: Any, extra: dict, data: bytes | None = None
+    ) -> None:
+        """``ckpt.save`` (with input position ``data``) that never writes NaN/inf (checked
+        on the device first).
 
         Raises:
           NonFiniteLossError: the state holds NaN/inf (names the leaves; nothing written).
@@ -566,9 +576,9 @@ class RunGuard:
         from amemory.train.checkpoint import NonFiniteStateError
 
         try:
-            ckpt.save(step, state, {**extra, "healthy_through": self.healthy_through})
+            ckpt.save(step, state, {**extra, "healthy_through": self.healthy_through}, data)
         except NonFiniteStateError as e:
-            self._fail(NonFiniteLossError, step, str(e), {"event": "nonfinite", "state": e.counts})
+            self.fail(NonFiniteLossError, step, str(e), {"event": "nonfinite", "state": e.counts})
 
     # -- preemption
 
@@ -586,17 +596,13 @@ class RunGuard:
                 return True
         return False
 
-    def stop(self, ckpt: Any, step: int, state: Any, extra: Any, *, saved: bool) -> NoReturn:
-        """Save ``step`` synchronously (unless ``saved``), log a ``stopped`` event, raise.
-
-        Call after the step's pending metrics are written.
+    def stop(self, ckpt: Any, step: int) -> NoReturn:
+        """After the loop wrote the metrics of ``step`` and saved it: wait for the save,
+        log a ``stopped`` event, raise.
 
         Raises:
           RunInterrupted: always (``amemory train`` exits 75 or 130 with its one line).
-          NonFiniteLossError: the state to save holds NaN/inf.
         """
-        if not saved:
-            self.save(ckpt, step, state, extra() if callable(extra) else extra)
         ckpt.wait()
         reason = self._signals.requested or "preemption"
         path = str(ckpt.path(step))

@@ -1,26 +1,39 @@
-"""``train(config, workdir)``: the training loop for both model families.
+"""``train(config, workdir)``: the training loop for every task.
 
 Run directory (``workdir``)
-  config.json      the resolved config (after command-line overrides)
+  config.json      the resolved config (after command-line overrides and engine defaults)
   metrics.jsonl    one JSON object per line, see below
-  checkpoints/     Orbax steps: params, opt_state, step, rng, data position, config, digest
+  events.out.tfevents.*  the same scalars for TensorBoard (``tensorboard --logdir runs/``)
+  plugins/profile/ a ``jax.profiler`` trace of ``config.profile_steps`` (when set)
+  checkpoints/     Orbax steps: params, opt_state, step, rng, input position, config, digest
   summary.json     the dict ``train`` returns (written last: its presence marks a finished run)
   run.lock         held while a run is live (``amemory.train.lock``)
+
+The loop never waits for the device between log steps: metrics are reduced on the
+device (:mod:`amemory.train.engine`) and read every ``config.log_every`` steps; the
+steps in between run under ``jax.transfer_guard_device_to_host("disallow_explicit")``,
+so an accidental device-to-host copy there is an error. Batches are read by the task's
+Grain iterator and put on the devices ``PREFETCH`` steps ahead. The host syncs only at
+the points of :class:`_Points`: log, evaluation, spectrum, checkpoint, profile, and the
+guards of :mod:`amemory.train.guard` (stop signals, divergence, the resume contract)
+run there.
 
 metrics.jsonl records. Every record has ``"kind"`` and ``"step"`` (optimizer
 steps completed, int). In multi-seed runs (``config.seeds`` non-empty) every
 numeric value below is a list with one entry per seed, in ``config.seeds`` order.
 
-``kind == "train"`` (every ``config.log_every`` steps):
-  loss            mean training loss of the step's batch, nats per token (LM) / per query (memory)
+``kind == "train"`` (every ``config.log_every`` steps and at the last step):
+  loss            mean training loss over the steps since the previous train record,
+                  nats per token (LM) / per query (memory)
+  aux/<name>      scalars the task's loss returns beside the loss, averaged like the loss
+                  (MoE models: ce_loss, the cross-entropy alone; moe_lb_loss, the
+                  load-balancing loss averaged over layers; moe_lb_coef, its coefficient
+                  in ``loss``; moe_drop_fraction)
   lr              learning rate of ``optimizer.name`` at this step
   adam_lr         learning rate of the Adam part at this step
-  grad_norm       global L2 norm of the gradient (before clipping)
+  grad_norm       global L2 norm of this step's gradient (before clipping)
   param_norm      global L2 norm of the parameters after the step
-  update_rms/<role>   RMS of the parameter update (new - old) over all entries of that role
-  aux/<name>      scalars the task's loss returns beside the loss (MoE models: ce_loss, the
-                  cross-entropy alone; moe_lb_loss, the load-balancing loss averaged over
-                  layers; moe_lb_coef, its coefficient in ``loss``; moe_drop_fraction)
+  update_rms/<role>   RMS of this step's parameter update (new - old) over that role
   ortho_error/<path>  orthogonality error of the Muon direction (amemory.optim.collect_diagnostics)
   tokens_per_s    training throughput since the previous train record (global tokens / wall second)
   step_time_s     mean wall seconds per step since the previous train record
@@ -28,7 +41,7 @@ numeric value below is a list with one entry per seed, in ``config.seeds`` order
 ``kind == "eval"`` (every ``config.eval_every`` steps and at the end):
   LM on a corpus:  loss (mean validation nats/token), loss/bucket_<b> for frequency bucket b
                    (0 = most frequent tokens), bucket_labels (token-count range of each bucket)
-  biographies:     loss, fta/group_<g> first-token accuracy of group g, fta (all questions)
+  biographies:     fta/group_<g> first-token accuracy of group g, fta (all questions)
   memory:          loss (population loss, nats), acc (prior-weighted accuracy),
                    loss/head, loss/tail, acc/head, acc/tail, correct_prob/min, gap (Delta(W) of
                    papers.md A.2), per_class_loss and per_class_prob (lists of length K)
@@ -40,10 +53,14 @@ numeric value below is a list with one entry per seed, in ``config.seeds`` order
                    stable_rank, condition_number
 
 ``kind == "event"``: ``event`` in {"start", "resume", "compiled", "nonfinite", "end"} with
-details ("start" holds the routing table: rows [path, shape, role, transform]); from
-``amemory.train.guard``: "checkpoint_rejected" (checkpoint, reason), "config_changed"
-(allowed, bookkeeping: {field: [old, new]}), "nonfinite" and "diverged" (healthy_checkpoint),
-"stopped" (reason: SIGTERM | SIGINT | preemption, checkpoint).
+details ("start" holds the routing table: rows [path, shape, role, transform, matrices],
+``matrices`` = "n x (fan_in, fan_out)" for leaves orthogonalised as n matrices, e.g. the
+layer axis of scanned layers; and ``layout``: one row per Muon-family orthogonalisation
+group, amemory.optim.describe_layout, saying whether it runs in the owner layout of sharded
+mode or is left to XLA); from ``amemory.train.guard``: "checkpoint_rejected" (checkpoint,
+reason), "config_changed" (allowed, bookkeeping: {field: [old, new]}), "nonfinite" and
+"diverged" (healthy_checkpoint), "stopped" (reason: SIGTERM | SIGINT | preemption,
+checkpoint).
 
 Memory-task records count queries, not tokens: ``tokens_per_s`` is queries per second
 (``batch_size`` per step, or K per step for the exact population loss).
@@ -51,18 +68,17 @@ Memory-task records count queries, not tokens: ``tokens_per_s`` is queries per s
 
 from __future__ import annotations
 
+import collections
+import contextlib
 import json
-import math
 import pathlib
 import time
-from collections.abc import Callable
+from collections.abc import Iterator
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
-import optax
-from jax.experimental import multihost_utils
 from ml_collections import ConfigDict
 from tqdm.auto import tqdm
 
@@ -70,233 +86,66 @@ from amemory import atomic
 from amemory.analysis import spectrum as spectrum_lib
 from amemory.train import checkpoint as ckpt_lib
 from amemory.train import config as config_lib
+from amemory.train import engine as engine_lib
 from amemory.train import guard as guard_lib
 from amemory.train import optimizers, parallel, tasks
-from amemory.train.guard import NonFiniteLossError as NonFiniteLossError  # issue 15: moved
+from amemory.train.guard import NonFiniteLossError as NonFiniteLossError
+from amemory.train.records import RunLog, jsonable
 from amemory.train.state import TrainState
 
-# ----------------------------------------------------------------------------- the step
+PREFETCH = 2  # batches put on the devices ahead of the step that uses them
 
 
-def make_train_step(
-    loss_fn: Callable, opt: optimizers.Optimizer, roles: Any, *, axis_name: str | None = None,
-    diagnostics: bool = False,
-) -> Callable:  # fmt: skip
-    """One optimizer step ``(state, batch) -> (state, metrics)`` (pure; jit/pmap/vmap it).
+class _Feed:
+    """Training batches on the devices ``depth`` steps ahead of their use.
 
-    Args:
-      loss_fn: ``(params, batch, rng) -> (loss, aux)``: mean loss (nats) and a dict of
-        scalar metrics, reported as ``aux/<name>``.
-      opt: resolved optimizer (transformation and learning-rate schedules).
-      roles: tree of role strings, same structure as params.
-      axis_name: under ``pmap``, the axis over which gradients and loss are averaged
-        (``lax.pmean``); dropout keys are folded with the device index.
-      diagnostics: add ``amemory.optim.collect_diagnostics(opt_state)`` to the metrics.
-
-    Returns:
-      the step function; metrics are scalars: loss, grad_norm, param_norm, lr, adam_lr,
-      update_rms/<role>, aux/<name>, and ortho_error/<path> when ``diagnostics``.
+    Each item is ``(placed batch, input position after it)``; the position (the Grain
+    iterator's ``get_state()``) is what a checkpoint of that step must store. Tasks
+    without input give ``(None, None)``.
     """
-    leaf_roles = jax.tree.leaves(roles)
-    role_names = sorted(set(leaf_roles))
 
-    def step(state: TrainState, batch: Any) -> tuple[TrainState, dict]:
-        rng, sub = jax.random.split(state.rng)
-        if axis_name is not None:
-            sub = jax.random.fold_in(sub, jax.lax.axis_index(axis_name))
-        (loss, aux), grads = jax.value_and_grad(loss_fn, has_aux=True)(state.params, batch, sub)
-        if axis_name is not None:
-            loss, aux, grads = jax.lax.pmean((loss, aux, grads), axis_name)
-        updates, opt_state = opt.tx.update(grads, state.opt_state, state.params)
-        params = optax.apply_updates(state.params, updates)
-        metrics = {
-            "loss": loss,
-            "grad_norm": optax.tree.norm(grads),
-            "param_norm": optax.tree.norm(params),
-            "lr": opt.lr(state.step),
-            "adam_lr": opt.adam_lr(state.step),
-            **{f"aux/{k}": v for k, v in aux.items()},
-        }
-        leaves = jax.tree.leaves(updates)
-        for r in role_names:
-            us = [
-                u.astype(jnp.float32) for u, lr_ in zip(leaves, leaf_roles, strict=True) if lr_ == r
-            ]
-            sq = sum(jnp.sum(jnp.square(u)) for u in us)
-            metrics[f"update_rms/{r}"] = jnp.sqrt(sq / sum(u.size for u in us))
-        if diagnostics:
-            from amemory.optim.muon import collect_diagnostics
+    def __init__(self, it: Iterator | None, put, depth: int):
+        self.it, self.put = it, put
+        self.queue: collections.deque = collections.deque(self._read() for _ in range(depth))
 
-            metrics.update(collect_diagnostics(opt_state))
-        return TrainState(state.step + 1, params, opt_state, rng), metrics
+    def _read(self) -> tuple[Any, bytes | None]:
+        if self.it is None:
+            return None, None
+        local = next(self.it)
+        return self.put(local), self.it.get_state()
 
-    return step
+    def get(self) -> tuple[Any, bytes | None]:
+        """The next step's batch and position."""
+        return self.queue.popleft()
+
+    def refill(self) -> None:
+        """Read one more batch (call after dispatching the step, to overlap with it)."""
+        self.queue.append(self._read())
+
+    def peek(self) -> Any:
+        return self.queue[0][0]
 
 
-# ----------------------------------------------------------------------------- placement
-
-
-class _Engine:
-    """Compiles init / step / eval for one parallel mode and moves data in and out."""
-
-    def __init__(self, place: parallel.Placement, task, opt, roles, keys, multi: bool, diag: bool):
-        self.place, self.task, self.multi = place, task, multi
-        mode = place.mode
-        axis = "data" if mode == "pmap" else None
-        step = make_train_step(task.loss, opt, roles, axis_name=axis, diagnostics=diag)
-        ev = getattr(task, "eval_stats", None)
-
-        def init_one(key):
-            k_init, k_rng = jax.random.split(key)
-            params = task.init_params(k_init)
-            return TrainState(jnp.zeros((), jnp.int32), params, opt.tx.init(params), k_rng)
-
-        init = jax.vmap(init_one) if multi else init_one
-        # Tasks with per-seed data (seed_batched) give batches [S, ...]; else one shared batch.
-        self.seed_batched = multi and getattr(task, "seed_batched", False)
-        if multi:
-            step = jax.vmap(step, in_axes=(0, 0 if self.seed_batched else None))
-            ev = jax.vmap(ev, in_axes=(0, None)) if ev is not None else None
-        self.keys = keys
-        self.abstract = jax.eval_shape(init, keys)
-        self.eval = None
-        if mode == "single":
-            dev = jax.devices()[0]
-            sh = jax.sharding.SingleDeviceSharding(dev)
-            self._init = jax.jit(init)
-            self.step = jax.jit(step, donate_argnums=0)
-            self.eval = jax.jit(ev) if ev is not None else None
-            self.restore_target = jax.tree.map(
-                lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=sh), self.abstract
-            )
-        elif mode == "pmap":
-            self._init = jax.jit(init)
-            self.step = jax.pmap(step, axis_name="data", donate_argnums=0)
-            if ev is not None:
-                self.eval = jax.pmap(lambda p, b: jax.lax.psum(ev(p, b), "data"), axis_name="data")
-            sh = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
-            self.restore_target = jax.tree.map(
-                lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=sh), self.abstract
-            )
-        else:
-            mesh = place.mesh
-            rep = parallel.replicated(mesh)
-            lead = 1 if multi else 0
-            a = self.abstract
-            self.state_sh = TrainState(
-                step=jax.tree.map(lambda _: rep, a.step),
-                params=parallel.state_shardings(a.params, mesh, leading_axes=lead),
-                opt_state=parallel.state_shardings(a.opt_state, mesh, leading_axes=lead),
-                rng=jax.tree.map(lambda _: rep, a.rng),
-            )
-            self.batch_sh = parallel.batch_sharding(mesh, leading_axes=int(self.seed_batched))
-            self._init = jax.jit(init, out_shardings=self.state_sh)
-            self.step = jax.jit(
-                step,
-                in_shardings=(self.state_sh, self.batch_sh),
-                out_shardings=(self.state_sh, rep),
-                donate_argnums=0,
-            )
-            if ev is not None:
-                self.eval = jax.jit(
-                    ev, in_shardings=(self.state_sh.params, self.batch_sh), out_shardings=rep
-                )
-            self.restore_target = jax.tree.map(
-                lambda a_, s: jax.ShapeDtypeStruct(a_.shape, a_.dtype, sharding=s),
-                self.abstract,
-                self.state_sh,
-            )
-
-    def init_state(self) -> TrainState:
-        state = self._init(self.keys)
-        return parallel.replicate(state) if self.place.mode == "pmap" else state
-
-    def put_batch(self, local: Any) -> Any:
-        mode = self.place.mode
-        if mode == "pmap":
-            return parallel.split_for_pmap(local, self.place.n_local)
-        if mode == "sharded":
-            return parallel.global_batch(local, self.batch_sh, row_axis=int(self.seed_batched))
-        return jax.device_put(local)
-
-    def fetch(self, tree: Any) -> Any:
-        """Replicated device values -> numpy (first replica under pmap)."""
-        if self.place.mode == "pmap":
-            return jax.tree.map(lambda x: np.asarray(x.addressable_shards[0].data[0]), tree)
-        return jax.tree.map(np.asarray, jax.device_get(tree))
-
-    def to_host(self, tree: Any) -> Any:
-        """Full values of (possibly sharded / replicated) arrays as numpy, on every process."""
-        if self.place.mode == "pmap":
-            return self.fetch(tree)
-        if jax.process_count() > 1:
-            return multihost_utils.process_allgather(tree, tiled=True)
-        return jax.tree.map(np.asarray, jax.device_get(tree))
-
-    def for_checkpoint(self, state: TrainState) -> TrainState:
-        return parallel.unreplicate(state) if self.place.mode == "pmap" else state
-
-    def from_checkpoint(self, state: TrainState) -> TrainState:
-        return parallel.replicate(state) if self.place.mode == "pmap" else state
-
-
-# ----------------------------------------------------------------------------- logging
-
-
-def _jsonable(x: Any) -> Any:
-    if isinstance(x, dict):
-        return {str(k): _jsonable(v) for k, v in x.items()}
-    if isinstance(x, (list, tuple)):
-        return [_jsonable(v) for v in x]
-    if isinstance(x, (np.ndarray, jax.Array)):
-        return _jsonable(np.asarray(x).tolist())
-    if isinstance(x, (np.floating, float)):
-        x = float(x)
-        return x if math.isfinite(x) else None
-    if isinstance(x, (np.integer,)):
-        return int(x)
-    if isinstance(x, np.bool_):
-        return bool(x)
-    return x
-
-
-class _Log:
-    """metrics.jsonl writer (process 0 only); on resume drops records after the restored step."""
-
-    def __init__(self, path: pathlib.Path, enabled: bool, keep_until: int | None):
-        self.path, self.enabled = path, enabled
-        if not enabled:
-            return
-        if keep_until is None:
-            self.path.write_text("")
-        elif self.path.exists():
-            kept = []
-            for line in self.path.read_text().splitlines():
-                try:
-                    rec = json.loads(line)
-                except json.JSONDecodeError:
-                    continue  # a line cut by a kill
-                if int(rec.get("step", 0)) <= keep_until:
-                    kept.append(line)
-            atomic.write_text(self.path, "".join(line + "\n" for line in kept))  # issue 15
-        self._f = self.path.open("a")
-
-    def write(self, kind: str, step: int, **fields: Any) -> None:
-        if not self.enabled:
-            return
-        rec = {"kind": kind, "step": int(step), **_jsonable(fields)}
-        self._f.write(json.dumps(rec) + "\n")
-        self._f.flush()
-
-    def close(self) -> None:
-        if self.enabled:
-            self._f.close()
+def _routing_rows(table: list, matrix_axes, muon: bool) -> list:
+    """Routing rows + a ``matrices`` column: how Muon sees each leaf it orthogonalises."""
+    out = []
+    for path, shape, role, tx in table:
+        cell = ""
+        if muon and tx not in ("adam",):
+            axes = matrix_axes(tuple(path.split("/")), None)
+            if axes is not None:
+                nd = len(shape)
+                mat = sorted(a % nd for a in axes)
+                batch = int(np.prod([d for i, d in enumerate(shape) if i not in mat]))
+                cell = f"{batch} x ({shape[mat[0]]}, {shape[mat[1]]})"
+        out.append([path, shape, role, tx, cell])
+    return out
 
 
 def _routes(table: list) -> str:
     """One line of the routing table: ``routing: q,k,v,o -> muon; embed,norm -> adam``."""
     by_tx: dict[str, list[str]] = {}
-    for _, _, role, tx_name in table:
+    for _, _, role, tx_name, *_ in table:
         roles = by_tx.setdefault(tx_name, [])
         if role not in roles:
             roles.append(role)
@@ -311,6 +160,16 @@ def _per_seed(x: Any, multi: bool) -> Any:
     return a.item() if a.ndim == 0 else a.tolist()
 
 
+def _check_meta(saved: dict, now: dict, where: pathlib.Path) -> None:
+    for key, value in now.items():
+        if key in saved and saved[key] != value:
+            raise ValueError(
+                f"checkpoint {where} was written with config.{key}={saved[key]!r}, this run "
+                f"has {value!r}: the parameter layouts differ (convert with "
+                "amemory.models.transformer.stack_layers / unstack_layers)"
+            )
+
+
 # ----------------------------------------------------------------------------- train
 
 
@@ -321,16 +180,18 @@ def train(
     """Train ``config`` and write the run directory ``workdir``; return the summary dict.
 
     Args:
-      config: run ConfigDict (``experiments/configs/lm.py`` or ``memory.py``).
-      workdir: run directory (created); holds config.json, metrics.jsonl, checkpoints/,
-        summary.json.
+      config: run ConfigDict (``experiments/configs/lm.py`` or ``memory.py``); the
+        engine fields of ``amemory.train.config.ENGINE_DEFAULTS`` are added if missing.
+      workdir: run directory (created); holds config.json, metrics.jsonl, TensorBoard
+        events, checkpoints/, summary.json.
       resume: continue from the newest intact checkpoint in ``workdir`` (a fresh start
         when there is none; damaged ones are moved aside with a warning). Without it a
-        workdir that already has checkpoints is an error. The continuation is exact
-        for the same config; a different ``steps`` also reshapes the learning-rate
-        schedule (it is a function of ``steps``).
+        workdir that already has checkpoints is an error. The continuation is exact for
+        the same config (parameters, optimizer state, key and input position are
+        restored); fields that change what a run computes must equal the checkpoint's
+        (``amemory.train.guard.check_resume``).
       allow_changed: config fields that may differ from the checkpoint's config on
-        resume (``amemory.train.guard.check_resume``; recorded in metrics.jsonl).
+        resume (recorded in metrics.jsonl as a ``config_changed`` event).
 
     Returns:
       summary dict: workdir, task, optimizer, mode, seeds, steps, n_params,
@@ -339,10 +200,11 @@ def train(
 
     Raises:
       ValueError: bad config (names the field and allowed values), data not found,
-        or a checkpoint that does not fit the model (names the leaf) -- all before
-        compiling the step.
-      NonFiniteLossError: the loss became NaN/inf (any seed of a multi-seed run); the
-        message names the step and the newest healthy checkpoint.
+        or a checkpoint that does not fit the model (names the leaf or the layout
+        field) -- all before compiling the step.
+      NonFiniteLossError: loss, gradient or parameters became NaN/inf (any seed of a
+        multi-seed run); the message names the step and the newest healthy checkpoint
+        (a non-finite state is never saved).
       amemory.train.guard.DivergenceError: the divergence test fired (``config.divergence``).
       amemory.train.guard.RunInterrupted: SIGTERM/SIGINT/preemption; the step was saved.
       amemory.train.guard.WorkdirBusyError: another run holds ``workdir``.
@@ -352,29 +214,38 @@ def train(
 
 
 def run(
-    config: ConfigDict, workdir: str | pathlib.Path, *, resume: bool = False,
+    config: ConfigDict,
+    workdir: str | pathlib.Path,
+    *,
+    resume: bool = False,
     allow_changed: tuple[str, ...] = (),
-) -> tuple[dict, TrainState]:  # fmt: skip
-    """``train``, also returning the final ``TrainState`` as numpy arrays (host copy)."""
-    config_lib.validate(config)  # issue 15: lock + signals + guards around the whole run
+    task: tasks.Task | None = None,
+) -> tuple[dict, TrainState]:
+    """``train``, also returning the final ``TrainState`` as numpy arrays (host copy).
+
+    ``task`` replaces the task ``config`` describes (``amemory.train.tasks.build``): any
+    object with the :class:`~amemory.train.tasks.Task` interface.
+    """
+    t_start = time.perf_counter()
+    config = ConfigDict(config.to_dict()) if isinstance(config, ConfigDict) else config
+    config_lib.with_engine_defaults(config)
+    config_lib.validate(config)
     parallel.initialize_distributed(config.parallel)
+    # lock, stop signals and the guards around the whole run
     with guard_lib.RunGuard(config, workdir, allow_changed) as g:
-        return _run(config, workdir, resume=resume, g=g)
+        return _run(config, workdir, resume, task, g, t_start)
 
 
 def _run(
-    config: ConfigDict, workdir: str | pathlib.Path, *, resume: bool, g: guard_lib.RunGuard
-) -> tuple[dict, TrainState]:
-    t_start = time.perf_counter()
-    config = ConfigDict(config.to_dict()) if isinstance(config, ConfigDict) else config
-    config_lib.validate(config)
-    parallel.initialize_distributed(config.parallel)
+    config: ConfigDict, workdir: str | pathlib.Path, resume: bool, task: tasks.Task | None,
+    g: guard_lib.RunGuard, t_start: float,
+) -> tuple[dict, TrainState]:  # fmt: skip
     place = parallel.placement(config.parallel)
     is_main = jax.process_index() == 0
     workdir = pathlib.Path(workdir).absolute()
     workdir.mkdir(parents=True, exist_ok=True)
 
-    task = tasks.build(config, place.data_shards)
+    task = task if task is not None else tasks.build(config, place)
     multi = bool(config.seeds)
     seeds = [int(s) for s in config.seeds] if multi else [int(config.seed)]
     keys = (
@@ -382,160 +253,249 @@ def _run(
     )
     abstract_params = jax.eval_shape(task.init_params, jax.random.PRNGKey(0))
     roles = task.roles(abstract_params)
-    if task.kind == "memory":
-        # The memory's one matrix W always goes to optimizer.name (muon_roles is moot).
-        matrix = tuple(sorted(set(jax.tree.leaves(roles))))
-        opt = optimizers.build(
-            config, abstract_params, roles, matrix_roles=matrix, matrix_axes=(1, 0)
-        )
-    else:
-        # The last two axes of every leaf are its matrix; leading axes (MoE experts
-        # [E, d, f]) are batch axes, each matrix orthogonalised on its own.
-        opt = optimizers.build(config, abstract_params, roles, matrix_axes=(-2, -1))
-    diag = bool(config.optimizer.diagnostics) and config.optimizer.name in ("muon", "normuon")
-    engine = _Engine(place, task, opt, roles, keys, multi, diag)
-
-    ckpt = ckpt_lib.Checkpointer(workdir / "checkpoints", max_to_keep=int(config.keep_checkpoints))
-    latest = ckpt.latest_step()
-    if latest is not None and not resume:
-        raise ValueError(
-            f"workdir {workdir} already holds checkpoints (latest step {latest}); pass "
-            "--resume (resume=True) to continue it, or choose another --workdir"
-        )
-    n_params = int(sum(np.prod(x.shape) for x in jax.tree.leaves(abstract_params)))
-    if latest is not None:
-        latest, restored, extra = g.restore(ckpt, engine.restore_target)  # issue 15: intact
-        state = engine.from_checkpoint(restored)
-        task.restore_data(extra["data_position"])
-        start = int(latest)
-    else:
-        state = engine.init_state()
-        start = 0
-    log = _Log(workdir / "metrics.jsonl", is_main, start if latest is not None else None)
-    g.attach(ckpt, log)  # issue 15
-    if is_main:
-        atomic.write_text(workdir / "config.json", config.to_json_best_effort(indent=2) + "\n")
-    if latest is not None:
-        log.write("event", start, event="resume", checkpoint=str(ckpt.path(latest)))
-    else:
-        log.write(
-            "event", 0, event="start", task=task.kind, optimizer=config.optimizer.name,
-            lr=optimizers.resolved_lr(config.optimizer), adam_lr=config.optimizer.adam_lr,
-            mode=place.mode, seeds=seeds, n_params=n_params, devices=jax.device_count(),
-            processes=jax.process_count(), routing=opt.table,
-        )  # fmt: skip
-
-    if is_main and config.progress:
-        tqdm.write(f"amemory train: {task.kind}, {n_params:,} parameters, {_routes(opt.table)}")
-    steps = int(config.steps)
-    extra_fn = lambda: {  # noqa: E731
-        "data_position": task.data_state(),
-        "config": json.loads(config.to_json_best_effort()),
-        "seeds": seeds,
-    }
-    bar = tqdm(
-        total=steps, initial=start, disable=not (config.progress and is_main),
-        desc=f"{task.kind}/{config.optimizer.name}", unit="step", dynamic_ncols=True,
+    opt = optimizers.build(
+        config, abstract_params, roles, matrix_roles=task.matrix_roles,
+        matrix_axes=task.matrix_axes, mesh=place.mesh if place.mode == "sharded" else None,
     )  # fmt: skip
-    last_loss: Any = None
-    last_eval: dict = {}
-    throughput: list[float] = []
-    compile_s = None
-    acc_time, acc_steps = 0.0, 0
-    last_saved = start if latest is not None else None
-    try:
+    muon = config.optimizer.name in optimizers.MUON_LIKE
+    table = _routing_rows(opt.table, task.matrix_axes, muon)
+    engine = engine_lib.Engine(
+        place, task, opt, roles, keys, multi, bool(config.optimizer.diagnostics) and muon
+    )
+
+    n_params = int(sum(np.prod(x.shape) for x in jax.tree.leaves(abstract_params)))
+    with contextlib.ExitStack() as closing:  # checkpointer, records, bar, trace: closed on errors
+        ckpt = ckpt_lib.Checkpointer(
+            workdir / "checkpoints", max_to_keep=int(config.keep_checkpoints)
+        )
+        closing.callback(ckpt.close)
+        latest = ckpt.latest_step()
+        if latest is not None and not resume:
+            raise ValueError(
+                f"workdir {workdir} already holds checkpoints (latest step {latest}); pass "
+                "--resume (resume=True) to continue it, or choose another --workdir"
+            )
+        inputs = task.train_input()
+        if latest is not None:
+            try:
+                saved_meta = ckpt.extra(latest).get("task_meta", {})
+            except Exception:  # noqa: BLE001 - damaged: restore_intact reports and skips it
+                saved_meta = {}
+            _check_meta(saved_meta, task.checkpoint_meta(), ckpt.path(latest))
+            latest, restored, _, position = g.restore(
+                ckpt, engine.restore_target, data=inputs is not None
+            )
+            state = engine.from_checkpoint(restored)
+            if inputs is not None:
+                inputs.set_state(position)
+            start = int(latest)
+        else:
+            state = engine.init_state()
+            start = 0
+        resumed = start if latest is not None else None
+        log = RunLog(workdir, is_main, resumed, seeds if multi else None)
+        closing.callback(log.close)
+        g.attach(ckpt, log)
+        if is_main:
+            atomic.write_text(workdir / "config.json", config.to_json_best_effort(indent=2) + "\n")
+        if latest is not None:
+            log.write("event", start, event="resume", checkpoint=str(ckpt.path(latest)))
+        else:
+            log.write(
+                "event", 0, event="start", task=task.kind, optimizer=config.optimizer.name,
+                lr=optimizers.resolved_lr(config.optimizer), adam_lr=config.optimizer.adam_lr,
+                mode=place.mode, seeds=seeds, n_params=n_params, devices=jax.device_count(),
+                processes=jax.process_count(), routing=table, layout=opt.layout,
+            )  # fmt: skip
+        if is_main and config.progress:
+            tqdm.write(f"amemory train: {task.kind}, {n_params:,} parameters, {_routes(table)}")
+        extra = {
+            "config": json.loads(config.to_json_best_effort()),
+            "seeds": seeds,
+            "task_meta": task.checkpoint_meta(),
+        }
+        points = _Points(config, workdir, engine, task, ckpt, log, multi, extra, start, g)
+        closing.callback(points.close)
+        steps = int(config.steps)
+        bar = tqdm(
+            total=steps, initial=start, disable=not (config.progress and is_main),
+            desc=f"{task.kind}/{config.optimizer.name}", unit="step", dynamic_ncols=True,
+        )  # fmt: skip
+        closing.callback(bar.close)
+        feed = _Feed(inputs, engine.put_batch, PREFETCH)
+        acc = engine.new_accumulator(feed.peek())
         for s in range(start + 1, steps + 1):
-            t0 = time.perf_counter()
-            batch = engine.put_batch(task.next_batch())
-            state, metrics = engine.step(state, batch)
-            m = engine.fetch(metrics)
-            dt = time.perf_counter() - t0
-            loss = np.asarray(m["loss"])
-            g.check_finite(s, loss)  # issue 15: names the newest healthy checkpoint
-            if compile_s is None:
-                compile_s = dt
-                log.write("event", s, event="compiled", first_step_s=dt)
-            else:
-                acc_time += dt
-                acc_steps += 1
-            last_loss = _per_seed(loss, multi)
-            if s % int(config.log_every) == 0 or s == steps:
-                rec = {k: _per_seed(v, multi) for k, v in m.items()}
-                if acc_steps:
-                    tps = task.tokens_per_step * acc_steps / acc_time
-                    rec["tokens_per_s"] = tps
-                    rec["step_time_s"] = acc_time / acc_steps
-                    throughput.append(tps)
-                    bar.set_postfix(loss=np.mean(loss), tok_s=f"{tps:.0f}")
-                else:
-                    bar.set_postfix(loss=np.mean(loss))
-                acc_time, acc_steps = 0.0, 0
-                log.write("train", s, **rec)
-                g.observe_log(s, m["loss"], m["grad_norm"])  # issue 15: divergence test
-            if s % int(config.eval_every) == 0 or s == steps:
-                last_eval = _evaluate(engine, task, state, multi)
-                log.write("eval", s, **last_eval)
-            every = int(config.spectrum_every)
-            if every and (s % every == 0 or s == steps):
-                log.write("spectrum", s, **_spectrum(engine, task, state, multi))
-            every = int(config.checkpoint_every)
-            if (every and s % every == 0) or s == steps:
-                g.save(ckpt, s, engine.for_checkpoint(state), extra_fn())  # issue 15: verified
-                last_saved = s
+            points.before_step(s)
+            with jax.transfer_guard_device_to_host("disallow_explicit"):
+                batch, position = feed.get()
+                state, acc = engine.step(state, acc, batch)
+                feed.refill()
             bar.update(1)
-            if s < steps and g.stop_requested(s):  # issue 15: SIGTERM/SIGINT -> save s, stop
-                g.stop(ckpt, s, engine.for_checkpoint(state), extra_fn, saved=last_saved == s)
+            acc = points.after_step(s, state, acc, position, bar)
+            if s < steps and g.stop_requested(s):  # SIGTERM/SIGINT/preemption: save s, stop
+                points.stop(s, state, acc, position, bar)
         ckpt.wait()
-    finally:
-        bar.close()
-        ckpt.close()
-    final_host = engine.to_host(state)
-    final_step = int(np.asarray(final_host.step).ravel()[0])
-    if last_loss is None or not last_eval:
-        last_eval = _evaluate(engine, task, state, multi)
-    summary = {
-        "workdir": str(workdir),
-        "task": task.kind,
-        "optimizer": config.optimizer.name,
-        "muon_roles": config.optimizer.muon_roles,
-        "mode": place.mode,
-        "seeds": seeds,
-        "steps": final_step,
-        "n_params": n_params,
-        "final_train_loss": last_loss,
-        "final_eval": last_eval,
-        "tokens_per_s": float(np.median(throughput)) if throughput else None,
-        "compile_s": compile_s,
-        "wall_s": time.perf_counter() - t_start,
-        "resumed_from": start if latest is not None else None,
-        "last_checkpoint": str(ckpt.path(last_saved)) if last_saved is not None else None,
-    }
-    summary = _jsonable(summary)
-    log.write("event", final_step, event="end", wall_s=summary["wall_s"])
-    log.close()
+        final_host = engine.to_host(state)
+        final_step = int(np.asarray(final_host.step).ravel()[0])
+        if not points.last_eval:
+            points.last_eval = _evaluate(engine, task, state, multi)
+        summary = {
+            "workdir": str(workdir),
+            "task": task.kind,
+            "optimizer": config.optimizer.name,
+            "muon_roles": config.optimizer.muon_roles,
+            "mode": place.mode,
+            "seeds": seeds,
+            "steps": final_step,
+            "n_params": n_params,
+            "final_train_loss": points.last_loss,
+            "final_eval": points.last_eval,
+            "tokens_per_s": float(np.median(points.throughput)) if points.throughput else None,
+            "compile_s": points.compile_s,
+            "wall_s": time.perf_counter() - t_start,
+            "resumed_from": start if latest is not None else None,
+            "last_checkpoint": str(ckpt.path(points.last_saved)) if points.last_saved else None,
+        }
+        summary = jsonable(summary)
+        log.write("event", final_step, event="end", wall_s=summary["wall_s"])
     if is_main:
-        atomic.write_json(workdir / "summary.json", summary)  # issue 15
+        atomic.write_json(workdir / "summary.json", summary)
     return summary, final_host
 
 
-def _evaluate(engine: _Engine, task, state: TrainState, multi: bool) -> dict:
-    if engine.eval is None:  # host-side evaluation (memory, biographies)
-        params = engine.to_host(state.params)
-        if not multi:
-            return task.eval_host(params)
-        n = len(jax.tree.leaves(params)[0])
-        per = [task.eval_host(jax.tree.map(lambda x, i=i: x[i], params)) for i in range(n)]
-        return {k: [p[k] for p in per] for k in per[0]}
-    sums = None
-    for local in task.eval_batches():
-        out = engine.fetch(engine.eval(state.params, engine.put_batch(local)))
-        out = jax.tree.map(lambda x: np.asarray(x, np.float64), out)
-        sums = out if sums is None else jax.tree.map(np.add, sums, out)
-    return task.finalize_eval(sums)
+class _Points:
+    """The host-side points of the loop, one method each: log (the only read of the
+    metrics), the non-finite check, evaluation, spectrum, checkpoint save, profiling, and
+    the stop on a signal; the guard ``g`` (``amemory.train.guard.RunGuard``) judges health,
+    divergence and what a stop message names."""
+
+    def __init__(self, config, workdir, engine, task, ckpt, log, multi, extra, start, g):
+        self.config, self.workdir, self.engine, self.task = config, workdir, engine, task
+        self.ckpt, self.log, self.multi, self.extra, self.g = ckpt, log, multi, extra, g
+        self.last_logged: int | None = None
+        self.steps = int(config.steps)
+        self.profile = tuple(config.get("profile_steps", ()))
+        self.last_loss: Any = None
+        self.last_eval: dict = {}
+        self.throughput: list[float] = []
+        self.compile_s: float | None = None
+        self.last_saved: int | None = start or None
+        self.mark = (time.perf_counter(), start)  # (time, step) when the device was idle
+        self.first = start + 1
+        self.tracing = False
+
+    def _due(self, s: int, every: int) -> bool:
+        return s == self.steps or bool(every and s % every == 0)
+
+    def before_step(self, s: int) -> None:
+        if self.profile and s == self.profile[0]:
+            jax.profiler.start_trace(str(self.workdir))
+            self.tracing = True
+
+    def close(self) -> None:
+        """Stop a trace left running by an error."""
+        if self.tracing:
+            jax.profiler.stop_trace()
+            self.tracing = False
+
+    def after_step(self, s: int, state: TrainState, acc: dict, position, bar) -> dict:
+        """Run the points due at step ``s``; returns the accumulator to continue with."""
+        synced = False
+        if s == self.first:  # compile + first step
+            jax.block_until_ready(acc)
+            self.compile_s = time.perf_counter() - self.mark[0]
+            self.log.write("event", s, event="compiled", first_step_s=self.compile_s)
+            synced = True
+        if self.profile and s == self.profile[1]:
+            jax.block_until_ready(state)
+            self.close()
+            synced = True
+        if self._due(s, int(self.config.log_every)):
+            acc = self.log_point(s, acc, bar)
+            synced = True
+        if self._due(s, int(self.config.eval_every)):
+            self.last_eval = _evaluate(self.engine, self.task, state, self.multi)
+            self.log.write("eval", s, **self.last_eval)
+            synced = True
+        every = int(self.config.spectrum_every)
+        if every and self._due(s, every):
+            self.log.write("spectrum", s, **_spectrum(self.engine, self.task, state, self.multi))
+            synced = True
+        if self._due(s, int(self.config.checkpoint_every)):
+            self.save_point(s, state, acc, position)
+            synced = True
+        if synced:
+            self.mark = (time.perf_counter(), s)
+        return acc
+
+    def check_finite(self, bad_step: Any, s: int) -> None:
+        """The non-finite check: raise when a step up to ``s`` had a non-finite loss,
+        gradient or parameters (``bad_step`` from the accumulator, per seed).
+
+        Raises:
+          NonFiniteLossError: naming the first bad step and the newest healthy checkpoint.
+        """
+        bad = np.asarray(bad_step).ravel()
+        if (bad < 0).all():
+            return
+        first = int(bad[bad >= 0].min())
+        self.g.fail(
+            NonFiniteLossError, first,
+            f"non-finite training loss, gradient or parameters at step {first}",
+            {"event": "nonfinite", "bad_step": bad.tolist()},
+        )  # fmt: skip
+
+    def log_point(self, s: int, acc: dict, bar) -> dict:
+        """Read the accumulated metrics, check them, write the train record; fresh acc."""
+        host = self.engine.fetch(acc)
+        now = time.perf_counter()
+        self.check_finite(host["bad_step"], s)
+        rec = {k: _per_seed(v, self.multi) for k, v in engine_lib.interval_metrics(host).items()}
+        t0, s0 = self.mark
+        if s0 >= self.first:  # the interval excludes compilation
+            tps = self.task.tokens_per_step * (s - s0) / (now - t0)
+            rec["tokens_per_s"], rec["step_time_s"] = tps, (now - t0) / (s - s0)
+            self.throughput.append(tps)
+            bar.set_postfix(loss=np.mean(rec["loss"]), tok_s=f"{tps:.0f}")
+        else:
+            bar.set_postfix(loss=np.mean(rec["loss"]))
+        self.last_loss = rec["loss"]
+        self.log.write("train", s, **rec)
+        self.last_logged = s
+        self.g.observe_log(s, rec["loss"], rec.get("grad_norm"))  # health, divergence test
+        return self.engine.new_accumulator(None)
+
+    def save_point(self, s: int, state: TrainState, acc: dict, position: bytes | None) -> None:
+        """Save step ``s`` after the non-finite check (a non-finite state is never saved)."""
+        self.check_finite(self.engine.fetch(acc["bad_step"]), s)
+        self.g.save(self.ckpt, s, self.engine.for_checkpoint(state), self.extra, data=position)
+        self.last_saved = s
+
+    def stop(self, s: int, state: TrainState, acc: dict, position: bytes | None, bar) -> None:
+        """A stop was requested after step ``s``: write its metrics, save it (after the
+        non-finite check; synchronously) and raise ``RunInterrupted``."""
+        if self.last_logged != s:
+            acc = self.log_point(s, acc, bar)
+        if self.last_saved != s:
+            self.save_point(s, state, acc, position)
+        self.g.stop(self.ckpt, s)
 
 
-def _spectrum(engine: _Engine, task, state: TrainState, multi: bool) -> dict:
-    mats = task.spectrum_matrices(engine.to_host(state.params))
+def _evaluate(engine: engine_lib.Engine, task, state: TrainState, multi: bool) -> dict:
+    """The task's evaluation of every seed; per-seed values become lists (labels stay one)."""
+    if not multi:
+        return task.evaluate(engine.eval_params(state, None), engine.put_eval)
+    n = len(jax.tree.leaves(state.params)[0])
+    per = [task.evaluate(engine.eval_params(state, i), engine.put_eval) for i in range(n)]
+    return {k: per[0][k] if _is_label(per[0][k]) else [p[k] for p in per] for k in per[0]}
+
+
+def _is_label(v: Any) -> bool:
+    return isinstance(v, str) or (isinstance(v, list) and all(isinstance(x, str) for x in v))
+
+
+def _spectrum(engine: engine_lib.Engine, task, state: TrainState, multi: bool) -> dict:
+    mats = task.spectrum_matrices(engine.host_params(state))
     out = {}
     for role, stack in mats.items():  # stack: [L, (S,) m, n]
         for name, v in spectrum_lib.spectrum_metrics(stack).items():

@@ -1,7 +1,8 @@
-"""Device placement for the three parallel modes, and multi-host start-up.
+"""Device placement for the parallel modes, and multi-host start-up.
 
-Modes (``config.parallel.mode``):
-  single   ``jax.jit`` on the default device.
+The engine has two paths: ``pmap``, and ``jit`` over a ``Mesh`` (``single`` is the
+one-device mesh). Modes (``config.parallel.mode``):
+  single   ``jax.jit`` over a one-device mesh (the first device).
   pmap     data parallel with ``jax.pmap`` over the local devices: the state is
            replicated (leading device axis), each device takes ``B / n`` rows of
            the batch, gradients and loss are averaged with ``lax.pmean``.
@@ -50,17 +51,22 @@ def initialize_distributed(pcfg: Any) -> None:
     )
 
 
-def make_mesh(fsdp: int = 1) -> Mesh:
-    """Mesh over all (global) devices with axes ``("data", "fsdp")``, shape ``(n // fsdp, fsdp)``.
+def make_mesh(fsdp: int = 1, devices: list | None = None) -> Mesh:
+    """Mesh with axes ``("data", "fsdp")``, shape ``(n // fsdp, fsdp)`` (Auto axis types).
+
+    Args:
+      fsdp: size of the "fsdp" axis.
+      devices: the devices (default: all global devices, ``n = jax.device_count()``).
 
     Raises:
       ValueError: if ``fsdp`` does not divide the device count.
     """
-    n = jax.device_count()
+    devices = list(jax.devices() if devices is None else devices)
+    n = len(devices)
     if fsdp < 1 or n % fsdp:
         raise ValueError(f"config.parallel.fsdp={fsdp} must divide the device count {n}")
     auto = jax.sharding.AxisType.Auto
-    return jax.make_mesh((n // fsdp, fsdp), AXES, axis_types=(auto, auto))
+    return jax.make_mesh((n // fsdp, fsdp), AXES, axis_types=(auto, auto), devices=devices)
 
 
 def fsdp_spec(shape: tuple[int, ...], fsdp: int) -> P:
@@ -105,21 +111,6 @@ def replicated(mesh: Mesh) -> NamedSharding:
     return NamedSharding(mesh, P())
 
 
-def host_rows(global_batch_size: int) -> slice:
-    """Rows of the global batch this process feeds: contiguous, in process order.
-
-    Raises:
-      ValueError: if the process count does not divide ``global_batch_size``.
-    """
-    n, i = jax.process_count(), jax.process_index()
-    if global_batch_size % n:
-        raise ValueError(
-            f"data batch size {global_batch_size} must be divisible by the process count {n}"
-        )
-    per = global_batch_size // n
-    return slice(i * per, (i + 1) * per)
-
-
 def global_batch(local: Any, sharding: NamedSharding, *, row_axis: int = 0) -> Any:
     """Assemble a global jax.Array tree from this process's rows (numpy tree).
 
@@ -154,6 +145,41 @@ def split_for_pmap(local: Any, n_devices: int) -> Any:
     return jax.tree.map(one, local)
 
 
+def put_for_pmap(local: Any) -> Any:
+    """This process's ``[B, ...]`` rows -> ``[n_local, B / n_local, ...]`` on the local devices
+    (one slice per device, the layout ``pmap`` reads; host-to-device only)."""
+    devices = jax.local_devices()
+    sharding = NamedSharding(Mesh(np.array(devices), ("local",)), P("local"))
+    return jax.device_put(split_for_pmap(local, len(devices)), sharding)
+
+
+def pmap_to_mesh(tree: Any, mesh: Mesh) -> Any:
+    """A pmap-replicated tree (leading local-device axis) as arrays replicated over ``mesh``.
+
+    Each device's own copy becomes its shard, so nothing moves between devices.
+    """
+    sharding = NamedSharding(mesh, P())
+    devices = list(sharding.addressable_devices)
+
+    def one(x):
+        by_device = {s.device: s.data for s in x.addressable_shards}
+        shape = x.shape[1:]
+        parts = [by_device[d].reshape(shape) for d in devices]
+        return jax.make_array_from_single_device_arrays(shape, sharding, parts)
+
+    return jax.tree.map(one, tree)
+
+
+def to_host(tree: Any) -> Any:
+    """Full values of (possibly sharded, possibly multi-process) arrays as numpy, on every
+    process (``multihost_utils.process_allgather`` when several processes hold shards)."""
+    if jax.process_count() > 1:
+        from jax.experimental import multihost_utils
+
+        return multihost_utils.process_allgather(tree, tiled=True)
+    return jax.tree.map(np.asarray, jax.device_get(tree))
+
+
 def replicate(tree: Any) -> Any:
     """Copy ``tree`` to every local device with a leading device axis (pmap layout)."""
     devices = jax.local_devices()
@@ -171,10 +197,14 @@ def unreplicate(tree: Any) -> Any:
 
 @dataclasses.dataclass(frozen=True)
 class Placement:
-    """How a run puts state and batches on devices (built once by ``placement``)."""
+    """How a run puts state and batches on devices (built once by ``placement``).
+
+    ``mesh`` is the jit mesh of "single" (one device) and "sharded"; under "pmap" it is a
+    mesh over every device used for evaluation only.
+    """
 
     mode: str
-    mesh: Mesh | None = None
+    mesh: Mesh
     n_local: int = 1
 
     @property
@@ -182,9 +212,7 @@ class Placement:
         """Number of ways the global batch is split across devices."""
         if self.mode == "pmap":
             return self.n_local * jax.process_count()
-        if self.mode == "sharded":
-            return self.mesh.size
-        return 1
+        return self.mesh.size
 
 
 def placement(pcfg: Any) -> Placement:
@@ -199,7 +227,7 @@ def placement(pcfg: Any) -> Placement:
                 "config.parallel.mode='single' cannot run on several processes; "
                 "use 'pmap' or 'sharded'"
             )
-        return Placement("single")
+        return Placement("single", mesh=make_mesh(1, jax.devices()[:1]))
     if pcfg.mode == "pmap":
-        return Placement("pmap", n_local=jax.local_device_count())
+        return Placement("pmap", mesh=make_mesh(1), n_local=jax.local_device_count())
     return Placement("sharded", mesh=make_mesh(pcfg.fsdp))

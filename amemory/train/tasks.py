@@ -1,36 +1,81 @@
-"""What the training loop trains: model + data + loss + evaluation, per ``config.task``.
+"""What the training loop trains: model + data + loss + evaluation, behind one interface.
 
-A task adapts one model family and its data to the loop's needs:
+:class:`Task` (a ``typing.Protocol``) is everything the loop needs from a model family;
+the loop never asks which task it runs. :func:`build` picks the task from
+``config.task`` / ``config.data.kind``:
 
-  init_params(key) -> params          one seed's parameters (key: raw ``[2] uint32``)
-  roles(params) -> tree of str        role of every leaf (routing, update RMS)
-  loss(params, batch, rng) -> (scalar, aux)  mean training loss of the batch (nats) and a
-                                      dict of scalar metrics (logged as ``aux/<name>``)
-  next_batch() -> numpy tree          this process's rows of the next global batch
-  data_state() / restore_data(list)   input position, saved in checkpoints
-  eval_stats(params, batch) -> dict   summable sums for one eval batch (jax, any mode)
-  eval_batches() -> iterator          this process's rows of every eval batch
-  finalize_eval(sums, params_host)    metrics dict from summed stats (host)
-  spectrum_matrices(params_host)      {name: [..., m, n]} matrices for isotropy metrics
-  tokens_per_step                     global tokens (LM) or queries (memory) per step
-
-Tasks: ``LMTask`` (transformer on a tokenized corpus: per-frequency-bucket
-validation loss), ``BiographyTask`` (transformer on synthetic biographies:
-first-token accuracy per group), ``MemoryTask`` (one-layer associative memory on
-a synthetic prior: per-class loss / accuracy, head / tail, gap).
+* :class:`LMTask`: transformer on a tokenized corpus; Grain windows of ``seq_len + 1``
+  tokens; evaluation = validation loss per token-frequency bucket (on device).
+* :class:`BiographyTask`: transformer on synthetic biographies; Grain rows with a loss
+  mask; evaluation = first-token accuracy per group (papers.md A.3).
+* :class:`~amemory.train.memory_task.MemoryTask`: one-layer associative memory; pairs
+  sampled on the device from the step's key (no host input); exact evaluation.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from typing import Any
+from collections.abc import Callable, Iterator
+from typing import Any, Protocol
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
 
+from amemory.train import parallel
 from amemory.train.config import parse_roles
+
+
+class Task(Protocol):
+    """The interface between a model family and the training loop.
+
+    Attributes:
+      kind: name written to records and the summary (``"lm"``, ``"biographies"``, ...).
+      tokens_per_step: global tokens (LM) or queries (memory) consumed per step.
+      matrix_roles: roles trained by ``optimizer.name``; None = ``optimizer.muon_roles``.
+    """
+
+    kind: str
+    tokens_per_step: int
+    matrix_roles: tuple[str, ...] | None
+
+    def init_params(self, key: jax.Array) -> Any:
+        """One seed's parameters from a raw key ``[2] uint32`` (traceable; no host work)."""
+        ...
+
+    def roles(self, params: Any) -> Any:
+        """Same-structure tree of role strings (``amemory.optim.ROLES``)."""
+        ...
+
+    def matrix_axes(self, path: Any, leaf: Any) -> tuple[Any, Any] | None:
+        """``(fan_in_axes, fan_out_axes)`` of a leaf routed to Muon (other axes: batch), or
+        None when the leaf is not a matrix (``amemory.optim``'s callable ``matrix_axes``)."""
+        ...
+
+    def loss(self, params: Any, batch: Any, rng: jax.Array) -> tuple[jax.Array, dict]:
+        """``(mean loss in nats, aux)`` of one step; ``aux`` maps names to scalar metrics
+        (averaged over the log interval like the loss, written as ``aux/<name>``)."""
+        ...
+
+    def train_input(self) -> Iterator[Any] | None:
+        """This process's training batches (numpy trees; rows ``[B / P, ...]``) from an
+        iterator with ``get_state() -> bytes`` / ``set_state(bytes)`` (a Grain
+        ``DataLoaderIterator``), or None when the loss makes its own data on the device."""
+        ...
+
+    def evaluate(self, params: Any, put_batch: Callable[[Any], Any]) -> dict[str, Any]:
+        """Evaluation metrics (host values) of one seed's ``params`` (device arrays, any
+        sharding); ``put_batch`` places this process's rows of a global eval batch."""
+        ...
+
+    def spectrum_matrices(self, params: Any) -> dict[str, np.ndarray]:
+        """``{name: [..., m, n]}`` matrices for isotropy metrics, from host ``params``."""
+        ...
+
+    def checkpoint_meta(self) -> dict[str, Any]:
+        """Config fields that fix the parameter layout, stored in checkpoints and compared
+        on resume (a mismatch is a ValueError naming the field)."""
+        ...
 
 
 def check_batch(batch_size: int, data_shards: int, field: str) -> None:
@@ -42,7 +87,22 @@ def check_batch(batch_size: int, data_shards: int, field: str) -> None:
         )
 
 
-# ----------------------------------------------------------------------------- language model
+def build(config: Any, place: parallel.Placement) -> Task:
+    """The task for ``config`` (``task`` and ``data.kind``). Loads data; compiles nothing.
+
+    Raises:
+      ValueError: for bad data/model settings (names the field).
+    """
+    if config.task == "memory":
+        from amemory.train.memory_task import MemoryTask
+
+        return MemoryTask(config, place)
+    if config.data.kind == "biographies":
+        return BiographyTask(config, place)
+    return LMTask(config, place)
+
+
+# ----------------------------------------------------------------------------- transformer
 
 
 def model_config(config: Any, vocab_size: int, max_len: int | None = None):
@@ -66,6 +126,8 @@ def model_config(config: Any, vocab_size: int, max_len: int | None = None):
         max_len=int(max_len if max_len is not None else config.data.seq_len),
         dropout=float(m.dropout),
         remat=bool(m.remat),
+        remat_policy=m.get("remat_policy", "nothing_saveable"),
+        scan_layers=bool(m.get("scan_layers", False)),
         dtype=m.dtype,
         param_dtype=m.param_dtype,
         attention=m.attention,
@@ -112,6 +174,8 @@ def _lm_loss(graphdef, params, tokens, targets, mask, rng, dropout: bool, lb_coe
 class _Transformer:
     """Shared transformer pieces of LMTask and BiographyTask."""
 
+    matrix_roles = None  # config.optimizer.muon_roles
+
     def _setup_model(self, config: Any, vocab_size: int, max_len: int | None = None) -> None:
         from amemory.models import transformer
 
@@ -130,6 +194,14 @@ class _Transformer:
         from amemory.models import transformer
 
         return transformer.param_roles(params)
+
+    def matrix_axes(self, path: Any, leaf: Any) -> tuple[int, int] | None:
+        from amemory.models.roles import matrix_axes
+
+        return matrix_axes(path, leaf)
+
+    def checkpoint_meta(self) -> dict[str, Any]:
+        return {"model.scan_layers": bool(self.model_config.scan_layers)}
 
     def spectrum_matrices(self, params: Any) -> dict[str, np.ndarray]:
         """``{role: [n, ..., d_out, d_in]}`` for the requested roles (+ "vo", the value-output
@@ -152,316 +224,129 @@ class _Transformer:
 class LMTask(_Transformer):
     """Next-token language modelling on a tokenized corpus (``amemory.data.corpus``).
 
-    Batches are int32 ``[B_local, T + 1]`` windows; the loss is the mean
-    cross-entropy in nats per token. Evaluation: validation loss overall and per
-    token-frequency bucket of the target token (buckets from training counts,
-    ``corpus.frequency_buckets``; bucket 0 = most frequent).
+    Batches are int32 ``[B / P, T + 1]`` windows from a Grain loader
+    (``amemory.data.batching.token_loader``); the loss is the mean cross-entropy in nats
+    per token. Evaluation: validation loss overall and per token-frequency bucket of the
+    target token (buckets from training counts, ``corpus.frequency_buckets``; bucket 0 =
+    most frequent), summed on the device over ``data.eval_batches`` batches.
     """
 
     kind = "lm"
 
-    def __init__(self, config: Any, data_shards: int):
+    def __init__(self, config: Any, place: parallel.Placement):
+        from amemory.data import batching
         from amemory.data import corpus as C
 
         d = config.data
-        check_batch(int(d.batch_size), data_shards, "data.batch_size")
+        check_batch(int(d.batch_size), place.data_shards, "data.batch_size")
         self.data = C.prepare_corpus(d.corpus, tokenizer=d.tokenizer, vocab_size=int(d.vocab_size))
         self._setup_model(config, self.data.vocab_size)
-        pi, pc = jax.process_index(), jax.process_count()
-        self.batcher = C.Batcher(
-            self.data.train_tokens, int(d.batch_size), int(d.seq_len), int(config.seed), pi, pc
-        )
         self.batch_size, self.seq_len = int(d.batch_size), int(d.seq_len)
+        self.loader = batching.token_loader(
+            self.data.train_tokens, self.batch_size, self.seq_len, int(config.seed)
+        )
         self.eval_n = int(d.eval_batches)
         ids, labels = C.frequency_buckets(self.data.counts, int(d.n_buckets))
-        self.bucket_ids = jnp.asarray(ids, jnp.int32)  # (V,)
+        self.bucket_ids = np.asarray(ids, np.int32)  # (V,)
         self.bucket_labels = list(labels)
         self.tokens_per_step = self.batch_size * self.seq_len
         # Fail now (before compiling) if the validation split cannot fill one batch.
-        next(C.eval_batches(self.data.val_tokens, self.batch_size, self.seq_len, max_batches=1))
+        next(self._eval_batches(max_batches=1))
+        self._stats = jax.jit(self._eval_stats)
 
     def loss(self, params, batch, rng):
+        tokens, targets = batch[:, :-1], batch[:, 1:]  # (B, T)
         return _lm_loss(
-            self.graphdef, params, batch[:, :-1], batch[:, 1:], None, rng, self.dropout,
-            self.lb_coef,
-        )  # fmt: skip
-
-    def next_batch(self) -> np.ndarray:
-        return self.batcher.next()
-
-    def data_state(self) -> list[int]:
-        return [int(x) for x in self.batcher.state()]
-
-    def restore_data(self, state: list[int]) -> None:
-        self.batcher.restore(np.asarray(state, np.int64))
-
-    def eval_batches(self) -> Iterator[np.ndarray]:
-        from amemory.data import corpus as C
-
-        return C.eval_batches(
-            self.data.val_tokens,
-            self.batch_size,
-            self.seq_len,
-            max_batches=self.eval_n,
-            process_index=jax.process_index(),
-            process_count=jax.process_count(),
+            self.graphdef, params, tokens, targets, None, rng, self.dropout, self.lb_coef
         )
 
-    def eval_stats(self, params, batch) -> dict[str, jax.Array]:
+    def train_input(self) -> Iterator[np.ndarray]:
+        return iter(self.loader)
+
+    def _eval_batches(self, max_batches: int | None = None) -> Iterator[np.ndarray]:
+        from amemory.data import batching
+
+        return batching.eval_batches(
+            self.data.val_tokens, self.batch_size, self.seq_len,
+            max_batches=max_batches or self.eval_n,
+            process_index=jax.process_index(), process_count=jax.process_count(),
+        )  # fmt: skip
+
+    def _eval_stats(self, params, batch, sums):
         from amemory.models import transformer
 
         tokens, targets = batch[:, :-1], batch[:, 1:]
         logits = transformer.apply(self.graphdef, params, tokens)  # (B, T, V)
         ce = optax.softmax_cross_entropy_with_integer_labels(logits, targets)  # (B, T)
-        b = self.bucket_ids[targets].ravel()
+        b = jnp.asarray(self.bucket_ids)[targets].ravel()
         n = len(self.bucket_labels)
         return {
-            "loss_sum": jax.ops.segment_sum(ce.ravel(), b, num_segments=n),  # (n,)
-            "count": jax.ops.segment_sum(jnp.ones_like(ce.ravel()), b, num_segments=n),
+            "loss_sum": sums["loss_sum"] + jax.ops.segment_sum(ce.ravel(), b, num_segments=n),
+            "count": sums["count"] + jax.ops.segment_sum(jnp.ones_like(ce.ravel()), b, n),
         }
 
-    def finalize_eval(self, sums: dict[str, np.ndarray], params_host: Any = None) -> dict:
+    def evaluate(self, params, put_batch) -> dict[str, Any]:
+        n = len(self.bucket_labels)
+        sums = {"loss_sum": jnp.zeros(n), "count": jnp.zeros(n)}  # summed on the device
+        for local in self._eval_batches():
+            sums = self._stats(params, put_batch(local), sums)
+        sums = parallel.to_host(sums)
         ls, ct = np.asarray(sums["loss_sum"], np.float64), np.asarray(sums["count"], np.float64)
-        out: dict[str, Any] = {"loss": ls.sum(-1) / np.maximum(ct.sum(-1), 1)}
-        for i in range(len(self.bucket_labels)):
-            out[f"loss/bucket_{i}"] = np.where(
-                ct[..., i] > 0, ls[..., i] / np.maximum(ct[..., i], 1), np.nan
-            )
-            out[f"tokens/bucket_{i}"] = ct[..., i]
+        out: dict[str, Any] = {"loss": float(ls.sum() / max(ct.sum(), 1))}
+        for i in range(n):
+            out[f"loss/bucket_{i}"] = float(ls[i] / ct[i]) if ct[i] > 0 else float("nan")
+            out[f"tokens/bucket_{i}"] = float(ct[i])
         out["bucket_labels"] = self.bucket_labels
         return out
-
-
-# ----------------------------------------------------------------------------- memory
-
-
-class MemoryTask:
-    """One-layer associative memory ``softmax(Et^T W E_k)`` (``amemory.models.memory``).
-
-    Parameters ``{"W": [d, d]}``, ``W_0 = 0`` for every seed (papers.md A.1).
-    ``batch_size = 0``: the exact population loss (the batch is a placeholder);
-    ``batch_size = B``: ``B`` (query, answer) pairs per step from
-    ``memory_tasks.sample_pairs`` with key ``fold_in(PRNGKey(seed), draw)``. In a
-    multi-seed run with sampling, each seed draws its own pairs (``seed_batched``:
-    batches are ``[S, B]``), since with ``W_0 = 0`` the samples are the only randomness.
-    Evaluation is exact (population quantities from W).
-    """
-
-    kind = "memory"
-
-    def __init__(self, config: Any, data_shards: int):
-        from amemory.data import frequencies as F
-        from amemory.models import memory as M
-
-        mc, pc = config.memory, config.prior
-        K = int(mc.K)
-        d = int(mc.d) if mc.d is not None else K
-        key = jax.random.PRNGKey(int(mc.embedding_seed))
-        emb = mc.embeddings
-        if emb in ("decoupled", "coupled_rotation") and d != K:
-            raise ValueError(f"config.memory.d={d} must equal memory.K={K} for embeddings={emb!r}")
-        if emb == "decoupled":
-            E, Et = M.decoupled(K)
-        elif emb == "coupled_rotation":
-            if K % 3:
-                raise ValueError(f"config.memory.K={K} must be divisible by 3 for coupled_rotation")
-            E, Et = M.coupled_rotation(K)
-        elif emb == "random_orthonormal":
-            E, Et = M.random_orthonormal(K, d, key)
-        elif emb == "gaussian":
-            E, Et = M.gaussian(K, d, key)
-        elif emb == "coherent":
-            E, Et = M.coherent(K, d, float(mc.coherence), key)
-        else:
-            raise ValueError(
-                f"config.memory.embeddings={emb!r}; allowed values: ('decoupled', "
-                "'coupled_rotation', 'random_orthonormal', 'gaussian', 'coherent')"
-            )
-        self.E, self.Et, self.K, self.d = jnp.asarray(E), jnp.asarray(Et), K, d
-        if pc.kind == "two_level":
-            self.prior = F.two_level(K, float(pc.alpha), float(pc.beta))
-            head = F.two_level_split(K, float(pc.beta))
-            self.head = np.arange(K) < head
-        else:
-            if pc.kind == "power_law":
-                self.prior = F.power_law(K, float(pc.exponent))
-            elif pc.kind == "hierarchical":
-                M_ = int(pc.groups)
-                if M_ < 1 or K % M_:
-                    raise ValueError(f"config.prior.groups={M_} must divide memory.K={K}")
-                self.prior = F.hierarchical(M_, K // M_, float(pc.exponent))
-            else:
-                raise ValueError(
-                    f"config.prior.kind={pc.kind!r}; allowed: ('two_level', 'power_law', "
-                    "'hierarchical')"
-                )
-            n_head = max(1, int(round(float(pc.head_fraction) * K)))
-            order = np.argsort(-self.prior, kind="stable")
-            self.head = np.zeros(K, bool)
-            self.head[order[:n_head]] = True
-        self.prior_j = jnp.asarray(self.prior, jnp.float32)
-        self.noise = float(config.noise)
-        self.batch_size = int(config.batch_size)
-        self.seed = int(config.seed)
-        self.seeds = [int(s) for s in config.seeds] if config.seeds else [self.seed]
-        self.seed_batched = bool(config.seeds) and self.batch_size > 0
-        self.data_shards = data_shards
-        if self.batch_size:
-            check_batch(self.batch_size, data_shards, "batch_size")
-        self._draws = 0
-        self._eval_fn = None
-        self.tokens_per_step = self.batch_size if self.batch_size else K
-        self.spectrum_roles = ("W",)
-
-    def init_params(self, key: jax.Array) -> Any:
-        del key  # W_0 = 0 (papers.md A.1)
-        return {"W": jnp.zeros((self.d, self.d), jnp.float32)}
-
-    def roles(self, params: Any) -> Any:
-        # A role from amemory.optim.ROLES, so the optim routing resolves it: W [d_out, d_in]
-        # maps a key embedding into the space the output embeddings Et read, the place of an
-        # FFN output matrix. Metrics: update_rms/w_out; the spectrum stays "spectrum/W".
-        return jax.tree.map(lambda _: "w_out", params)
-
-    def loss(self, params, batch, rng):
-        from amemory.models import memory as M
-
-        if self.batch_size == 0:
-            return M.population_loss(params["W"], self.E, self.Et, self.prior_j, self.noise), {}
-        return M.sampled_loss(params["W"], self.E, self.Et, batch["q"], batch["a"]), {}
-
-    def next_batch(self) -> Any:
-        from amemory.data import memory_tasks
-
-        n, i = jax.process_count(), jax.process_index()
-        if self.batch_size == 0:
-            rows = self.data_shards // n
-            self._draws += 1
-            return {"q": np.zeros((rows,), np.int32), "a": np.zeros((rows,), np.int32)}
-        per = self.batch_size // n
-        sl = slice(i * per, (i + 1) * per)
-        out = []
-        for seed in self.seeds if self.seed_batched else [self.seed]:
-            key = jax.random.fold_in(jax.random.PRNGKey(seed), self._draws)
-            q, a = memory_tasks.sample_pairs(key, self.prior, self.batch_size, self.noise)
-            out.append({"q": np.asarray(q)[sl], "a": np.asarray(a)[sl]})
-        self._draws += 1
-        if not self.seed_batched:
-            return out[0]
-        return {k: np.stack([o[k] for o in out]) for k in ("q", "a")}  # (S, B_local)
-
-    def data_state(self) -> list[int]:
-        return [self._draws]
-
-    def restore_data(self, state: list[int]) -> None:
-        self._draws = int(state[0])
-
-    def spectrum_matrices(self, params: Any) -> dict[str, np.ndarray]:
-        return {"W": np.asarray(params["W"])[None]}
-
-    def eval_host(self, params: Any) -> dict:
-        """Exact per-class metrics of one seed's memory ``params["W"] [d, d]`` (host)."""
-        from amemory.models import memory as M
-
-        if self._eval_fn is None:
-
-            def arrays(W):
-                logits = M.logits(W, self.E, self.Et)  # (K, K): row k = query k
-                return (
-                    M.per_class_loss(W, self.E, self.Et, self.noise),  # (K,)
-                    jnp.argmax(logits, axis=-1) == jnp.arange(self.K),  # (K,)
-                    M.correct_probabilities(W, self.E, self.Et),  # (K,)
-                )
-
-            self._eval_fn = jax.jit(arrays)
-        W = jnp.asarray(params["W"])
-        per_loss, correct, probs = (np.asarray(x, np.float64) for x in self._eval_fn(W))
-        p, h = self.prior, self.head
-        t = ~h
-
-        def wmean(x, mask):
-            return float((p[mask] * x[mask]).sum() / p[mask].sum()) if mask.any() else float("nan")
-
-        return {
-            "loss": float(p @ per_loss),
-            "acc": float(p @ correct),
-            "loss/head": wmean(per_loss, h),
-            "loss/tail": wmean(per_loss, t),
-            "acc/head": float(correct[h].mean()) if h.any() else float("nan"),
-            "acc/tail": float(correct[t].mean()) if t.any() else float("nan"),
-            "correct_prob/min": float(probs.min()),
-            "gap": float(probs.max() - probs.min()),
-            "per_class_loss": per_loss.tolist(),
-            "per_class_prob": probs.tolist(),
-        }
-
-
-def build(config: Any, data_shards: int):
-    """The task for ``config`` (``task`` and ``data.kind``). Loads data; compiles nothing.
-
-    Raises:
-      ValueError: for bad data/model settings (names the field).
-    """
-    if config.task == "memory":
-        return MemoryTask(config, data_shards)
-    if config.data.kind == "biographies":
-        return BiographyTask(config, data_shards)
-    return LMTask(config, data_shards)
 
 
 class BiographyTask(_Transformer):
     """Transformer on synthetic biographies (``amemory.data.biographies``, papers.md A.3).
 
-    Batches are ``{"tokens": int32 [B_local, T], "mask": float32 [B_local, T]}`` rows;
-    the loss is the masked mean cross-entropy (nats per target token). Evaluation:
-    first-token accuracy (FTA) per group g = 0..m on a per-group subset of the QA
-    of all individuals (``data.biographies.eval_per_group`` items per group).
+    Batches are ``{"tokens": int32 [B / P, T], "mask": float32 [B / P, T]}`` rows from a
+    Grain loader; the loss is the masked mean cross-entropy (nats per target token).
+    Evaluation: first-token accuracy (FTA) per group g = 0..m on a per-group subset of the
+    QA of all individuals (``data.biographies.eval_per_group`` items per group).
     """
 
     kind = "biographies"
 
-    def __init__(self, config: Any, data_shards: int):
+    def __init__(self, config: Any, place: parallel.Placement):
         from amemory.data import biographies as B
 
         d = config.data
-        check_batch(int(d.batch_size), data_shards, "data.batch_size")
+        check_batch(int(d.batch_size), place.data_shards, "data.batch_size")
         bc = d.biographies
         self.data = B.make_biographies(B.BiographyConfig(m=int(bc.m), seed=int(bc.seed)))
         self.eval_set = self.data.eval.per_group(int(bc.eval_per_group), seed=int(bc.seed))
         T = self.data.seq_len
         max_len = max(T - 1, int(self.eval_set.prompts.shape[1]))
         self._setup_model(config, self.data.vocab_size, max_len=max_len)
-        self.batcher = self.data.batcher(
-            int(d.batch_size), int(config.seed), jax.process_index(), jax.process_count()
-        )
+        self.loader = self.data.loader(int(d.batch_size), int(config.seed))
         self.tokens_per_step = int(d.batch_size) * (T - 1)
-        self._logits = None
+        self._logits = jax.jit(lambda p, x: self._apply(p, x))
+
+    def _apply(self, params, tokens):
+        from amemory.models import transformer
+
+        return transformer.apply(self.graphdef, params, tokens)
 
     def loss(self, params, batch, rng):
-        tok, mask = batch["tokens"], batch["mask"]
+        tok, mask = batch["tokens"], batch["mask"]  # (B, T)
         return _lm_loss(
             self.graphdef, params, tok[:, :-1], tok[:, 1:], mask[:, 1:], rng, self.dropout,
             self.lb_coef,
         )  # fmt: skip
 
-    def next_batch(self) -> dict[str, np.ndarray]:
-        tokens, mask = self.batcher.next()
-        return {"tokens": tokens, "mask": mask}
+    def train_input(self) -> Iterator[dict[str, np.ndarray]]:
+        return iter(self.loader)
 
-    def data_state(self) -> list[int]:
-        return [int(x) for x in self.batcher.state()]
-
-    def restore_data(self, state: list[int]) -> None:
-        self.batcher.restore(np.asarray(state, np.int64))
-
-    def eval_host(self, params: Any) -> dict:
+    def evaluate(self, params, put_batch) -> dict[str, Any]:
         """FTA per group (and over all evaluated questions) of one seed's params (host)."""
         from amemory.data import biographies as B
-        from amemory.models import transformer
 
-        if self._logits is None:
-            self._logits = jax.jit(lambda p, x: transformer.apply(self.graphdef, p, x))
-        p = jax.device_put(params)
+        del put_batch  # every process answers every question with its full copy
+        p = jax.device_put(parallel.to_host(params), jax.local_devices()[0])
         preds = B.first_token_predictions(lambda x: self._logits(p, x), self.eval_set)
         per_group = B.first_token_accuracy(preds, self.eval_set)
         out: dict[str, Any] = {"fta": float(np.mean(preds == self.eval_set.answer_first))}

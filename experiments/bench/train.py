@@ -1,4 +1,4 @@
-"""`amemory bench train`: train-step time and tokens/s of Muon, SignGD and Adam.
+"""`amemory bench train`: train-step time of Muon, SignGD and Adam; the engine's overhead.
 
 What is measured: the real jitted training step of ``amemory.train`` (forward,
 backward, optimizer update, per-role update RMS; donated buffers) of the
@@ -28,14 +28,31 @@ uses the optimizer updates timed alone on the same parameters (random gradients)
 ``1 + (t_update(X) - t_update(Adam)) / t_step(Adam)``; it accounts for the step
 and Newton-Schulz running at different FLOP rates.
 
+Three more parts measure the training engine (``--part``, repeatable; default all):
+
+  engine   tokens/s of ``amemory.train``'s loop (Grain input, prefetch, metrics reduced
+           on the device, TensorBoard) against a bare loop calling the same jitted step
+           on batches already on the device, on the quick LM config (Shakespeare,
+           d=128, 2 layers, batch 16 x 128, Muon); runs of the two alternate, and the
+           ratio of each pair is reported (goal >= 0.97);
+  scan     compile time and step time of ``gpt2-small`` (124M parameters, Adam, batch
+           2 x 128) with ``scan_layers`` on and off, steps interleaved (goal: compile
+           >= 4x faster scanned, step within 5%), and of its one-layer version (the part
+           of the compile time that does not grow with depth);
+  dtype    step time of the ``--preset`` model with bfloat16 compute against float32
+           (float32 master weights), steps interleaved.
+
 Usage:
-  amemory bench train [--quick] [--reps N] [--preset small] [--batch B] [--seq T]
-                      [--dtype float32|bfloat16] [--json PATH]
+  amemory bench train [--part optimizers|engine|scan|dtype ...] [--quick] [--reps N]
+                      [--preset small] [--batch B] [--seq T] [--dtype float32|bfloat16]
+                      [--json PATH]
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import os
 import pathlib
 import platform
 import sys
@@ -50,10 +67,11 @@ from amemory import atomic
 from amemory.models import transformer
 from amemory.train import optimizers
 from amemory.train.config import load_config
-from amemory.train.loop import make_train_step
+from amemory.train.engine import make_train_step
 from amemory.train.state import TrainState
 
 OPTIMIZERS = ("adam", "muon", "signgd")
+PARTS = ("optimizers", "engine", "scan", "dtype")
 REPO = pathlib.Path(__file__).resolve().parents[2]
 # Peak dense bf16 FLOP/s for model FLOPs utilisation, by device kind substring.
 PEAK_BF16 = {"H200": 989e12, "H100": 989e12, "A100": 312e12}
@@ -104,32 +122,24 @@ def _setup(name: str, mc, batch: int, seq: int, lr_overrides: list[str]):
     opt = optimizers.build(cfg, params, roles)
     graphdef = transformer._graphdef(mc)
 
-    def loss(p, b, rng):
-        import optax
-
-        logits = transformer.apply(graphdef, p, b[:, :-1])
-        return optax.softmax_cross_entropy_with_integer_labels(logits, b[:, 1:]).mean(), {}
-
-    step = jax.jit(make_train_step(loss, opt, roles), donate_argnums=0)
+    step = jax.jit(make_train_step(_lm_loss(graphdef), opt, roles), donate_argnums=0)
     state = TrainState(jnp.zeros((), jnp.int32), params, opt.tx.init(params), jax.random.PRNGKey(1))
     return step, state, params, opt
 
 
-def main(argv: list[str]) -> int:
-    """Run the benchmark; print a table; optionally write ``--json``. Returns the exit status."""
-    ap = _Parser(prog="amemory bench train", description=__doc__.split("\n\n")[0])
-    ap.add_argument("--quick", action="store_true", help="batch 8 x 128, 5 reps (about a minute)")
-    ap.add_argument("--reps", type=int, default=None, help="timed steps per optimizer")
-    ap.add_argument("--preset", default="small", choices=tuple(transformer.PRESETS))
-    ap.add_argument("--batch", type=int, default=None, help="sequences per step")
-    ap.add_argument("--seq", type=int, default=128, help="tokens per sequence")
-    ap.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"))
-    ap.add_argument("--json", default=None, help="write the figures to this JSON file")
-    args = ap.parse_args(argv)
-    batch = args.batch or (8 if args.quick else 32)
-    reps = args.reps or (5 if args.quick else 10)
-    if reps < 1 or batch < 1 or args.seq < 2:
-        ap.error("--reps, --batch must be >= 1 and --seq >= 2")
+def _lm_loss(graphdef):
+    """``(params, tokens [B, T + 1], rng) -> (mean next-token cross-entropy, {})``."""
+    import optax
+
+    def loss(p, b, rng):
+        logits = transformer.apply(graphdef, p, b[:, :-1])
+        return optax.softmax_cross_entropy_with_integer_labels(logits, b[:, 1:]).mean(), {}
+
+    return loss
+
+
+def bench_optimizers(args, batch: int, reps: int) -> dict:
+    """Step and update times of Adam, Muon and SignGD, interleaved (see the module doc)."""
     base = transformer.PRESETS[args.preset]
     mc = transformer.preset(args.preset, max_len=max(args.seq, base.max_len), dtype=args.dtype)
     rng = np.random.default_rng(0)
@@ -241,9 +251,245 @@ def main(argv: list[str]) -> int:
             f"predicted from FLOPs {out['predicted_ratio'][k]:.3f}, "
             f"from update times {out['predicted_ratio_from_update_times'][k]:.3f}"
         )
+    return out
+
+
+def main(argv: list[str]) -> int:
+    """Run the benchmark; print a table; optionally write ``--json``. Returns the exit status."""
+    ap = _Parser(prog="amemory bench train", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--part", action="append", choices=PARTS, help="what to measure (repeatable)")
+    ap.add_argument("--quick", action="store_true", help="smaller sizes, fewer reps (minutes)")
+    ap.add_argument("--reps", type=int, default=None, help="timed steps per optimizer")
+    ap.add_argument("--preset", default="small", choices=tuple(transformer.PRESETS))
+    ap.add_argument("--batch", type=int, default=None, help="sequences per step")
+    ap.add_argument("--seq", type=int, default=128, help="tokens per sequence")
+    ap.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"))
+    ap.add_argument("--json", default=None, help="write the figures to this JSON file")
+    args = ap.parse_args(argv)
+    batch = args.batch or (8 if args.quick else 32)
+    reps = args.reps or (5 if args.quick else 10)
+    if reps < 1 or batch < 1 or args.seq < 2:
+        ap.error("--reps, --batch must be >= 1 and --seq >= 2")
+    parts = tuple(p for p in PARTS if p in (args.part or PARTS))
+    device = jax.devices()[0]
+    out: dict[str, Any] = {
+        "device": f"{device.platform}:{device.device_kind}",
+        "jax": jax.__version__,
+        "machine": platform.machine(),
+        "load_average": list(os.getloadavg()),
+    }
+    if "optimizers" in parts:
+        out["optimizers"] = bench_optimizers(args, batch, reps)
+    if "engine" in parts:
+        out["engine"] = bench_engine(args.quick)
+    if "scan" in parts:
+        out["scan"] = bench_scan(args.quick)
+    if "dtype" in parts:
+        out["dtype"] = bench_dtype(args, batch, reps)
+    out["load_average_end"] = list(os.getloadavg())
     if args.json:
         atomic.write_json(args.json, out)
     return 0
+
+
+# ----------------------------------------------------------------------------- engine
+
+
+def _interval_tokens_per_s(workdir: pathlib.Path) -> float:
+    """Tokens/s of a run from its train records (intervals after compilation only)."""
+    recs = [json.loads(x) for x in (workdir / "metrics.jsonl").read_text().splitlines()]
+    train, prev, tokens, seconds = [r for r in recs if r["kind"] == "train"], 1, 0.0, 0.0
+    for r in train:
+        if "tokens_per_s" in r:
+            n = r["step"] - prev
+            seconds += r["step_time_s"] * n
+            tokens += r["tokens_per_s"] * r["step_time_s"] * n
+        prev = r["step"]
+    return tokens / seconds
+
+
+def bench_engine(quick: bool) -> dict:
+    """Engine overhead: ``amemory.train.run`` vs a bare loop of the same jitted step.
+
+    The bare loop builds the engine exactly as ``run`` does (task, optimizer, placement),
+    puts 8 batches of the task's Grain input on the device first, then times
+    ``state, acc = engine.step(state, acc, batch)`` alone. Runs alternate.
+    """
+    import tempfile
+
+    from amemory.train import engine as engine_lib
+    from amemory.train import loop, parallel, tasks
+
+    steps, log_every, rounds = (31, 10, 2) if quick else (61, 20, 3)
+    cfg = load_config(
+        str(REPO / "experiments" / "configs" / "lm.py"),
+        [
+            f"steps={steps}",
+            f"log_every={log_every}",
+            f"eval_every={steps}",
+            "spectrum_every=0",
+            "checkpoint_every=0",
+            "progress=false",
+        ],
+    )
+    place = parallel.placement(cfg.parallel)
+    task = tasks.build(cfg, place)
+    params = jax.eval_shape(task.init_params, jax.random.PRNGKey(0))
+    roles = task.roles(params)
+    opt = optimizers.build(
+        cfg, params, roles, matrix_roles=task.matrix_roles, matrix_axes=task.matrix_axes
+    )
+    eng = engine_lib.Engine(place, task, opt, roles, jax.random.PRNGKey(0), False, True)
+    it = task.train_input()
+    batches = [eng.put_batch(next(it)) for _ in range(8)]
+    state, acc = eng.init_state(), eng.new_accumulator(batches[0])
+    state, acc = eng.step(state, acc, batches[0])  # compile
+    jax.block_until_ready(acc)
+    rows = []
+    for r in range(rounds):
+        with tempfile.TemporaryDirectory() as wd:
+            loop.run(cfg, wd)
+            engine_tps = _interval_tokens_per_s(pathlib.Path(wd))
+        t0 = time.perf_counter()
+        for i in range(steps - 1):  # the same steps the records time (2..steps)
+            state, acc = eng.step(state, acc, batches[i % len(batches)])
+        jax.block_until_ready((state, acc))
+        bare_tps = task.tokens_per_step * (steps - 1) / (time.perf_counter() - t0)
+        ratio = engine_tps / bare_tps
+        load = os.getloadavg()[0]
+        rows.append(
+            {
+                "engine_tokens_per_s": engine_tps,
+                "bare_tokens_per_s": bare_tps,
+                "ratio": ratio,
+                "load_average": load,
+            }
+        )
+        print(
+            f"engine round {r}: run {engine_tps:.0f} tok/s, bare {bare_tps:.0f} tok/s, "
+            f"ratio {engine_tps / bare_tps:.3f}"
+        )
+    ratios = [x["ratio"] for x in rows]
+    print(f"engine/bare tokens/s: median {np.median(ratios):.3f} (goal >= 0.97)")
+    return {
+        "config": "experiments/configs/lm.py (quick): d=128, 2 layers, batch 16x128, muon",
+        "steps": steps,
+        "log_every": log_every,
+        "rounds": rows,
+        "ratio_median": float(np.median(ratios)),
+        "goal": ">= 0.97",
+    }
+
+
+# ----------------------------------------------------------------------------- scan, dtype
+
+
+def _step_setup(mc, batch: int, seq: int, optimizer: str = "adam"):
+    """A jitted train step of model ``mc`` (Adam on everything), its state and tokens."""
+    cfg = load_config(
+        str(REPO / "experiments" / "configs" / "lm.py") + ":full",
+        [f"optimizer.name={optimizer}", "optimizer.diagnostics=false"],
+    )
+    params = transformer.init_params(mc, jax.random.PRNGKey(0))
+    roles = transformer.param_roles(params)
+    opt = optimizers.build(cfg, params, roles, matrix_axes=transformer.matrix_axes)
+    graphdef = transformer._graphdef(mc)
+    step = jax.jit(make_train_step(_lm_loss(graphdef), opt, roles), donate_argnums=0)
+    state = TrainState(jnp.zeros((), jnp.int32), params, opt.tx.init(params), jax.random.PRNGKey(1))
+    rng = np.random.default_rng(0)
+    tokens = jnp.asarray(rng.integers(0, mc.vocab_size, (batch, seq + 1)), jnp.int32)
+    return step, state, tokens
+
+
+def _compare_steps(variants: dict, reps: int) -> dict:
+    """Compile each variant's step (lower + compile, timed), then time steps round-robin."""
+    runs = {}
+    for name, (step, state, tokens) in variants.items():
+        t0 = time.perf_counter()
+        compiled = step.lower(state, tokens).compile()
+        compile_s = time.perf_counter() - t0
+        state, m = compiled(state, tokens)  # warm
+        jax.block_until_ready(m["loss"])
+        runs[name] = {
+            "fn": compiled,
+            "state": state,
+            "tokens": tokens,
+            "compile_s": compile_s,
+            "times": [],
+        }
+        print(f"  {name}: compiled in {compile_s:.1f} s")
+    for _ in range(reps):
+        for r in runs.values():
+            t0 = time.perf_counter()
+            r["state"], m = r["fn"](r["state"], r["tokens"])
+            jax.block_until_ready(m["loss"])
+            r["times"].append(time.perf_counter() - t0)
+    return {
+        n: {
+            "compile_s": r["compile_s"],
+            "step_ms_median": 1e3 * float(np.median(r["times"])),
+            "step_ms_min": 1e3 * float(np.min(r["times"])),
+        }
+        for n, r in runs.items()
+    }
+
+
+def bench_scan(quick: bool) -> dict:
+    """gpt2-small (quick: ``small``) with scan_layers off / on: compile and step time.
+
+    A third row, the same model with one layer, separates the part of the compile time
+    that does not grow with the depth (what scanning cannot remove).
+    """
+    preset, batch, seq, reps = ("small", 4, 128, 3) if quick else ("gpt2-small", 2, 128, 5)
+    mc = transformer.preset(preset)
+    print(f"scan: {preset}, batch {batch}x{seq}, Adam, {reps} interleaved steps")
+    res = _compare_steps(
+        {
+            "per_layer": _step_setup(mc, batch, seq),
+            "scanned": _step_setup(mc.replace(scan_layers=True), batch, seq),
+            "one_layer": _step_setup(mc.replace(n_layers=1), batch, seq),
+        },
+        reps,
+    )
+    compile_x = res["per_layer"]["compile_s"] / res["scanned"]["compile_s"]
+    step_ratio = res["scanned"]["step_ms_median"] / res["per_layer"]["step_ms_median"]
+    print(
+        f"scan: compile {compile_x:.2f}x faster scanned (goal >= 4); step time "
+        f"scanned/per-layer {step_ratio:.3f} (goal within 5%)"
+    )
+    return {
+        "preset": preset,
+        "n_layers": mc.n_layers,
+        "batch": batch,
+        "seq": seq,
+        "reps": reps,
+        "optimizer": "adam",
+        **res,
+        "compile_speedup": compile_x,
+        "step_ratio_scanned_over_per_layer": step_ratio,
+    }
+
+
+def bench_dtype(args, batch: int, reps: int) -> dict:
+    """``--preset`` model with bfloat16 compute vs float32 (float32 weights): step time."""
+    base = transformer.PRESETS[args.preset]
+    mc = transformer.preset(args.preset, max_len=max(args.seq, base.max_len))
+    print(f"dtype: {args.preset}, batch {batch}x{args.seq}, Adam, {reps} interleaved steps")
+    res = _compare_steps(
+        {d: _step_setup(mc.replace(dtype=d), batch, args.seq) for d in ("float32", "bfloat16")},
+        reps,
+    )
+    ratio = res["bfloat16"]["step_ms_median"] / res["float32"]["step_ms_median"]
+    print(f"dtype: step time bfloat16/float32 {ratio:.3f}")
+    return {
+        "preset": args.preset,
+        "batch": batch,
+        "seq": args.seq,
+        "reps": reps,
+        "optimizer": "adam",
+        **res,
+        "step_ratio_bf16_over_fp32": ratio,
+    }
 
 
 if __name__ == "__main__":

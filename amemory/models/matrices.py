@@ -1,0 +1,133 @@
+"""The hidden matrices of a :mod:`amemory.models.transformer` parameter tree, for spectra.
+
+:func:`hidden_matrices` (every block matrix by layer and role), :func:`vo_maps` (the
+value-output maps paper A measures) and :func:`ffn_matrices` read either parameter layout
+(per-layer ``layers/i/...`` or stacked ``layers/... [L, ...]``, :mod:`amemory.models.scan`)
+and carry leading seed axes through. Matrices are returned in the ``y = W x`` convention,
+``[..., d_out, d_in]`` (the Flax kernel transposed).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+from amemory.models.roles import FFN_ROLES, HIDDEN_ROLES, role_of
+from amemory.models.scan import is_scanned
+
+__all__ = ["ffn_matrices", "hidden_matrices", "vo_maps"]
+
+
+def _kernels(params: Mapping[str, Any], group: str, role: str) -> jax.Array | None:
+    """Kernels of one role over layers ``[..., L, d_in, d_out]`` (either layout), or None.
+
+    In the stacked layout the layer axis sits after any leading seed axes already.
+    """
+    if is_scanned(params):
+        module = params["layers"][group].get(role)
+        return None if module is None else module["kernel"]
+    layers = params["layers"]
+    ids = sorted(layers, key=int)
+    if role not in layers[ids[0]][group]:
+        return None
+    return jnp.stack([layers[i][group][role]["kernel"] for i in ids], axis=-3)
+
+
+def _math(kernel: jax.Array) -> jax.Array:
+    """Flax kernel ``[..., d_in, d_out]`` -> matrix ``[..., d_out, d_in]``."""
+    return jnp.swapaxes(kernel, -1, -2)
+
+
+def vo_maps(params: Mapping[str, Any], config: Any, *, per_head: bool = True):
+    """Value-output maps of every layer, in the ``y = M x`` convention.
+
+    Head h maps the (normalised) residual stream through ``W_O^h W_V^h``, with
+    ``W_V^h = W_V[h rows]`` ``[Dh, D]`` and ``W_O^h = W_O[:, h cols]`` ``[D, Dh]``
+    (W = kernel.T). The full-layer map is ``W_O W_V = Σ_h W_O^h W_V^h``. Paper A (A.3)
+    measures isotropy of VO.
+
+    Args:
+      params: parameter dict from :func:`init`, either layout (a leading seed axis is
+        carried through).
+      config: its ``TransformerConfig`` (for the head split).
+      per_head: return per-head maps (rank <= Dh each) or the per-layer sum.
+
+    Returns:
+      ``[..., n_layers, n_heads, D, D]`` if ``per_head`` else ``[..., n_layers, D, D]``.
+
+    Raises:
+      ValueError: if params is not a Transformer parameter dict.
+    """
+    if config.attention != "mha":
+        raise ValueError(f"vo_maps needs attention='mha', got {config.attention!r}")
+    h, dh = config.n_heads, config.head_dim
+    wv = _math(_kernels(params, "attn", "v"))  # [..., L, D(out), D(in)]
+    wo = _math(_kernels(params, "attn", "o"))
+    if not per_head:
+        return wo @ wv  # [..., L, D, D]
+    lead = wv.shape[:-2]
+    wv_h = wv.reshape(*lead, h, dh, wv.shape[-1])  # [..., L, H, Dh, D]
+    wo_h = jnp.moveaxis(wo.reshape(*lead, wo.shape[-2], h, dh), -2, -3)  # [..., L, H, D, Dh]
+    return wo_h @ wv_h  # [..., L, H, D, D]
+
+
+def ffn_matrices(params: Mapping[str, Any]) -> dict[str, jax.Array]:
+    """FFN matrices stacked over layers, in the ``y = W x`` convention (either layout).
+
+    Returns:
+      ``{"w_in": [..., L, F, D], "w_out": [..., L, D, F]}`` plus ``"w_gate": [..., L, F, D]``
+      for SwiGLU models.
+
+    Raises:
+      ValueError: if params is not a Transformer parameter dict.
+    """
+    out = {r: _kernels(params, "mlp", r) for r in FFN_ROLES}
+    return {r: _math(k) for r, k in out.items() if k is not None}
+
+
+def hidden_matrices(params: Mapping[str, Any], *, include_vo: bool = True) -> dict[str, jax.Array]:
+    """Every hidden matrix by name, for spectrum logging (either layout).
+
+    Returns:
+      ``{"layers/i/<role>": [..., d_out, d_in]}`` (``W = kernel.T``) for every role of
+      :data:`HIDDEN_ROLES` present (MHA, MLA, dense FFN, routed experts ``[..., E, d_out,
+      d_in]``, shared experts), plus ``"layers/i/vo"`` ``[..., D, D]`` when
+      ``include_vo``: the value-output product paper A analyses, ``W_O W_V`` (MHA) or
+      ``W_O W_uv W_dkv`` (MLA; not a role). Leading seed axes are carried through.
+
+    Raises:
+      ValueError: if params is not a Transformer parameter dict.
+    """
+    out = {}
+    for i, path, leaf in _block_leaves(params):
+        role = role_of(("layers", i, *path))
+        if role in HIDDEN_ROLES:
+            out[f"layers/{i}/{role}"] = _math(leaf)
+    if include_vo:
+        for i in sorted({int(k.split("/")[1]) for k in out}):
+            v = out.get(f"layers/{i}/v")
+            if v is None:  # MLA: values are v_up(kv_down(x))
+                v = out[f"layers/{i}/v_up"] @ out[f"layers/{i}/kv_down"]
+            out[f"layers/{i}/vo"] = out[f"layers/{i}/o"] @ v
+    return out
+
+
+def _block_leaves(params: Mapping[str, Any]):
+    """``(layer index, path inside the block, leaf)`` of every block parameter, either
+    layout; a stacked leaf is sliced at its layer axis (after any leading seed axes: the
+    axes of one layer's leaf are 3 for routed experts, 1 for norms and biases, else 2)."""
+    layers = params["layers"]
+    if not is_scanned(params):
+        for i in sorted(layers, key=int):
+            for path, leaf in jax.tree_util.tree_flatten_with_path(layers[i])[0]:
+                yield int(i), path, leaf
+        return
+    for path, leaf in jax.tree_util.tree_flatten_with_path(layers)[0]:
+        role = role_of(("layers", *path))
+        per_layer = 3 if role.startswith("expert_") else 1 if role in ("norm", "bias") else 2
+        axis = jnp.ndim(leaf) - per_layer - 1
+        for i in range(jnp.shape(leaf)[axis]):
+            yield i, path, leaf[(slice(None),) * axis + (i,)]

@@ -1,0 +1,70 @@
+"""The one way amemory turns a direction into an optimizer: decoupled weight decay, then lr.
+
+Every optimizer of :mod:`amemory.optim` (Muon, NorMuon, AdaMuon, SignGD, Signum) and the
+SGD of ``amemory.train`` applies
+
+    theta <- theta - lr * (u + wd * theta)
+
+with ``u`` the direction of its ``scale_by_*`` transform: the decay is added to the
+direction, never to the gradient (so it is not sign-ed, orthogonalised or normalised),
+and it is multiplied by the learning rate, as optax.contrib.muon, torch.optim.Muon
+and Keller Jordan's reference do. Source: Loshchilov & Hutter, "Decoupled Weight Decay
+Regularization", arXiv 1711.05101 (AdamW); optax 0.2.8 ``add_decayed_weights``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import optax
+
+__all__ = ["decoupled", "weight_decay"]
+
+
+def weight_decay(wd: Any, mask: Any = None) -> optax.GradientTransformation:
+    """``optax.add_decayed_weights`` that keeps the update dtypes, and that accepts
+    ``params=None`` when ``wd`` is the constant 0 (a direction alone needs no params)."""
+    inner = optax.add_decayed_weights(wd, mask)
+
+    def update_fn(updates, state, params=None):
+        if params is None and isinstance(wd, int | float) and wd == 0:
+            return updates, state
+        out, state = inner.update(updates, state, params)
+        out = jax.tree.map(lambda o, u: o.astype(u.dtype), out, updates)
+        return out, state
+
+    return optax.GradientTransformation(inner.init, update_fn)
+
+
+def decoupled(
+    direction: optax.GradientTransformation | tuple[optax.GradientTransformation, ...],
+    learning_rate: optax.ScalarOrSchedule,
+    wd: Any = 0.0,
+    weight_decay_mask: Any = None,
+) -> optax.GradientTransformation:
+    """``chain(direction, add wd * theta, scale by -lr)``: ``theta <- theta - lr (u + wd theta)``.
+
+    Args:
+      direction: a transform whose output ``u`` is the update direction, or a tuple of
+        transforms chained in place (their states stay flat in the chain's tuple).
+      learning_rate: float or optax schedule.
+      wd: the weight decay, ``>= 0`` (float, array, or schedule).
+      weight_decay_mask: optax mask (tree or callable) of the leaves that decay.
+
+    Returns:
+      ``optax.GradientTransformation`` (an ``optax.chain``; its state is ``(direction
+      state(s)..., weight-decay state, learning-rate state)``).
+
+    Raises:
+      ValueError: a negative Python-number ``wd``.
+    """
+    if isinstance(wd, int | float) and not wd >= 0:
+        raise ValueError(f"weight_decay must be >= 0, got {wd!r}")
+    single = isinstance(direction, optax.GradientTransformation)  # a NamedTuple itself
+    directions = (direction,) if single else tuple(direction)
+    return optax.chain(
+        *directions,
+        weight_decay(wd, weight_decay_mask),
+        optax.scale_by_learning_rate(learning_rate),
+    )

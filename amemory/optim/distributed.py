@@ -1,0 +1,523 @@
+"""Owner layout: Newton-Schulz on parameters sharded across devices, with no collectives inside.
+
+Under FSDP every parameter matrix is split across devices. Run Newton-Schulz (NS) on such
+a matrix and XLA's partitioner must all-reduce a partial Gram matrix ``X X^T`` inside
+every NS step, and every device repeats the ``k x k`` products. The owner layout instead
+gives every device a share of WHOLE matrices (the design of Keller Jordan's distributed
+Muon, Dion and the NorMuon paper's FSDP2 implementation, arXiv 2510.05491, Sec. 4; in
+JAX, MaxText moves a matrix's sharding onto a stack axis with one all-to-all):
+
+1. Same-shape matrices (tall ones transposed to wide ``[k, l]``, ``k <= l``; every
+   leading axis of a leaf, e.g. scanned layers ``[L, m, n]`` or experts ``[E, m, n]``, is
+   a batch axis) are concatenated into one stack ``[B, k, l]`` per shape, zero-padded to
+   ``B_pad``, a multiple of the device count ``n`` (NS maps zero to zero). Stacking is
+   local: the stack axis is not sharded.
+2. Inside one ``jax.shard_map`` over the whole mesh, each device keeps the matrices it
+   owns, round-robin: matrix ``t * n + o`` belongs to owner ``o = i * s + j`` (``i`` its
+   index over the mesh axes that replicate parameters, ``j`` over the ``s``-way axes that
+   split them). For a stack split along rows or columns ONE ``all_to_all`` over the split
+   axes hands every owner its whole matrices; NS (and NorMuon's neuron normalisation,
+   whose second moment is stored in this layout, see :class:`OwnerStacks`) runs with no
+   collective; a second ``all_to_all`` returns the blocks; when parameters are also
+   replicated (``r = n / s > 1`` data-parallel copies) one ``all_gather`` over the
+   replica axes completes them.
+3. A stack every device holds whole (no matrix axis divisible by ``s``) needs no
+   all-to-all: each owner takes its share and one ``all_gather`` over all devices
+   returns the results (Keller Jordan's DDP design). A leaf split along its leading
+   batch axis with ``n`` dividing its batch (an expert stack already split by experts)
+   stays in place: each owner orthogonalises its own matrices, and only an
+   ``all_gather`` over replica axes (if any) follows.
+
+Which axis a leaf is split along is not visible at trace time under Auto mesh axes, so
+the layout follows the FSDP convention of ``amemory.train``: a leaf is split along its
+largest axis divisible by ``s`` (ties to the first axis); a stack along its larger matrix
+axis divisible by ``s`` (ties to rows). A leaf split differently still gets the exact
+update; XLA then reshards it at the ``shard_map`` boundary (more traffic).
+
+Communication per update (bytes summed over devices, element size ``e``, ``E_g`` the
+padded element count of stack ``g``): ``e * sum_g [2 (s-1)/s + (r-1)] E_g`` for split
+stacks (``< 2 e E_g`` on a pure FSDP mesh, ``r = 1``), ``e (n-1) E_g`` for replicated
+ones. Partitioned NS instead all-reduces a ``[k, k]`` Gram matrix per matrix and NS step,
+a volume that grows with ``n``.
+
+Sources: Jordan (2024) https://kellerjordan.github.io/posts/muon/ ; Li et al.,
+"NorMuon", arXiv 2510.05491, Sec. 4 (distributed NorMuon on FSDP2); Ahn et al., "Dion",
+arXiv 2504.05295; MaxText ``optimizers/muon`` (2026; all-to-all onto a stack axis).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Callable, Sequence
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
+
+from amemory.optim._matrices import check_ns_mesh, leaf_layouts
+from amemory.optim.orthogonalize import orthogonality_error
+
+__all__ = [
+    "DISTRIBUTED_MODES",
+    "Group",
+    "OwnerLayout",
+    "OwnerStacks",
+    "describe_layout",
+    "owner_state_shardings",
+    "resolve_layout",
+]
+
+#: ``"owner"``: the owner layout above (needs ``ns_mesh``); ``"gspmd"``: leave the
+#: layout of Newton-Schulz to XLA's partitioner; ``"auto"``: owner iff ``ns_mesh`` is set
+#: and its mesh has more than one device.
+DISTRIBUTED_MODES = ("auto", "gspmd", "owner")
+
+#: Group kinds (how a stack reaches its owners), as written in the start event.
+KINDS = ("all_to_all", "gather", "in_place")
+
+Post = Callable[[jax.Array, jax.Array, bool], tuple[jax.Array, jax.Array]]
+
+
+class OwnerStacks(NamedTuple):
+    """Optimizer state kept in the owner layout (NorMuon's second moment).
+
+    ``stacks[group name]`` is ``[B_pad, width]`` float32, split over ALL mesh devices
+    along its first axis (``PartitionSpec(mesh.axis_names, None)``): the rows a device
+    holds are those of the matrices it owns, in its own order, so an update reads and
+    writes them without communication. The row order is internal to the layout; the
+    shape depends on the device count (``B_pad``).
+    """
+
+    stacks: dict[str, jax.Array]
+
+
+@dataclasses.dataclass(frozen=True)
+class Group:
+    """One stack of same-shape matrices and how it reaches its owners."""
+
+    name: str
+    kind: str  # one of KINDS
+    members: tuple[int, ...]  # leaf indices, in stack order
+    tall: tuple[bool, ...]  # per member: transposed to wide
+    counts: tuple[int, ...]  # per member: matrices (product of batch axes)
+    k: int  # rows of the wide matrices, k <= l
+    l: int
+    split_dim: int | None  # all_to_all: 1 (rows) or 2 (columns) of [B, k, l]
+    size: int  # B, matrices in the stack
+    padded: int  # B_pad (== B for "in_place")
+
+    @property
+    def width(self) -> int:
+        """Output neurons (fan_out) per matrix; the stack is orientation-uniform when used."""
+        return self.k if self.tall[0] else self.l
+
+
+def _leaf_split_axis(shape: tuple[int, ...], s: int) -> int | None:
+    """The FSDP convention: the largest axis divisible by ``s`` (ties: first), or None."""
+    cands = [i for i, d in enumerate(shape) if d % s == 0 and d >= s]
+    return max(cands, key=lambda i: (shape[i], -i)) if cands and s > 1 else None
+
+
+@dataclasses.dataclass(frozen=True)
+class OwnerLayout:
+    """The owner layout on ``mesh``, with parameters split over ``split_axes``.
+
+    ``split_axes`` name the mesh axes that split parameter matrices (FSDP); the other
+    mesh axes replicate them. Every device of the mesh owns a share of the matrices.
+    """
+
+    mesh: Mesh
+    split_axes: tuple[str, ...]
+
+    @property
+    def replica_axes(self) -> tuple[str, ...]:
+        return tuple(a for a in self.mesh.axis_names if a not in self.split_axes)
+
+    @property
+    def n(self) -> int:
+        """Owners: every device of the mesh."""
+        return int(self.mesh.size)
+
+    @property
+    def s(self) -> int:
+        """Ways each parameter matrix is split (product of the split axes' sizes)."""
+        return math.prod(self.mesh.shape[a] for a in self.split_axes)
+
+    @property
+    def r(self) -> int:
+        """Copies of each parameter shard (product of the replica axes' sizes)."""
+        return self.n // self.s
+
+    # ------------------------------------------------------------------ plan
+
+    def plan(self, layouts: Sequence[Any], *, batch_leaves: bool, by_orientation: bool):
+        """Group the leaves (``_matrices.Layout`` objects, shapes only) into stacks.
+
+        Groups are keyed by the wide shape ``(k, l)``, plus the orientation when
+        ``by_orientation`` (NorMuon normalises output neurons, which are rows of a
+        transposed matrix); ``batch_leaves=False`` gives one group per leaf. A leaf
+        split along its outermost batch axis with ``n`` dividing its batch is its own
+        ``"in_place"`` group.
+
+        Returns:
+          a tuple of :class:`Group`, deterministic in the leaf order.
+        """
+        s, n = self.s, self.n
+        keyed: dict[Any, list[int]] = {}
+        in_place: list[Group] = []
+        for i, lay in enumerate(layouts):
+            tall = lay.fan_in > lay.fan_out
+            k, l = (lay.fan_out, lay.fan_in) if tall else (lay.fan_in, lay.fan_out)
+            ax = _leaf_split_axis(lay.shape, s)
+            if ax is not None and lay.batch_shape and lay.perm[0] == ax and lay.batch % n == 0:
+                in_place.append(
+                    Group(f"leaf{i}", "in_place", (i,), (tall,), (lay.batch,), k, l, None,
+                          lay.batch, lay.batch)
+                )  # fmt: skip
+                continue
+            if not batch_leaves:
+                key: Any = (i,)
+            else:
+                key = (k, l, tall) if by_orientation else (k, l)
+            keyed.setdefault(key, []).append(i)
+        groups = []
+        for key, members in keyed.items():
+            lays = [layouts[i] for i in members]
+            talls = tuple(lay.fan_in > lay.fan_out for lay in lays)
+            k, l = sorted((lays[0].fan_in, lays[0].fan_out))
+            counts = tuple(lay.batch for lay in lays)
+            size = sum(counts)
+            split = [d for d, dim in ((2, l), (1, k)) if s > 1 and dim % s == 0]
+            split_dim = max(split, key=lambda d: ((l if d == 2 else k), -d)) if split else None
+            if len(key) == 1:
+                name = f"leaf{key[0]}"
+            else:
+                name = f"{k}x{l}" + ("" if len(key) == 2 else ("_t" if key[2] else "_w"))
+            groups.append(
+                Group(name, "all_to_all" if split_dim else "gather", tuple(members), talls,
+                      counts, k, l, split_dim, size, -(-size // n) * n)
+            )  # fmt: skip
+        return tuple(groups) + tuple(in_place)
+
+    def collectives(self, group: Group) -> dict[str, int]:
+        """Collectives one update issues for ``group`` (the design's prediction)."""
+        n, r = self.n, self.r
+        if group.kind == "all_to_all":
+            return {"all-to-all": 2, "all-gather": int(r > 1)}
+        if group.kind == "gather":
+            return {"all-to-all": 0, "all-gather": int(n > 1)}
+        return {"all-to-all": 0, "all-gather": int(r > 1)}
+
+    def bytes_moved(self, group: Group, itemsize: int = 4) -> float:
+        """Bytes sent per update for ``group``, summed over devices (module doc's model)."""
+        e = group.padded * group.k * group.l * itemsize
+        n, r, s = self.n, self.r, self.s
+        if group.kind == "all_to_all":
+            return e * (2 * (s - 1) / s + (r - 1))
+        if group.kind == "gather":
+            return e * (n - 1)
+        return e * (r - 1) / s
+
+    # ------------------------------------------------------------------ maps
+
+    def _coords(self) -> list[tuple[int, int]]:
+        """``(i, j)`` (replica index, split index) of each device, in mesh order."""
+        names = self.mesh.axis_names
+        shape = self.mesh.devices.shape
+        out = []
+        for idx in np.ndindex(*shape):
+            at = dict(zip(names, idx, strict=True))
+            i = int(
+                np.ravel_multi_index(
+                    [at[a] for a in self.replica_axes],
+                    [self.mesh.shape[a] for a in self.replica_axes],
+                )
+            )
+            j = int(
+                np.ravel_multi_index(
+                    [at[a] for a in self.split_axes], [self.mesh.shape[a] for a in self.split_axes]
+                )
+            )
+            out.append((i, j))  # fmt: skip
+        return out
+
+    def held(self, group: Group) -> np.ndarray:
+        """``[n, c]`` int: stack index of the matrix each device holds at each owner slot."""
+        n, s = self.n, self.s
+        c = group.padded // n
+        t = np.arange(c)
+        rows = []
+        for i, j in self._coords():
+            if group.kind == "in_place":
+                rows.append(j * (group.size // s) + i * c + t)
+            else:
+                rows.append(t * n + i * s + j)
+        return np.asarray(rows)
+
+    def _group_fn(
+        self, g: Group, orth_fn: Callable, post: Post | None, rescale: Callable | None,
+        diagnostics: bool,
+    ):  # fmt: skip
+        """The ``shard_map`` body for group ``g``: ``(x, v) -> (y, v', err)``."""
+        n, r, s = self.n, self.r, self.s
+        rep, spl = self.replica_axes, self.split_axes
+        c = g.padded // n
+        tall = g.tall[0]
+
+        def core(w, v):  # w: [c, k, l] whole matrices owned here
+            o = orth_fn(w)
+            err = orthogonality_error(o).astype(jnp.float32) if diagnostics else None
+            if rescale is not None:
+                o = rescale(w, o)
+            if post is not None:
+                o, v = post(o, v, tall)
+            return o, v, err
+
+        def take(x, index_axes, size, axis):  # my slice of a replicated axis
+            if size == 1:
+                return jnp.squeeze(x, axis)
+            return jax.lax.dynamic_index_in_dim(
+                x, jax.lax.axis_index(index_axes), axis, keepdims=False
+            )
+
+        def a2a(x, v):  # local x [B_pad, k', l'] (k' = k/s or l' = l/s)
+            kk, ll = x.shape[1:]
+            x = take(x.reshape(c, r, s, kk, ll), rep, r, 1)  # [c, s, k', l']
+            x = jax.lax.all_to_all(x, spl, 1, 1)  # axis 1: which block of my matrices
+            if g.split_dim == 1:
+                w = x.reshape(c, g.k, g.l)
+            else:
+                w = jnp.moveaxis(x, 1, 2).reshape(c, g.k, g.l)
+            o, v, err = core(w, v)
+            if g.split_dim == 1:
+                y = o.reshape(c, s, kk, g.l)
+            else:
+                y = jnp.moveaxis(o.reshape(c, g.k, s, ll), 2, 1)
+            y = jax.lax.all_to_all(y, spl, 1, 1)  # axis 1: whose matrix (split index)
+            y = jax.lax.all_gather(y, rep, axis=1) if r > 1 else y[:, None]
+            return y.reshape(g.padded, kk, ll), v, err
+
+        def gather(x, v):  # local x [B_pad, k, l], the same on every device
+            owners = rep + spl
+            w = take(x.reshape(c, n, g.k, g.l), owners, n, 1)
+            o, v, err = core(w, v)
+            y = jax.lax.all_gather(o, owners, axis=1) if n > 1 else o[:, None]
+            return y.reshape(g.padded, g.k, g.l), v, err
+
+        def in_place(x, v):  # local x [B/s, k, l]: my split-axis block of the batch
+            w = take(x.reshape(r, c, g.k, g.l), rep, r, 0)
+            o, v, err = core(w, v)
+            y = jax.lax.all_gather(o, rep, axis=0) if r > 1 else o[None]
+            return y.reshape(g.size // s, g.k, g.l), v, err
+
+        body = {"all_to_all": a2a, "gather": gather, "in_place": in_place}[g.kind]
+        if g.kind == "all_to_all":
+            spec = P(None, spl, None) if g.split_dim == 1 else P(None, None, spl)
+        elif g.kind == "gather":
+            spec = P()
+        else:
+            spec = P(spl, None, None)
+        owned = P(self.mesh.axis_names)
+        return body, spec, owned
+
+    def orthogonalize(
+        self,
+        mats: list[jax.Array],
+        layouts: Sequence[Any],
+        orth_fn: Callable[[jax.Array], jax.Array],
+        *,
+        batch_leaves: bool,
+        post: Post | None = None,
+        post_state: OwnerStacks | None = None,
+        rescale: Callable[[jax.Array, jax.Array], jax.Array] | None = None,
+        diagnostics: bool = False,
+    ) -> tuple[list[jax.Array], list[jax.Array] | None, OwnerStacks | None]:
+        """Orthogonalise every ``[b_i, fan_in_i, fan_out_i]`` stack in the owner layout.
+
+        Args:
+          mats: one stack per leaf, leaf orientation (``Layout.to_matrix``).
+          layouts: the leaves' ``_matrices.Layout`` (same order).
+          orth_fn: ``[c, k, l] -> [c, k, l]`` orthogonaliser (``k <= l``), run by owners.
+          batch_leaves: one stack per wide shape (True) or per leaf (False).
+          post: optional ``(o [c, k, l], v [c, ...], tall) -> (o', v')`` run by the owner
+            after ``orth_fn`` with its rows of ``post_state`` (NorMuon's per-neuron
+            second moment); groups are then split by orientation.
+          post_state: :class:`OwnerStacks` from :meth:`init_state`, needed with ``post``.
+          rescale: optional ``(u [c, k, l], o [c, k, l]) -> o'`` run by the owner between
+            ``orth_fn`` and ``post`` (a per-matrix scaling that needs the whole input).
+          diagnostics: also return each leaf's mean ``orthogonality_error`` (before ``post``).
+
+        Returns:
+          ``(orthogonalised stacks in leaf orientation, errors or None, new post_state)``.
+        """
+        groups = self.plan(layouts, batch_leaves=batch_leaves, by_orientation=post is not None)
+        out: list[Any] = [None] * len(mats)
+        errs: list[Any] = [None] * len(mats)
+        new_state: dict[str, jax.Array] = {}
+        for g in groups:
+            wide = [
+                jnp.swapaxes(mats[i], 1, 2) if t else mats[i]
+                for i, t in zip(g.members, g.tall, strict=True)
+            ]
+            x = jnp.concatenate(wide, axis=0) if len(wide) > 1 else wide[0]
+            if g.padded > g.size:
+                x = jnp.concatenate([x, jnp.zeros((g.padded - g.size,) + x.shape[1:], x.dtype)])
+            body, spec, owned = self._group_fn(g, orth_fn, post, rescale, diagnostics)
+            if post is not None:
+                v = post_state.stacks[g.name]
+            else:
+                v = jnp.zeros((g.padded, 0), jnp.float32)  # placeholder, owner layout
+            err_spec = owned if diagnostics else P()
+            v_spec = P(*owned, *([None] * (v.ndim - 1)))
+            fn = jax.shard_map(
+                lambda a, b, body=body: _fill(body(a, b)),
+                mesh=self.mesh,
+                in_specs=(spec, v_spec),
+                out_specs=(spec, v_spec, err_spec),
+                check_vma=False,
+            )
+            y, v, e = fn(x, v)
+            if post is not None:
+                new_state[g.name] = v
+            y = y[: g.size] if g.padded > g.size else y
+            parts = jnp.split(y, np.cumsum(g.counts)[:-1], axis=0) if len(g.members) > 1 else [y]
+            for i, t, p in zip(g.members, g.tall, parts, strict=True):
+                out[i] = (jnp.swapaxes(p, 1, 2) if t else p).astype(mats[i].dtype)
+            if diagnostics:
+                by_matrix = jnp.zeros((g.padded,), jnp.float32).at[self.held(g).ravel()].set(e)
+                starts = np.concatenate([[0], np.cumsum(g.counts)])
+                for m, i in enumerate(g.members):
+                    errs[i] = jnp.mean(by_matrix[starts[m] : starts[m + 1]])
+        return out, (errs if diagnostics else None), (OwnerStacks(new_state) if post else None)
+
+    def init_state(
+        self,
+        layouts: Sequence[Any],
+        *,
+        batch_leaves: bool,
+        shape: Callable[[Group], tuple[int, ...]] | None = None,
+        dtype: Any = jnp.float32,
+    ) -> OwnerStacks:
+        """Zero :class:`OwnerStacks` for a ``post`` hook: ``[B_pad, *shape(group)]`` per stack.
+
+        ``shape`` defaults to ``(group.width,)``: one entry per output neuron (NorMuon).
+        """
+        groups = self.plan(layouts, batch_leaves=batch_leaves, by_orientation=True)
+        shape = shape or (lambda g: (g.width,))
+        return OwnerStacks({g.name: jnp.zeros((g.padded, *shape(g)), dtype) for g in groups})
+
+
+def _fill(res):
+    y, v, err = res
+    return y, v, (jnp.zeros((), jnp.float32) if err is None else err)
+
+
+# --------------------------------------------------------------------------- resolution
+
+
+def _split_axes(axis: Any) -> tuple[str, ...]:
+    return (axis,) if isinstance(axis, str) else tuple(axis)
+
+
+def resolve_layout(distributed: str, ns_mesh: tuple[Mesh, Any] | None) -> OwnerLayout | None:
+    """The :class:`OwnerLayout` chosen by the ``distributed`` option, or None (GSPMD).
+
+    Args:
+      distributed: one of :data:`DISTRIBUTED_MODES`.
+      ns_mesh: None or ``(mesh, axis)`` with ``axis`` a mesh axis name (or a tuple of
+        names) that splits the parameters (checked by ``_matrices.check_ns_mesh``).
+
+    Raises:
+      ValueError: unknown ``distributed``, or ``"owner"`` without ``ns_mesh``.
+    """
+    if distributed not in DISTRIBUTED_MODES:
+        raise ValueError(f"distributed={distributed!r}; allowed: {DISTRIBUTED_MODES}")
+    if distributed == "gspmd":
+        return None
+    if distributed == "auto" and (ns_mesh is None or ns_mesh[0].size == 1):
+        return None
+    if ns_mesh is None:
+        raise ValueError("distributed='owner' needs ns_mesh=(mesh, axis name that splits params)")
+    return OwnerLayout(ns_mesh[0], _split_axes(ns_mesh[1]))
+
+
+def owner_state_shardings(state: Any, mesh: Mesh, default: Any, *, leading_axes: int = 0) -> Any:
+    """``default`` shardings with every :class:`OwnerStacks` leaf put in the owner layout.
+
+    Args:
+      state: an optimizer state (arrays or ShapeDtypeStructs), any nesting.
+      mesh: the ``ns_mesh`` mesh.
+      default: same-structure tree of shardings for everything else.
+      leading_axes: unsplit leading axes (e.g. a vmapped seed axis).
+
+    Returns:
+      ``default`` with each owner-layout stack replaced by
+      ``NamedSharding(mesh, P(*[None] * leading_axes, mesh.axis_names, None, ...))``.
+    """
+    is_stacks = lambda x: isinstance(x, OwnerStacks)  # noqa: E731
+    ranks = jax.tree.map(  # same structure as state: a stack's rank, else -1
+        lambda x: jax.tree.map(lambda y: len(y.shape), x) if is_stacks(x) else -1,
+        state,
+        is_leaf=is_stacks,
+    )
+
+    def pick(rank, d):
+        if rank < 0:
+            return d
+        rest = [None] * (rank - leading_axes - 1)
+        return NamedSharding(mesh, P(*([None] * leading_axes), mesh.axis_names, *rest))
+
+    return jax.tree.map(pick, ranks, default)
+
+
+def describe_layout(
+    params: Any,
+    *,
+    ns_mesh: tuple[Mesh, Any] | None = None,
+    distributed: str = "auto",
+    matrix_axes: Any = None,
+    batch_leaves: bool = True,
+    by_orientation: bool = False,
+) -> list[dict[str, Any]]:
+    """Which layout each orthogonalisation group of ``params`` gets (JSON-ready rows).
+
+    Args:
+      params: the tree a Muon/NorMuon transform sees (arrays or ShapeDtypeStructs).
+      ns_mesh, distributed, matrix_axes, batch_leaves: as given to the transform.
+      by_orientation: True for NorMuon (its stacks are split by orientation).
+
+    Returns:
+      one dict per group: ``group`` (name), ``layout`` (``"gspmd"`` or
+      ``"owner/all_to_all" | "owner/gather" | "owner/in_place"``), ``shape`` ``[k, l]``
+      (wide), ``matrices``, ``padded`` (stack length after padding), ``split`` (``"rows"``,
+      ``"columns"``, ``"batch"`` or None: how the stack arrives split), ``leaves`` (paths).
+
+    Raises:
+      ValueError: as the transform would (bad option, leaf that is not a matrix).
+    """
+    check_ns_mesh(ns_mesh)
+    layout = resolve_layout(distributed, ns_mesh)
+    _, _, layouts = leaf_layouts(params, matrix_axes)
+    if layout is None:  # XLA places NS; groups as in _matrices.orthogonalize_groups
+        rows: dict[Any, dict[str, Any]] = {}
+        for i, lay in enumerate(layouts):
+            k, l = sorted((lay.fan_in, lay.fan_out))
+            key = (k, l) if batch_leaves else (i,)
+            name = f"{k}x{l}" if batch_leaves else f"leaf{i}"
+            row = rows.setdefault(key, {"group": name, "layout": "gspmd", "shape": [k, l]})
+            row.update(split=None, leaves=row.get("leaves", []) + [lay.path])
+            row["matrices"] = row.get("matrices", 0) + lay.batch
+            row["padded"] = row["matrices"]
+        return list(rows.values())
+    groups = layout.plan(layouts, batch_leaves=batch_leaves, by_orientation=by_orientation)
+    split = {1: "rows", 2: "columns", None: None}
+    return [
+        {"group": g.name, "layout": f"owner/{g.kind}", "shape": [g.k, g.l], "matrices": g.size,
+         "padded": g.padded, "split": "batch" if g.kind == "in_place" else split[g.split_dim],
+         "leaves": [layouts[i].path for i in g.members]}
+        for g in groups
+    ]  # fmt: skip

@@ -1,0 +1,157 @@
+"""The one-layer associative memory as a training task (``amemory.train.tasks.Task``)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from amemory.train import parallel
+from amemory.train.tasks import check_batch
+
+
+class MemoryTask:
+    """One-layer associative memory ``softmax(Et^T W E_k)`` (``amemory.models.memory``).
+
+    Parameters ``{"W": [d_out, d_in]}``, ``W_0 = 0`` for every seed (papers.md A.1); ``W``
+    is trained by ``optimizer.name`` whatever ``optimizer.muon_roles`` says, as the
+    matrix ``[d_out, d_in]`` (``matrix_axes=(1, 0)``). ``batch_size = 0``: the exact
+    population loss (no data); ``batch_size = B``: ``B`` (query, answer) pairs per step,
+    sampled on the device (``memory_tasks.make_sampler``) from the step's key, so each
+    seed of a multi-seed run draws its own pairs and a resumed run draws the same ones
+    (the key is part of the checkpointed state). Under ``pmap`` each device draws
+    ``B / devices`` pairs with its own key. Evaluation is exact (population quantities).
+    """
+
+    kind = "memory"
+    matrix_roles = ("w_out",)
+
+    def __init__(self, config: Any, place: parallel.Placement):
+        from amemory.data import frequencies as F
+        from amemory.data import memory_tasks
+        from amemory.models import memory as M
+
+        mc, pc = config.memory, config.prior
+        K = int(mc.K)
+        d = int(mc.d) if mc.d is not None else K
+        key = jax.random.PRNGKey(int(mc.embedding_seed))
+        builders = {
+            "decoupled": lambda: M.decoupled(K),
+            "coupled_rotation": lambda: M.coupled_rotation(K),
+            "random_orthonormal": lambda: M.random_orthonormal(K, d, key),
+            "gaussian": lambda: M.gaussian(K, d, key),
+            "coherent": lambda: M.coherent(K, d, float(mc.coherence), key),
+        }
+        emb = mc.embeddings
+        if emb not in builders:
+            raise ValueError(f"config.memory.embeddings={emb!r}; allowed values: {tuple(builders)}")
+        if emb in ("decoupled", "coupled_rotation") and d != K:
+            raise ValueError(f"config.memory.d={d} must equal memory.K={K} for embeddings={emb!r}")
+        if emb == "coupled_rotation" and K % 3:
+            raise ValueError(f"config.memory.K={K} must be divisible by 3 for coupled_rotation")
+        E, Et = builders[emb]()
+        self.E, self.Et, self.K, self.d = jnp.asarray(E), jnp.asarray(Et), K, d
+        if pc.kind == "two_level":
+            self.prior = F.two_level(K, float(pc.alpha), float(pc.beta))
+            self.head = np.arange(K) < F.two_level_split(K, float(pc.beta))
+        else:
+            if pc.kind == "power_law":
+                self.prior = F.power_law(K, float(pc.exponent))
+            elif pc.kind == "hierarchical":
+                M_ = int(pc.groups)
+                if M_ < 1 or K % M_:
+                    raise ValueError(f"config.prior.groups={M_} must divide memory.K={K}")
+                self.prior = F.hierarchical(M_, K // M_, float(pc.exponent))
+            else:
+                raise ValueError(
+                    f"config.prior.kind={pc.kind!r}; allowed: ('two_level', 'power_law', "
+                    "'hierarchical')"
+                )
+            n_head = max(1, int(round(float(pc.head_fraction) * K)))
+            order = np.argsort(-self.prior, kind="stable")
+            self.head = np.zeros(K, bool)
+            self.head[order[:n_head]] = True
+        self.prior_j = jnp.asarray(self.prior, jnp.float32)
+        self.noise = float(config.noise)
+        self.batch_size = int(config.batch_size)
+        self._sample = None
+        if self.batch_size:
+            check_batch(self.batch_size, place.data_shards, "batch_size")
+            rows = self.batch_size // place.data_shards if place.mode == "pmap" else self.batch_size
+            self._sample = memory_tasks.make_sampler(self.prior, rows, self.noise)
+        self._eval_fn = None
+        self.tokens_per_step = self.batch_size if self.batch_size else K
+        self.spectrum_roles = ("W",)
+
+    def init_params(self, key: jax.Array) -> Any:
+        del key  # W_0 = 0 (papers.md A.1)
+        return {"W": jnp.zeros((self.d, self.d), jnp.float32)}
+
+    def roles(self, params: Any) -> Any:
+        # A role from amemory.optim.ROLES, so the optim routing resolves it: W [d_out, d_in]
+        # maps a key embedding into the space the output embeddings Et read, the place of an
+        # FFN output matrix. Metrics: update_rms/w_out; the spectrum stays "spectrum/W".
+        return jax.tree.map(lambda _: "w_out", params)
+
+    def matrix_axes(self, path: Any, leaf: Any) -> tuple[int, int]:
+        del path, leaf
+        return (1, 0)  # W is [d_out, d_in]: fan_in is axis 1
+
+    def checkpoint_meta(self) -> dict[str, Any]:
+        return {}
+
+    def loss(self, params, batch, rng):
+        from amemory.models import memory as M
+
+        del batch  # the memory makes its own data
+        if self._sample is None:
+            loss = M.population_loss(params["W"], self.E, self.Et, self.prior_j, self.noise)
+        else:
+            q, a = self._sample(rng)  # (B,), (B,)
+            loss = M.sampled_loss(params["W"], self.E, self.Et, q, a)
+        return loss, {}
+
+    def train_input(self) -> None:
+        return None
+
+    def spectrum_matrices(self, params: Any) -> dict[str, np.ndarray]:
+        return {"W": np.asarray(params["W"])[None]}
+
+    def evaluate(self, params: Any, put_batch: Any = None) -> dict:
+        """Exact per-class metrics of one seed's memory ``params["W"] [d, d]``."""
+        from amemory.models import memory as M
+
+        del put_batch
+        if self._eval_fn is None:
+
+            def arrays(W):
+                logits = M.logits(W, self.E, self.Et)  # (K, K): row k = query k
+                return (
+                    M.per_class_loss(W, self.E, self.Et, self.noise),  # (K,)
+                    jnp.argmax(logits, axis=-1) == jnp.arange(self.K),  # (K,)
+                    M.correct_probabilities(W, self.E, self.Et),  # (K,)
+                )
+
+            self._eval_fn = jax.jit(arrays)
+        W = jax.device_put(parallel.to_host(params)["W"], jax.local_devices()[0])
+        per_loss, correct, probs = (np.asarray(x, np.float64) for x in self._eval_fn(W))
+        p, h = self.prior, self.head
+        t = ~h
+
+        def wmean(x, mask):
+            return float((p[mask] * x[mask]).sum() / p[mask].sum()) if mask.any() else float("nan")
+
+        return {
+            "loss": float(p @ per_loss),
+            "acc": float(p @ correct),
+            "loss/head": wmean(per_loss, h),
+            "loss/tail": wmean(per_loss, t),
+            "acc/head": float(correct[h].mean()) if h.any() else float("nan"),
+            "acc/tail": float(correct[t].mean()) if t.any() else float("nan"),
+            "correct_prob/min": float(probs.min()),
+            "gap": float(probs.max() - probs.min()),
+            "per_class_loss": per_loss.tolist(),
+            "per_class_prob": probs.tolist(),
+        }

@@ -1,0 +1,128 @@
+"""Run records: ``metrics.jsonl`` and the same scalars as TensorBoard events.
+
+:class:`RunLog` is the one writer of a run's records (process 0 only). Every record goes
+to ``metrics.jsonl`` (schema in :mod:`amemory.train.loop`) and each of its scalars to a
+TensorBoard event file in the run directory (``tensorboardX``, no TensorFlow), so
+``tensorboard --logdir runs/`` compares runs. Tags are ``<kind>/<field>`` (``train/loss``,
+``eval/loss/bucket_0``, ``spectrum/spectrum/vo/entropy``; events: ``event/<event>/<field>``);
+in multi-seed runs a per-seed list becomes one tag per seed, ``<tag>/seed_<seed>``.
+Lists that are not per-seed values (per-class losses) and strings stay in the jsonl only.
+
+On resume, records after the restored step are dropped from the jsonl, and TensorBoard is
+told to purge events from that step on (``purge_step``), so both show one history.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import numbers
+import pathlib
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import jax
+import numpy as np
+
+from amemory import atomic
+
+
+def jsonable(x: Any) -> Any:
+    """Arrays, numpy scalars and nested containers -> JSON values (non-finite -> None)."""
+    if isinstance(x, dict):
+        return {str(k): jsonable(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [jsonable(v) for v in x]
+    if isinstance(x, (np.ndarray, jax.Array)):
+        return jsonable(np.asarray(x).tolist())
+    if isinstance(x, (np.floating, float)):
+        x = float(x)
+        return x if math.isfinite(x) else None
+    if isinstance(x, (np.integer,)):
+        return int(x)
+    if isinstance(x, np.bool_):
+        return bool(x)
+    return x
+
+
+def _number(v: Any) -> bool:
+    return isinstance(v, numbers.Real) and not isinstance(v, bool)
+
+
+def scalars(record: dict[str, Any], seeds: Sequence[int] | None) -> Iterator[tuple[str, float]]:
+    """``(tag, value)`` of every scalar of a jsonl record (see the module docstring).
+
+    Args:
+      record: a jsonl record (``kind``, ``step``, fields; values already JSON-able).
+      seeds: the run's seeds when it is multi-seed (per-seed lists), else None.
+    """
+    kind = record["kind"]
+    prefix = f"event/{record.get('event')}" if kind == "event" else kind
+    for name, v in record.items():
+        if name in ("kind", "step", "event"):
+            continue
+        tag = f"{prefix}/{name}"
+        if _number(v):
+            yield tag, float(v)
+        elif seeds and isinstance(v, list) and len(v) == len(seeds):
+            for s, x in zip(seeds, v, strict=True):
+                if _number(x):
+                    yield f"{tag}/seed_{s}", float(x)
+
+
+class RunLog:
+    """``metrics.jsonl`` + TensorBoard writer of one run (a no-op on processes other than 0).
+
+    Args:
+      workdir: run directory; the jsonl is ``workdir/metrics.jsonl``, events go to
+        ``workdir/events.out.tfevents.*``.
+      enabled: write (process 0) or not.
+      keep_until: on resume, the restored step: jsonl records after it are dropped and
+        TensorBoard events from ``keep_until + 1`` on are purged. None: a fresh run.
+      seeds: the seeds of a multi-seed run (per-seed scalar tags), or None.
+    """
+
+    def __init__(
+        self,
+        workdir: pathlib.Path,
+        enabled: bool,
+        keep_until: int | None,
+        seeds: Sequence[int] | None = None,
+    ):
+        self.path, self.enabled, self.seeds = workdir / "metrics.jsonl", enabled, seeds
+        if not enabled:
+            return
+        if keep_until is None:
+            self.path.write_text("")
+        elif self.path.exists():
+            kept = []
+            for line in self.path.read_text().splitlines():
+                try:
+                    rec = json.loads(line)
+                except json.JSONDecodeError:
+                    continue  # a line cut by a kill
+                if int(rec.get("step", 0)) <= keep_until:
+                    kept.append(line)
+            atomic.write_text(self.path, "".join(line + "\n" for line in kept))
+        self._f = self.path.open("a")
+        from tensorboardX import SummaryWriter
+
+        purge = None if keep_until is None else keep_until + 1
+        self._tb = SummaryWriter(logdir=str(workdir), purge_step=purge, flush_secs=30)
+
+    def write(self, kind: str, step: int, **fields: Any) -> dict[str, Any]:
+        """Append one record (``kind``, ``step`` = optimizer steps completed, fields)."""
+        rec = {"kind": kind, "step": int(step), **jsonable(fields)}
+        if not self.enabled:
+            return rec
+        self._f.write(json.dumps(rec) + "\n")
+        self._f.flush()
+        for tag, value in scalars(rec, self.seeds):
+            self._tb.add_scalar(tag, value, global_step=int(step))
+        return rec
+
+    def close(self) -> None:
+        """Flush and close both files."""
+        if self.enabled:
+            self._f.close()
+            self._tb.close()

@@ -1,0 +1,345 @@
+"""`amemory bench optim --devices N`: Muon on FSDP-sharded parameters, owner vs GSPMD vs optax.
+
+On an ``N``-device mesh with one axis ``"fsdp"`` (fake CPU devices on a CPU host), every
+leaf of a GPT-shaped tree of hidden matrices (``experiments.bench.optim.gpt_tree``) is
+split along its largest axis divisible by ``N`` (``amemory.train.parallel.fsdp_spec``),
+and so are gradients and optimizer states. Three jitted updates see the same inputs
+and keep their outputs in that sharding:
+
+  (a) ``amemory-owner``  ``muon(lr, preset="optax", ns_mesh=(mesh, "fsdp"))``: the owner
+      layout (``amemory.optim.distributed``): all-to-all in, Newton-Schulz on whole
+      matrices with no collective, all-to-all out;
+  (b) ``amemory-gspmd``  the same with ``distributed="gspmd"``: XLA's partitioner places
+      Newton-Schulz on the split matrices;
+  (c) ``optax``          ``optax.contrib.muon(lr)`` (preset ``"optax"`` is its maths).
+
+Timings are interleaved in one process (medians), beside the same two optimizers
+unsharded on one device (context rows ``amemory-1dev``, ``optax-1dev``). Bytes moved per
+update are read from
+each compiled HLO (every all-to-all / all-gather / all-reduce / reduce-scatter /
+collective-permute, ring model, summed over devices) and printed beside the bytes of one
+ring all-reduce of the gradient (``2 (n-1) P`` over devices for ``P`` parameter bytes) and
+beside the owner layout's model (``amemory.optim.distributed``). The model is checked on
+sub-meshes of 2, 4 and 8 devices.
+
+Note: fake CPU devices share the host's cores, so a time here is the total work of all
+devices (plus copies), not the critical path of one device as on real accelerators.
+
+Usage:
+  amemory bench optim --devices 8 [--quick] [--trees cpu,gpt2-small] [--reps N]
+                      [--gpt2-layers N] [--json PATH]
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import pathlib
+import platform
+import re
+import subprocess
+import sys
+import time
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
+from optax.contrib import muon as optax_muon
+
+from amemory import atomic
+from amemory.optim import muon
+from amemory.optim._matrices import leaf_layouts
+from amemory.optim.distributed import OwnerLayout
+
+LR = 0.02
+TREES = {"cpu": (256, 4, 1024), "gpt2-small": (768, 4, 3072)}  # (d_model, layers, d_ff)
+OPS = ("all-to-all", "all-gather", "all-reduce", "reduce-scatter", "collective-permute")
+DTYPE_BYTES = {"f32": 4, "bf16": 2, "f16": 2, "f64": 8, "s32": 4, "u32": 4, "pred": 1}
+
+
+def _error(message: str) -> None:
+    sys.stderr.write(f"amemory bench optim: error: {message}\n")
+    raise SystemExit(2)
+
+
+# --------------------------------------------------------------------------- HLO bytes
+
+
+def _group_size(line: str, n: int) -> int:
+    """Devices per replica group of one collective instruction (HLO text)."""
+    m = re.search(r"replica_groups=\{(\{[\d,]*\})", line)
+    if m:
+        return len(m.group(1).strip("{}").split(","))
+    m = re.search(r"replica_groups=\[(\d+),(\d+)\]<=", line)
+    if m:
+        return int(m.group(2))
+    m = re.search(r"replica_groups=mesh\[([^\]]*)\].*?\}? \{([^}]*)\}", line)
+    if m:
+        sizes = dict(re.findall(r"'(\w+)'=(\d+)", m.group(1)))
+        return math.prod(int(sizes[a]) for a in re.findall(r"'(\w+)'", m.group(2)))
+    return n
+
+
+def _result_bytes(line: str) -> int:
+    head = line.split("=", 1)[1].split(" all-")[0].split(" reduce-")[0]
+    head = head.split(" collective-")[0]
+    total = 0
+    for dt, dims in re.findall(r"\b(f32|bf16|f16|f64|s32|u32|pred)\[([\d,]*)\]", head):
+        total += DTYPE_BYTES[dt] * math.prod(int(d) for d in dims.split(",") if d)
+    return total
+
+
+def hlo_bytes(text: str, n: int) -> dict[str, Any]:
+    """Collectives of a compiled HLO module: count and bytes sent, summed over ``n`` devices.
+
+    Ring model per device, ``g`` devices per group, ``S`` the result bytes per device:
+    all-to-all ``(g-1)/g S``; all-gather ``(g-1)/g S``; all-reduce ``2 (g-1)/g S``;
+    reduce-scatter ``(g-1) S``; collective-permute ``S``. Instructions inside while-loop
+    bodies count ``known_trip_count`` times.
+    """
+    trips: dict[str, int] = {}
+    for m in re.finditer(r"body=%?([\w.\-]+)[^\n]*?known_trip_count[^\d]*(\d+)", text):
+        trips[m.group(1)] = int(m.group(2))
+    counts = dict.fromkeys(OPS, 0)
+    sent = 0.0
+    mult = 1
+    for line in text.splitlines():
+        comp = re.match(r"%?([\w.\-]+) [^=]*\{\s*$", line)
+        if comp:
+            mult = trips.get(comp.group(1), 1)
+        for op in OPS:
+            if re.search(rf"\b{op}(?:-start)?\(", line) and "=" in line:
+                g, s = _group_size(line, n), _result_bytes(line)
+                per = {"all-to-all": (g - 1) / g * s, "all-gather": (g - 1) / g * s,
+                       "all-reduce": 2 * (g - 1) / g * s, "reduce-scatter": (g - 1) * s,
+                       "collective-permute": s}[op]  # fmt: skip
+                counts[op] += mult
+                sent += mult * per * n
+    return {"ops": counts, "bytes": sent}
+
+
+# --------------------------------------------------------------------------- set-up
+
+
+def fsdp_spec(shape: tuple[int, ...], s: int) -> P:
+    """amemory.train.parallel.fsdp_spec: split the largest axis divisible by ``s``."""
+    cands = [i for i, d in enumerate(shape) if d % s == 0 and d >= s]
+    if s == 1 or not cands:
+        return P()
+    ax = max(cands, key=lambda i: (shape[i], -i))
+    return P(*[("fsdp" if i == ax else None) for i in range(len(shape))])
+
+
+def _candidates(mesh) -> dict[str, optax.GradientTransformation]:
+    ns = (mesh, "fsdp")
+    return {
+        "amemory-owner": muon(LR, preset="optax", ns_mesh=ns, distributed="owner"),
+        "amemory-gspmd": muon(LR, preset="optax", ns_mesh=ns, distributed="gspmd"),
+        "optax": optax_muon(LR),
+    }
+
+
+def _compile(mesh, tx, params, grads):
+    s = mesh.shape["fsdp"]
+    shard = lambda t: jax.tree.map(lambda x: NamedSharding(mesh, fsdp_spec(np.shape(x), s)), t)  # noqa: E731
+    state = jax.eval_shape(tx.init, params)
+    st_sh, p_sh = shard(state), shard(params)
+    state = jax.jit(tx.init, out_shardings=st_sh)(params)
+    p, g = jax.device_put(params, p_sh), jax.device_put(grads, p_sh)
+    fn = jax.jit(tx.update, out_shardings=(p_sh, st_sh)).lower(g, state, p).compile()
+    return fn, (g, state, p)
+
+
+def _model_bytes(mesh, params) -> float:
+    layout = OwnerLayout(mesh, ("fsdp",))
+    _, _, lays = leaf_layouts(params, None)
+    groups = layout.plan(lays, batch_leaves=True, by_orientation=False)
+    return sum(layout.bytes_moved(g) for g in groups)
+
+
+def bench_tree(name: str, params: dict, n: int, reps: int) -> dict[str, Any]:
+    """Time (a), (b), (c) on the n-device mesh (interleaved) and measure their bytes."""
+    rng = np.random.default_rng(1)
+    grads = jax.tree.map(lambda x: jnp.asarray(rng.standard_normal(x.shape), x.dtype), params)
+    mesh = jax.make_mesh((n,), ("fsdp",), axis_types=(jax.sharding.AxisType.Auto,))
+    fns, args, outs, hlo, compile_s = {}, {}, {}, {}, {}
+    for key, tx in _candidates(mesh).items():
+        t0 = time.perf_counter()
+        fns[key], args[key] = _compile(mesh, tx, params, grads)
+        outs[key] = jax.tree.map(np.asarray, fns[key](*args[key])[0])
+        compile_s[key] = time.perf_counter() - t0
+        hlo[key] = hlo_bytes(fns[key].as_text(), n)
+    ref = jax.tree.leaves(outs["optax"])
+    diff = {
+        k: max(
+            float(np.max(np.abs(a - b))) for a, b in zip(jax.tree.leaves(outs[k]), ref, strict=True)
+        )
+        for k in ("amemory-owner", "amemory-gspmd")
+    }
+    # context: the same updates unsharded on one device (not part of the ratios)
+    one = {"amemory-1dev": muon(LR, preset="optax"), "optax-1dev": optax_muon(LR)}
+    for key, tx in one.items():
+        state = tx.init(params)
+        fns[key], args[key] = jax.jit(tx.update), (grads, state, params)
+        jax.block_until_ready(fns[key](*args[key]))
+    times: dict[str, list[float]] = {k: [] for k in fns}
+    for _ in range(reps):
+        for key, fn in fns.items():
+            t0 = time.perf_counter()
+            jax.block_until_ready(fn(*args[key]))
+            times[key].append(time.perf_counter() - t0)
+    med = {k: float(np.median(v)) for k, v in times.items()}
+    p_bytes = sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(params))
+    return {
+        "tree": name,
+        "devices": n,
+        "n_matrices": len(jax.tree.leaves(params)),
+        "param_bytes": p_bytes,
+        "grad_allreduce_bytes": 2 * (n - 1) * p_bytes,
+        "reps": reps,
+        "time_ms": {k: 1e3 * v for k, v in med.items()},
+        "time_ms_all": {k: [1e3 * t for t in v] for k, v in times.items()},
+        "compile_s": compile_s,
+        "ratio_vs_optax": med["amemory-owner"] / med["optax"],
+        "ratio_gspmd_vs_optax": med["amemory-gspmd"] / med["optax"],
+        "ratio_owner_vs_gspmd": med["amemory-owner"] / med["amemory-gspmd"],
+        "max_abs_diff_vs_optax": diff,
+        "collectives": {k: v["ops"] for k, v in hlo.items()},
+        "bytes_per_update": {k: v["bytes"] for k, v in hlo.items()},
+        "bytes_over_param_bytes": {k: v["bytes"] / p_bytes for k, v in hlo.items()},
+        "owner_model_bytes": _model_bytes(mesh, params),
+    }
+
+
+def scaling(params: dict, counts: list[int]) -> list[dict[str, Any]]:
+    """Bytes per update of (a), (b), (c) and the owner model on sub-meshes of ``counts`` devices."""
+    rows = []
+    grads = jax.tree.map(jnp.zeros_like, params)
+    p_bytes = sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(params))
+    for n in counts:
+        devs = np.asarray(jax.devices()[:n])
+        mesh = jax.sharding.Mesh(devs, ("fsdp",), axis_types=(jax.sharding.AxisType.Auto,))
+        row: dict[str, Any] = {"devices": n, "param_bytes": p_bytes,
+                               "owner_model_bytes": _model_bytes(mesh, params)}  # fmt: skip
+        for key, tx in _candidates(mesh).items():
+            fn, _ = _compile(mesh, tx, params, grads)
+            row[key] = hlo_bytes(fn.as_text(), n)["bytes"]
+        rows.append(row)
+    return rows
+
+
+def _print_row(r: dict[str, Any]) -> None:
+    t, b = r["time_ms"], r["bytes_per_update"]
+    print(
+        f"\n[{r['tree']}] {r['n_matrices']} matrices, {r['param_bytes'] / 1e6:.1f} MB params, "
+        f"FSDP over {r['devices']} devices, median of {r['reps']}"
+    )
+    print(f"  {'':14s} {'time ms':>10s} {'MB moved':>10s} {'x params':>9s}  collectives")
+    for k in t:
+        if k not in b:  # one-device context rows
+            print(f"  {k:14s} {t[k]:10.1f} {'-':>10s} {'-':>9s}  (unsharded, one device)")
+            continue
+        ops = {o: c for o, c in r["collectives"][k].items() if c}
+        print(f"  {k:14s} {t[k]:10.1f} {b[k] / 1e6:10.2f} {b[k] / r['param_bytes']:9.2f}  {ops}")
+    print(
+        f"  ratio owner/optax = {r['ratio_vs_optax']:.3f}, gspmd/optax = "
+        f"{r['ratio_gspmd_vs_optax']:.3f}, owner/gspmd = {r['ratio_owner_vs_gspmd']:.3f}; "
+        f"owner model {r['owner_model_bytes'] / 1e6:.2f} MB; one gradient all-reduce "
+        f"{r['grad_allreduce_bytes'] / 1e6:.2f} MB; max |update - optax| "
+        + ", ".join(f"{k} {v:.1e}" for k, v in r["max_abs_diff_vs_optax"].items())
+    )
+
+
+def _ensure_devices(n: int, argv: list[str]) -> int | None:
+    """Make ``n`` CPU devices visible; re-run in a fresh process if JAX already started."""
+    try:
+        jax.config.update("jax_num_cpu_devices", n)
+    except RuntimeError:
+        pass  # backend already initialised
+    if jax.device_count() >= n:
+        return None
+    if jax.default_backend() != "cpu" or os.environ.get("AMEMORY_BENCH_CHILD"):
+        _error(f"--devices {n}: only {jax.device_count()} {jax.default_backend()} devices")
+    env = dict(os.environ, AMEMORY_BENCH_CHILD="1")
+    env["XLA_FLAGS"] = (
+        env.get("XLA_FLAGS", "") + f" --xla_force_host_platform_device_count={n}"
+    ).strip()
+    cmd = [sys.executable, "-m", "experiments.bench.optim_distributed", *argv]
+    return subprocess.call(cmd, env=env)
+
+
+def main(argv: list[str]) -> int:
+    """Run the distributed benchmark; ``argv`` excludes the program name."""
+    parser = argparse.ArgumentParser(prog="amemory bench optim", description=__doc__)
+    parser.add_argument("--devices", type=int, required=True, help="mesh size (fake CPU devices)")
+    parser.add_argument("--quick", action="store_true", help="cpu tree only, 3 reps")
+    parser.add_argument("--trees", default=None, help=f"comma list from {sorted(TREES)}")
+    parser.add_argument("--reps", type=int, default=None, help="timed repetitions per tree")
+    parser.add_argument("--gpt2-layers", type=int, default=4, help="gpt2-small layers (4)")
+    parser.add_argument("--json", type=pathlib.Path, default=None, help="write figures here")
+    args = parser.parse_args(argv)
+    trees = args.trees.split(",") if args.trees else (["cpu"] if args.quick else list(TREES))
+    if [t for t in trees if t not in TREES] or args.devices < 2:
+        _error(f"--trees from {sorted(TREES)}; --devices >= 2")
+    reps = args.reps if args.reps is not None else (3 if args.quick else 5)
+    code = _ensure_devices(args.devices, argv)
+    if code is not None:
+        return code
+    from experiments.bench.optim import gpt_tree
+
+    n = args.devices
+    load = os.getloadavg()
+    print(
+        f"amemory bench optim --devices {n}: jax {jax.__version__}, optax {optax.__version__}, "
+        f"{jax.devices()[0].platform}, {os.cpu_count()} host cores, load {load[0]:.1f}"
+    )
+    results = []
+    for name in trees:
+        d, layers, d_ff = TREES[name]
+        layers = args.gpt2_layers if name == "gpt2-small" else layers
+        r = bench_tree(name, gpt_tree(d, layers, d_ff), n, reps)
+        r["shape"] = {"d_model": d, "n_layers": layers, "d_ff": d_ff}
+        _print_row(r)
+        results.append(r)
+    counts = [c for c in (2, 4, 8) if c <= n]
+    d, layers, d_ff = TREES[trees[0]]
+    scale = scaling(gpt_tree(d, layers, d_ff), counts)
+    print(f"\nbytes per update vs devices ({trees[0]} tree, MB summed over devices):")
+    print(
+        f"  {'devices':>7s} {'owner':>8s} {'model':>8s} {'gspmd':>8s} {'optax':>8s} {'params':>8s}"
+    )
+    for row in scale:
+        print(
+            f"  {row['devices']:7d} {row['amemory-owner'] / 1e6:8.2f} "
+            f"{row['owner_model_bytes'] / 1e6:8.2f} {row['amemory-gspmd'] / 1e6:8.2f} "
+            f"{row['optax'] / 1e6:8.2f} {row['param_bytes'] / 1e6:8.2f}"
+        )
+    if args.json:
+        payload = {
+            "command": "amemory bench optim " + " ".join(argv),
+            "jax": jax.__version__,
+            "optax": optax.__version__,
+            "platform": jax.devices()[0].platform,
+            "host_cores": os.cpu_count(),
+            "load_avg_1m_at_start": load[0],
+            "machine": platform.machine(),
+            "distributed": {
+                # (a)/(c) per tree: amemory owner layout over optax.contrib.muon, both sharded
+                "ratio_vs_optax": {r["tree"]: r["ratio_vs_optax"] for r in results},
+                "results": results,
+                "scaling": scale,
+            },
+        }
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        atomic.write_json(args.json, payload)
+        print(f"\nwrote {args.json}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(sys.argv[1:]))
