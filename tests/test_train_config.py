@@ -16,6 +16,7 @@ def test_overrides_typed_and_locked():
             "seeds=0,1,2",
             "model.qk_norm=true",
             "optimizer.lr=1e-3",
+            "schedule.warmup_steps=5",  # <= steps
         ],
     )
     assert c.optimizer.name == "signgd" and c.steps == 7 and c.seeds == (0, 1, 2)
@@ -116,7 +117,8 @@ def test_cli_rejects_bad_overrides_before_training(capsys, tmp_path):
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "allowed values" in err
     assert cli.main(["--config", LM_CONFIG, "--workdir", str(tmp_path), "--bogus"]) == 2
-    assert cli.main(["--config", LM_CONFIG, "--print-config", "--config.steps", "3"]) == 0
+    args = ["--config.steps", "3", "--config.schedule.warmup_steps=0"]  # warmup <= steps
+    assert cli.main(["--config", LM_CONFIG, "--print-config", *args]) == 0
     assert "steps: 3" in capsys.readouterr().out
     assert not any(tmp_path.iterdir())  # nothing was written, nothing compiled
 

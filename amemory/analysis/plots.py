@@ -9,6 +9,7 @@ Colours are fixed per optimizer name so every figure of a report agrees.
 
 from __future__ import annotations
 
+import io
 import os
 import pathlib
 from collections.abc import Mapping, Sequence
@@ -20,6 +21,8 @@ matplotlib.use("Agg")  # headless; must precede pyplot
 import matplotlib.pyplot as plt  # noqa: E402
 import matplotlib.ticker  # noqa: E402
 import numpy as np  # noqa: E402
+
+from amemory import atomic  # noqa: E402
 
 __all__ = [
     "COLORS",
@@ -60,13 +63,13 @@ def color_for(name: str, index: int = 0) -> Any:
 
 
 def save(fig: plt.Figure, path: str | os.PathLike, dpi: int = 100) -> pathlib.Path:
-    """Save ``fig`` as PNG at ``path`` (parents created), close it, return the path."""
+    """Save ``fig`` as PNG at ``path`` atomically (parents created), close it, return the path."""
     path = pathlib.Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
     fig.tight_layout()
-    fig.savefig(path, dpi=dpi)
+    buf = io.BytesIO()
+    fig.savefig(buf, dpi=dpi, format="png")
     plt.close(fig)
-    return path
+    return atomic.write_bytes(path, buf.getvalue())
 
 
 def plot_gap_vs_loss(
