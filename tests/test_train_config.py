@@ -160,7 +160,7 @@ def test_preset_defines_momentum_and_scaling_not_config_defaults():
     for _ in range(3):
         g = rng.normal(size=w.shape).astype(np.float32)
         upd, state = built.tx.update({"w": jnp.asarray(g)}, state, {"w": jnp.asarray(w)})
-        mom = 0.95 * mom + g  # wang2025: mu = 0.95 (papers.md A.3), sum form
+        mom = 0.95 * mom + g  # wang2025: mu = 0.95 (arXiv 2509.26030), sum form
         np.testing.assert_allclose(
             np.asarray(upd["w"]), -0.1 * _np_newton_schulz(mom), rtol=1e-4, atol=1e-5
         )

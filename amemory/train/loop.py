@@ -44,7 +44,7 @@ numeric value below is a list with one entry per seed, in ``config.seeds`` order
   biographies:     fta/group_<g> first-token accuracy of group g, fta (all questions)
   memory:          loss (population loss, nats), acc (prior-weighted accuracy),
                    loss/head, loss/tail, acc/head, acc/tail, correct_prob/min, gap (Delta(W) of
-                   papers.md A.2), per_class_loss and per_class_prob (lists of length K)
+                   docs/science.md), per_class_loss and per_class_prob (lists of length K)
 
 ``kind == "spectrum"`` (every ``config.spectrum_every`` steps):
   spectrum/<role>/<metric>  isotropy metrics (amemory.analysis.spectrum.spectrum_metrics) of the
