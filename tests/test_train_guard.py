@@ -523,3 +523,9 @@ def test_print_config_shows_each_field_comment(capsys):
             x.lstrip().startswith(f"{leaf}: ") and x.endswith(f"# {comment}") for x in out
         ), (leaf, comment)
     assert "steps: 70  # optimizer steps" in out
+    # engine fields the file does not assign carry amemory.train.config.ENGINE_DEFAULTS' comment
+    from amemory.train.config import ENGINE_DEFAULTS
+
+    for dotted, (_, comment) in ENGINE_DEFAULTS.items():
+        leaf = dotted.split(".")[-1]
+        assert any(x.lstrip().startswith(f"{leaf}: ") and x.endswith(f"# {comment}") for x in out)

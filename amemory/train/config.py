@@ -474,7 +474,7 @@ def format_config(config: ConfigDict, path: str | pathlib.Path | None = None) ->
     Values are JSON (strings quoted, ``null`` for None); fields appear in the order
     of the config file ``path`` (``path[:arg]`` accepted), each with its comments from
     that file (:func:`field_comments`); fields the file does not assign follow,
-    sorted, without comments.
+    sorted, with their :data:`ENGINE_DEFAULTS` comment where they have one.
     """
     comments = field_comments(str(path).partition(":")[0]) if path is not None else {}
     order = {name: i for i, (name, (_, _, i)) in enumerate(comments.items())}
@@ -486,7 +486,8 @@ def format_config(config: ConfigDict, path: str | pathlib.Path | None = None) ->
 
         for k in sorted(node.keys(), key=key):
             name = prefix + k
-            block, trailing, _ = comments.get(name, ((), "", 0))
+            engine = ENGINE_DEFAULTS.get(name, (None, ""))[1]
+            block, trailing, _ = comments.get(name, ((), engine, 0))
             out.extend(f"{indent}# {c}" for c in block)
             value = node[k]
             if isinstance(value, ConfigDict):
