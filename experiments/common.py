@@ -31,6 +31,8 @@ from typing import Any
 
 import numpy as np
 
+from amemory import atomic
+
 SCALES = ("quick", "full")
 
 
@@ -147,11 +149,8 @@ def to_jsonable(obj: Any) -> Any:
 
 
 def save_json(path: str | os.PathLike, obj: Any) -> pathlib.Path:
-    """Write ``obj`` as indented JSON (via :func:`to_jsonable`); returns the path."""
-    path = pathlib.Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(to_jsonable(obj), indent=1, sort_keys=False) + "\n")
-    return path
+    """Write ``obj`` as indented JSON (via :func:`to_jsonable`), atomically; returns the path."""
+    return atomic.write_json(path, to_jsonable(obj), indent=1)
 
 
 def load_json(path: str | os.PathLike) -> Any:
@@ -369,11 +368,32 @@ def _semantic_hash(cfg: Any) -> str:
     return config_hash(d)
 
 
+def _read_cached(workdir: pathlib.Path) -> tuple[dict[str, Any], list] | None:
+    """A cached run's (summary, metrics records), or None when absent or unreadable.
+
+    An unreadable entry (a summary.json or metrics.jsonl cut short by an older,
+    non-atomic writer, or damaged on disk) is treated as missing: the run is trained
+    again, and a line on stderr says so.
+    """
+    path = workdir / "summary.json"
+    if not path.exists():
+        return None
+    try:
+        summary = load_json(path)
+        if not isinstance(summary, dict):
+            raise ValueError("summary.json holds no JSON object")
+        return summary, read_jsonl(workdir / "metrics.jsonl")
+    except (OSError, ValueError) as e:  # json.JSONDecodeError and UnicodeDecodeError included
+        sys.stderr.write(f"amemory: cached run {workdir} is unreadable ({e}); training it again\n")
+        return None
+
+
 def train_cached(cfg: Any, cache_dir: str | os.PathLike, label: str) -> dict[str, Any]:
     """Train ``cfg`` with :func:`amemory.train.train`, reusing an identical earlier run.
 
     The run directory is ``cache_dir/<label>-<hash of cfg>``; when it already holds a
-    ``summary.json`` (same config, same machine) the run is not repeated. This lets
+    readable ``summary.json`` (same config, same machine) the run is not repeated (an
+    unreadable one is retrained, with a line on stderr). This lets
     stages share runs (the ablation's "none" and "all" are tail_lm's Adam and Muon).
 
     Returns:
@@ -391,18 +411,20 @@ def train_cached(cfg: Any, cache_dir: str | os.PathLike, label: str) -> dict[str
         same = sorted(pathlib.Path(cache_dir).glob(f"*-{h}/summary.json"))
         if same:
             workdir = same[0].parent
-    cached = (workdir / "summary.json").exists()
+    found = _read_cached(workdir)
+    cached = found is not None
     if cached:
-        summary = load_json(workdir / "summary.json")
+        summary, records = found
     else:
-        if workdir.exists():  # an interrupted earlier attempt: start clean
+        if workdir.exists():  # an interrupted earlier attempt, or an unreadable one: start clean
             import shutil
 
             shutil.rmtree(workdir)
         summary = train(cfg, workdir)
+        records = read_jsonl(workdir / "metrics.jsonl")
     return {
         "summary": summary,
-        "records": read_jsonl(workdir / "metrics.jsonl"),
+        "records": records,
         "workdir": str(workdir),
         "cached": cached,
         "label": label,

@@ -39,7 +39,6 @@ import argparse
 import os
 import pathlib
 import resource
-import shutil
 import subprocess
 import sys
 import time
@@ -47,6 +46,7 @@ import traceback
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from amemory import atomic
 from experiments import common
 
 DEFAULT_STAGES = (
@@ -155,7 +155,7 @@ def run_check(scale: str, stage_dir: pathlib.Path, enabled: bool) -> dict[str, A
     bar.update(1)
     bar.close()
     log = proc.stdout + ("\n" + proc.stderr if proc.stderr else "")
-    (stage_dir / "check.log").write_text(log)
+    atomic.write_text(stage_dir / "check.log", log)
     counts, failed = "", []
     if json_path.exists():
         data = common.load_json(json_path)
@@ -358,7 +358,7 @@ def write_report(
             lines.append(f"![{pathlib.Path(f).stem}]({r['name']}/{f})")
         lines.append("")
     path = out / "report.md"
-    path.write_text("\n".join(lines) + "\n")
+    atomic.write_text(path, "\n".join(lines) + "\n")
     return path
 
 
@@ -378,7 +378,7 @@ def update_readme(readme: pathlib.Path, out: pathlib.Path, results: Sequence[dic
     links = []
     for p in _figure_paths(out, results):
         dest = fig_dir / p.name
-        shutil.copyfile(p, dest)
+        atomic.write_bytes(dest, p.read_bytes())
         links.append(f"![{p.stem}]({dest.relative_to(readme.parent).as_posix()})")
     scale = results[0]["scale"] if results else "quick"
     minutes = sum(float(r.get("wall_s", 0.0)) for r in results) / 60
@@ -399,7 +399,7 @@ def update_readme(readme: pathlib.Path, out: pathlib.Path, results: Sequence[dic
     )
     start = text.index(README_BEGIN)
     end = text.index(README_END) + len(README_END)
-    readme.write_text(text[:start] + block + text[end:])
+    atomic.write_text(readme, text[:start] + block + text[end:])
 
 
 def summary_lines(results: Sequence[dict[str, Any]], report: pathlib.Path) -> list[str]:
@@ -458,7 +458,7 @@ def reproduce(
                 )
         except Exception as e:  # noqa: BLE001 - a failed stage must not stop the others
             stage_dir.mkdir(parents=True, exist_ok=True)
-            (stage_dir / "error.txt").write_text(traceback.format_exc())
+            atomic.write_text(stage_dir / "error.txt", traceback.format_exc())
             sys.stderr.write(f"stage {name} failed: {type(e).__name__}: {e}\n")
             res = _failed(name, scale, e, time.perf_counter() - s0)
         res["cpu_s"] = cpu_seconds() - c0

@@ -1,4 +1,4 @@
-"""Tests for amemory.models.memory against numpy references and papers.md closed forms."""
+"""amemory.models.memory against numpy references and docs/science.md's closed forms."""
 
 import math
 
@@ -90,7 +90,7 @@ def test_loss_and_gradient_at_zero_match_closed_form(builder):
 
 
 def test_singular_values_of_X_match_prop_F3():
-    """Sanity link to papers.md A.1: the singular values of the gradient at 0."""
+    """Prop. F.3 of arXiv 2509.26030 (docs/science.md): singular values of the gradient at 0."""
     K, L, alpha = 12, 3, 0.8
     with jax.enable_x64(True):
         E, Et = memory.coupled_rotation(K)

@@ -160,7 +160,7 @@ def test_normuon_matches_official_update():
 
 
 def test_paper_update_is_minus_lr_polar_in_float64():
-    """momentum=0, exact polar, no scaling: W <- W - lr msgn(G) (papers.md, A.1 / B.1)."""
+    """momentum=0, exact polar, no scaling: W <- W - lr msgn(G) (docs/science.md, notation)."""
     rng = np.random.default_rng(6)
     g = rng.standard_normal((9, 7))
     g = g - g.mean(axis=0, keepdims=True)  # 1^T G = 0: rank deficient

@@ -16,6 +16,7 @@ def test_overrides_typed_and_locked():
             "seeds=0,1,2",
             "model.qk_norm=true",
             "optimizer.lr=1e-3",
+            "schedule.warmup_steps=5",  # <= steps
         ],
     )
     assert c.optimizer.name == "signgd" and c.steps == 7 and c.seeds == (0, 1, 2)
@@ -116,7 +117,8 @@ def test_cli_rejects_bad_overrides_before_training(capsys, tmp_path):
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "allowed values" in err
     assert cli.main(["--config", LM_CONFIG, "--workdir", str(tmp_path), "--bogus"]) == 2
-    assert cli.main(["--config", LM_CONFIG, "--print-config", "--config.steps", "3"]) == 0
+    args = ["--config.steps", "3", "--config.schedule.warmup_steps=0"]  # warmup <= steps
+    assert cli.main(["--config", LM_CONFIG, "--print-config", *args]) == 0
     assert "steps: 3" in capsys.readouterr().out
     assert not any(tmp_path.iterdir())  # nothing was written, nothing compiled
 
@@ -158,7 +160,7 @@ def test_preset_defines_momentum_and_scaling_not_config_defaults():
     for _ in range(3):
         g = rng.normal(size=w.shape).astype(np.float32)
         upd, state = built.tx.update({"w": jnp.asarray(g)}, state, {"w": jnp.asarray(w)})
-        mom = 0.95 * mom + g  # wang2025: mu = 0.95 (papers.md A.3), sum form
+        mom = 0.95 * mom + g  # wang2025: mu = 0.95 (arXiv 2509.26030), sum form
         np.testing.assert_allclose(
             np.asarray(upd["w"]), -0.1 * _np_newton_schulz(mom), rtol=1e-4, atol=1e-5
         )

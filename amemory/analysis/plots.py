@@ -13,6 +13,7 @@ interval (:func:`amemory.analysis.stats.band`), the interval the reports' verdic
 
 from __future__ import annotations
 
+import io
 import os
 import pathlib
 from collections.abc import Mapping, Sequence
@@ -25,6 +26,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import matplotlib.ticker  # noqa: E402
 import numpy as np  # noqa: E402
 
+from amemory import atomic  # noqa: E402
 from amemory.analysis import stats  # noqa: E402
 
 __all__ = [
@@ -80,13 +82,13 @@ def _line(ax: Any, x: Sequence[float], y: Any, *, label: str, color: Any, **kw: 
 
 
 def save(fig: plt.Figure, path: str | os.PathLike, dpi: int = 100) -> pathlib.Path:
-    """Save ``fig`` as PNG at ``path`` (parents created), close it, return the path."""
+    """Save ``fig`` as PNG at ``path`` atomically (parents created), close it, return the path."""
     path = pathlib.Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
     fig.tight_layout()
-    fig.savefig(path, dpi=dpi)
+    buf = io.BytesIO()
+    fig.savefig(buf, dpi=dpi, format="png")
     plt.close(fig)
-    return path
+    return atomic.write_bytes(path, buf.getvalue())
 
 
 def plot_gap_vs_loss(

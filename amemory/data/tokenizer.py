@@ -21,7 +21,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from amemory.data.sources import TextCorpus, _atomic_write_bytes
+from amemory import atomic
+from amemory.data.sources import TextCorpus
 
 __all__ = ["EOT", "UNK", "TOKENIZER_KINDS", "get_tokenizer"]
 
@@ -99,7 +100,7 @@ def get_tokenizer(kind: str, vocab_size: int, corpus: TextCorpus):
     if path.exists():
         return Tokenizer.from_file(str(path))
     tok = _train_tokenizer(kind, vocab_size, corpus.train_texts)
-    _atomic_write_bytes(path, tok.to_str().encode("utf-8"))
+    atomic.write_bytes(path, tok.to_str().encode("utf-8"))
     return tok
 
 

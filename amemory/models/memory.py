@@ -1,8 +1,9 @@
 """One-layer linear associative memory of papers A and B, and its embedding builders.
 
-Model (papers.md A.1, B.1). K classes (facts). Fixed key embeddings E ``[d_in, K]``
-(column E_k is the key of query k) and value embeddings Ẽ ``[d_out, K]`` (column Ẽ_i is
-the value of answer i); the trained memory is W ``[d_out, d_in]``. For query k the
+Model (docs/science.md, "The one-layer associative memory"; Wang et al., arXiv
+2509.26030, and Li et al., arXiv 2602.05725). K classes (facts). Fixed key embeddings
+E ``[d_in, K]`` (column E_k is the key of query k) and value embeddings Ẽ ``[d_out, K]``
+(column Ẽ_i is the value of answer i); the trained memory is W ``[d_out, d_in]``. For query k the
 prediction is ``f_W(E_k) = softmax(Ẽᵀ W E_k)`` over the K answers.
 
 Everything here is a pure ``jax.numpy`` function: it keeps the dtype of its inputs (so it
@@ -260,7 +261,7 @@ def sampled_loss(
 def zyz_rotation(a: float, b: float, c: float) -> np.ndarray:
     """The ZYZ Euler rotation R(a, b, c) = R_z(a) R_y(b) R_z(c) of paper A, float64 ``[3, 3]``.
 
-    Rows (papers.md A.2):
+    Rows (Wang et al., arXiv 2509.26030, coupled embeddings; docs/science.md):
     ``[ca cb cc - sa sc, -ca cb sc - sa cc, ca sb]``,
     ``[sa cb cc + ca sc, -sa cb sc + ca cc, sa sb]``,
     ``[-sb cc, sb sc, cb]``.

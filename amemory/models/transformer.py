@@ -10,7 +10,7 @@ API used by the training loop (:func:`init`, :func:`apply`). Re-exported here: r
 :mod:`amemory.models.matrices`) and scanned-layer layouts (:func:`stack_layers`,
 :func:`unstack_layers`, from :mod:`amemory.models.scan`).
 
-Design choices (papers.md A.3; peers.md "Routing of non-matrix parameters"):
+Design choices (Wang et al., arXiv 2509.26030, experiments; docs/peers.md, "Routing"):
 
 * Q, K, V, O are four separate 2-D ``nnx.Linear`` kernels of shape ``[d_model, d_model]``
   (never 3-D head-split kernels), and the FFN has ``w_in``/``w_out`` (GELU) or
@@ -336,7 +336,7 @@ def preset(name: str, **overrides: Any) -> TransformerConfig:
     * ``small``: V=8192, D=256, 4 layers, 8 heads, F=1024, max_len 256, GELU, RMSNorm,
       RoPE, untied head: 7,342,336 parameters (5,245,184 of them outside the embeddings).
       Set ``vocab_size`` from the tokenizer. About 1 s per 32x128 training step on 2 CPU
-      cores (measured.md).
+      cores (docs/peers.md, reference measurements).
     * ``gpt2-small``: GPT-2 124M: V=50257, D=768, 12 layers, 12 heads, F=3072, max_len
       1024, GELU, LayerNorm, learned positions, tied head, biases: 124,439,808 parameters.
     * ``nanogpt-160m``: the "160M NanoGPT" of paper A's ablation (Wang et al. 2025, A.3).

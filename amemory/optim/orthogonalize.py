@@ -367,7 +367,7 @@ def polar(x: jax.Array, *, rtol: float | None = None) -> jax.Array:
     Raises:
       ValueError: ``x.ndim < 2`` or a negative ``rtol``.
 
-    Source: papers.md notation ``msgn``; Wang et al. 2025 (arXiv 2509.26030),
+    Source: the notation ``msgn`` of docs/science.md; Wang et al. 2025 (arXiv 2509.26030),
     Li et al. 2026 (arXiv 2602.05725).
     """
     _check_matrix(x, "polar")

@@ -1,15 +1,19 @@
 """Training engine: ``jit`` over a mesh (one device or many), ``pmap``, or many hosts.
 
 Public API (imported lazily, so ``amemory train --help`` and config errors stay fast):
-  train(config, workdir, *, resume=False) -> summary dict   (amemory.train.loop)
-  run(config, workdir, *, resume=False, task=None) -> (summary, final TrainState as numpy)
+  train(config, workdir, *, resume=False, allow_changed=()) -> summary  (amemory.train.loop)
+  run(config, workdir, *, resume=False, allow_changed=(), task=None)
+                                                -> (summary, final TrainState as numpy)
   load_config(path, overrides) -> ConfigDict                (config file + a.b=value overrides)
-  Task (the interface a model family implements), TrainState, Checkpointer, NonFiniteLossError
+  Task (the interface a model family implements), TrainState, Checkpointer,
+  NonFiniteLossError, DivergenceError, RunInterrupted, WorkdirBusyError
+                                                (amemory.train.guard, .lock)
 
 Modules: config (load/override/validate, engine defaults), tasks (the Task protocol; LM and
 biographies), memory_task, optimizers (names -> optax), state, parallel (meshes, pmap,
 multi-host), engine (the compiled step, on-device metrics), loop (the host loop), records
-(metrics.jsonl + TensorBoard), checkpoint (Orbax + Grain), cli (``amemory train``).
+(metrics.jsonl + TensorBoard), checkpoint (Orbax + Grain, verified restore), guard (stop
+signals, divergence, resume contract), lock (workdir lock), cli (``amemory train``).
 """
 
 from __future__ import annotations
@@ -19,7 +23,10 @@ import importlib
 _EXPORTS = {
     "train": "amemory.train.loop",
     "run": "amemory.train.loop",
-    "NonFiniteLossError": "amemory.train.loop",
+    "NonFiniteLossError": "amemory.train.guard",
+    "DivergenceError": "amemory.train.guard",
+    "RunInterrupted": "amemory.train.guard",
+    "WorkdirBusyError": "amemory.train.lock",
     "load_config": "amemory.train.config",
     "TrainState": "amemory.train.state",
     "Task": "amemory.train.tasks",

@@ -16,15 +16,34 @@ atomic (Orbax writes to a temporary directory and renames it when complete), so 
 process killed mid-save leaves the previous step as the latest one. ``max_to_keep``
 bounds the number of steps on disk. Multi-process runs call every method on every
 process; Orbax writes each process's shards and the JSON once.
+
+Integrity. Orbax checks the index of each TensorStore shard (crc32c) but not the
+array bytes, so a flipped byte restores silently. ``save`` therefore stores, in
+``extra["integrity"]``, a digest of every leaf computed on the device before the
+write (:func:`state_digest`: the sum and a position-weighted sum of the leaf's
+bit patterns as uint32, modulo 2**32, so any single changed word changes the
+sum; layout- and sharding-independent), and refuses to write a state with a
+non-finite value (:class:`NonFiniteStateError`). ``restore_intact`` walks the
+steps from the newest, skips one that fails to read, whose digest differs or
+whose arrays are not finite (moving it to ``<directory>-rejected/`` with a
+``REASON.txt``, and returning the reason), and restores the newest intact one.
 """
 
 from __future__ import annotations
 
+import contextlib
+import gc
+import os
 import pathlib
-from typing import Any
+import shutil
+import sys
+import tempfile
+import time
+from typing import Any, NamedTuple
 
 import grain
 import jax
+import jax.numpy as jnp
 import numpy as np
 import orbax.checkpoint as ocp
 
@@ -42,6 +61,171 @@ def leaf_names(tree: Any) -> dict[str, Any]:
     """``{"opt_state.0.mu.layers.0.w": leaf}``: dotted names as Orbax records them."""
     flat, _ = jax.tree_util.tree_flatten_with_path(tree)
     return {".".join(_key_name(e) for e in path): leaf for path, leaf in flat}
+
+
+#: Name of the digest written into ``extra["integrity"]["digest"]`` (bump if it changes).
+DIGEST = "u32sum+u32possum/v1"
+
+
+class NonFiniteStateError(RuntimeError):
+    """``save`` was asked to write a state with NaN/inf values; nothing was written.
+
+    Attributes:
+      step: the step that was not saved.
+      counts: ``{leaf name: number of non-finite entries}`` (non-zero entries only).
+    """
+
+    def __init__(self, step: int, counts: dict[str, int]):
+        self.step, self.counts = int(step), dict(counts)
+        worst = ", ".join(f"{k} ({v})" for k, v in list(self.counts.items())[:3])
+        super().__init__(f"state of step {step} has non-finite values in {worst}; not saved")
+
+
+class CheckpointWriteError(OSError):
+    """A checkpoint could not be written (full disk, read-only file system); names the directory."""
+
+
+class IncompatibleCheckpointError(ValueError):
+    """A readable checkpoint whose leaves do not fit the model/optimizer (a config error)."""
+
+
+class CorruptCheckpointError(RuntimeError):
+    """A checkpoint step cannot be read back as saved (raised and caught inside restore)."""
+
+
+class Restored(NamedTuple):
+    """What :meth:`Checkpointer.restore_intact` found.
+
+    Attributes:
+      step: the step restored.
+      state: the restored ``TrainState``.
+      extra: its JSON extras.
+      skipped: ``[(path moved to, reason)]`` for each newer checkpoint that was rejected.
+      data: this process's saved input position (Grain iterator state), or None.
+    """
+
+    step: int
+    state: state_lib.TrainState
+    extra: dict
+    skipped: list
+    data: bytes | None = None
+
+
+def _words(x: jax.Array) -> jax.Array:
+    """The bit pattern of ``x`` as uint32 words (flat): floats bitcast, ints/bools cast."""
+    if jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key):
+        x = jax.random.key_data(x)
+    if x.dtype == jnp.bool_:
+        return x.reshape(-1).astype(jnp.uint32)
+    width = x.dtype.itemsize
+    unsigned = {1: jnp.uint8, 2: jnp.uint16, 4: jnp.uint32, 8: jnp.uint32}[width]
+    w = jax.lax.bitcast_convert_type(x, unsigned)  # 8-byte types get a trailing axis of 2
+    return w.reshape(-1).astype(jnp.uint32)
+
+
+@jax.jit
+def _digest_tree(tree: Any) -> Any:
+    def leaf(x):
+        w = _words(x)
+        pos = jnp.arange(1, w.size + 1, dtype=jnp.uint32)
+        bad = jnp.sum(~jnp.isfinite(x)) if jnp.issubdtype(x.dtype, jnp.inexact) else 0
+        # uint32 arithmetic wraps: sums are exact modulo 2**32, whatever the reduction order
+        return jnp.stack([jnp.sum(w, dtype=jnp.uint32), jnp.sum(w * pos, dtype=jnp.uint32),
+                          jnp.asarray(bad, jnp.uint32)])  # fmt: skip
+
+    return jax.tree.map(leaf, tree)
+
+
+def state_digest(state: Any) -> tuple[dict[str, list[int]], dict[str, int]]:
+    """Per-leaf digest and non-finite count of a (device) pytree, computed on the device.
+
+    For leaf words ``w_i`` (the bit pattern as uint32, i = 1..n in row-major order)
+    the digest is ``[sum_i w_i, sum_i i * w_i]`` modulo 2**32: any single changed
+    word changes the first sum, a swap of two words the second. The sums are exact
+    integer reductions, so they do not depend on sharding, device count or reduction
+    order (the same state saved from 8 devices and read on 1 gives the same digest).
+    One fused pass over the state on the device; only 3 integers per leaf reach the host.
+    The pair of sums is a Fletcher-style checksum (J. G. Fletcher, "An Arithmetic
+    Checksum for Serial Transmissions", IEEE Trans. Commun. 30(1), 1982) over 32-bit words.
+
+    Args:
+      state: pytree of arrays (numpy or jax, any sharding whose reduction is replicated).
+
+    Returns:
+      ``({leaf name: [sum, weighted sum]}, {leaf name: non-finite count})`` with the
+      names of :func:`leaf_names`; the counts dict lists non-zero counts only.
+    """
+    out = leaf_names(jax.device_get(_digest_tree(state)))
+    digest = {k: [int(v[0]), int(v[1])] for k, v in out.items()}
+    bad = {k: int(v[2]) for k, v in out.items() if int(v[2])}
+    return digest, bad
+
+
+def _first_line(e: BaseException, tail: bool = False) -> str:
+    """``Type: first line of the message`` without TensorStore's spec dump, at most 240 chars.
+
+    ``tail`` keeps the end of a long line instead (where TensorStore puts the OS error).
+    """
+    text = str(e).split(" See full TensorStore details")[0].strip().splitlines()
+    line = f"{type(e).__name__}: {text[0] if text else ''}"
+    if len(line) <= 240:
+        return line
+    return "..." + line[-237:] if tail else line[:237] + "..."
+
+
+def _settle(held: Any, swallowed: list, quiet_s: float = 0.3, max_s: float = 3.0) -> None:
+    """Wait until nothing more reaches ``held`` or ``swallowed`` for ``quiet_s`` (<= ``max_s``)."""
+    gc.collect()  # finalise the failed readers now, while their messages are held
+    t0 = last_change = time.monotonic()
+    seen = (-1, -1)
+    while time.monotonic() - t0 < max_s:
+        sys.stderr.flush()
+        now = (os.fstat(held.fileno()).st_size, len(swallowed))
+        if now != seen:
+            seen, last_change = now, time.monotonic()
+        elif time.monotonic() - last_change >= quiet_s:
+            break
+        time.sleep(0.05)
+    gc.collect()
+
+
+@contextlib.contextmanager
+def _stderr_held():
+    """Hold what is written to file descriptor 2; yields a list to set ``[True]`` to replay it.
+
+    A failed TensorStore read makes Orbax's reader threads print tracebacks and the full
+    TensorStore spec (about 150 lines), and leaves "Event loop is closed" errors to
+    ``sys.unraisablehook``, while the exception itself is caught. When a damaged
+    checkpoint is skipped that noise is dropped; otherwise it is written out.
+    """
+    replay = [False]
+    swallowed: list = []
+    previous_hook = sys.unraisablehook
+    try:
+        sys.stderr.flush()
+        saved = os.dup(2)
+    except (OSError, ValueError):  # no usable fd 2 (embedded interpreters): hold nothing
+        yield replay
+        return
+    sys.unraisablehook = swallowed.append
+    with tempfile.TemporaryFile() as held:
+        os.dup2(held.fileno(), 2)
+        try:
+            yield replay
+        finally:
+            if not replay[0]:  # a failed read: let its reader threads finish here
+                _settle(held, swallowed)
+            sys.stderr.flush()
+            os.dup2(saved, 2)
+            os.close(saved)
+            sys.unraisablehook = previous_hook
+            if replay[0]:
+                for args in swallowed:
+                    previous_hook(args)
+                held.seek(0)
+                data = held.read()
+                if data:
+                    os.write(2, data)
 
 
 class Checkpointer:
@@ -85,36 +269,53 @@ class Checkpointer:
     ) -> None:
         """Start saving ``state``, JSON-serialisable ``extra`` and this process's input
         position ``data`` (a Grain iterator's ``get_state()``, or None) as ``step``;
-        returns early (arrays are written in the background)."""
+        returns early (arrays are written in the background).
+
+        ``extra["integrity"]`` receives the digest of :func:`state_digest`.
+
+        Raises:
+          NonFiniteStateError: ``state`` holds NaN/inf (nothing is written).
+          CheckpointWriteError: this save, or the previous asynchronous one, failed to
+            write (full disk, read-only file system).
+        """
+        digest, bad = state_digest(state)
+        if bad:
+            raise NonFiniteStateError(step, bad)
+        extra = {**extra, "integrity": {"digest": DIGEST, "leaves": digest}}
         items = {"state": ocp.args.StandardSave(state), "extra": ocp.args.JsonSave(extra)}
         if data is not None:
             items["data"] = grain.checkpoint.CheckpointSave(_InputState(data))
-        self._manager.save(int(step), args=ocp.args.Composite(**items))
+        with self._writing():
+            self._manager.save(int(step), args=ocp.args.Composite(**items))
 
     def check_compatible(self, step: int, target: state_lib.TrainState) -> None:
         """Compare the saved leaves of ``step`` with ``target`` by name, shape and dtype.
 
         Raises:
-          ValueError: naming the first missing, extra or mismatched leaf, with both shapes.
+          IncompatibleCheckpointError: (a ValueError) naming the first missing, extra or
+            mismatched leaf, with both shapes.
+          CorruptCheckpointError: the array metadata cannot be read.
         """
         meta = self._manager.item_metadata(step)["state"]
         saved = {m.name: m for m in jax.tree.leaves(meta) if hasattr(m, "shape")}
+        if not saved:
+            raise CorruptCheckpointError(f"no array metadata readable in {self.path(step)}")
         want = leaf_names(target)
         for name, leaf in want.items():
             if name not in saved:
-                raise ValueError(
+                raise IncompatibleCheckpointError(
                     f"checkpoint {self.path(step)} has no leaf {name!r} that the current "
                     "model/optimizer needs (different config?)"
                 )
             s_shape, t_shape = tuple(saved[name].shape), tuple(np.shape(leaf))
             if s_shape != t_shape:
-                raise ValueError(
+                raise IncompatibleCheckpointError(
                     f"checkpoint {self.path(step)}: leaf {name!r} has shape {s_shape}, "
                     f"but the current model/optimizer expects {t_shape}"
                 )
         extra = sorted(set(saved) - set(want))
         if extra:
-            raise ValueError(
+            raise IncompatibleCheckpointError(
                 f"checkpoint {self.path(step)} has leaves the current model/optimizer lacks: "
                 f"{extra[:5]}"
             )
@@ -157,14 +358,146 @@ class Checkpointer:
         out = self._manager.restore(int(step), args=ocp.args.Composite(**items))
         return out["state"], dict(out["extra"]), holder.state
 
+    def verify(self, step: int, state: Any, extra: dict) -> None:
+        """Check a restored ``state`` against the digest saved in ``extra`` and for finiteness.
+
+        A checkpoint written before digests existed (no ``extra["integrity"]``) is only
+        checked for finiteness.
+
+        Raises:
+          CorruptCheckpointError: naming the first leaf whose digest differs, or the
+            leaves holding NaN/inf and how many.
+        """
+        digest, bad = state_digest(state)
+        if bad:
+            worst = ", ".join(f"{k} ({v})" for k, v in list(bad.items())[:3])
+            raise CorruptCheckpointError(f"non-finite values restored in {worst}")
+        saved = (extra.get("integrity") or {}).get("leaves")
+        if saved is None:
+            return
+        for name, want in saved.items():
+            got = digest.get(name)
+            if got != list(want):
+                raise CorruptCheckpointError(
+                    f"checksum mismatch in {name} (saved {want}, read {got}): the data on "
+                    "disk changed after it was written"
+                )
+
+    def _reject(self, step: int, reason: str) -> pathlib.Path:
+        """Move checkpoint ``step`` to ``<directory>-rejected/<step>[.n]`` with REASON.txt."""
+        dest_root = self.directory.with_name(self.directory.name + "-rejected")
+        dest = dest_root / str(step)
+        n = 0
+        while dest.exists():
+            n += 1
+            dest = dest_root / f"{step}.{n}"
+        if jax.process_index() == 0:
+            dest_root.mkdir(parents=True, exist_ok=True)
+            shutil.move(str(self.path(step)), dest)
+            (dest / "REASON.txt").write_text(reason + "\n")
+        _barrier(f"amemory_reject_{step}")
+        self._manager.reload()
+        return dest
+
+    def reject(self, steps: list[int], reason: str) -> list[pathlib.Path]:
+        """Move the given checkpoint steps aside (see ``restore_intact``); returns new paths."""
+        self.wait()
+        return [self._reject(s, reason) for s in steps if s in self.all_steps()]
+
+    def restore_intact(self, target: state_lib.TrainState, *, data: bool = False) -> Restored:
+        """Restore the newest checkpoint that reads back intact, rejecting newer broken ones.
+
+        From the newest step down: a step whose files fail to read (missing or
+        truncated data or metadata), whose digest differs from the one saved with it,
+        or whose arrays hold NaN/inf is moved to ``<directory>-rejected/`` (a
+        ``REASON.txt`` beside it) and the next older one is tried. A checkpoint that
+        reads fine but does not fit ``target`` is a configuration error, not damage.
+
+        Args:
+          target: as :meth:`restore`.
+          data: also read this process's input position (as :meth:`restore`); a
+            checkpoint without one counts as damaged.
+
+        Returns:
+          :class:`Restored` (step, state, extra, skipped, data).
+
+        Raises:
+          ValueError: the newest readable checkpoint does not fit ``target`` (names the
+            leaf), or no checkpoint is intact (lists each one's reason).
+        """
+        skipped: list[tuple[pathlib.Path, str]] = []
+        for step in sorted(self.all_steps(), reverse=True):
+            with _stderr_held() as replay:
+                try:
+                    state, extra, position = self.restore(step, target, data=data)
+                    self.verify(step, state, extra)
+                    ok, reason = True, ""
+                except IncompatibleCheckpointError:
+                    replay[0] = True
+                    raise  # the checkpoint reads fine; the config does not fit it
+                except Exception as e:  # noqa: BLE001 - any read failure: this step is damaged
+                    ok, reason = False, _first_line(e)
+                replay[0] = ok
+            if _all_agree(ok):
+                return Restored(step, state, extra, skipped, position)
+            reason = reason or "damaged on another process"
+            skipped.append((self._reject(step, reason), reason))
+        if skipped:
+            listing = "; ".join(f"{p}: {r}" for p, r in skipped)
+            raise ValueError(f"no intact checkpoint in {self.directory} (rejected {listing})")
+        raise ValueError(f"no checkpoint in {self.directory}")
+
+    def reached_preemption(self, step: int) -> bool:
+        """True on every process at the step JAX's preemption service agreed on (multi-host).
+
+        Orbax's ``CheckpointManager.reached_preemption``; False when the service is
+        not running (single process, or ``jax.distributed`` not initialised).
+        """
+        return bool(self._manager.reached_preemption(int(step)))
+
+    @contextlib.contextmanager
+    def _writing(self):
+        """Report a failed write (TensorStore raises ValueError) as ``CheckpointWriteError``."""
+        try:
+            yield
+        except (NonFiniteStateError, CheckpointWriteError):
+            raise
+        except (OSError, ValueError, RuntimeError) as e:
+            raise CheckpointWriteError(
+                f"cannot write a checkpoint in {self.directory}: {_first_line(e, tail=True)}"
+            ) from e
+
     def wait(self) -> None:
-        """Block until pending asynchronous saves are on disk."""
-        self._manager.wait_until_finished()
+        """Block until pending asynchronous saves are on disk.
+
+        Raises:
+          CheckpointWriteError: a pending save failed to write.
+        """
+        with self._writing():
+            self._manager.wait_until_finished()
 
     def close(self) -> None:
-        """Finish pending saves and release the manager."""
-        self._manager.wait_until_finished()
-        self._manager.close()
+        """Finish pending saves and release the manager (raises as :meth:`wait`)."""
+        try:
+            self.wait()
+        finally:
+            self._manager.close()
+
+
+def _barrier(name: str) -> None:
+    if jax.process_count() > 1:
+        from jax.experimental import multihost_utils
+
+        multihost_utils.sync_global_devices(name)
+
+
+def _all_agree(ok: bool) -> bool:
+    """True when ``ok`` holds on every process (one small all-gather when there are several)."""
+    if jax.process_count() == 1:
+        return ok
+    from jax.experimental import multihost_utils
+
+    return bool(np.all(multihost_utils.process_allgather(np.asarray(ok, np.int32))))
 
 
 def _has_input_state(step_dir: pathlib.Path) -> bool:

@@ -9,7 +9,11 @@
 ``--config.a.b=VALUE`` (or ``--config.a.b VALUE``) overrides one field. An
 unknown field or a disallowed value fails before anything is compiled, with the
 allowed values. The run directory is ``--workdir`` (config.json, metrics.jsonl,
-checkpoints/, summary.json).
+checkpoints/, summary.json, run.lock).
+
+Exit status (``amemory.train.guard``): 0 done; 1 non-finite loss; 2 bad config, data,
+workdir or resume; 3 diverged; 4 workdir in use by another run; 75 stopped by SIGTERM
+(checkpoint saved: rerun with ``--resume``); 130 stopped by SIGINT (likewise).
 """
 
 from __future__ import annotations
@@ -57,10 +61,28 @@ def main(argv: list[str]) -> int:
         "--resume", action="store_true", help="continue from the newest checkpoint in --workdir"
     )
     parser.add_argument(
-        "--print-config", action="store_true", help="print the resolved config and exit"
+        "--allow-changed",
+        action="append",
+        default=[],
+        metavar="FIELD[,FIELD]",
+        help="with --resume: config fields that may differ from the checkpoint's (repeatable)",
+    )
+    parser.add_argument(
+        "--print-config",
+        action="store_true",
+        help="print the resolved config, each field with its comment, and exit",
     )
     args, rest = parser.parse_known_args(argv)
-    from amemory.train.config import load_config
+    from amemory.train import lock
+
+    if args.workdir and not args.print_config:
+        try:  # fail fast, before numpy or JAX is imported, if another run holds the workdir
+            lock.probe_workdir(args.workdir)
+        except lock.WorkdirBusyError as e:
+            sys.stderr.write(f"amemory train: error: {e}\n")
+            return lock.EXIT_BUSY
+    from amemory.train import guard
+    from amemory.train.config import format_config, load_config
 
     try:
         config = load_config(args.config, _split_overrides(rest))
@@ -68,20 +90,33 @@ def main(argv: list[str]) -> int:
         sys.stderr.write(f"amemory train: error: {e}\n")
         return 2
     if args.print_config:
-        print(config)
+        print(f"# {args.config}, after --config overrides")
+        print(format_config(config, args.config))
         return 0
     if not args.workdir:
         parser.error("the following arguments are required: --workdir")
-    from amemory.train.loop import NonFiniteLossError, train
+    from amemory.train.loop import train
 
+    allow = tuple(f.strip() for item in args.allow_changed for f in item.split(",") if f.strip())
     try:
-        summary = train(config, args.workdir, resume=args.resume)
-    except ValueError as e:
+        with guard.held_background_errors():  # a failure is reported in one line below
+            summary = train(config, args.workdir, resume=args.resume, allow_changed=allow)
+    except (ValueError, guard.WorkdirBusyError) as e:
         sys.stderr.write(f"amemory train: error: {e}\n")
-        return 2
-    except NonFiniteLossError as e:
+        return guard.exit_code(e)
+    except OSError as e:  # read-only or full disk: the message names the path
+        what = "" if str(e).startswith("cannot write") else "cannot write the run directory: "
+        sys.stderr.write(f"amemory train: error: {what}{e}\n")
+        return guard.EXIT_CONFIG
+    except (guard.NonFiniteLossError, guard.DivergenceError, guard.RunInterrupted) as e:
         sys.stderr.write(f"amemory train: {e}\n")
-        return 1
+        return guard.exit_code(e)
+    except KeyboardInterrupt:  # a second Ctrl-C while the first one's save was running
+        sys.stderr.write(
+            "amemory train: aborted by a second Ctrl-C; the checkpoints already on disk are "
+            "intact (Orbax writes atomically)\n"
+        )
+        return guard.EXIT_INTERRUPTED
     brief = {k: v for k, v in summary.items() if k != "final_eval"}
     brief["final_eval"] = {
         k: v for k, v in summary["final_eval"].items() if not k.startswith("per_class")

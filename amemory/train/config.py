@@ -18,7 +18,12 @@ from __future__ import annotations
 
 import ast
 import importlib.util
+import io
+import json
+import math
 import pathlib
+import re
+import tokenize
 from collections.abc import Sequence
 from typing import Any
 
@@ -112,6 +117,7 @@ MINIMUMS: dict[str, int] = {
     "schedule.warmup_steps": 0,
     "memory.K": 2,
     "batch_size": 0,
+    "divergence.patience": 1,
     "model.mla.q_rank": 0,
     "model.moe.experts": 0,
     "model.moe.top_k": 1,
@@ -286,6 +292,69 @@ def _get(config: ConfigDict, dotted: str) -> tuple[bool, Any]:
     return True, node
 
 
+# Real-valued fields: dotted name -> (low, high, low included, high included); a value must
+# be a finite number in that interval (checked when the field exists and is not None).
+_INF = float("inf")
+_F32_MAX = 3.4028234663852886e38
+INTERVALS: dict[str, tuple[float, float, bool, bool]] = {
+    "optimizer.lr": (0.0, _INF, False, False),
+    "optimizer.adam_lr": (0.0, _INF, False, False),
+    "optimizer.b1": (0.0, 1.0, True, False),
+    "optimizer.b2": (0.0, 1.0, True, False),
+    "optimizer.momentum": (0.0, 1.0, True, False),
+    "optimizer.signum_beta": (0.0, 1.0, True, False),
+    "optimizer.eps": (0.0, _INF, True, False),
+    "optimizer.weight_decay": (0.0, _INF, True, False),
+    "optimizer.grad_clip": (0.0, _INF, True, False),
+    "schedule.final_fraction": (0.0, 1.0, True, True),
+    "schedule.decay_fraction": (0.0, 1.0, True, True),
+    "model.dropout": (0.0, 1.0, True, False),
+    "memory.coherence": (0.0, 1.0, True, False),
+    "model.moe.capacity_factor": (0.0, _INF, True, False),
+    "model.moe.lb_coef": (0.0, _INF, True, False),
+    "divergence.loss_factor": (1.0, _INF, False, False),
+}
+
+
+def _interval(lo: float, hi: float, lo_in: bool, hi_in: bool) -> str:
+    if hi == _INF:
+        return f"{'>=' if lo_in else '>'} {lo:g}"
+    return f"in {'[' if lo_in else '('}{lo:g}, {hi:g}{']' if hi_in else ')'}"
+
+
+def validate_numbers(config: ConfigDict) -> None:
+    """Check the real-valued fields of ``INTERVALS`` and ``schedule.warmup_steps <= steps``.
+
+    Catches what would otherwise compile and train silently or blow up later:
+    ``lr=inf`` or ``nan``, ``lr=0`` (nothing trains), ``b1=1.5`` (Adam's moment
+    estimates diverge), a warmup longer than the run (the peak rate is never reached).
+
+    Raises:
+      ValueError: naming the field, its value and the allowed interval.
+    """
+    for field, (lo, hi, lo_in, hi_in) in INTERVALS.items():
+        present, value = _get(config, field)
+        if not present or value is None:
+            continue
+        ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+        if ok:
+            v = float(value)
+            # finite in float32, the precision the optimizer computes in (1e39 would be inf)
+            ok = math.isfinite(v) and abs(v) <= _F32_MAX and (v >= lo if lo_in else v > lo)
+            ok = ok and (v <= hi if hi_in else v < hi)
+        if not ok:
+            raise ValueError(
+                f"config.{field}={value!r}; must be a finite float32 number "
+                f"{_interval(lo, hi, lo_in, hi_in)}"
+            )
+    present, warmup = _get(config, "schedule.warmup_steps")
+    if present and isinstance(warmup, int) and warmup > int(config.steps):
+        raise ValueError(
+            f"config.schedule.warmup_steps={warmup} exceeds config.steps={config.steps}; the "
+            "learning rate would never reach its peak (use warmup_steps <= steps)"
+        )
+
+
 def validate(config: ConfigDict) -> None:
     """Check enumerated fields, integer ranges and role specs of a run config.
 
@@ -316,11 +385,7 @@ def validate(config: ConfigDict) -> None:
         raise ValueError(
             f"config.model.moe.top_k={moe.top_k} must be <= config.model.moe.experts={moe.experts}"
         )
-    for field in ("optimizer.lr", "optimizer.adam_lr", "optimizer.weight_decay",
-                  "model.moe.capacity_factor", "model.moe.lb_coef"):  # fmt: skip
-        present, value = _get(config, field)
-        if present and value is not None and not float(value) >= 0:
-            raise ValueError(f"config.{field}={value!r}; must be >= 0")
+    validate_numbers(config)
     present, roles = _get(config, "optimizer.muon_roles")
     if present and config.task == "lm":
         parse_roles(roles, "optimizer.muon_roles")
@@ -355,3 +420,82 @@ def validate(config: ConfigDict) -> None:
     noise = config.get("noise", 0.0)
     if not 0.0 <= float(noise) < 1.0:
         raise ValueError(f"config.noise={noise!r}; must be in [0, 1)")
+
+
+# ----------------------------------------------------------------------------- --print-config
+
+_ASSIGN_RE = re.compile(r"^\s*[A-Za-z_]\w*\.([A-Za-z_][\w.]*)\s*=(?!=)")
+
+
+def field_comments(path: str | pathlib.Path) -> dict[str, tuple[tuple[str, ...], str, int]]:
+    """Comments of the fields a config file assigns, read from its source.
+
+    For every line ``c.a.b = value  # trailing`` the result holds
+    ``"a.b": (block, trailing, line)``: ``block`` are the full-line comments directly
+    above the assignment (no blank line in between; section rules such as
+    ``# ---- data ----`` excluded), ``trailing`` the comment at the end of the
+    (possibly multi-line) statement, ``line`` its first line number (file order).
+
+    Raises:
+      OSError: the file cannot be read.
+    """
+    src = pathlib.Path(path).read_text(encoding="utf-8")
+    lines = src.splitlines()
+    out: dict[str, tuple[tuple[str, ...], str, int]] = {}
+    block: list[str] = []
+    code_start: int | None = None
+    trailing = ""
+    for tok in tokenize.generate_tokens(io.StringIO(src).readline):
+        kind, text, (row, _), _, _ = tok
+        if kind == tokenize.COMMENT:
+            body = text.lstrip("#").strip()
+            if code_start is None:  # a full-line comment
+                if not body.startswith("-"):
+                    block.append(body)
+            else:
+                trailing = body if not trailing else f"{trailing} {body}"
+        elif kind == tokenize.NL and code_start is None:
+            if not lines[row - 1].strip():  # a blank line ends a comment block
+                block = []
+        elif kind == tokenize.NEWLINE:
+            m = _ASSIGN_RE.match(lines[code_start - 1]) if code_start else None
+            if m and m.group(1) not in out:
+                out[m.group(1)] = (tuple(block), trailing, code_start)
+            block, code_start, trailing = [], None, ""
+        elif kind not in (tokenize.NL, tokenize.INDENT, tokenize.DEDENT, tokenize.ENCODING):
+            if code_start is None:
+                code_start = row
+    return out
+
+
+def format_config(config: ConfigDict, path: str | pathlib.Path | None = None) -> str:
+    """The config as indented ``name: value  # comment`` lines (``--print-config``).
+
+    Values are JSON (strings quoted, ``null`` for None); fields appear in the order
+    of the config file ``path`` (``path[:arg]`` accepted), each with its comments from
+    that file (:func:`field_comments`); fields the file does not assign follow,
+    sorted, with their :data:`ENGINE_DEFAULTS` comment where they have one.
+    """
+    comments = field_comments(str(path).partition(":")[0]) if path is not None else {}
+    order = {name: i for i, (name, (_, _, i)) in enumerate(comments.items())}
+    out: list[str] = []
+
+    def walk(node: ConfigDict, prefix: str, indent: str) -> None:
+        def key(k: str) -> tuple:
+            return (order.get(prefix + k, len(order)), k)
+
+        for k in sorted(node.keys(), key=key):
+            name = prefix + k
+            engine = ENGINE_DEFAULTS.get(name, (None, ""))[1]
+            block, trailing, _ = comments.get(name, ((), engine, 0))
+            out.extend(f"{indent}# {c}" for c in block)
+            value = node[k]
+            if isinstance(value, ConfigDict):
+                out.append(f"{indent}{k}:" + (f"  # {trailing}" if trailing else ""))
+                walk(value, name + ".", indent + "  ")
+            else:
+                text = json.dumps(list(value) if isinstance(value, tuple) else value)
+                out.append(f"{indent}{k}: {text}" + (f"  # {trailing}" if trailing else ""))
+
+    walk(config, "", "")
+    return "\n".join(out)

@@ -5,15 +5,18 @@ Run directory (``workdir``)
   metrics.jsonl    one JSON object per line, see below
   events.out.tfevents.*  the same scalars for TensorBoard (``tensorboard --logdir runs/``)
   plugins/profile/ a ``jax.profiler`` trace of ``config.profile_steps`` (when set)
-  checkpoints/     Orbax steps: params, opt_state, step, rng, input position, config
-  summary.json     the dict ``train`` returns
+  checkpoints/     Orbax steps: params, opt_state, step, rng, input position, config, digest
+  summary.json     the dict ``train`` returns (written last: its presence marks a finished run)
+  run.lock         held while a run is live (``amemory.train.lock``)
 
 The loop never waits for the device between log steps: metrics are reduced on the
 device (:mod:`amemory.train.engine`) and read every ``config.log_every`` steps; the
 steps in between run under ``jax.transfer_guard_device_to_host("disallow_explicit")``,
 so an accidental device-to-host copy there is an error. Batches are read by the task's
 Grain iterator and put on the devices ``PREFETCH`` steps ahead. The host syncs only at
-the points of :class:`_Points`: log, evaluation, spectrum, checkpoint, profile.
+the points of :class:`_Points`: log, evaluation, spectrum, checkpoint, profile, and the
+guards of :mod:`amemory.train.guard` (stop signals, divergence, the resume contract)
+run there.
 
 metrics.jsonl records. Every record has ``"kind"`` and ``"step"`` (optimizer
 steps completed, int). In multi-seed runs (``config.seeds`` non-empty) every
@@ -41,7 +44,7 @@ numeric value below is a list with one entry per seed, in ``config.seeds`` order
   biographies:     fta/group_<g> first-token accuracy of group g, fta (all questions)
   memory:          loss (population loss, nats), acc (prior-weighted accuracy),
                    loss/head, loss/tail, acc/head, acc/tail, correct_prob/min, gap (Delta(W) of
-                   papers.md A.2), per_class_loss and per_class_prob (lists of length K)
+                   docs/science.md), per_class_loss and per_class_prob (lists of length K)
 
 ``kind == "spectrum"`` (every ``config.spectrum_every`` steps):
   spectrum/<role>/<metric>  isotropy metrics (amemory.analysis.spectrum.spectrum_metrics) of the
@@ -54,7 +57,10 @@ details ("start" holds the routing table: rows [path, shape, role, transform, ma
 ``matrices`` = "n x (fan_in, fan_out)" for leaves orthogonalised as n matrices, e.g. the
 layer axis of scanned layers; and ``layout``: one row per Muon-family orthogonalisation
 group, amemory.optim.describe_layout, saying whether it runs in the owner layout of sharded
-mode or is left to XLA).
+mode or is left to XLA); from ``amemory.train.guard``: "checkpoint_rejected" (checkpoint,
+reason), "config_changed" (allowed, bookkeeping: {field: [old, new]}), "nonfinite" and
+"diverged" (healthy_checkpoint), "stopped" (reason: SIGTERM | SIGINT | preemption,
+checkpoint).
 
 Memory-task records count queries, not tokens: ``tokens_per_s`` is queries per second
 (``batch_size`` per step, or K per step for the exact population loss).
@@ -76,20 +82,18 @@ import numpy as np
 from ml_collections import ConfigDict
 from tqdm.auto import tqdm
 
+from amemory import atomic
 from amemory.analysis import spectrum as spectrum_lib
 from amemory.train import checkpoint as ckpt_lib
 from amemory.train import config as config_lib
 from amemory.train import engine as engine_lib
+from amemory.train import guard as guard_lib
 from amemory.train import optimizers, parallel, tasks
+from amemory.train.guard import NonFiniteLossError as NonFiniteLossError
 from amemory.train.records import RunLog, jsonable
 from amemory.train.state import TrainState
 
 PREFETCH = 2  # batches put on the devices ahead of the step that uses them
-
-
-class NonFiniteLossError(RuntimeError):
-    """Loss, gradient or parameters became NaN or infinite; the message names the step and
-    the last good checkpoint (a non-finite state is never saved)."""
 
 
 class _Feed:
@@ -169,7 +173,10 @@ def _check_meta(saved: dict, now: dict, where: pathlib.Path) -> None:
 # ----------------------------------------------------------------------------- train
 
 
-def train(config: ConfigDict, workdir: str | pathlib.Path, *, resume: bool = False) -> dict:
+def train(
+    config: ConfigDict, workdir: str | pathlib.Path, *, resume: bool = False,
+    allow_changed: tuple[str, ...] = (),
+) -> dict:  # fmt: skip
     """Train ``config`` and write the run directory ``workdir``; return the summary dict.
 
     Args:
@@ -177,11 +184,14 @@ def train(config: ConfigDict, workdir: str | pathlib.Path, *, resume: bool = Fal
         engine fields of ``amemory.train.config.ENGINE_DEFAULTS`` are added if missing.
       workdir: run directory (created); holds config.json, metrics.jsonl, TensorBoard
         events, checkpoints/, summary.json.
-      resume: continue from the newest checkpoint in ``workdir`` (a fresh start when
-        there is none). Without it a workdir that already has checkpoints is an error.
-        The continuation is exact for the same config (parameters, optimizer state, key
-        and input position are restored); a different ``steps`` also reshapes the
-        learning-rate schedule (it is a function of ``steps``).
+      resume: continue from the newest intact checkpoint in ``workdir`` (a fresh start
+        when there is none; damaged ones are moved aside with a warning). Without it a
+        workdir that already has checkpoints is an error. The continuation is exact for
+        the same config (parameters, optimizer state, key and input position are
+        restored); fields that change what a run computes must equal the checkpoint's
+        (``amemory.train.guard.check_resume``).
+      allow_changed: config fields that may differ from the checkpoint's config on
+        resume (recorded in metrics.jsonl as a ``config_changed`` event).
 
     Returns:
       summary dict: workdir, task, optimizer, mode, seeds, steps, n_params,
@@ -193,9 +203,14 @@ def train(config: ConfigDict, workdir: str | pathlib.Path, *, resume: bool = Fal
         or a checkpoint that does not fit the model (names the leaf or the layout
         field) -- all before compiling the step.
       NonFiniteLossError: loss, gradient or parameters became NaN/inf (any seed of a
-        multi-seed run); the message names the step and the last good checkpoint.
+        multi-seed run); the message names the step and the newest healthy checkpoint
+        (a non-finite state is never saved).
+      amemory.train.guard.DivergenceError: the divergence test fired (``config.divergence``).
+      amemory.train.guard.RunInterrupted: SIGTERM/SIGINT/preemption; the step was saved.
+      amemory.train.guard.WorkdirBusyError: another run holds ``workdir``.
+      OSError: the workdir cannot be written (read-only, full disk).
     """
-    return run(config, workdir, resume=resume)[0]
+    return run(config, workdir, resume=resume, allow_changed=allow_changed)[0]
 
 
 def run(
@@ -203,6 +218,7 @@ def run(
     workdir: str | pathlib.Path,
     *,
     resume: bool = False,
+    allow_changed: tuple[str, ...] = (),
     task: tasks.Task | None = None,
 ) -> tuple[dict, TrainState]:
     """``train``, also returning the final ``TrainState`` as numpy arrays (host copy).
@@ -215,6 +231,15 @@ def run(
     config_lib.with_engine_defaults(config)
     config_lib.validate(config)
     parallel.initialize_distributed(config.parallel)
+    # lock, stop signals and the guards around the whole run
+    with guard_lib.RunGuard(config, workdir, allow_changed) as g:
+        return _run(config, workdir, resume, task, g, t_start)
+
+
+def _run(
+    config: ConfigDict, workdir: str | pathlib.Path, resume: bool, task: tasks.Task | None,
+    g: guard_lib.RunGuard, t_start: float,
+) -> tuple[dict, TrainState]:  # fmt: skip
     place = parallel.placement(config.parallel)
     is_main = jax.process_index() == 0
     workdir = pathlib.Path(workdir).absolute()
@@ -252,10 +277,13 @@ def run(
             )
         inputs = task.train_input()
         if latest is not None:
-            saved_meta = ckpt.extra(latest).get("task_meta", {})
+            try:
+                saved_meta = ckpt.extra(latest).get("task_meta", {})
+            except Exception:  # noqa: BLE001 - damaged: restore_intact reports and skips it
+                saved_meta = {}
             _check_meta(saved_meta, task.checkpoint_meta(), ckpt.path(latest))
-            restored, _, position = ckpt.restore(
-                latest, engine.restore_target, data=inputs is not None
+            latest, restored, _, position = g.restore(
+                ckpt, engine.restore_target, data=inputs is not None
             )
             state = engine.from_checkpoint(restored)
             if inputs is not None:
@@ -267,8 +295,9 @@ def run(
         resumed = start if latest is not None else None
         log = RunLog(workdir, is_main, resumed, seeds if multi else None)
         closing.callback(log.close)
+        g.attach(ckpt, log)
         if is_main:
-            (workdir / "config.json").write_text(config.to_json_best_effort(indent=2) + "\n")
+            atomic.write_text(workdir / "config.json", config.to_json_best_effort(indent=2) + "\n")
         if latest is not None:
             log.write("event", start, event="resume", checkpoint=str(ckpt.path(latest)))
         else:
@@ -285,7 +314,7 @@ def run(
             "seeds": seeds,
             "task_meta": task.checkpoint_meta(),
         }
-        points = _Points(config, workdir, engine, task, ckpt, log, multi, extra, start)
+        points = _Points(config, workdir, engine, task, ckpt, log, multi, extra, start, g)
         closing.callback(points.close)
         steps = int(config.steps)
         bar = tqdm(
@@ -303,6 +332,8 @@ def run(
                 feed.refill()
             bar.update(1)
             acc = points.after_step(s, state, acc, position, bar)
+            if s < steps and g.stop_requested(s):  # SIGTERM/SIGINT/preemption: save s, stop
+                points.stop(s, state, acc, position, bar)
         ckpt.wait()
         final_host = engine.to_host(state)
         final_step = int(np.asarray(final_host.step).ravel()[0])
@@ -328,17 +359,20 @@ def run(
         summary = jsonable(summary)
         log.write("event", final_step, event="end", wall_s=summary["wall_s"])
     if is_main:
-        (workdir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+        atomic.write_json(workdir / "summary.json", summary)
     return summary, final_host
 
 
 class _Points:
     """The host-side points of the loop, one method each: log (the only read of the
-    metrics), the non-finite check, evaluation, spectrum, checkpoint save, profiling."""
+    metrics), the non-finite check, evaluation, spectrum, checkpoint save, profiling, and
+    the stop on a signal; the guard ``g`` (``amemory.train.guard.RunGuard``) judges health,
+    divergence and what a stop message names."""
 
-    def __init__(self, config, workdir, engine, task, ckpt, log, multi, extra, start):
+    def __init__(self, config, workdir, engine, task, ckpt, log, multi, extra, start, g):
         self.config, self.workdir, self.engine, self.task = config, workdir, engine, task
-        self.ckpt, self.log, self.multi, self.extra = ckpt, log, multi, extra
+        self.ckpt, self.log, self.multi, self.extra, self.g = ckpt, log, multi, extra, g
+        self.last_logged: int | None = None
         self.steps = int(config.steps)
         self.profile = tuple(config.get("profile_steps", ()))
         self.last_loss: Any = None
@@ -396,19 +430,20 @@ class _Points:
 
     def check_finite(self, bad_step: Any, s: int) -> None:
         """The non-finite check: raise when a step up to ``s`` had a non-finite loss,
-        gradient or parameters (``bad_step`` from the accumulator, per seed)."""
+        gradient or parameters (``bad_step`` from the accumulator, per seed).
+
+        Raises:
+          NonFiniteLossError: naming the first bad step and the newest healthy checkpoint.
+        """
         bad = np.asarray(bad_step).ravel()
         if (bad < 0).all():
             return
         first = int(bad[bad >= 0].min())
-        self.ckpt.wait()
-        good = self.ckpt.latest_step()
-        where = str(self.ckpt.path(good)) if good is not None else "none (no checkpoint yet)"
-        self.log.write("event", first, event="nonfinite", bad_step=bad, last_checkpoint=where)
-        raise NonFiniteLossError(
-            f"non-finite training loss, gradient or parameters at step {first}; "
-            f"last good checkpoint: {where}"
-        )
+        self.g.fail(
+            NonFiniteLossError, first,
+            f"non-finite training loss, gradient or parameters at step {first}",
+            {"event": "nonfinite", "bad_step": bad.tolist()},
+        )  # fmt: skip
 
     def log_point(self, s: int, acc: dict, bar) -> dict:
         """Read the accumulated metrics, check them, write the train record; fresh acc."""
@@ -426,13 +461,24 @@ class _Points:
             bar.set_postfix(loss=np.mean(rec["loss"]))
         self.last_loss = rec["loss"]
         self.log.write("train", s, **rec)
+        self.last_logged = s
+        self.g.observe_log(s, rec["loss"], rec.get("grad_norm"))  # health, divergence test
         return self.engine.new_accumulator(None)
 
     def save_point(self, s: int, state: TrainState, acc: dict, position: bytes | None) -> None:
         """Save step ``s`` after the non-finite check (a non-finite state is never saved)."""
         self.check_finite(self.engine.fetch(acc["bad_step"]), s)
-        self.ckpt.save(s, self.engine.for_checkpoint(state), self.extra, position)
+        self.g.save(self.ckpt, s, self.engine.for_checkpoint(state), self.extra, data=position)
         self.last_saved = s
+
+    def stop(self, s: int, state: TrainState, acc: dict, position: bytes | None, bar) -> None:
+        """A stop was requested after step ``s``: write its metrics, save it (after the
+        non-finite check; synchronously) and raise ``RunInterrupted``."""
+        if self.last_logged != s:
+            acc = self.log_point(s, acc, bar)
+        if self.last_saved != s:
+            self.save_point(s, state, acc, position)
+        self.g.stop(self.ckpt, s)
 
 
 def _evaluate(engine: engine_lib.Engine, task, state: TrainState, multi: bool) -> dict:

@@ -15,8 +15,8 @@ from amemory.train.tasks import check_batch
 class MemoryTask:
     """One-layer associative memory ``softmax(Et^T W E_k)`` (``amemory.models.memory``).
 
-    Parameters ``{"W": [d_out, d_in]}``, ``W_0 = 0`` for every seed (papers.md A.1); ``W``
-    is trained by ``optimizer.name`` whatever ``optimizer.muon_roles`` says, as the
+    Parameters ``{"W": [d_out, d_in]}``, ``W_0 = 0`` for every seed (docs/science.md, memory
+    model); ``W`` is trained by ``optimizer.name`` whatever ``optimizer.muon_roles`` says, as the
     matrix ``[d_out, d_in]`` (``matrix_axes=(1, 0)``). ``batch_size = 0``: the exact
     population loss (no data); ``batch_size = B``: ``B`` (query, answer) pairs per step,
     sampled on the device (``memory_tasks.make_sampler``) from the step's key, so each
@@ -86,7 +86,7 @@ class MemoryTask:
         self.spectrum_roles = ("W",)
 
     def init_params(self, key: jax.Array) -> Any:
-        del key  # W_0 = 0 (papers.md A.1)
+        del key  # W_0 = 0 (docs/science.md, memory model)
         return {"W": jnp.zeros((self.d, self.d), jnp.float32)}
 
     def roles(self, params: Any) -> Any:

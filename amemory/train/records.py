@@ -24,6 +24,8 @@ from typing import Any
 import jax
 import numpy as np
 
+from amemory import atomic
+
 
 def jsonable(x: Any) -> Any:
     """Arrays, numpy scalars and nested containers -> JSON values (non-finite -> None)."""
@@ -101,7 +103,7 @@ class RunLog:
                     continue  # a line cut by a kill
                 if int(rec.get("step", 0)) <= keep_until:
                     kept.append(line)
-            self.path.write_text("".join(line + "\n" for line in kept))
+            atomic.write_text(self.path, "".join(line + "\n" for line in kept))
         self._f = self.path.open("a")
         from tensorboardX import SummaryWriter
 

@@ -7,7 +7,7 @@ the loop never asks which task it runs. :func:`build` picks the task from
 * :class:`LMTask`: transformer on a tokenized corpus; Grain windows of ``seq_len + 1``
   tokens; evaluation = validation loss per token-frequency bucket (on device).
 * :class:`BiographyTask`: transformer on synthetic biographies; Grain rows with a loss
-  mask; evaluation = first-token accuracy per group (papers.md A.3).
+  mask; evaluation = first-token accuracy per group (arXiv 2509.26030; docs/science.md).
 * :class:`~amemory.train.memory_task.MemoryTask`: one-layer associative memory; pairs
   sampled on the device from the step's key (no host input); exact evaluation.
 """
@@ -301,7 +301,7 @@ class LMTask(_Transformer):
 
 
 class BiographyTask(_Transformer):
-    """Transformer on synthetic biographies (``amemory.data.biographies``, papers.md A.3).
+    """Transformer on synthetic biographies (``amemory.data.biographies``; arXiv 2509.26030).
 
     Batches are ``{"tokens": int32 [B / P, T], "mask": float32 [B / P, T]}`` rows from a
     Grain loader; the loss is the masked mean cross-entropy (nats per target token).

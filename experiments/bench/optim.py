@@ -43,7 +43,6 @@ Usage:
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import pathlib
 import platform
@@ -59,6 +58,7 @@ import optax
 from jax.extend import core as jex_core
 from optax.contrib import muon as optax_muon
 
+from amemory import atomic
 from amemory.optim import contrib, muon, newton_schulz, orthogonality_error, shape_scale_factor
 from amemory.optim._matrices import leaf_layouts
 
@@ -414,7 +414,7 @@ def main(argv: list[str]) -> int:
             "results": results,
         }
         args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(payload, indent=2))
+        atomic.write_json(args.json, payload)
         print(f"\nwrote {args.json}")
     return 0
 

@@ -33,7 +33,6 @@ Usage:
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import os
 import pathlib
@@ -52,6 +51,7 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 from optax.contrib import muon as optax_muon
 
+from amemory import atomic
 from amemory.optim import muon
 from amemory.optim._matrices import leaf_layouts
 from amemory.optim.distributed import OwnerLayout
@@ -336,7 +336,7 @@ def main(argv: list[str]) -> int:
             },
         }
         args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(payload, indent=2))
+        atomic.write_json(args.json, payload)
         print(f"\nwrote {args.json}")
     return 0
 

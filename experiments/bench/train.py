@@ -63,6 +63,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from amemory import atomic
 from amemory.models import transformer
 from amemory.train import optimizers
 from amemory.train.config import load_config
@@ -287,7 +288,7 @@ def main(argv: list[str]) -> int:
         out["dtype"] = bench_dtype(args, batch, reps)
     out["load_average_end"] = list(os.getloadavg())
     if args.json:
-        pathlib.Path(args.json).write_text(json.dumps(out, indent=2) + "\n")
+        atomic.write_json(args.json, out)
     return 0
 
 

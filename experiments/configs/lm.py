@@ -161,6 +161,15 @@ def get_config(scale: str = "quick") -> ConfigDict:
     c.keep_checkpoints = 3  # Orbax max_to_keep
     c.progress = True  # tqdm progress bar (process 0, stderr)
 
+    # ---- divergence guard (amemory.train.guard): stop a run that has blown up -------
+    c.divergence = ConfigDict()
+    c.divergence.enabled = True  # stop with exit status 3 when the test below fires
+    # diverged: at `patience` consecutive train records the loss is above loss_factor x
+    # its running minimum (and above its first value), or the gradient norm is exactly 0
+    # while the loss is not
+    c.divergence.loss_factor = 10.0
+    c.divergence.patience = 3  # consecutive train records (every log_every steps)
+
     # ---- parallelism ------------------------------------------------------------
     c.parallel = ConfigDict()
     c.parallel.mode = "single"  # "single" | "pmap" (data parallel, pmean grads) | "sharded" (jit over Mesh("data","fsdp"))

@@ -106,6 +106,15 @@ def get_config(scale: str = "quick") -> ConfigDict:
     c.keep_checkpoints = 2  # Orbax max_to_keep
     c.progress = True  # tqdm progress bar
 
+    # ---- divergence guard (amemory.train.guard): stop a run that has blown up -------
+    c.divergence = ConfigDict()
+    c.divergence.enabled = True  # stop with exit status 3 when the test below fires
+    # diverged: at `patience` consecutive train records the loss is above loss_factor x
+    # its running minimum (and above its first value), or the gradient norm is exactly 0
+    # while the loss is not
+    c.divergence.loss_factor = 10.0
+    c.divergence.patience = 3  # consecutive train records (every log_every steps)
+
     # ---- parallelism (same schema as lm.py; the memory is small, "single" is usual) --
     c.parallel = ConfigDict()
     c.parallel.mode = "single"  # "single" | "pmap" | "sharded"

@@ -1,0 +1,93 @@
+"""Atomic file writes: a reader sees the old file or the new one, never a torn one.
+
+Every result amemory writes (``summary.json``, ``config.json``, ``result.json``,
+``report.md``, figures, tokenizer and token caches) goes through this module:
+the bytes are written to a temporary file in the destination's directory,
+flushed and ``fsync``-ed, then ``os.replace``-d over the destination (atomic on
+POSIX file systems when source and destination share a directory), and the
+directory is ``fsync``-ed so the rename itself survives a crash. A process
+killed mid-write leaves at most a stray ``<name>.tmp*`` file, which later
+writes ignore.
+
+The recipe is the usual one for crash-safe replacement (write, fsync, rename,
+fsync the directory); see e.g. the POSIX ``rename(2)`` guarantees and SQLite's
+"Atomic Commit" notes. This module imports nothing of amemory, so every layer
+may use it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+import tempfile
+from typing import Any
+
+__all__ = ["write_bytes", "write_text", "write_json", "save_npy"]
+
+
+def _fsync_dir(directory: pathlib.Path) -> None:
+    try:
+        fd = os.open(directory, os.O_RDONLY)
+    except OSError:  # some file systems do not open directories; the rename still happened
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def _replace_with(path: str | os.PathLike, write: Any, suffix: str = "") -> pathlib.Path:
+    """Create ``path`` atomically: ``write(binary_file)`` fills a temporary sibling first."""
+    path = pathlib.Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.tmp", suffix=suffix)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            write(f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+    _fsync_dir(path.parent)
+    return path
+
+
+def write_bytes(path: str | os.PathLike, data: bytes) -> pathlib.Path:
+    """Atomically replace ``path`` with ``data`` (parents created). Returns the path.
+
+    Raises:
+      OSError: the directory cannot be created or written (read-only, full disk);
+        ``path`` is then unchanged.
+    """
+    return _replace_with(path, lambda f: f.write(data))
+
+
+def write_text(path: str | os.PathLike, text: str) -> pathlib.Path:
+    """Atomically replace ``path`` with ``text`` encoded as UTF-8. Returns the path."""
+    return write_bytes(path, text.encode("utf-8"))
+
+
+def write_json(path: str | os.PathLike, obj: Any, *, indent: int | None = 2) -> pathlib.Path:
+    """Atomically replace ``path`` with ``json.dumps(obj, indent=indent)`` and a newline.
+
+    Raises:
+      TypeError: ``obj`` is not JSON-serialisable (nothing is written).
+      OSError: as :func:`write_bytes`.
+    """
+    return write_text(path, json.dumps(obj, indent=indent) + "\n")
+
+
+def save_npy(path: str | os.PathLike, arr: Any) -> pathlib.Path:
+    """Atomically replace ``path`` with ``numpy.save(arr)`` (``.npy`` format)."""
+    import numpy as np
+
+    return _replace_with(path, lambda f: np.save(f, arr), suffix=".npy")

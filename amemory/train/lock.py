@@ -1,0 +1,129 @@
+"""The workdir lock: one live run per run directory.
+
+``<workdir>/run.lock`` is held with ``fcntl.flock`` for the whole run by the run's
+process 0 (``amemory.train.guard.RunGuard``). ``flock`` locks belong to the open
+file, so the kernel drops the lock when its holder exits or is killed (SIGKILL
+included): a lock never goes stale and there is nothing to clean up. The file
+records the holder's PID, host, start time and process count, so a second run on
+the same directory fails at once naming them. ``amemory train`` probes the lock
+before it even imports JAX (:func:`probe_workdir`), so that failure takes a
+fraction of a second.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import fcntl
+import json
+import os
+import pathlib
+import socket
+from typing import Any
+
+LOCK_NAME = "run.lock"
+EXIT_BUSY = 4  # ``amemory train``'s exit status when the workdir is in use
+
+
+class WorkdirBusyError(RuntimeError):
+    """Another live run holds the workdir lock; the message names its PID and host."""
+
+
+def holder_info(path: pathlib.Path) -> dict:
+    """What the lock file at ``path`` says about its holder (empty if unreadable)."""
+    try:
+        return json.loads(path.read_text() or "{}")
+    except (OSError, ValueError):
+        return {}
+
+
+def busy_message(workdir: pathlib.Path, info: dict) -> str:
+    """The one-line error naming the holder of ``workdir``'s lock."""
+    who = f"pid {info.get('pid', '?')} on host {info.get('host', '?')}"
+    since = f", started {info['started']}" if info.get("started") else ""
+    return (
+        f"workdir {workdir} is in use by another run ({who}{since}); wait for it to "
+        f"finish or stop it, or choose another --workdir (lock: {workdir / LOCK_NAME})"
+    )
+
+
+class WorkdirLock:
+    """An exclusive ``fcntl.flock`` on ``<workdir>/run.lock`` for the life of a run.
+
+    ``flock`` locks belong to the open file, so the kernel drops the lock when the
+    holder exits or is killed (SIGKILL included): a lock can never go stale. The
+    file keeps the holder's PID, host, start time and whether it is a multi-process
+    job, for the message another run prints. On network file systems ``flock`` is
+    as reliable as the file system's lock support (NFSv4 is; some FUSE mounts are not).
+
+    Args:
+      workdir: the run directory (created if missing).
+      processes: ``jax.process_count()`` of the holder (recorded).
+
+    Raises (``acquire``):
+      WorkdirBusyError: another process holds the lock (names its PID and host).
+      OSError: the directory cannot be created or written (read-only, full disk).
+    """
+
+    def __init__(self, workdir: str | os.PathLike, processes: int = 1):
+        self.workdir = pathlib.Path(workdir).absolute()
+        self.path = self.workdir / LOCK_NAME
+        self.processes = processes
+        self._fd: int | None = None
+
+    def acquire(self) -> WorkdirLock:
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            raise WorkdirBusyError(busy_message(self.workdir, holder_info(self.path))) from None
+        info = {
+            "pid": os.getpid(),
+            "host": socket.gethostname(),
+            "started": _dt.datetime.now().astimezone().isoformat(timespec="seconds"),
+            "processes": self.processes,
+        }
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, (json.dumps(info) + "\n").encode(), 0)
+        self._fd = fd
+        return self
+
+    def release(self) -> None:
+        if self._fd is not None:
+            fcntl.flock(self._fd, fcntl.LOCK_UN)
+            os.close(self._fd)
+            self._fd = None
+
+    def __enter__(self) -> WorkdirLock:
+        return self.acquire()
+
+    def __exit__(self, *exc: Any) -> None:
+        self.release()
+
+
+def probe_workdir(workdir: str | os.PathLike) -> None:
+    """Fail fast (before JAX is imported) if a single-process run holds ``workdir``.
+
+    ``amemory train`` calls this first, so a second run on a busy directory fails in
+    a fraction of a second. A multi-process holder is left to the full check in
+    ``RunGuard`` (its other processes legitimately share the directory). Does
+    nothing when the directory or lock file does not exist.
+
+    Raises:
+      WorkdirBusyError: as :class:`WorkdirLock`.
+    """
+    path = pathlib.Path(workdir).absolute() / LOCK_NAME
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        fcntl.flock(fd, fcntl.LOCK_UN)
+    except BlockingIOError:
+        info = holder_info(path)
+        if int(info.get("processes", 1)) == 1:
+            raise WorkdirBusyError(busy_message(path.parent, info)) from None
+    finally:
+        os.close(fd)
