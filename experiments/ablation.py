@@ -7,8 +7,12 @@ final validation loss and the share of Muon's gain each subset recovers,
 
     share(S) = (L_none - L_S) / (L_none - L_all),
 
-beside the paper's Table 1 (papers.md A.3). Learning rates: tail_lm's grid choice for
-Adam and Muon (the same for every subset and FFN kind).
+beside the paper's Table 1 (Wang et al. 2025, arXiv 2509.26030, Table 1). Learning rates:
+tail_lm's grid choice for Adam and Muon on seed 0 (the same for every subset and FFN
+kind). Every subset is trained on tail_lm's held-out initialisation seeds ``cfg.seeds``
+at once (same data order); the share is computed per seed and judged by its 95%
+Student-t interval against the claim's threshold (held / not held / undecided,
+:mod:`amemory.analysis.stats`).
 """
 
 from __future__ import annotations
@@ -18,9 +22,10 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
+import numpy as np
 from ml_collections import ConfigDict
 
-from amemory.analysis import plots
+from amemory.analysis import plots, stats
 from experiments import common, tail_lm
 from experiments.configs.ablation import PAPER_TABLE
 
@@ -35,25 +40,27 @@ def subset_config(base: ConfigDict, subset: str, muon_lr: float, adam_lr: float)
     return tail_lm.run_config(base, "muon", muon_lr, adam_lr, roles)
 
 
-def gain_share(l_none: float, l_subset: float, l_all: float) -> float:
+def gain_share(l_none: Any, l_subset: Any, l_all: Any) -> Any:
     """Share of Muon's gain recovered by a subset, ``(L_none - L_S) / (L_none - L_all)``.
 
-    NaN when Muon-on-all does not improve on all-Adam (the share is then undefined).
+    Scalars give a float; per-seed arrays ``[seeds]`` give ``[seeds]`` (elementwise).
+    NaN where Muon-on-all does not improve on all-Adam (the share is then undefined).
     """
-    denom = l_none - l_all
-    if not (math.isfinite(denom) and denom > 0 and math.isfinite(l_subset)):
-        return float("nan")
-    return (l_none - l_subset) / denom
+    ln, ls, la = (np.asarray(x, float) for x in (l_none, l_subset, l_all))
+    denom = ln - la
+    ok = np.isfinite(denom) & (denom > 0) & np.isfinite(ls)
+    out = np.where(ok, (ln - ls) / np.where(ok, denom, 1.0), np.nan)
+    return float(out) if out.ndim == 0 else out
 
 
 def paper_shares(ffn: str) -> dict[str, float]:
-    """The paper's share of gain per subset from Table 1 (papers.md A.3)."""
+    """The paper's share of gain per subset from Table 1 (paper A, arXiv 2509.26030)."""
     t = PAPER_TABLE[ffn]
     return {s: gain_share(t["none"], v, t["all"]) for s, v in t.items()}
 
 
 def n_units(cfg: ConfigDict) -> int:
-    """Training runs (the LR sweeps of Adam and Muon, then one per subset and FFN kind)."""
+    """Training runs (the LR sweeps of Adam and Muon, then one multi-seed run per subset/FFN)."""
     sweeps = len(cfg.lr_grid.adam) + len(cfg.lr_grid.muon)
     return sweeps + len(cfg.subsets) * len(cfg.ffn_kinds)
 
@@ -83,21 +90,18 @@ def run(
         chosen, _, tables = tail_lm.choose_lrs(
             cfg, cache_dir, progress=progress, optimizers=("adam", "muon")
         )
-        losses: dict[str, dict[str, float]] = {}
+        losses: dict[str, dict[str, np.ndarray]] = {}
         for ffn in cfg.ffn_kinds:
             base = ConfigDict(cfg.base.to_dict())
-            base.model.ffn = ffn
+            if not (ffn == "gelu" and base.model.ffn in (None, "gelu")):
+                base.model.ffn = ffn  # gelu on the default base stays identical to tail_lm's
             losses[ffn] = {}
             for subset in cfg.subsets:
                 rc = subset_config(base, subset, chosen["muon"], chosen["adam"])
-                label = f"ablation-{ffn}-{subset}"
-                if ffn == "gelu" and subset in ("none", "all"):
-                    # identical to tail_lm's chosen runs when base.model.ffn is the default
-                    label = "lm-adam-lr" if subset == "none" else "lm-muon-hidden-lr"
-                    label += f"{chosen['adam' if subset == 'none' else 'muon']:g}"
-                    rc = subset_config(cfg.base, subset, chosen["muon"], chosen["adam"])
-                r = common.train_cached(rc, cache_dir, label)
-                losses[ffn][subset] = common.final_eval(r)
+                r = common.train_cached(
+                    common.seeded(rc, cfg.seeds), cache_dir, f"ablation-{ffn}-{subset}-seeds"
+                )
+                losses[ffn][subset] = common.final_eval_seeds(r)
                 if progress:
                     progress(f"{ffn} {subset}")
         shares = {
@@ -107,14 +111,17 @@ def run(
             }
             for ffn, v in losses.items()
         }
-        metrics = {"chosen_lr": chosen, "lr_sweep": tables, "val_loss": losses, "share": shares}
+        metrics = {
+            "chosen_lr": chosen, "lr_sweep": tables, "val_loss": losses, "share": shares,
+            "seeds": list(cfg.seeds),
+        }  # fmt: skip
         figures = []
         for ffn in cfg.ffn_kinds:
             p = plots.plot_bars(
                 {s: shares[ffn][s] for s in cfg.subsets},
                 out_dir / "figures" / f"ablation_share_{ffn}.png",
                 ylabel="share of Muon's gain",
-                title=f"Muon on subset, Adam elsewhere ({ffn} FFN)",
+                title=f"Muon on subset, Adam elsewhere ({ffn} FFN), 95% seed intervals",
                 reference=paper_shares(ffn),
             )
             figures.append(str(p.relative_to(out_dir)))
@@ -124,11 +131,12 @@ def run(
 
 
 def report_md(cfg: ConfigDict, m: dict[str, Any]) -> str:
-    """Markdown table: final loss and share of gain per subset, ours beside the paper's."""
+    """Markdown table: final loss and share of gain per subset (seed mean ± 95% CI), paper's."""
     lr = m["chosen_lr"]
     lines = [
         f"Learning rates: Adam {lr['adam']:g}, Muon {lr['muon']:g} (tail_lm's grid choice; "
-        "the same for every subset).",
+        f"the same for every subset). Seeds {', '.join(map(str, m['seeds']))}: mean ± 95% "
+        "interval.",
         "",
     ]
     for ffn, losses in m["val_loss"].items():
@@ -141,7 +149,7 @@ def report_md(cfg: ConfigDict, m: dict[str, Any]) -> str:
         ]
         for s, v in losses.items():
             lines.append(
-                f"| {s} | {common.fmt(v)} | {common.fmt(m['share'][ffn][s], 2)} | "
+                f"| {s} | {common.seed_mean(v)} | {common.seed_mean(m['share'][ffn][s], 2)} | "
                 f"{common.fmt(PAPER_TABLE[ffn].get(s))} | {common.fmt(ps.get(s), 2)} |"
             )
         lines.append("")
@@ -149,34 +157,38 @@ def report_md(cfg: ConfigDict, m: dict[str, Any]) -> str:
 
 
 def make_claims(cfg: ConfigDict, m: dict[str, Any]) -> list[common.Claim]:
-    """Verdicts on the share of Muon's gain recovered by VO+FFN and by QK."""
+    """Verdicts on the share of Muon's gain recovered by VO+FFN and by QK (seed intervals)."""
     claims = []
     for key, subset, want in (
         ("ablation/vo_ffn_share", "vo+ffn", "high"),
         ("ablation/qk_share", "qk", "low"),
     ):
-        vals = {ffn: sh.get(subset) for ffn, sh in m["share"].items() if subset in sh}
+        vals = {ffn: sh[subset] for ffn, sh in m["share"].items() if subset in sh}
         if not vals:
             continue
+        threshold = cfg.vo_ffn_min_share if want == "high" else cfg.qk_max_share
+        direction = "greater" if want == "high" else "less"
         paper = ", ".join(f"{ffn} {paper_shares(ffn)[subset]:.2f}" for ffn in vals)
-        ours = ", ".join(f"{ffn} {common.fmt(v, 2)}" for ffn, v in vals.items())
-        finite = [v for v in vals.values() if v is not None and math.isfinite(v)]
-        if len(finite) < len(vals):
-            held = None
-        elif want == "high":
-            held = all(v >= cfg.vo_ffn_min_share for v in finite)
-        else:
-            held = all(v <= cfg.qk_max_share for v in finite)
+        verdicts, parts, ivs = [], [], {}
+        for ffn, v in vals.items():
+            iv, held = common.seed_verdict(v, direction=direction, threshold=threshold)
+            verdicts.append(held)
+            ivs[ffn] = common.interval_dict(iv, direction, threshold)
+            parts.append(f"{ffn} {common.describe(iv, 2)}")
         test = (
-            f"share >= {cfg.vo_ffn_min_share}" if want == "high" else f"share <= {cfg.qk_max_share}"
-        ) + " (share = (L_none - L_S)/(L_none - L_all); undefined if Muon-on-all does not help)"
+            f"95% interval of the per-seed share {'>' if want == 'high' else '<'} {threshold} "
+            "(share = (L_none - L_S)/(L_none - L_all) per seed; undecided if undefined)"
+        )
         statement = (
             "Muon on VO+FFN (Adam elsewhere) recovers almost all of Muon's gain"
             if want == "high"
             else "Muon on QK alone recovers little of Muon's gain"
         )
         claims.append(
-            common.Claim(key, "A, Table 1", statement, paper, ours, held, test)
+            common.Claim(
+                key, "A, Table 1", statement, paper, "; ".join(parts),
+                stats.all_verdicts(verdicts), test, ivs.get("gelu") or next(iter(ivs.values())),
+            )
         )  # fmt: skip
     return claims
 

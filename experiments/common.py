@@ -46,9 +46,12 @@ class Claim:
       statement: the claim in words (what the paper reports).
       paper_value: the paper's number(s) in words, e.g. ``"Muon 0.976 vs Adam 0.264"``.
       ours: our measurement in words, same units as ``paper_value``.
-      held: ``True`` / ``False`` when the test below decided it, ``None`` when the
-        measurement could not decide (e.g. the run failed).
+      held: ``True`` (held) / ``False`` (not held) when the test below decided it, ``None``
+        (undecided) when it could not (the seed interval contains the threshold, or the
+        run failed).
       test: the decision rule we applied, stated so a reader can re-check it.
+      interval: the seed interval the verdict rests on, as :func:`interval_dict` makes it
+        (estimate, lo, hi, n, confidence, direction, threshold), or None.
     """
 
     key: str
@@ -58,10 +61,62 @@ class Claim:
     ours: str
     held: bool | None
     test: str
+    interval: dict[str, Any] | None = None
 
     def as_dict(self) -> dict[str, Any]:
         """Return a JSON-friendly dict of the fields."""
         return dataclasses.asdict(self)
+
+
+def seed_verdict(
+    a: Any, b: Any = None, *, direction: str, threshold: float = 0.0
+) -> tuple[Any, bool | None]:
+    """Seed interval of ``a`` (or of the paired difference ``a - b``) and its three-way verdict.
+
+    Args:
+      a: ``[seeds]`` per-seed values of one arm.
+      b: ``[seeds]`` the other arm on the same seeds (paired), or None.
+      direction: "greater" (the claim says the quantity exceeds ``threshold``) or "less".
+      threshold: the value the claim compares against.
+
+    Returns:
+      ``(interval, held)``: :class:`amemory.analysis.stats.Interval` (95% Student-t) and
+      True / False / None (:func:`amemory.analysis.stats.verdict`); ``(None, None)`` when
+      fewer than 2 seeds or a non-finite value leave no interval.
+    """
+    from amemory.analysis import stats
+
+    x = np.asarray(a, float).ravel()
+    if b is not None:
+        x = x - np.asarray(b, float).ravel()
+    if x.size < 2 or not np.isfinite(x).all():
+        return None, None
+    iv = stats.mean_interval(x)
+    return iv, stats.verdict(iv, direction, threshold)
+
+
+def interval_dict(iv: Any, direction: str, threshold: float = 0.0) -> dict[str, Any] | None:
+    """JSON form of a seed interval for :attr:`Claim.interval` (None stays None)."""
+    if iv is None:
+        return None
+    return {
+        "estimate": iv.estimate, "lo": iv.lo, "hi": iv.hi, "n": iv.n,
+        "confidence": iv.confidence, "direction": direction, "threshold": threshold,
+    }  # fmt: skip
+
+
+def describe(iv: Any, digits: int = 3) -> str:
+    """``0.087 ± 0.012 (95% CI, n=3)``, or ``no interval`` for None."""
+    return "no interval (fewer than 2 seeds)" if iv is None else iv.describe(digits)
+
+
+def seed_mean(values: Any, digits: int = 3) -> str:
+    """``mean ± half-width`` of per-seed values (95% t interval), or the value for 1 seed."""
+    x = np.asarray(values, float).ravel()
+    iv, _ = seed_verdict(x, direction="greater")
+    if iv is None:
+        return fmt(np.nanmean(x) if np.isfinite(x).any() else np.nan, digits)
+    return f"{fmt(iv.estimate, digits)} ± {fmt(iv.half_width, digits)}"
 
 
 def verdict(held: bool | None) -> str:
@@ -376,6 +431,20 @@ def train_cached(cfg: Any, cache_dir: str | os.PathLike, label: str) -> dict[str
     }
 
 
+def seeded(run_cfg: Any, seeds: Sequence[int]) -> Any:
+    """A copy of the run config ``run_cfg`` training ``seeds`` at once (``config.seeds``).
+
+    The engine vmaps the seeds in one program: seed s initialises with ``PRNGKey(s)``;
+    the data order is ``run_cfg.seed``'s for every seed (seeds differ in initialisation).
+    An empty ``seeds`` keeps the single-seed run.
+    """
+    from ml_collections import ConfigDict
+
+    c = ConfigDict(run_cfg.to_dict())
+    c.seeds = tuple(int(s) for s in seeds)
+    return c
+
+
 def eval_series(records: Sequence[dict[str, Any]], key: str, kind: str = "eval"):
     """(steps [n], values [n]) of ``key`` over the ``kind`` records (None -> NaN).
 
@@ -394,20 +463,34 @@ def eval_series(records: Sequence[dict[str, Any]], key: str, kind: str = "eval")
 
 
 def final_eval(run: dict[str, Any], key: str = "loss") -> float:
-    """The last evaluation's ``key`` of a :func:`train_cached` result (NaN if absent)."""
+    """The last evaluation's ``key`` of a :func:`train_cached` result (NaN if absent).
+
+    A multi-seed run gives the mean over seeds (:func:`final_eval_seeds` keeps them apart).
+    """
+    return float(np.mean(final_eval_seeds(run, key)))
+
+
+def final_eval_seeds(run: dict[str, Any], key: str = "loss") -> np.ndarray:
+    """``[seeds]`` last evaluation's ``key`` per seed (``[1]`` for one seed; NaN if absent)."""
     _, vals = eval_series(run["records"], key)
     if vals.size == 0:
         v = run["summary"].get("final_eval", {}).get(key)
-        return float("nan") if v is None else float(v)
-    return float(vals[-1])
+        v = [np.nan if x is None else x for x in v] if isinstance(v, list) else v
+        return np.atleast_1d(np.asarray(np.nan if v is None else v, float))
+    return np.atleast_1d(np.asarray(vals[-1], float))
 
 
 def final_train_loss(run: dict[str, Any], last: int = 5) -> float:
-    """Mean training loss of the last ``last`` train records of a run (NaN if none)."""
+    """Mean training loss of the last ``last`` train records (mean over seeds; NaN if none)."""
+    return float(np.mean(final_train_loss_seeds(run, last)))
+
+
+def final_train_loss_seeds(run: dict[str, Any], last: int = 5) -> np.ndarray:
+    """``[seeds]`` mean training loss of the last ``last`` train records per seed."""
     _, vals = eval_series(run["records"], "loss", kind="train")
     if vals.size == 0:
-        return float("nan")
-    return float(np.mean(vals[-last:]))
+        return np.array([np.nan])
+    return np.atleast_1d(np.mean(vals[-last:], axis=0))
 
 
 def steps_to_reach(steps: np.ndarray, values: np.ndarray, target: float) -> float:

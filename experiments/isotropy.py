@@ -1,9 +1,13 @@
 """Isotropy of the VO and FFN matrices over training, Muon vs Adam, mean and spread over seeds.
 
-Paper A (A.3): with q_i = σ_i² / Σσ_j², normalised SVD entropy, effective rank, top-k
-energy and Q75/25 of VO, W_in, W_out; Muon is more isotropic from the start with
-negligible seed variance, Adam fluctuates. Seeds are trained together (one vmapped
-program, ``config.seeds``); the metrics come from the training loop's spectrum records.
+Paper A (Wang et al. 2025, arXiv 2509.26030, Sec. 4): with q_i = σ_i² / Σσ_j²,
+normalised SVD entropy, effective rank, top-k energy and Q75/25 of VO, W_in, W_out;
+Muon is more isotropic from the start with negligible seed variance, Adam fluctuates.
+Seeds are trained together (one vmapped program, ``config.seeds``; seeds differ in
+initialisation and share the data order); the metrics come from the training loop's
+spectrum records. Verdicts rest on seed intervals (:mod:`amemory.analysis.stats`): the
+entropy claim on the paired Muon − Adam difference at every logged step of every
+matrix, the spread claim on the F interval of the ratio of seed variances.
 """
 
 from __future__ import annotations
@@ -15,7 +19,7 @@ from typing import Any
 import numpy as np
 from ml_collections import ConfigDict
 
-from amemory.analysis import plots
+from amemory.analysis import plots, stats
 from experiments import common, tail_lm
 
 NAME = "isotropy"
@@ -54,7 +58,7 @@ def run(
         series = {}
         for opt in cfg.optimizers:
             rc = tail_lm.run_config(cfg.base, opt, cfg.lr[opt], cfg.lr.adam, cfg.matrix_roles)
-            r = common.train_cached(rc, cache_dir, f"iso-{opt}")
+            r = common.train_cached(common.seeded(rc, cfg.seeds), cache_dir, f"iso-{opt}")
             series[opt] = spectrum_series(r["records"])
             if progress:
                 progress(opt)
@@ -67,36 +71,39 @@ def run(
                 continue
             panel = {}
             for opt, s in series.items():
-                steps, v = s[k]
-                mean, std = np.nanmean(v, axis=1), np.nanstd(v, axis=1)
-                panel[opt] = (steps, mean, std)
+                steps, v = s[k]  # (n, seeds)
+                panel[opt] = (steps, v)
                 summary.setdefault(k, {})[opt] = {
-                    "steps": steps, "mean": mean, "std": std,
-                    "mean_over_time": float(np.nanmean(mean)),
-                    "seed_std_over_time": float(np.nanmean(std)),
+                    "steps": steps, "values": v,
+                    "mean": np.nanmean(v, axis=1),
+                    "time_mean": np.nanmean(v, axis=0),  # (seeds,) average over logged steps
                 }  # fmt: skip
             panels[f"{role} {metric}"] = panel
         figures = []
         if panels:
             p = plots.plot_band_curves(panels, out_dir / "figures" / "isotropy.png", ncols=4)
             figures.append(str(p.relative_to(out_dir)))
-        metrics = {"series": summary, "seeds": list(cfg.base.seeds), "lr": dict(cfg.lr)}
+        metrics = {
+            "series": summary, "seeds": list(cfg.seeds), "lr": dict(cfg.lr),
+            "lr_source": cfg.lr_source,
+        }  # fmt: skip
         claims = make_claims(summary)
-        metrics["report_md"] = report_md(summary)
+        metrics["report_md"] = report_md(summary, metrics)
     return common.finish(NAME, cfg, out_dir, timer, metrics=metrics, figures=figures, claims=claims)
 
 
-def report_md(summary: dict[str, Any]) -> str:
-    """Markdown table: time-averaged mean and seed spread per role/metric and optimizer."""
-    lines = ["| matrix / metric | Adam mean (seed std) | Muon mean (seed std) |", "|---|---|---|"]
+def report_md(summary: dict[str, Any], m: dict[str, Any]) -> str:
+    """Markdown table: time-averaged value per role/metric and optimizer, seed mean ± 95% CI."""
+    lr = ", ".join(f"{k} {v:g}" for k, v in m["lr"].items())
+    lines = [
+        f"Learning rates: {lr} ({m['lr_source']}); seeds {', '.join(map(str, m['seeds']))}.",
+        "Values: average over the logged steps, mean ± 95% interval over seeds.",
+        "",
+        "| matrix / metric | Adam | Muon |",
+        "|---|---|---|",
+    ]
     for k, by in summary.items():
-        cells = []
-        for opt in ("adam", "muon"):
-            s = by.get(opt)
-            cells.append(
-                f"{common.fmt(s['mean_over_time'])} ({common.fmt(s['seed_std_over_time'])})"
-                if s else "-"
-            )  # fmt: skip
+        cells = [common.seed_mean(by[o]["time_mean"]) if o in by else "-" for o in ("adam", "muon")]
         lines.append(f"| {k.removeprefix('spectrum/')} | {cells[0]} | {cells[1]} |")
     return "\n".join(lines)
 
@@ -108,28 +115,49 @@ def make_claims(summary: dict[str, Any]) -> list[common.Claim]:
     }
     if not ent:
         return []
-    higher = {k: bool(np.all(v["muon"]["mean"] > v["adam"]["mean"])) for k, v in ent.items()}
-    spread = {
-        k: (v["muon"]["seed_std_over_time"], v["adam"]["seed_std_over_time"])
-        for k, v in ent.items()
-    }
-    roles = lambda k: k.split("/")[1]  # noqa: E731
+    role = lambda k: k.split("/")[1]  # noqa: E731
+    per_step, worst = [], {}
+    for k, v in ent.items():
+        mu, ad = np.asarray(v["muon"]["values"]), np.asarray(v["adam"]["values"])
+        for t in range(mu.shape[0]):
+            iv, held = common.seed_verdict(mu[t], ad[t], direction="greater")
+            per_step.append(held)
+            if iv is not None and (role(k) not in worst or iv.lo < worst[role(k)].lo):
+                worst[role(k)] = iv
+    outcomes = (("held", True), ("not held", False), ("undecided", None))
+    counts = {name: sum(h is val for h in per_step) for name, val in outcomes}
+    ours = (
+        f"{counts['held']} of {len(per_step)} (matrix, step) intervals held, "
+        f"{counts['not held']} not held; lowest Muon − Adam per matrix: "
+        + ", ".join(f"{r} {common.describe(iv)}" for r, iv in worst.items())
+    )
+    spread, spread_held = {}, []
+    for k, v in ent.items():
+        a, b = np.asarray(v["muon"]["time_mean"]), np.asarray(v["adam"]["time_mean"])
+        if a.size >= 2 and b.size >= 2 and np.isfinite(a).all() and np.isfinite(b).all():
+            iv = stats.variance_ratio_interval(a, b)
+            spread[role(k)] = iv
+            spread_held.append(stats.verdict(iv, "less", 1.0))
+        else:
+            spread_held.append(None)
     return [
         common.Claim(
             "isotropy/muon_more_isotropic", "A, Sec. 4 (isotropy)",
-            "Muon's VO / FFN matrices are more isotropic than Adam's throughout training",
-            "Muon higher entropy from the start",
-            ", ".join(f"{roles(k)}: {'yes' if h else 'no'}" for k, h in higher.items()),
-            all(higher.values()), "mean SVD entropy Muon > Adam at every logged step, every matrix",
+            "Muon's VO / FFN matrices are more isotropic (higher SVD entropy) than Adam's "
+            "throughout training",
+            "Muon higher entropy from the start", ours,
+            stats.all_verdicts(per_step),
+            "at every logged step and matrix, 95% interval of the per-seed entropy "
+            "difference Muon − Adam > 0 (held if all are; not held if any is < 0)",
         ),
         common.Claim(
             "isotropy/seed_spread", "A, Sec. 4 (isotropy)",
             "Muon's isotropy varies less across seeds than Adam's",
             "negligible for Muon, Adam fluctuates",
-            ", ".join(f"{roles(k)}: {common.fmt(a)} vs {common.fmt(b)}"
-                      for k, (a, b) in spread.items()),
-            all(a < b for a, b in spread.values()),
-            "time-averaged seed std of the entropy: Muon < Adam for every matrix",
+            "seed-variance ratio Muon/Adam of the time-averaged entropy: "
+            + ", ".join(f"{r} {iv.describe_range()}" for r, iv in spread.items()),
+            stats.all_verdicts(spread_held),
+            "95% F interval of var(Muon)/var(Adam) over seeds < 1 for every matrix",
         ),
     ]  # fmt: skip
 

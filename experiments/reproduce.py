@@ -2,7 +2,7 @@
 
 Usage::
 
-    amemory reproduce                        # default stages, quick scale (CPU, < 15 min)
+    amemory reproduce                        # default stages, quick scale (CPU, < 20 min)
     amemory reproduce --scale full           # paper-sized configs (GPU/TPU hours)
     amemory reproduce --only tail_qa         # one experiment (its full quick config)
     amemory reproduce --out runs/final       # choose the run directory
@@ -10,11 +10,15 @@ Usage::
     amemory reproduce --scale full --set base.parallel.mode=sharded   # many devices
 
 Default stages (quick scale): ``check`` (``amemory check --quick``), ``one_layer``,
-``tail_lm``, a reduced ``ablation`` (Muon on none, qk, vo+ffn, all), a reduced
-``tail_qa`` (Muon, Adam, Muon on VO+FFN, Muon on QK) and ``arch`` (dense / MLA / MoE /
-MLA+MoE with AdamW and Muon; the last two at tail_lm's chosen learning rates).
-``--only`` also accepts ``isotropy`` and ``scaling``, and a full (non-reduced)
-``ablation`` / ``tail_qa``.
+``tail_lm`` (Adam and Muon; SignGD only with ``--only``), ``isotropy`` (on tail_lm's
+seeded runs), a reduced ``ablation`` (Muon on none, qk, vo+ffn, all), a reduced
+``tail_qa`` (Muon and Adam) and ``steps_ratio`` (widths 64 and 128; tail_lm's runs at
+128). The reduced isotropy and tail_qa take tail_lm's chosen learning rates. Every
+transformer claim of these stages rests on 3 held-out initialisation seeds trained in one
+vmapped program per run, and is judged by a 95% seed interval (held / not held /
+undecided). ``--only`` also accepts ``arch`` (single seed; its config's learning rates,
+tail_lm's quick-scale choice), ``scaling`` and ``normuon``, and the full (non-reduced)
+variants of the others.
 
 Output: ``runs/reproduce-<UTC timestamp>/`` (or ``--out``) with one sub-directory per
 stage (``result.json``, ``figures/``), ``train_runs/`` (every transformer run, shared
@@ -34,6 +38,7 @@ from __future__ import annotations
 import argparse
 import os
 import pathlib
+import resource
 import subprocess
 import sys
 import time
@@ -44,17 +49,28 @@ from typing import Any
 from amemory import atomic
 from experiments import common
 
-DEFAULT_STAGES = ("check", "one_layer", "tail_lm", "ablation", "tail_qa", "arch")
-ALL_STAGES = (
-    "check", "one_layer", "tail_lm", "ablation", "tail_qa", "arch", "isotropy", "scaling"
+DEFAULT_STAGES = (
+    "check", "one_layer", "tail_lm", "isotropy", "ablation", "tail_qa", "steps_ratio",
 )  # fmt: skip
-# Stages whose reduced run takes tail_lm's chosen learning rates (no grid of their own).
-LR_FROM_TAIL_LM = ("tail_qa", "arch")
+# Stages run only with --only: arch (single-seed cells, about 8 CPU minutes) and the others
+# that do not fit the main job's 20-minute budget next to the seeded stages.
+ALL_STAGES = DEFAULT_STAGES + ("arch", "scaling", "normuon")
 
 # Overrides giving the reduced variants run by default (not with --only).
 REDUCED: dict[str, dict[str, Any]] = {
+    "tail_lm": {"optimizers": ("adam", "muon")},  # SignGD carries no claim
     "ablation": {"subsets": ("none", "qk", "vo+ffn", "all"), "ffn_kinds": ("gelu",)},
-    "tail_qa": {"variants": ("muon", "adam", "muon_vo+ffn", "muon_qk"), "sweep": False},
+    # Muon and Adam only: a 3-seed biography run costs about 4 CPU minutes; the VO+FFN vs QK
+    # question is the ablation's on the corpus (with seeds), and --only tail_qa's.
+    "tail_qa": {"variants": ("muon", "adam"), "sweep": False},
+}
+
+# Reduced stages that take tail_lm's learning-rate choice instead of a grid of their
+# own (their config fields lr.adam / lr.muon / lr_source), with the reason stated.
+TAIL_LM_LR = {
+    "isotropy": "tail_lm's grid choice; the runs are tail_lm's seeded runs",
+    "tail_qa": "not swept here: tail_lm's grid choice for the same model on the corpus",
+    "arch": "not swept here: tail_lm's grid choice for the same model on the corpus",
 }
 
 # Claims shown first in the summary, in this order (others follow).
@@ -156,7 +172,7 @@ def run_check(scale: str, stage_dir: pathlib.Path, enabled: bool) -> dict[str, A
         ours, held = f"exit status {proc.returncode} (see check.log)", None
     claim = common.Claim(
         "check/theory",
-        "A Thm 5.3-5.4, B (papers.md)",
+        "A Thm 5.3-5.4, B (docs/science.md)",
         "numerical checks of the papers' statements (`amemory check`)",
         "statements hold",
         ours,
@@ -227,6 +243,17 @@ def run_experiment(
         bar.close()
 
 
+def cpu_seconds() -> float:
+    """CPU seconds (user + system) of this process and its finished children so far.
+
+    A stage's CPU time divided by the core count estimates its wall time on an idle
+    machine (the report's budget figure) even when other jobs share the cores.
+    """
+    own = resource.getrusage(resource.RUSAGE_SELF)
+    kids = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + kids.ru_utime + kids.ru_stime
+
+
 def _failed(name: str, scale: str, err: BaseException, wall: float) -> dict[str, Any]:
     return common.result_dict(
         name,
@@ -291,15 +318,21 @@ def write_report(
     n_held = sum(c["held"] is True for c in claims)
     n_not = sum(c["held"] is False for c in claims)
     n_und = sum(c["held"] is None for c in claims)
+    cpu = sum(float(r.get("cpu_s") or 0.0) for r in results)
     lines = [
         f"# amemory reproduce ({scale} scale)",
         "",
-        f"Run directory `{out}`; total wall time {wall_s / 60:.1f} min; "
+        f"Run directory `{out}`; total wall time {wall_s / 60:.1f} min, CPU time "
+        f"{cpu / 60:.1f} min (so at least {cpu / 120:.1f} min of wall time on 2 cores); "
         f"{n_held} claims held, {n_not} not held, {n_und} undecided.",
         "",
         "Verdicts are decided by the rule in each stage's section (column `test` of its "
-        "`result.json`). Quick-scale numbers come from models far smaller than the papers'; "
-        "a claim that does not hold here is reported as such.",
+        "`result.json`). Transformer claims compare runs on the same initialisation seeds "
+        "(held out from the learning-rate choice; every seed reads the same data order): "
+        "a claim is held when the 95% Student-t interval of the per-seed difference excludes "
+        "zero (or the stated threshold) on the claimed side, not held when it excludes it on "
+        "the other side, and undecided otherwise. Quick-scale numbers come from models far "
+        "smaller than the papers'; a claim that does not hold here is reported as such.",
         "",
         "## Claims beside our measurements",
         "",
@@ -307,7 +340,9 @@ def write_report(
         "",
     ]
     for r in results:
-        lines += [f"## {r['name']} ({r['wall_s']:.0f} s)", ""]
+        cpu_s = r.get("cpu_s")
+        cpu_txt = f", CPU {cpu_s:.0f} s" if cpu_s is not None else ""
+        lines += [f"## {r['name']} (wall {r['wall_s']:.0f} s{cpu_txt})", ""]
         for c in r.get("claims", []):
             lines.append(
                 f"- **{common.verdict(c['held'])}**: {c['statement']}. Paper ({c['paper']}): "
@@ -347,12 +382,14 @@ def update_readme(readme: pathlib.Path, out: pathlib.Path, results: Sequence[dic
         links.append(f"![{p.stem}]({dest.relative_to(readme.parent).as_posix()})")
     scale = results[0]["scale"] if results else "quick"
     minutes = sum(float(r.get("wall_s", 0.0)) for r in results) / 60
+    cpu = sum(float(r.get("cpu_s") or 0.0) for r in results) / 60
     block = "\n".join(
         [
             README_BEGIN,
             f"Latest `amemory reproduce` ({scale} scale, "
-            f"{time.strftime('%Y-%m-%d', time.gmtime())}, {minutes:.1f} min); regenerate with "
-            f"`amemory reproduce --update-readme {readme.name}`.",
+            f"{time.strftime('%Y-%m-%d', time.gmtime())}): {minutes:.1f} min of wall time, "
+            f"{cpu:.1f} min of CPU time (so at least {cpu / 2:.1f} min on 2 cores); regenerate "
+            f"with `amemory reproduce --update-readme {readme.name}`.",
             "",
             claims_table(results),
             "",
@@ -398,20 +435,16 @@ def reproduce(
     t0 = time.perf_counter()
     for name in stages:
         stage_dir = out / name
-        s0 = time.perf_counter()
+        s0, c0 = time.perf_counter(), cpu_seconds()
         try:
             if name == "check":
                 res = run_check(scale, stage_dir, progress)
             else:
                 runner = stage_runner or run_experiment
                 overrides = dict(REDUCED.get(name, {})) if reduced else {}
-                if reduced and name in LR_FROM_TAIL_LM:
-                    # no grid of their own in the reduced run: tail_lm's choice
+                if reduced and name in TAIL_LM_LR and chosen_lr:
                     overrides.update({f"lr.{k}": v for k, v in chosen_lr.items()})
-                    if chosen_lr:
-                        overrides["lr_source"] = (
-                            "not swept here: tail_lm's grid choice for the same model on the corpus"
-                        )
+                    overrides["lr_source"] = TAIL_LM_LR[name]
                 extra = {"sets": tuple(sets)} if sets else {}
                 res = runner(
                     name, scale, stage_dir, progress, overrides=overrides, cache_dir=cache, **extra
@@ -428,10 +461,14 @@ def reproduce(
             atomic.write_text(stage_dir / "error.txt", traceback.format_exc())
             sys.stderr.write(f"stage {name} failed: {type(e).__name__}: {e}\n")
             res = _failed(name, scale, e, time.perf_counter() - s0)
+        res["cpu_s"] = cpu_seconds() - c0
         results.append(res)
         common.save_json(out / "summary.json", {"scale": scale, "results": results})
     wall = time.perf_counter() - t0
-    common.save_json(out / "summary.json", {"scale": scale, "wall_s": wall, "results": results})
+    cpu = sum(r["cpu_s"] for r in results)
+    common.save_json(
+        out / "summary.json", {"scale": scale, "wall_s": wall, "cpu_s": cpu, "results": results}
+    )
     report = write_report(out, results, scale, wall)
     return results, report
 
@@ -440,7 +477,8 @@ def _enable_compilation_cache() -> None:
     """Persistent XLA compilation cache (set before jax is imported; the user's setting wins).
 
     Repeated ``amemory reproduce`` runs then skip most compiles (about 1 s instead of
-    2-3.5 s per program, shared/measured.md). Also inherited by the check subprocess.
+    2-3.5 s per program, measured on this project's machine). Also inherited by the check
+    subprocess.
     """
     default = (
         pathlib.Path(os.environ.get("AMEMORY_DATA", pathlib.Path.home() / ".cache" / "amemory"))

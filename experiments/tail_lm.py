@@ -4,18 +4,24 @@ Paper A's central claim on language models: Muon's advantage over Adam is larges
 the tail (rare tokens / facts). We train the same decoder on the same data order with
 Adam on every parameter, and with Muon (or SignGD) on the hidden matrices (q, k, v, o,
 w_in, w_out) and Adam on embeddings, head and norms. Each optimizer's learning rate
-is chosen on a stated grid by the lowest final validation loss; Adam's is chosen first
-and then used for the Adam half of the Muon / SignGD runs.
+is chosen on a stated grid by the lowest final validation loss of one seed
+(``base.seed``); Adam's is chosen first and then used for the Adam half of the Muon /
+SignGD runs. The chosen learning rates are then trained again on the held-out
+initialisation seeds ``cfg.seeds`` (one vmapped program per optimizer; every seed reads
+the same data order), and every compared quantity is reported as the mean over those
+seeds with a 95% Student-t interval; a claim is held only when the interval of the
+paired (same-seed) difference excludes zero in the claimed direction
+(:mod:`amemory.analysis.stats`).
 
 Measured: validation loss per token-frequency bucket over training (bucket 0 = most
 frequent tokens of the training split; ``amemory.data.corpus`` buckets), steps each
 optimizer needs to reach Adam's final validation loss, and the isotropy metrics of the
-VO and FFN matrices (``amemory.analysis.spectrum``) at the end.
+VO and FFN matrices (``amemory.analysis.spectrum``) at the end (the isotropy claims are
+the ``isotropy`` experiment's, on these runs).
 """
 
 from __future__ import annotations
 
-import math
 import sys
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -94,15 +100,41 @@ def choose_lrs(
     return chosen, runs, tables
 
 
+def seeded_runs(
+    cfg: ConfigDict,
+    chosen: dict[str, float],
+    cache_dir: Any,
+    *,
+    progress: Callable[[str], None] | None = None,
+    optimizers: Sequence[str] | None = None,
+) -> dict[str, Any]:
+    """Train each optimizer at its chosen learning rate on the seeds ``cfg.seeds`` at once.
+
+    Returns optimizer -> :func:`common.train_cached` result (a multi-seed run; with an
+    empty ``cfg.seeds`` the single-seed run of ``base.seed``).
+    """
+    runs = {}
+    for opt in tuple(optimizers or cfg.optimizers):
+        rc = run_config(cfg.base, opt, chosen[opt], chosen["adam"], cfg.matrix_roles)
+        label = "lm-adam" if opt == "adam" else f"lm-{opt}-{cfg.matrix_roles}"
+        runs[opt] = common.train_cached(
+            common.seeded(rc, cfg.seeds), cache_dir, f"{label}-lr{chosen[opt]:g}-seeds"
+        )
+        if progress:
+            progress(f"{opt} seeds {tuple(cfg.seeds)}")
+    return runs
+
+
 def n_units(cfg: ConfigDict) -> int:
     """Training runs of the experiment (the size of the progress bar)."""
-    return sum(len(cfg.lr_grid[o]) for o in cfg.optimizers)
+    return sum(len(cfg.lr_grid[o]) + 1 for o in cfg.optimizers)
 
 
 def bucket_curves(run: dict[str, Any]) -> tuple[np.ndarray, np.ndarray, list[str]]:
-    """(eval steps [n], per-bucket val loss [n, n_buckets], bucket labels) of one run.
+    """(eval steps [n], per-bucket val loss [n, n_buckets, seeds], bucket labels) of one run.
 
-    Buckets with no validation tokens (e.g. "unseen") are dropped.
+    Buckets with no validation tokens (e.g. "unseen") are dropped. A single-seed run
+    has a seed axis of length 1.
     """
     labels = []
     for r in run["records"]:
@@ -113,19 +145,19 @@ def bucket_curves(run: dict[str, Any]) -> tuple[np.ndarray, np.ndarray, list[str
     for b, lab in enumerate(labels):
         steps, v = common.eval_series(run["records"], f"loss/bucket_{b}")
         if v.size and np.isfinite(v).any():
-            cols.append(v)
+            cols.append(v.reshape(len(steps), -1))
             keep.append(lab)
-    arr = np.stack(cols, axis=1) if cols else np.zeros((0, 0))
+    arr = np.stack(cols, axis=1) if cols else np.zeros((0, 0, 1))
     return steps, arr, keep
 
 
-def final_spectrum(run: dict[str, Any]) -> dict[str, float]:
-    """The last spectrum record's ``spectrum/<role>/<metric>`` values of one run."""
-    last: dict[str, float] = {}
+def final_spectrum(run: dict[str, Any]) -> dict[str, list[float]]:
+    """The last spectrum record's ``spectrum/<role>/<metric>`` values per seed of one run."""
+    last: dict[str, Any] = {}
     for r in run["records"]:
         if r.get("kind") == "spectrum":
             last = {k: v for k, v in r.items() if k.startswith("spectrum/")}
-    return {k: (float(np.mean(v)) if isinstance(v, list) else float(v)) for k, v in last.items()}
+    return {k: np.atleast_1d(np.asarray(v, float)).tolist() for k, v in last.items()}
 
 
 def run(
@@ -150,12 +182,17 @@ def run(
     out_dir = common.make_run_dir(out_dir, NAME)
     cache_dir = cache_dir or out_dir / "train_runs"
     with common.Timer() as timer:
-        chosen, runs, tables = choose_lrs(cfg, cache_dir, progress=progress)
-        metrics: dict[str, Any] = {"chosen_lr": chosen, "lr_sweep": tables, "runs": {}}
+        chosen, _, tables = choose_lrs(cfg, cache_dir, progress=progress)
+        runs = seeded_runs(cfg, chosen, cache_dir, progress=progress)
+        metrics: dict[str, Any] = {
+            "chosen_lr": chosen, "lr_sweep": tables, "runs": {}, "seeds": list(cfg.seeds),
+            "sweep_seed": int(cfg.base.seed),
+        }  # fmt: skip
         curves_steps, curves_loss, bucket_losses, labels = {}, {}, {}, []
         for opt, r in runs.items():
             steps, loss = common.eval_series(r["records"], "loss")
-            bsteps, barr, labels_r = bucket_curves(r)
+            loss = loss.reshape(len(steps), -1)  # (n, seeds)
+            _, barr, labels_r = bucket_curves(r)
             labels = labels_r or labels
             curves_steps[opt], curves_loss[opt] = steps, loss
             bucket_losses[opt] = barr
@@ -165,17 +202,16 @@ def run(
                 "eval_steps": steps,
                 "val_loss": loss,
                 "bucket_loss": barr,
-                "final_val_loss": common.final_eval(r),
+                "final_val_loss": loss[-1] if loss.size else [],
                 "final_bucket_loss": barr[-1] if barr.size else [],
                 "spectrum": final_spectrum(r),
                 "wall_s": r["summary"].get("wall_s"),
                 "tokens_per_s": r["summary"].get("tokens_per_s"),
             }
         metrics["bucket_labels"] = labels
-        adam_final = metrics["runs"]["adam"]["final_val_loss"]
+        adam_final = curves_loss["adam"][-1]  # (seeds,)
         metrics["steps_to_adam_final"] = {
-            opt: common.steps_to_reach(curves_steps[opt], curves_loss[opt], adam_final)
-            for opt in runs
+            opt: steps_to_target(curves_steps[opt], curves_loss[opt], adam_final) for opt in runs
         }
         figures = []
         if labels:
@@ -184,7 +220,7 @@ def run(
                 bucket_losses,
                 labels,
                 out_dir / "figures" / "tail_lm_bucket_loss.png",
-                title="validation loss per token-frequency bucket (head → tail)",
+                title="validation loss per token-frequency bucket (head → tail), 95% seed bands",
             )
             figures.append(str(p.relative_to(out_dir)))
         p = plots.plot_curves(
@@ -192,8 +228,8 @@ def run(
             out_dir / "figures" / "tail_lm_val_loss.png",
             xlabel="step",
             ylabel="validation loss (nats/token)",
-            title="validation loss",
-            hline=adam_final,
+            title="validation loss (dashed: Adam's final, seed mean)",
+            hline=float(np.nanmean(adam_final)),
         )
         figures.append(str(p.relative_to(out_dir)))
         metrics["report_md"] = report_md(cfg, metrics)
@@ -201,10 +237,23 @@ def run(
     return common.finish(NAME, cfg, out_dir, timer, metrics=metrics, figures=figures, claims=claims)
 
 
+def steps_to_target(steps: np.ndarray, loss: np.ndarray, target: np.ndarray) -> np.ndarray:
+    """``[seeds]`` first (interpolated) step at which seed s's loss reaches ``target[s]``.
+
+    Args:
+      steps: ``[n]`` eval steps; loss: ``[n, seeds]``; target: ``[seeds]`` (e.g. Adam's
+        final loss of the same seed). NaN where a seed never reaches its target.
+    """
+    loss = np.asarray(loss, float).reshape(len(steps), -1)
+    target = np.broadcast_to(np.asarray(target, float), loss.shape[1:])
+    return np.array([common.steps_to_reach(steps, loss[:, s], target[s])
+                     for s in range(loss.shape[1])])  # fmt: skip
+
+
 def report_md(cfg: ConfigDict, m: dict[str, Any]) -> str:
-    """Markdown tables: LR grid and choice; final loss per bucket; isotropy at the end."""
+    """Markdown tables: LR grid and choice; final loss per bucket (seed mean ± 95% CI)."""
     lines = [
-        "Learning rates (grid, lowest final validation loss chosen; same seed/data order):",
+        f"Learning rates (grid, lowest final validation loss of seed {m['sweep_seed']} chosen):",
         "",
     ]
     lines += ["| optimizer | grid | final val loss per lr | chosen |", "|---|---|---|---|"]
@@ -214,14 +263,20 @@ def report_md(cfg: ConfigDict, m: dict[str, Any]) -> str:
         edge = " (grid edge)" if any(r["at_edge"] for r in rows) else ""
         lines.append(f"| {opt} | {grid} | {losses} | {m['chosen_lr'][opt]:g}{edge} |")
     labels = m.get("bucket_labels", [])
+    seeds = ", ".join(map(str, m["seeds"])) or str(m["sweep_seed"])
     if labels:
-        lines += ["", "Final validation loss (nats/token) per frequency bucket:", ""]
+        lines += [
+            "",
+            f"Final validation loss (nats/token) per frequency bucket, mean ± 95% interval "
+            f"over initialisation seeds {seeds} (same data order):",
+            "",
+        ]
         lines.append("| optimizer | all | " + " | ".join(labels) + " | steps to Adam's final |")
         lines.append("|---" * (len(labels) + 3) + "|")
         for opt, r in m["runs"].items():
-            b = " | ".join(common.fmt(x) for x in r["final_bucket_loss"])
-            s = common.fmt(m["steps_to_adam_final"][opt], 0)
-            lines.append(f"| {opt} | {common.fmt(r['final_val_loss'])} | {b} | {s} |")
+            b = " | ".join(common.seed_mean(x) for x in np.asarray(r["final_bucket_loss"]))
+            s = common.seed_mean(m["steps_to_adam_final"][opt], 0)
+            lines.append(f"| {opt} | {common.seed_mean(r['final_val_loss'])} | {b} | {s} |")
     specs = {o: r["spectrum"] for o, r in m["runs"].items() if r["spectrum"]}
     if specs:
         keys = sorted(
@@ -233,72 +288,46 @@ def report_md(cfg: ConfigDict, m: dict[str, Any]) -> str:
         )
         lines.append("|---" * (len(keys) + 1) + "|")
         for opt, s in specs.items():
-            lines.append(f"| {opt} | " + " | ".join(common.fmt(s.get(k)) for k in keys) + " |")
+            cells = " | ".join(common.seed_mean(s[k]) if k in s else "-" for k in keys)
+            lines.append(f"| {opt} | {cells} |")
     return "\n".join(lines)
 
 
 def make_claims(m: dict[str, Any]) -> list[common.Claim]:
-    """Verdicts: tail-bucket loss, tail vs head gain, speed to Adam's loss, isotropy."""
+    """Verdicts (seed intervals, three-way): tail-bucket loss; gain in the tail vs the head."""
     claims = []
     runs = m["runs"]
     labels = m.get("bucket_labels", [])
     if "muon" in runs and labels:
-        mu = np.asarray(runs["muon"]["final_bucket_loss"], float)
+        mu = np.asarray(runs["muon"]["final_bucket_loss"], float)  # (buckets, seeds)
         ad = np.asarray(runs["adam"]["final_bucket_loss"], float)
-        held = bool(mu[-1] < ad[-1]) if np.isfinite([mu[-1], ad[-1]]).all() else None
+        iv, held = common.seed_verdict(ad[-1], mu[-1], direction="greater")
         claims.append(
             common.Claim(
                 "tail_lm/tail_bucket_loss", "A, Sec. 4 (tail-end learning)",
                 "Muon reaches a lower validation loss than Adam on the rarest token bucket "
                 f"({labels[-1]})",
                 "Muon < Adam on tail tokens",
-                f"Muon {common.fmt(mu[-1])} vs Adam {common.fmt(ad[-1])} nats/token",
-                held, "Muon's final tail-bucket loss < Adam's",
+                f"Muon {common.seed_mean(mu[-1])} vs Adam {common.seed_mean(ad[-1])} nats/token; "
+                f"Adam − Muon {common.describe(iv)}",
+                held, "95% interval of the per-seed difference Adam − Muon (tail bucket) > 0",
+                common.interval_dict(iv, "greater"),
             )
         )  # fmt: skip
-        gain_head, gain_tail = ad[0] - mu[0], ad[-1] - mu[-1]
-        margin = 0.02  # nats/token; below this the difference is within run-to-run noise
-        ok = np.isfinite([gain_head, gain_tail]).all()
-        held = bool(gain_tail > gain_head + margin) if ok else None
+        gain_head, gain_tail = ad[0] - mu[0], ad[-1] - mu[-1]  # (seeds,)
+        iv, held = common.seed_verdict(gain_tail, gain_head, direction="greater")
         claims.append(
             common.Claim(
                 "tail_lm/gain_in_tail", "A, Sec. 4",
                 "Muon's gain over Adam is larger on the tail bucket than on the head bucket",
                 "gain concentrated in the tail",
-                f"Adam − Muon: head {common.fmt(gain_head)}, tail {common.fmt(gain_tail)}",
-                held, "(Adam − Muon) tail > (Adam − Muon) head + 0.02 nats/token",
+                f"Adam − Muon: head {common.seed_mean(gain_head)}, tail "
+                f"{common.seed_mean(gain_tail)}; tail − head {common.describe(iv)}",
+                held, "95% interval of the per-seed (gain tail − gain head) > 0, "
+                "gain = Adam − Muon final loss of the bucket",
+                common.interval_dict(iv, "greater"),
             )
         )  # fmt: skip
-    if "muon" in runs:
-        s = m["steps_to_adam_final"]["muon"]
-        total = runs["muon"]["eval_steps"][-1] if len(runs["muon"]["eval_steps"]) else float("nan")
-        # "about half": within 60% of the steps (the run's length is Adam's budget)
-        held = None if not math.isfinite(total) else bool(math.isfinite(s) and s <= 0.6 * total)
-        claims.append(
-            common.Claim(
-                "tail_lm/muon_speed", "peers (Moonlight ~52% of AdamW compute; measured.md ~half)",
-                "Muon reaches Adam's final validation loss in about half the steps",
-                "about half the steps",
-                f"{common.fmt(s, 0)} of {common.fmt(total, 0)} steps"
-                + (f" ({s / total:.0%})" if math.isfinite(s) and total else " (never)"),
-                held, "Muon's val loss <= Adam's final within 60% of the steps",
-            )
-        )  # fmt: skip
-        smu, sad = runs["muon"]["spectrum"], runs["adam"]["spectrum"]
-        keys = [k for k in smu if k.endswith("/entropy") and k in sad]
-        if keys:
-            wins = [smu[k] > sad[k] for k in keys]
-            detail = ", ".join(
-                f"{k.split('/')[1]} {common.fmt(smu[k])} vs {common.fmt(sad[k])}" for k in keys
-            )
-            claims.append(
-                common.Claim(
-                    "tail_lm/isotropy", "A, Sec. 4 (isotropy of VO / FFN)",
-                    "Muon's VO and FFN matrices are more isotropic (higher SVD entropy)",
-                    "Muon more isotropic", f"entropy Muon vs Adam: {detail}",
-                    bool(all(wins)), "normalised SVD entropy Muon > Adam for every logged role",
-                )
-            )  # fmt: skip
     return claims
 
 

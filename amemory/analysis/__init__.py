@@ -9,6 +9,7 @@ pure Optax).
   signgd_blocks    exact per-block reduction of one coupled SignGD step (paper A), any K
   group_symmetric  paper B's GD/TRA-SignGD/Muon on the group-symmetric subspace, any K
   scaling          straight-line and power-law fits with confidence intervals
+  stats            seed intervals (t, paired, variance ratio) and three-way verdicts
   plots            matplotlib figures used by reports
 
 Submodules are imported explicitly (``from amemory.analysis import spectrum``).

@@ -5,6 +5,10 @@ analysis layer imports none of amemory's models/data/train), writes one PNG and
 returns its path. Figures are sized for a report page (about 100 dpi, < 200 KB).
 
 Colours are fixed per optimizer name so every figure of a report agrees.
+
+Seed bands: wherever a function takes a curve ``y [n]`` it also takes ``y [n, seeds]``
+(one column per seed); it then draws the mean over seeds and shades its 95% Student-t
+interval (:func:`amemory.analysis.stats.band`), the interval the reports' verdicts use.
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ import matplotlib.ticker  # noqa: E402
 import numpy as np  # noqa: E402
 
 from amemory import atomic  # noqa: E402
+from amemory.analysis import stats  # noqa: E402
 
 __all__ = [
     "COLORS",
@@ -60,6 +65,20 @@ def color_for(name: str, index: int = 0) -> Any:
         if key.startswith(k + " ") or key.startswith(k + "("):
             return v
     return _FALLBACK(index % 10)
+
+
+def _line(ax: Any, x: Sequence[float], y: Any, *, label: str, color: Any, **kw: Any) -> None:
+    """Plot ``y [n]`` as a line, or ``y [n, seeds]`` as its seed mean with a 95% band."""
+    x = np.asarray(x, float)
+    y = np.asarray(y, float)
+    if y.ndim == 2 and y.shape[1] == 1:
+        y = y[:, 0]
+    if y.ndim == 1:
+        ax.plot(x, y, label=label, color=color, **kw)
+        return
+    mean, lo, hi = stats.band(y)
+    ax.plot(x, mean, label=f"{label} (mean of {y.shape[1]})", color=color, **kw)
+    ax.fill_between(x, lo, hi, color=color, alpha=0.22, lw=0)
 
 
 def save(fig: plt.Figure, path: str | os.PathLike, dpi: int = 100) -> pathlib.Path:
@@ -129,11 +148,21 @@ def plot_curves(
     logx: bool = False,
     logy: bool = False,
     hline: float | None = None,
+    marker: str | None = None,
 ) -> pathlib.Path:
-    """One axes with one line per series (label -> (x [n], y [n])); returns the PNG path."""
+    """One axes with one line per series; returns the PNG path.
+
+    Args:
+      series: label -> (x [n], y [n] or y [n, seeds] drawn with a seed band).
+      path: output PNG.
+      xlabel, ylabel, title: axis labels and title.
+      logx, logy: log scales.
+      hline: a dashed horizontal reference line (e.g. Adam's final loss).
+      marker: matplotlib marker drawn at every point (None: lines only).
+    """
     fig, ax = plt.subplots(figsize=(4.6, 3.2))
     for i, (name, (x, y)) in enumerate(series.items()):
-        ax.plot(np.asarray(x, float), np.asarray(y, float), label=name, color=color_for(name, i))
+        _line(ax, x, y, label=name, color=color_for(name, i), marker=marker, ms=3)
     if hline is not None:
         ax.axhline(hline, color="k", lw=0.8, ls="--")
     if logx:
@@ -161,7 +190,8 @@ def plot_bucket_losses(
 
     Args:
       steps: optimizer -> steps ``[n]``.
-      losses: optimizer -> ``[n, n_buckets]`` loss (nats per token) per bucket.
+      losses: optimizer -> ``[n, n_buckets]`` loss (nats per token) per bucket, or
+        ``[n, n_buckets, seeds]`` (drawn as seed mean and 95% band).
       bucket_labels: ``[n_buckets]`` labels, head first.
       path: output PNG.
 
@@ -173,9 +203,9 @@ def plot_bucket_losses(
     for b, ax in enumerate(axes.flat):
         for i, (name, arr) in enumerate(losses.items()):
             arr = np.asarray(arr, dtype=float)
-            if arr.ndim != 2 or arr.shape[1] <= b:
+            if arr.ndim not in (2, 3) or arr.shape[1] <= b:
                 continue
-            ax.plot(np.asarray(steps[name], float), arr[:, b], label=name, color=color_for(name, i))
+            _line(ax, steps[name], arr[:, b], label=name, color=color_for(name, i))
         ax.set_title(str(bucket_labels[b]), fontsize=8)
         ax.set_xlabel("step", fontsize=8)
         ax.tick_params(labelsize=7)
@@ -194,11 +224,13 @@ def plot_group_accuracy(
     title: str = "first-token accuracy per group",
     xlabel: str = "group g (larger = rarer)",
 ) -> pathlib.Path:
-    """First-token accuracy against frequency group, one line per optimizer."""
+    """First-token accuracy against frequency group, one line per optimizer.
+
+    ``accuracy``: name -> ``[G]``, or ``[G, seeds]`` (seed mean with a 95% band).
+    """
     fig, ax = plt.subplots(figsize=(4.8, 3.2))
     for i, (name, acc) in enumerate(accuracy.items()):
-        ax.plot(list(groups), np.asarray(acc, float), marker="o", ms=3, label=name,
-                color=color_for(name, i))  # fmt: skip
+        _line(ax, list(groups), acc, label=name, color=color_for(name, i), marker="o", ms=3)
     ax.set_ylim(-0.03, 1.03)
     ax.set_xlabel(xlabel)
     ax.set_ylabel("first-token accuracy")
@@ -209,7 +241,7 @@ def plot_group_accuracy(
 
 
 def plot_bars(
-    values: Mapping[str, float],
+    values: Mapping[str, float | Sequence[float]],
     path: str | os.PathLike,
     *,
     ylabel: str,
@@ -217,11 +249,21 @@ def plot_bars(
     reference: Mapping[str, float] | None = None,
     ylim: tuple[float, float] | None = None,
 ) -> pathlib.Path:
-    """Bar chart of ``values`` (label -> value); optional paper ``reference`` as markers."""
+    """Bar chart of ``values``; optional paper ``reference`` as markers.
+
+    ``values``: label -> a number, or a sequence of per-seed numbers (the bar is their
+    mean, the error bar its 95% t interval).
+    """
     labels = list(values)
     x = np.arange(len(labels))
     fig, ax = plt.subplots(figsize=(max(3.5, 0.8 * len(labels) + 1.5), 3.0))
-    ax.bar(x, [values[k] for k in labels], color="#4c72b0", label="ours")
+    rows = [np.atleast_1d(np.asarray(values[k], float)) for k in labels]
+    width = max(r.size for r in rows) if rows else 1
+    arr = np.array([np.pad(r, (0, width - r.size), constant_values=np.nan) for r in rows])
+    mean, lo, hi = stats.band(arr)
+    err = None if width < 2 else np.vstack([mean - lo, hi - mean])
+    label = "ours" if width < 2 else f"ours (mean of {width}, 95% CI)"
+    ax.bar(x, mean, color="#4c72b0", label=label, yerr=err, capsize=3, ecolor="#888888")
     if reference:
         ref = [reference.get(k, np.nan) for k in labels]
         ax.plot(x, ref, "k_", ms=18, mew=2, label="paper")
@@ -237,25 +279,20 @@ def plot_bars(
 
 
 def plot_band_curves(
-    panels: Mapping[str, Mapping[str, tuple[Sequence[float], Sequence[float], Sequence[float]]]],
+    panels: Mapping[str, Mapping[str, tuple[Sequence[float], Sequence[Sequence[float]]]]],
     path: str | os.PathLike,
     *,
     xlabel: str = "step",
     ncols: int = 4,
 ) -> pathlib.Path:
-    """Panels of mean ± spread curves: title -> {name -> (x [n], mean [n], std [n])}."""
+    """Panels of seed-band curves: title -> {name -> (x [n], values [n, seeds])}."""
     n = len(panels)
     ncols = max(1, min(ncols, n))
     nrows = int(np.ceil(n / ncols))
     fig, axes = plt.subplots(nrows, ncols, figsize=(3.0 * ncols, 2.5 * nrows), squeeze=False)
     for ax, (title, curves) in zip(axes.flat, panels.items(), strict=False):
-        for i, (name, (x, mean, std)) in enumerate(curves.items()):
-            x = np.asarray(x, float)
-            mean = np.asarray(mean, float)
-            std = np.asarray(std, float)
-            c = color_for(name, i)
-            ax.plot(x, mean, color=c, label=name)
-            ax.fill_between(x, mean - std, mean + std, color=c, alpha=0.25)
+        for i, (name, (x, values)) in enumerate(curves.items()):
+            _line(ax, x, values, label=name, color=color_for(name, i))
         ax.set_title(title, fontsize=8)
         ax.set_xlabel(xlabel, fontsize=8)
         ax.tick_params(labelsize=7)

@@ -8,9 +8,12 @@ Muon on the listed roles, Adam on the rest (embeddings, head and norms always Ad
 same model, data order and learning rates for every subset: Muon's and Adam's learning
 rates are the ones tail_lm's grid search chooses (its runs are shared and cached, so
 inside ``amemory reproduce`` the "none" and "all" rows are tail_lm's Adam and Muon runs).
-Quick scale: 10 subsets x 2 FFN kinds on the tail_lm quick model (about 20 runs, CPU
-tens of minutes); ``amemory reproduce`` runs the reduced set none, qk, vo+ffn, all with
-the non-gated FFN. Full scale: the tail_lm full model.
+Every subset is trained on tail_lm's 3 held-out initialisation seeds at once (one vmapped
+run per subset and FFN kind; same data order) and the share of Muon's gain is judged by
+its 95% seed interval. Quick scale: 10 subsets x 2 FFN kinds on the tail_lm quick model
+(about 20 multi-seed runs, CPU tens of minutes); ``amemory reproduce`` runs the reduced
+set none, qk, vo+ffn, all with the non-gated FFN (none and all are tail_lm's runs).
+Full scale: the tail_lm full model.
 """
 
 from __future__ import annotations
@@ -20,7 +23,8 @@ from ml_collections import ConfigDict
 from experiments.configs import SCALES as SCALES
 from experiments.configs import tail_lm
 
-# papers.md A.3, 160M NanoGPT on FineWeb, validation loss at 10k steps.
+# Wang et al. 2025 (arXiv 2509.26030), Table 1: 160M NanoGPT on FineWeb, validation loss
+# at 10k steps.
 PAPER_TABLE = {
     "gelu": {
         "all": 3.5654, "none": 3.9242, "qk": 3.8925, "vo": 3.7644, "v": 3.8301,

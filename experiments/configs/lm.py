@@ -7,12 +7,12 @@ Launch::
 
 Quick scale (default): Shakespeare with a 2048-token BPE, the ``small`` preset
 shrunk to d=128 and 2 layers (0.92M parameters), batch 16x128, 500 steps: about
-0.1 s per step on 2 idle CPU cores (shared/measured.md); 300 steps took 3 minutes
+0.1 s per step on 2 idle CPU cores (measured on this project's CI machine); 300 steps took 3 minutes
 on a machine shared with five other jobs and reached validation loss 4.16
 (Muon). Full scale: ``--config experiments/configs/lm.py:full`` (``small``
 preset, 8192-token BPE, batch 32x128, 5000 steps; about 1.1 s per step on 2
 idle CPU cores).
-Biographies (heavy-tailed knowledge QA, papers.md A.3)::
+Biographies (heavy-tailed knowledge QA, paper A, arXiv 2509.26030)::
 
     amemory train --config experiments/configs/lm.py --workdir runs/bio \
         --config.data.kind=biographies --config.optimizer.name=muon
@@ -122,7 +122,7 @@ def get_config(scale: str = "quick") -> ConfigDict:
     c.optimizer.lr = config_dict.placeholder(float)
     # peak learning rate of Adam (the "rest" roles, or everything for "adam")
     c.optimizer.adam_lr = 3e-3
-    c.optimizer.b1 = 0.9  # Adam beta1 (papers.md A.3 uses 0.8)
+    c.optimizer.b1 = 0.9  # Adam beta1 (paper A, arXiv 2509.26030, uses 0.8)
     c.optimizer.b2 = 0.95  # Adam beta2
     c.optimizer.eps = 1e-8  # Adam epsilon
     c.optimizer.momentum = 0.95  # Muon/NorMuon momentum mu; SGD heavy-ball momentum (0 = plain GD)

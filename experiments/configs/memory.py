@@ -1,6 +1,6 @@
 """One-layer linear associative memory on a synthetic heavy-tailed prior.
 
-Model (papers.md A.1 / B.1): f_W(E_k) = softmax(Et^T W E_k), W_0 = 0, loss in
+Model (papers A and B, arXiv 2509.26030 / 2602.05725; docs/science.md): f_W(E_k) = softmax(Et^T W E_k), W_0 = 0, loss in
 nats  L(W) = -sum_k p_k sum_i p(i|k) log f_W(E_k)_i.
 
 Launch::

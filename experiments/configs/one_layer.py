@@ -24,7 +24,7 @@ def get_config(scale: str = "quick") -> ConfigDict:
     """
     c, quick = new_config(scale)
     c.K = 150 if quick else 999  # classes = embedding dim d (Assumption 5.1); K % 3 == 0 (coupled)
-    c.alpha = 0.8  # two-level prior: head mass (papers.md A.2, Fig. 4: 0.8)
+    c.alpha = 0.8  # two-level prior: head mass (paper A, arXiv 2509.26030, Fig. 4: 0.8)
     c.beta = 0.2  # two-level prior: head fraction L/K (Fig. 4: 0.2)
     c.corpus = (
         "shakespeare"  # heavy-tailed prior: counts of the K most frequent words of this corpus
@@ -38,7 +38,7 @@ def get_config(scale: str = "quick") -> ConfigDict:
     c.steps = 300 if quick else 600  # steps of the many-step trajectories
     # Learning rates of the many-step runs (constant, no momentum). GD's is relative to the
     # largest class frequency: eta_GD = gd_lr_times_pmax_inv / p_max (linear stability needs
-    # eta p_max <~ 1, papers.md B.2). Muon moves every correct logit by ~eta per step, SignGD
+    # eta p_max <~ 1, paper B, arXiv 2602.05725; docs/science.md). Muon moves every correct logit by ~eta per step, SignGD
     # (decoupled) by eta on the correct logit and -eta on each wrong one, hence eta/2 for it.
     c.lr = ConfigDict()
     c.lr.gd_times_pmax_inv = 0.5

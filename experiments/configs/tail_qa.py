@@ -4,13 +4,15 @@ Launch::
 
     python -m experiments.tail_qa --scale quick --out runs/tail_qa
 
-Biographies (papers.md A.3, ``amemory.data.biographies``): groups g = 0..m, group g holds
+Biographies (paper A, Wang et al. 2025, arXiv 2509.26030, Sec. 5; ``amemory.data.biographies``): groups g = 0..m, group g holds
 N_g = 2^(g-1) individuals each appearing in S_g = 2^(m-g) selections, so group m is the
 rarest. Quick scale: m = 8 (256 individuals), the tail_lm quick model (d=128, 2 layers),
-batch 32, 300 steps; learning rates from a 3-point grid for Adam, Muon and SGD (9 runs)
-plus Muon on VO+FFN and on QK at Muon's learning rate. ``amemory reproduce`` runs the
-reduced set (Muon, Adam, Muon on VO+FFN, Muon on QK) without its own grid: it takes the
-learning rates tail_lm's grid chose on the corpus for the same model (stated in the report).
+batch 32, 300 steps; learning rates from a 3-point grid for Adam, Muon and SGD on seed 0
+(9 runs), then every variant (also Muon on VO+FFN and on QK at Muon's learning rate) on
+the 3 initialisation seeds of tail_lm (one vmapped run each). ``amemory reproduce`` runs
+the reduced set (Muon, Adam, Muon on VO+FFN, Muon on QK) without its own grid: it takes
+the learning rates tail_lm's grid chose on the corpus for the same model (stated in the
+report).
 Full scale: m = 15 (the paper's size) with the tail_lm full model, 10k steps.
 """
 
@@ -20,9 +22,9 @@ from ml_collections import ConfigDict
 
 from experiments.configs import SCALES as SCALES
 from experiments.configs import new_config
-from experiments.configs.tail_lm import base_lm
+from experiments.configs.tail_lm import SEEDS, base_lm
 
-# papers.md A.3: first-token accuracy at 10k steps (non-gated), groups 11 / 13 / 15 of m = 15.
+# Paper A (Wang et al. 2025, arXiv 2509.26030), Sec. 5: first-token accuracy at 10k steps (non-gated), groups 11 / 13 / 15 of m = 15.
 PAPER_FTA = {
     "muon": (1.000, 1.000, 0.976),
     "adam": (1.000, 0.890, 0.264),
@@ -58,7 +60,8 @@ def get_config(scale: str = "quick") -> ConfigDict:
     # rest; "adam" everything Adam; "sgd" everything SGD with momentum), and
     # "muon_<roles>" puts Muon on those roles only.
     c.variants = ("muon", "adam", "sgd", "muon_vo+ffn", "muon_qk")
-    c.sweep = True  # grid-search adam, muon, sgd learning rates (else use `lr`)
+    c.sweep = True  # grid-search adam, muon, sgd learning rates on base.seed (else use `lr`)
+    c.seeds = SEEDS  # initialisation seeds of the compared runs (vmapped; same data order)
     c.lr_grid = ConfigDict()
     c.lr_grid.adam = (1e-3, 3e-3, 1e-2) if quick else (3e-4, 1e-3, 3e-3)
     c.lr_grid.muon = (0.01, 0.02, 0.05) if quick else (0.005, 0.01, 0.02)

@@ -1,0 +1,263 @@
+"""Seed statistics: Student-t intervals of means and paired differences, and three-way verdicts.
+
+Every transformer-scale claim of ``amemory reproduce`` compares two optimizers (or
+two routings) trained on the same seeds. A seed fixes the initialisation, so the runs
+are paired: seed s of Muon and seed s of Adam start from the same weights and read
+the same batches. The compared quantity is summarised per seed, the per-seed
+differences ``d_s = a_s - b_s`` are treated as i.i.d. draws, and the claim is judged
+by the two-sided Student-t interval of their mean:
+
+    mean(d) ± t_{n-1, (1+c)/2} · sd(d) / sqrt(n)          (c = 0.95 by default)
+
+Three-way verdict (:func:`verdict`): the claim "d > threshold" is **held** when the
+whole interval lies above the threshold, **not held** when it lies below, and
+**undecided** when it contains the threshold. A spread claim ("Muon varies less across
+seeds") uses the F interval of a variance ratio (:func:`variance_ratio_interval`)
+with the threshold 1.
+
+Imports no other part of amemory.
+
+Reference: any statistics text, e.g. Wasserman, *All of Statistics* (2004), Sec. 10.7
+(paired comparisons) and the t and F intervals for a mean and a variance ratio
+(Casella & Berger, *Statistical Inference*, 2nd ed., Sec. 9.2).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Sequence
+from typing import NamedTuple
+
+import numpy as np
+from scipy import stats
+
+__all__ = [
+    "DIRECTIONS",
+    "Interval",
+    "all_verdicts",
+    "band",
+    "mean_interval",
+    "paired_difference",
+    "variance_ratio_interval",
+    "verdict",
+]
+
+#: Claimed directions of a difference: "greater" (d > threshold) or "less" (d < threshold).
+DIRECTIONS = ("greater", "less")
+
+
+class Interval(NamedTuple):
+    """A point estimate with a two-sided confidence interval.
+
+    Attributes:
+      estimate: the mean (or, for a variance ratio, the ratio of sample variances).
+      lo: lower end of the interval (same units as ``estimate``).
+      hi: upper end.
+      n: number of seeds (samples) used; for a variance ratio, the smaller sample size.
+      confidence: level of the interval, e.g. 0.95.
+    """
+
+    estimate: float
+    lo: float
+    hi: float
+    n: int
+    confidence: float
+
+    @property
+    def half_width(self) -> float:
+        """``(hi - lo) / 2`` (the "±" of a symmetric interval)."""
+        return (self.hi - self.lo) / 2.0
+
+    def describe(self, digits: int = 3) -> str:
+        """``0.087 ± 0.012 (95% CI, n=3)``; ``nan`` parts when the interval is undefined."""
+        pct = round(100 * self.confidence)
+        if not all(math.isfinite(x) for x in (self.estimate, self.lo, self.hi)):
+            return f"{self.estimate:.{digits}g} (no interval, n={self.n})"
+        return (
+            f"{_g(self.estimate, digits)} ± {_g(self.half_width, digits)} ({pct}% CI, n={self.n})"
+        )
+
+    def describe_range(self, digits: int = 3) -> str:
+        """``0.79 [0.52, 1.07] (95% CI, n=3)`` (for asymmetric intervals such as ratios)."""
+        pct = round(100 * self.confidence)
+        return (
+            f"{_g(self.estimate, digits)} [{_g(self.lo, digits)}, {_g(self.hi, digits)}] "
+            f"({pct}% CI, n={self.n})"
+        )
+
+
+def _g(x: float, digits: int) -> str:
+    if not math.isfinite(x):
+        return "nan"
+    if x != 0 and (abs(x) < 1e-3 or abs(x) >= 1e4):
+        return f"{x:.{digits - 1}e}"
+    return f"{x:.{digits}f}"
+
+
+def _check_confidence(confidence: float) -> float:
+    if not (isinstance(confidence, (int, float)) and 0.0 < confidence < 1.0):
+        raise ValueError(f"confidence must lie in (0, 1), got {confidence!r}")
+    return float(confidence)
+
+
+def _samples(name: str, values: object) -> np.ndarray:
+    a = np.asarray(values, dtype=np.float64)
+    if a.ndim != 1:
+        raise ValueError(f"{name} must be 1-D (one value per seed), got shape {a.shape}")
+    if a.size < 2:
+        raise ValueError(f"{name} needs at least 2 seeds for an interval, got {a.size}")
+    if not np.all(np.isfinite(a)):
+        raise ValueError(f"{name} must be finite, got {a.tolist()}")
+    return a
+
+
+def mean_interval(values: object, *, confidence: float = 0.95) -> Interval:
+    """Student-t interval of the mean of per-seed values.
+
+    Args:
+      values: ``[n]`` finite numbers, one per seed, n >= 2 (any unit; the interval has it).
+      confidence: level in (0, 1).
+
+    Returns:
+      :class:`Interval` with ``estimate = mean`` and
+      ``mean ± t_{n-1,(1+c)/2} · sd / sqrt(n)`` (``sd`` with ``n - 1`` in the denominator).
+      Identical values give a zero-width interval.
+
+    Raises:
+      ValueError: if ``values`` is not 1-D, has fewer than 2 entries or a non-finite
+        entry, or ``confidence`` is outside (0, 1).
+    """
+    c = _check_confidence(confidence)
+    a = _samples("values", values)
+    n = a.size
+    mean = float(a.mean())
+    se = float(a.std(ddof=1)) / math.sqrt(n)
+    t = float(stats.t.ppf(0.5 + c / 2.0, n - 1))
+    return Interval(mean, mean - t * se, mean + t * se, n, c)
+
+
+def paired_difference(a: object, b: object, *, confidence: float = 0.95) -> Interval:
+    """Interval of the mean per-seed difference ``a_s - b_s`` (paired t interval).
+
+    Args:
+      a: ``[n]`` per-seed values of one arm (e.g. Adam's final loss for seeds s).
+      b: ``[n]`` the other arm on the same seeds, in the same order.
+      confidence: level in (0, 1).
+
+    Returns:
+      :func:`mean_interval` of ``a - b``.
+
+    Raises:
+      ValueError: if the lengths differ, or as :func:`mean_interval`.
+    """
+    aa = np.asarray(a, dtype=np.float64)
+    bb = np.asarray(b, dtype=np.float64)
+    if aa.shape != bb.shape:
+        raise ValueError(f"paired arms must have the same shape, got {aa.shape} and {bb.shape}")
+    return mean_interval(aa - bb, confidence=confidence)
+
+
+def variance_ratio_interval(a: object, b: object, *, confidence: float = 0.95) -> Interval:
+    """F interval of ``var(a) / var(b)`` for two independent Gaussian samples.
+
+    ``r = s_a² / s_b²``; the interval is ``[r / F_{(1+c)/2}, r / F_{(1-c)/2}]`` with
+    ``F`` the quantiles of the F distribution with ``(n_a - 1, n_b - 1)`` degrees of
+    freedom. With 3 seeds per arm ``F_{0.975}(2, 2) = 39``: only a ratio far from 1 is
+    decided.
+
+    Args:
+      a, b: ``[n_a]``, ``[n_b]`` finite samples, each with at least 2 entries.
+      confidence: level in (0, 1).
+
+    Returns:
+      :class:`Interval` with ``estimate = r`` (``inf`` if ``var(b) = 0 < var(a)``, NaN
+      if both are 0) and ``n = min(n_a, n_b)``.
+
+    Raises:
+      ValueError: as :func:`mean_interval` for either sample.
+    """
+    c = _check_confidence(confidence)
+    xa, xb = _samples("a", a), _samples("b", b)
+    va, vb = float(xa.var(ddof=1)), float(xb.var(ddof=1))
+    n = min(xa.size, xb.size)
+    if vb == 0.0:
+        r = math.nan if va == 0.0 else math.inf
+        return Interval(r, r, r, n, c)
+    r = va / vb
+    d1, d2 = xa.size - 1, xb.size - 1
+    hi_q = float(stats.f.ppf(0.5 + c / 2.0, d1, d2))
+    lo_q = float(stats.f.ppf(0.5 - c / 2.0, d1, d2))
+    return Interval(r, r / hi_q, r / lo_q, n, c)
+
+
+def verdict(interval: Interval, direction: str, threshold: float = 0.0) -> bool | None:
+    """Three-way verdict on the claim "the quantity is ``direction`` than ``threshold``".
+
+    Args:
+      interval: from :func:`mean_interval`, :func:`paired_difference` or
+        :func:`variance_ratio_interval`.
+      direction: one of :data:`DIRECTIONS`: ``"greater"`` claims ``> threshold``,
+        ``"less"`` claims ``< threshold``.
+      threshold: the value the claim compares against (0 for a difference, 1 for a ratio).
+
+    Returns:
+      ``True`` (held) if the whole interval lies on the claimed side of ``threshold``,
+      ``False`` (not held) if it lies wholly on the other side, ``None`` (undecided)
+      if it contains ``threshold`` or is undefined (NaN).
+
+    Raises:
+      ValueError: for a ``direction`` outside :data:`DIRECTIONS`.
+    """
+    if direction not in DIRECTIONS:
+        raise ValueError(f"direction must be one of {DIRECTIONS}, got {direction!r}")
+    lo, hi = float(interval.lo), float(interval.hi)
+    if math.isnan(lo) or math.isnan(hi):
+        return None
+    above, below = lo > threshold, hi < threshold
+    if direction == "greater":
+        return True if above else (False if below else None)
+    return True if below else (False if above else None)
+
+
+def all_verdicts(verdicts: Iterable[bool | None]) -> bool | None:
+    """Verdict of a claim made of several parts ("for every matrix ...").
+
+    Held if every part is held, not held if any part is not held, else undecided
+    (an empty input is undecided).
+    """
+    vs = list(verdicts)
+    if not vs:
+        return None
+    if any(v is False for v in vs):
+        return False
+    return True if all(v is True for v in vs) else None
+
+
+def band(values: Sequence[Sequence[float]], *, confidence: float = 0.95):
+    """Mean and t interval along the last (seed) axis, for curves with seed bands.
+
+    Args:
+      values: ``[n, seeds]`` array (e.g. validation loss at n eval steps for each seed).
+        NaN entries are ignored per row; a row with fewer than 2 finite seeds gets a
+        zero-width band at its mean.
+      confidence: level in (0, 1).
+
+    Returns:
+      ``(mean [n], lo [n], hi [n])`` float64 arrays.
+
+    Raises:
+      ValueError: if ``values`` is not 2-D or ``confidence`` is outside (0, 1).
+    """
+    c = _check_confidence(confidence)
+    a = np.asarray(values, dtype=np.float64)
+    if a.ndim != 2:
+        raise ValueError(f"values must be [n, seeds], got shape {a.shape}")
+    ok = np.isfinite(a)
+    k = ok.sum(axis=1)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        mean = np.where(k > 0, np.nansum(np.where(ok, a, 0.0), axis=1) / np.maximum(k, 1), np.nan)
+        dev = np.where(ok, a - mean[:, None], 0.0)
+        sd = np.sqrt((dev**2).sum(axis=1) / np.maximum(k - 1, 1))
+        t = np.where(k >= 2, stats.t.ppf(0.5 + c / 2.0, np.maximum(k - 1, 1)), 0.0)
+        half = t * sd / np.sqrt(np.maximum(k, 1))
+    return mean, mean - half, mean + half

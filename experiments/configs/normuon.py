@@ -1,0 +1,42 @@
+"""Config of ``experiments/normuon.py``: NorMuon's premise on the corpus LM.
+
+Launch::
+
+    python -m experiments.normuon --scale quick --out runs/normuon
+    amemory reproduce --only normuon
+
+tail_lm's model and data (quick: d=128, 2 layers, 512-token BPE, 300 steps). Muon's
+learning rate and Adam's (embeddings, head, norms) are tail_lm's grid choice on seed 0;
+NorMuon's is chosen on its own grid on seed 0. Both are then trained on tail_lm's 3
+held-out initialisation seeds (the engine, one vmapped run each) for the validation
+loss at equal steps, and by the plain loop of ``experiments/reference_lm.py`` with the
+same seeds, batches and settings, which records the per-output-neuron norms of every
+step's update of every hidden matrix. Quick scale: about 3 minutes of 2 idle CPU cores
+beyond tail_lm's runs (3 grid runs, one 3-seed engine run, two 3-seed plain runs).
+"""
+
+from __future__ import annotations
+
+from ml_collections import ConfigDict
+
+from experiments.configs import SCALES as SCALES
+from experiments.configs import new_config
+from experiments.configs.tail_lm import SEEDS, base_lm
+
+
+def get_config(scale: str = "quick") -> ConfigDict:
+    """Return the normuon experiment config.
+
+    Raises:
+      ValueError: if ``scale`` is not one of ``SCALES``.
+    """
+    c, quick = new_config(scale)
+    c.base = base_lm(scale)
+    c.seeds = SEEDS  # held-out initialisation seeds (vmapped; same data order)
+    c.lr_grid = ConfigDict()
+    c.lr_grid.adam = (1e-3, 3e-3, 1e-2) if quick else (3e-4, 1e-3, 3e-3, 1e-2)  # tail_lm's
+    c.lr_grid.muon = (0.01, 0.02, 0.05) if quick else (0.005, 0.01, 0.02, 0.05)  # tail_lm's
+    c.lr_grid.normuon = (0.01, 0.02, 0.05) if quick else (0.005, 0.01, 0.02, 0.05)
+    c.matrix_roles = "hidden"  # roles given to Muon / NorMuon (Adam elsewhere)
+    c.log_every = 10  # steps between records of the update's neuron-norm statistics
+    return c

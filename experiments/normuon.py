@@ -1,0 +1,189 @@
+"""NorMuon's premise on the corpus LM: per-neuron update norms, and loss at equal steps.
+
+NorMuon (Li et al. 2025, "NorMuon: Making Muon more efficient and scalable", arXiv
+2510.05491, Sec. 3) starts from the observation that Muon's orthogonalised updates have
+very unequal per-neuron norms, and adds a per-neuron second moment that equalises them;
+it reports +11.3% training efficiency over Muon at 1.1B parameters. Neither was measured
+on a model of ours. Here, on tail_lm's model and corpus:
+
+* the coefficient of variation (std / mean over output neurons) of the per-neuron norms
+  of each step's update of every hidden matrix (q, k, v, o, w_in, w_out), for Muon and
+  NorMuon, recorded every ``log_every`` steps by the plain loop of
+  ``experiments/reference_lm.py`` (same seeds, initialisation, batches and settings as
+  the engine's runs; ``amemory.optim.muon`` / ``normuon`` on the hidden matrices);
+* the validation loss of NorMuon and Muon at equal steps, trained by the engine on
+  tail_lm's held-out initialisation seeds, each at its own learning rate chosen on a
+  grid by seed 0's final validation loss.
+
+Both claims are judged by the 95% interval of the paired per-seed difference (held /
+not held / undecided, :mod:`amemory.analysis.stats`).
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+from ml_collections import ConfigDict
+
+from amemory.analysis import plots
+from experiments import common, reference_lm, tail_lm
+
+NAME = "normuon"
+OPTIMIZERS = ("muon", "normuon")
+
+
+def _tail_cfg(cfg: ConfigDict) -> ConfigDict:
+    return ConfigDict({
+        "base": cfg.base, "optimizers": ("adam",) + OPTIMIZERS, "matrix_roles": cfg.matrix_roles,
+        "lr_grid": cfg.lr_grid.to_dict(), "seeds": tuple(cfg.seeds),
+    })  # fmt: skip
+
+
+def n_units(cfg: ConfigDict) -> int:
+    """Training runs: three LR grids, two engine runs and two plain runs (multi-seed)."""
+    return sum(len(cfg.lr_grid[o]) for o in ("adam",) + OPTIMIZERS) + 2 * len(OPTIMIZERS)
+
+
+def run(
+    cfg: ConfigDict,
+    out_dir: Any,
+    *,
+    progress: Callable[[str], None] | None = None,
+    cache_dir: Any = None,
+) -> dict[str, Any]:
+    """Run the experiment; writes result.json and figures. See the module docstring.
+
+    Raises:
+      ValueError: if fewer than 2 seeds are configured (before training).
+    """
+    if len(cfg.seeds) < 2:
+        raise ValueError(f"normuon config field 'seeds' needs >= 2 seeds, got {cfg.seeds}")
+    out_dir = common.make_run_dir(out_dir, NAME)
+    cache_dir = cache_dir or out_dir / "train_runs"
+    tl = _tail_cfg(cfg)
+    with common.Timer() as timer:
+        chosen, _, tables = tail_lm.choose_lrs(tl, cache_dir, progress=progress)
+        runs = tail_lm.seeded_runs(tl, chosen, cache_dir, progress=progress, optimizers=OPTIMIZERS)
+        metrics: dict[str, Any] = {
+            "chosen_lr": chosen,
+            "lr_sweep": tables,
+            "seeds": list(cfg.seeds),
+        }
+        curves, cv = {}, {}
+        for opt in OPTIMIZERS:
+            steps, loss = common.eval_series(runs[opt]["records"], "loss")
+            curves[opt] = (steps, loss.reshape(len(steps), -1))
+            rc = tail_lm.run_config(cfg.base, opt, chosen[opt], chosen["adam"], cfg.matrix_roles)
+            ref = reference_lm.cached_run(rc, opt, tuple(cfg.seeds), cache_dir)
+            cv[opt] = {
+                "steps": np.asarray(ref["cv_steps"], float),
+                "by_role": {r: np.asarray(v, float) for r, v in ref["neuron_cv"].items()},
+                "plain_final_loss": np.asarray(ref["val_loss"], float)[-1],
+            }
+            if progress:
+                progress(f"{opt} neuron norms")
+        for opt in OPTIMIZERS:
+            roles = cv[opt]["by_role"]
+            # (seeds,) averages over the logged steps (NaN: a step whose update was 0)
+            cv[opt]["time_mean"] = {r: np.nanmean(v, axis=0) for r, v in roles.items()}
+            cv[opt]["all"] = np.mean(list(cv[opt]["time_mean"].values()), axis=0)
+        metrics["val_loss"] = {o: c[1] for o, c in curves.items()}
+        metrics["eval_steps"] = curves["muon"][0]
+        metrics["final"] = {o: c[1][-1] for o, c in curves.items()}
+        metrics["neuron_cv"] = cv
+        figures = []
+        panels = {
+            f"{role} neuron-norm CV": {
+                o: (cv[o]["steps"], cv[o]["by_role"][role]) for o in OPTIMIZERS
+            }
+            for role in cv["muon"]["by_role"]
+        }
+        p = plots.plot_band_curves(panels, out_dir / "figures" / "normuon_neuron_cv.png", ncols=3)
+        figures.append(str(p.relative_to(out_dir)))
+        p = plots.plot_curves(
+            {o: curves[o] for o in OPTIMIZERS},
+            out_dir / "figures" / "normuon_val_loss.png",
+            xlabel="step", ylabel="validation loss (nats/token)",
+            title="NorMuon vs Muon (95% seed bands)",
+        )  # fmt: skip
+        figures.append(str(p.relative_to(out_dir)))
+        metrics["report_md"] = report_md(metrics)
+        claims = make_claims(metrics)
+    return common.finish(NAME, cfg, out_dir, timer, metrics=metrics, figures=figures, claims=claims)
+
+
+def report_md(m: dict[str, Any]) -> str:
+    """Markdown: learning rates; neuron-norm CV per role; final validation loss."""
+    lr = m["chosen_lr"]
+    cv = m["neuron_cv"]
+    lines = [
+        f"Learning rates (grid, final validation loss of seed 0): Adam {lr['adam']:g}, Muon "
+        f"{lr['muon']:g}, NorMuon {lr['normuon']:g}. Seeds {', '.join(map(str, m['seeds']))}: "
+        "mean ± 95% interval.",
+        "",
+        "Coefficient of variation of the per-output-neuron norms of the update (average over "
+        "the logged steps and the layers):",
+        "",
+        "| matrix | Muon | NorMuon |",
+        "|---|---|---|",
+    ]
+    for role in cv["muon"]["time_mean"]:
+        lines.append(
+            f"| {role} | {common.seed_mean(cv['muon']['time_mean'][role])} | "
+            f"{common.seed_mean(cv['normuon']['time_mean'][role])} |"
+        )
+    both = [common.seed_mean(cv[o]["all"]) for o in OPTIMIZERS]
+    lines.append(f"| all | {both[0]} | {both[1]} |")
+    lines += [
+        "",
+        f"Final validation loss (engine): Muon {common.seed_mean(m['final']['muon'])}, NorMuon "
+        f"{common.seed_mean(m['final']['normuon'])} nats/token; plain loop: Muon "
+        f"{common.seed_mean(cv['muon']['plain_final_loss'])}, NorMuon "
+        f"{common.seed_mean(cv['normuon']['plain_final_loss'])}.",
+    ]
+    return "\n".join(lines)
+
+
+def make_claims(m: dict[str, Any]) -> list[common.Claim]:
+    """Verdicts: NorMuon equalises the neuron norms; NorMuon's loss is lower at equal steps."""
+    cv = m["neuron_cv"]
+    iv, held = common.seed_verdict(cv["muon"]["all"], cv["normuon"]["all"], direction="greater")
+    claims = [
+        common.Claim(
+            "normuon/neuron_norms", "NorMuon, arXiv 2510.05491, Sec. 3",
+            "Muon's updates have unequal per-neuron norms; NorMuon's normalisation equalises them",
+            "Muon's neuron norms vary widely; NorMuon's are near uniform",
+            f"CV of neuron norms: Muon {common.seed_mean(cv['muon']['all'])}, NorMuon "
+            f"{common.seed_mean(cv['normuon']['all'])}; Muon − NorMuon {common.describe(iv)}",
+            held, "95% interval of the per-seed difference of the CV (Muon − NorMuon, average "
+            "over logged steps and hidden matrices) > 0",
+            common.interval_dict(iv, "greater"),
+        )
+    ]  # fmt: skip
+    iv, held = common.seed_verdict(m["final"]["muon"], m["final"]["normuon"], direction="greater")
+    claims.append(
+        common.Claim(
+            "normuon/val_loss", "NorMuon, arXiv 2510.05491, Sec. 4 (+11.3% over Muon at 1.1B)",
+            "NorMuon reaches a lower validation loss than Muon at equal steps",
+            "NorMuon < Muon",
+            f"Muon {common.seed_mean(m['final']['muon'])} vs NorMuon "
+            f"{common.seed_mean(m['final']['normuon'])} nats/token; Muon − NorMuon "
+            f"{common.describe(iv)}",
+            held, "95% interval of the per-seed final validation loss difference "
+            "Muon − NorMuon > 0",
+            common.interval_dict(iv, "greater"),
+        )
+    )  # fmt: skip
+    return claims
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m experiments.normuon --scale quick --out DIR``."""
+    return common.experiment_main(NAME, run, argv, description=__doc__.splitlines()[0])
+
+
+if __name__ == "__main__":
+    sys.exit(main())
