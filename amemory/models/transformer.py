@@ -55,7 +55,7 @@ With ``moe.experts = E > 0`` the FFN is a mixture of experts (width F_e = moe.d_
     layers/i/mlp/router/kernel   [D, E]        router
     layers/i/mlp/experts/w_in    [E, D, F_e]   expert_w_in  (+ w_gate: expert_w_gate)
     layers/i/mlp/experts/w_out   [E, F_e, D]   expert_w_out
-    layers/i/mlp/shared/{w_in,w_gate,w_out}/kernel   shared_w_*  (moe.shared > 0)
+    layers/i/mlp/shared          w_in, w_gate, w_out kernels: shared_w_*  (moe.shared > 0)
 
 With ``scan_layers=True`` the ``layers/i/...`` entries become one ``layers/...`` entry
 whose leaves carry a leading layer axis, e.g. ``layers/attn/q/kernel [L, D, D]``
