@@ -65,11 +65,7 @@ class PowerLawFit(NamedTuple):
 
 
 def _as_positive_1d(name: str, v: object) -> np.ndarray:
-    a = np.asarray(v, dtype=np.float64)
-    if a.ndim != 1:
-        raise ValueError(f"{name} must be 1-D, got shape {a.shape}")
-    if not np.all(np.isfinite(a)):
-        raise ValueError(f"{name} must be finite, got {a}")
+    a = _as_finite_1d(name, v)
     if np.any(a <= 0):
         raise ValueError(f"{name} must be > 0 for a log-log fit, got minimum {a.min()}")
     return a

@@ -210,7 +210,7 @@ def normuon(
     Raises:
       ValueError: unknown option name (lists the allowed ones) or bad value.
     """
-    direction = _moment_transform(MuonOptions(**options), beta2, normuon_eps, True, NorMuonState)
+    direction = scale_by_normuon(beta2=beta2, normuon_eps=normuon_eps, **options)
     return decoupled(
         direction, learning_rate, 0.0 if weight_decay is None else weight_decay, weight_decay_mask
     )
@@ -287,9 +287,7 @@ def adamuon(
     Raises:
       ValueError: unknown option name (lists the allowed ones) or bad value.
     """
-    opts = MuonOptions(**options)
-    b2 = opts.momentum if beta2 is None else beta2
-    direction = _moment_transform(opts, b2, adamuon_eps, False, AdaMuonState)
+    direction = scale_by_adamuon(beta2=beta2, adamuon_eps=adamuon_eps, **options)
     return decoupled(
         direction, learning_rate, 0.0 if weight_decay is None else weight_decay, weight_decay_mask
     )
