@@ -22,3 +22,17 @@ import jax  # noqa: E402
 
 jax.config.update("jax_compilation_cache_dir", str(_CACHE))
 jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.2)
+
+import pytest  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory):
+    """A tiny corpus (``train_helpers.write_corpus``), one per test module; its tokenizer
+    cache lives in a temporary $AMEMORY_DATA (restored after the module)."""
+    from train_helpers import write_corpus
+
+    d = tmp_path_factory.mktemp("corpus")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("AMEMORY_DATA", str(d / "cache"))
+        yield write_corpus(d)

@@ -10,7 +10,7 @@ import json
 import jax
 import numpy as np
 import pytest
-from train_helpers import lm_config, max_rel_diff, write_corpus
+from train_helpers import lm_config, max_rel_diff
 
 from amemory import cli
 from amemory.models import transformer
@@ -35,14 +35,6 @@ EXTRA = {
     "eval_every": 4,
     "optimizer.diagnostics": "false",
 }
-
-
-@pytest.fixture(scope="module")
-def corpus(tmp_path_factory):
-    d = tmp_path_factory.mktemp("corpus")
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("AMEMORY_DATA", str(d / "cache"))
-        yield write_corpus(d)
 
 
 @pytest.fixture(scope="module")

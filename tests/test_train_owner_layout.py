@@ -9,19 +9,10 @@ import json
 import shutil
 
 import jax
-import pytest
-from train_helpers import lm_config, max_rel_diff, write_corpus
+from train_helpers import lm_config, max_rel_diff
 
 from amemory.optim import OwnerStacks
 from amemory.train import run
-
-
-@pytest.fixture(scope="module")
-def corpus(tmp_path_factory):
-    d = tmp_path_factory.mktemp("corpus")
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("AMEMORY_DATA", str(d / "cache"))
-        yield write_corpus(d)
 
 
 def test_sharded_normuon_owner_state_resumes_exactly(corpus, tmp_path):

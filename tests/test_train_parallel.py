@@ -19,20 +19,11 @@ import sys
 import jax
 import numpy as np
 import pytest
-from train_helpers import LM_CONFIG, lm_config, lm_overrides, max_rel_diff, write_corpus
+from train_helpers import LM_CONFIG, lm_config, lm_overrides, max_rel_diff
 
 from amemory.train import parallel, run
 
 TOL = 1e-3
-
-
-@pytest.fixture(scope="module")
-def corpus(tmp_path_factory):
-    """A tiny corpus; its tokenizer cache lives in a temporary $AMEMORY_DATA (restored after)."""
-    d = tmp_path_factory.mktemp("corpus")
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("AMEMORY_DATA", str(d / "cache"))
-        yield write_corpus(d)
 
 
 @pytest.fixture(scope="module")
