@@ -38,14 +38,19 @@ def norm(config: Any, features: int, rngs: nnx.Rngs) -> nnx.Module:
     return nnx.RMSNorm(features, rngs=rngs, **kw)
 
 
-def linear(config: Any, d_in: int, d_out: int, std: float, rngs: nnx.Rngs) -> nnx.Linear:
-    """``nnx.Linear`` with kernel ``[d_in, d_out]`` ~ N(0, std^2) (bias if ``config.use_bias``)."""
+def linear(
+    config: Any, d_in: int, d_out: int, std: float, rngs: nnx.Rngs, *,
+    use_bias: bool | None = None, dtype: Any = None,
+) -> nnx.Linear:  # fmt: skip
+    """``nnx.Linear`` with kernel ``[d_in, d_out]`` ~ N(0, std^2), parameters in
+    ``config.param_dtype``; bias if ``use_bias`` (default ``config.use_bias``), compute in
+    ``dtype`` (default ``config.dtype``)."""
     return nnx.Linear(
         d_in,
         d_out,
-        use_bias=config.use_bias,
+        use_bias=config.use_bias if use_bias is None else use_bias,
         kernel_init=nnx.initializers.normal(std),
-        dtype=config.dtype,
+        dtype=config.dtype if dtype is None else dtype,
         param_dtype=config.param_dtype,
         rngs=rngs,
     )

@@ -159,15 +159,10 @@ class MoE(nnx.Module):
     def __init__(self, config: Any, *, rngs: nnx.Rngs):
         m = config.moe_dims
         self.moe = m
-        self.router = nnx.Linear(
-            config.d_model,
-            m.experts,
-            use_bias=False,
-            kernel_init=nnx.initializers.normal(config.init_std),
+        self.router = linear(  # routing logits in float32
+            config, config.d_model, m.experts, config.init_std, rngs, use_bias=False,
             dtype=jnp.float32,
-            param_dtype=config.param_dtype,
-            rngs=rngs,
-        )
+        )  # fmt: skip
         self.experts = Experts(config, rngs=rngs)
         if m.shared:
             self.shared = MLP(config, rngs=rngs, d_ff=m.shared * m.d_expert)

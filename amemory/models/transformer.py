@@ -87,6 +87,7 @@ from flax import nnx
 
 from amemory.models.attention import ATTENTIONS, Attention, MLAConfig
 from amemory.models.layers import dropout as _dropout
+from amemory.models.layers import linear
 from amemory.models.layers import norm as _norm
 from amemory.models.matrices import ffn_matrices, hidden_matrices, vo_maps
 from amemory.models.moe import MLP, MoE, MoEConfig
@@ -429,14 +430,8 @@ class Transformer(nnx.Module):
             self.layers = nnx.List([Block(config, rngs=rngs) for _ in range(config.n_layers)])
         self.final_norm = _norm(config, config.d_model, rngs)
         if not config.tied_head:
-            self.head = nnx.Linear(
-                config.d_model,
-                config.vocab_size,
-                use_bias=False,
-                kernel_init=nnx.initializers.normal(config.init_std),
-                dtype=config.dtype,
-                param_dtype=config.param_dtype,
-                rngs=rngs,
+            self.head = linear(
+                config, config.d_model, config.vocab_size, config.init_std, rngs, use_bias=False
             )
 
     def __call__(
