@@ -4,8 +4,9 @@ A *check* is a function ``fn(ctx: Context) -> CheckResult`` registered with
 :func:`register`. It simulates one statement of ``docs/science.md`` with amemory's own
 optimizers, model and priors, compares the measurement with the prediction and says
 whether it holds within a tolerance that its docstring justifies. ``kind`` is
-``"paper"`` for a statement the paper makes and ``"derived"`` for a consequence
-worked out in ``docs/science.md`` (marked ``[derived]`` there).
+``"paper"`` for a statement the paper makes, ``"derived"`` for a consequence
+worked out in ``docs/science.md`` (marked ``[derived]`` there) and ``"conjecture"`` for a
+statement a paper leaves open (marked ``[conjecture]``: a fail is a finding, not a bug).
 
 The runner (:func:`run_checks`) never lets one check's exception stop the others: an
 exception becomes a failed result whose ``measured`` field holds the error.
@@ -34,7 +35,7 @@ __all__ = [
     "update_readme",
 ]
 
-KINDS = ("paper", "derived")
+KINDS = ("paper", "derived", "conjecture")
 BEGIN_MARK = "<!-- BEGIN checks -->"
 END_MARK = "<!-- END checks -->"
 
@@ -50,7 +51,7 @@ class CheckResult:
       measured: what the simulation gave, as text.
       tolerance: the tolerance used, as text (justified in the check's docstring).
       passed: the verdict.
-      kind: ``"paper"`` or ``"derived"``.
+      kind: one of :data:`KINDS`.
       figure: path of a figure written by the check, or None.
       seconds: wall time of the check (filled in by the runner).
       details: extra numbers (JSON-serialisable) for ``--json`` output.
