@@ -75,11 +75,11 @@ def one_step_capacity(ctx: Context) -> CheckResult:
     Gated instead (d), the capacity claim itself: Muon's exponent interval lies above 1
     (more items than dimensions), SGD's below 1. Setting: α = 1.5, N = 4096 items (quick
     1024), d ∈ {32, 64, 128, 256}, 3 embedding seeds (quick 1), counts averaged over seeds;
-    an item is recovered when its correct answer has the largest logit. d = 16 is reported (full suite) but not gated:
-    there both recover 2-4 items (the scale where the Θ̃ factors dominate; with N = 2048
-    Muon recovered 2 items and SGD 3). Pass: (a) Muon recovers more items than SGD at every
-    gated d; (b) the Muon/SGD ratio grows with d (non-decreasing); (c) the 95% interval of
-    Muon's fitted exponent lies above SGD's; (d) as above.
+    an item is recovered when its correct answer has the largest logit. d = 16 is reported
+    (full suite) but not gated: there both recover 2-4 items (the scale where the Θ̃
+    factors dominate; with N = 2048 Muon recovered 2 items and SGD 3). Pass: (a) Muon
+    recovers more items than SGD at every gated d; (b) the Muon/SGD ratio grows with d
+    (non-decreasing); (c) the 95% interval of Muon's fitted exponent lies above SGD's; (d) as above.
     """
     from amemory.analysis import scaling
 
