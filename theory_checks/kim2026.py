@@ -70,8 +70,8 @@ def one_step_capacity(ctx: Context) -> CheckResult:
     while one SGD step recovers Θ̃(d^(1/(2α))) ([derived]: the answer of the most frequent
     item leaks ≈ p_1/√d into every other query's logits, so item i survives only while p_i ≳
     p_1/√d). Θ̃ hides log factors of a power we do not know: log^j d tilts a fitted slope
-    by about j / ln d ≈ 0.2 j here, more than the intervals' width (quick: SGD 0.67
-    [0.48, 0.85] against 1/(2α) = 0.33), so the exact exponents are reported, not gated.
+    by about j / ln d ≈ 0.2 j here, more than the intervals' width
+    (``docs/science.md#kim-2026``), so the exact exponents are reported, not gated.
     Gated instead (d), the capacity claim itself: Muon's exponent interval lies above 1
     (more items than dimensions), SGD's below 1. Setting: α = 1.5, N = 4096 items (quick
     1024), d ∈ {32, 64, 128, 256}, 3 embedding seeds (quick 1), counts averaged over seeds;
