@@ -69,8 +69,8 @@ def test_select_and_registry():
 
 def test_check_result_and_table():
     with pytest.raises(ValueError, match="kind"):
-        common.CheckResult("x", "s", "p", "m", "t", True, "maybe")
-    r = common.CheckResult("a.b", "stmt |x|", "1", "2", "±1", True, "paper", seconds=1.25)
+        common.CheckResult("s", "p", "m", "t", True, "maybe")
+    r = common.CheckResult("stmt |x|", "1", "2", "±1", True, "paper", name="a.b", seconds=1.25)
     table = common.markdown_table([r])
     lines = table.splitlines()
     assert lines[0].startswith("| check | kind | statement | predicted | measured")
@@ -137,7 +137,7 @@ def test_gd_slope_check_fails_with_a_wrong_exponent():
     assert abs(limit - (W._r() - 1)) < 1e-3  # the closed form reaches the theorem's exponent
 
     def check(pred):
-        return W._slope_check("x", "s", Ks, ys, pred, grid, limit, "paper", "K").passed
+        return W._slope_check("s", Ks, ys, pred, grid, limit, "K").passed
 
     assert check(W._r() - 1)
     assert not check(W._r() - 1 + 0.02) and not check(W._r() - 1 - 0.02)

@@ -45,25 +45,25 @@ class CheckResult:
     """Outcome of one check.
 
     Attributes:
-      name: registry name, ``"<paper>.<statement>"``.
       statement: the statement checked, in words (source in docs/science.md).
       predicted: what theory says, as text (numbers with units where relevant).
       measured: what the simulation gave, as text.
       tolerance: the tolerance used, as text (justified in the check's docstring).
       passed: the verdict.
       kind: one of :data:`KINDS`.
+      name: registry name, ``"<paper>.<statement>"`` (set by :func:`run_checks`).
       figure: path of a figure written by the check, or None.
       seconds: wall time of the check (filled in by the runner).
       details: extra numbers (JSON-serialisable) for ``--json`` output.
     """
 
-    name: str
     statement: str
     predicted: str
     measured: str
     tolerance: str
     passed: bool
-    kind: str
+    kind: str = "paper"
+    name: str = ""
     figure: str | None = None
     seconds: float = 0.0
     details: dict[str, Any] = dataclasses.field(default_factory=dict)
@@ -142,16 +142,14 @@ def run_checks(
         except Exception as e:  # noqa: BLE001 - a crashing check is a failed check
             tb = traceback.format_exc(limit=3).strip().splitlines()[-1]
             res = CheckResult(
-                name=name,
                 statement=(REGISTRY[name].fn.__doc__ or "").strip().splitlines()[0],
                 predicted="-",
                 measured=f"error: {type(e).__name__}: {e}"[:300],
                 tolerance="-",
                 passed=False,
-                kind="paper",
                 details={"traceback": tb},
             )
-        res.seconds = time.perf_counter() - t0
+        res.name, res.seconds = name, time.perf_counter() - t0
         results.append(res)
         if progress is not None:
             progress(res)

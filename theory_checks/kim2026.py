@@ -101,7 +101,6 @@ def one_step_capacity(ctx: Context) -> CheckResult:
     ok &= fm.slope_ci[0] > 1 > fs.slope_ci[1]
     pred = {"sgd": 0.5 / ALPHA, "muon": 1 + 0.5 / ALPHA}
     return CheckResult(
-        name="kim2026.one_step_capacity",
         statement="One-step Muon stores far more items than one-step SGD (Gaussian embeddings, "
         "N > d, p_i ∝ i^-α)",
         predicted=f"Muon > SGD, ratio growing with d; exponents {fmt(pred['muon'], 3)} (Muon) "
@@ -117,7 +116,6 @@ def one_step_capacity(ctx: Context) -> CheckResult:
         tolerance="counts and ratio trend exact; exponent intervals disjoint, Muon's above 1, "
         "SGD's below 1",
         passed=ok,
-        kind="paper",
         details={
             "d": ds,
             "N": N,
@@ -157,7 +155,6 @@ def multi_step_conjecture(ctx: Context) -> CheckResult:
     ok = all(f.slope_ci[0] <= q <= f.slope_ci[1] for f, q in zip(fits[1:], pred[1:], strict=True))
     ok &= bool(np.all(np.diff(muon[-1]) > 0))
     return CheckResult(
-        name="kim2026.multi_step_conjecture",
         statement="[conjecture] exact multi-step Muon recovers Θ̃(d^(2-(1-1/(2α))^t)) items "
         "(Gaussian embeddings, N > d, p_i ∝ i^-α)",
         predicted="exponents t=1..3: " + ", ".join(fmt(q, 4) for q in pred),
