@@ -68,10 +68,15 @@ def scores(leg: str, run: dict[str, Any], m: int) -> tuple[np.ndarray, dict[str,
                    "tail": -buckets[:, seen[-1]]}  # fmt: skip
 
 
+def grid(cfg: ConfigDict, leg: str) -> ConfigDict:
+    """The learning-rate grids of a leg: ``qa_lr_grid`` or ``lr_grid``."""
+    return cfg.qa_lr_grid if leg == "qa" else cfg.lr_grid
+
+
 def n_units(cfg: ConfigDict) -> int:
     """Training runs: per point, every optimizer's grid and one seeded run."""
-    per = sum(len(cfg.lr_grid[o]) + 1 for o in cfg.optimizers)
-    return per * sum(len(cfg.alphas if leg == "qa" else cfg.vocabs) for leg in cfg.legs)
+    return sum(sum(len(grid(cfg, leg)[o]) + 1 for o in cfg.optimizers)
+               * len(cfg.alphas if leg == "qa" else cfg.vocabs) for leg in cfg.legs)  # fmt: skip
 
 
 def run(
@@ -104,7 +109,7 @@ def run(
             for x in doses:
                 tl = ConfigDict({"base": point_config(cfg, leg, x), "seeds": tuple(cfg.seeds),
                                  "optimizers": tuple(cfg.optimizers), "matrix_roles": "hidden",
-                                 "lr_grid": cfg.lr_grid.to_dict()})  # fmt: skip
+                                 "lr_grid": grid(cfg, leg)})  # fmt: skip
                 score = common.final_train_loss if leg == "qa" else None  # QA evals: FTA only
                 chosen, _, tables = tail_lm.choose_lrs(tl, cache_dir, progress=progress,
                                                        score=score)  # fmt: skip

@@ -48,7 +48,7 @@ def test_tiny_qa_leg_end_to_end(tmp_path):
     q.data.batch_size, q.data.biographies.m, q.data.biographies.eval_per_group = 4, 2, 6
     q.model.update(d_model=32, n_heads=1, d_ff=64, n_layers=1)
     cfg.legs, cfg.alphas, cfg.optimizers = ("qa",), (1.5, 0.0), ("adam", "muon")
-    cfg.lr_grid.adam, cfg.lr_grid.muon = (3e-3,), (0.02,)
+    cfg.qa_lr_grid.adam, cfg.qa_lr_grid.muon = (3e-3,), (0.02,)
     res = tail_dose.run(cfg, tmp_path / "td", cache_dir=tmp_path / "cache")
     leg = res["metrics"]["legs"]["qa"]
     assert [p["dose"] for p in leg["points"]] == [0.0, 1.5]  # sorted: the last is the heaviest

@@ -53,8 +53,11 @@ def get_config(scale: str = "quick") -> ConfigDict:
     c.alphas = (0.0, 0.5, 1.0, 1.5) if quick else (0.0, 0.25, 0.5, 0.75, 1.0, 1.25, 1.5)
     c.lm_base = base_lm("quick")  # tail_lm's quick model at every vocabulary
     c.vocabs = (512, 2048, 8192)
-    c.lr_grid = ConfigDict()  # peak LR of the cosine schedule, per optimizer (both legs)
-    c.lr_grid.adam = (1e-3, 3e-3, 1e-2)
+    c.lr_grid = ConfigDict()  # peak LR of the cosine schedule, per optimizer (lm leg:
+    c.lr_grid.adam = (1e-3, 3e-3, 1e-2)  # steps_ratio's and tail_lm's grids)
     c.lr_grid.muon = (0.01, 0.02, 0.05)
     c.lr_grid.signgd = (3e-4, 1e-3, 3e-3)
+    # qa leg: Adam and SignGD one step higher (on tail_qa's grid both chose its top edge)
+    c.qa_lr_grid = ConfigDict({"adam": (3e-3, 1e-2, 3e-2), "muon": (0.01, 0.02, 0.05),
+                               "signgd": (1e-3, 3e-3, 1e-2)})  # fmt: skip
     return c
