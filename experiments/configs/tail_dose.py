@@ -1,25 +1,12 @@
 """Config of ``experiments/tail_dose.py``: Muon's lead over Adam against tail heaviness.
 
-Launch::
-
-    python -m experiments.tail_dose --scale quick --out runs/tail_dose
-
-Two legs, each holding model, steps, batch (so tokens) and facts fixed while only the
-frequency law moves:
-
-* ``qa``: the biography QA of tail_qa (``amemory.data.biographies``) with the selection
-  law S_g = round(2^(alpha (m-g))) (frequency ∝ rank^-alpha over the same 2^m people and
-  attributes; alpha = 1 is paper A's law, 0 uniform). Quick: m = 6 (64 people), a
-  2-layer d=64 decoder, batch 16, 200 steps.
-* ``lm``: tail_lm's quick model on Shakespeare with a BPE vocabulary of ``vocabs`` tokens
-  (a larger vocabulary has a heavier token tail; same text, same steps x 16 x 64 tokens).
-  These are steps_ratio's vocabulary sizes, so their Adam and Muon runs are shared.
-
-Per point: Adam, Muon and SignGD (hidden matrices; Adam elsewhere) learning rates chosen
-on a grid by seed 0 (QA: final training loss; LM: final validation loss), then trained on
-the held-out seeds ``seeds`` (vmapped).
-Full scale: the qa leg at tail_qa's quick size (m = 8, d=128, batch 32, 300 steps) with a
-finer alpha grid, the lm leg unchanged.
+Launch: ``python -m experiments.tail_dose --scale quick --out runs/tail_dose``.
+Quick: the qa leg on m = 6 (64 people), a 2-layer d=64 decoder, batch 16, 200 steps,
+alpha in {0, 0.5, 1, 1.5}; the lm leg on tail_lm's quick model at V in {512, 2048, 8192}
+(steps_ratio's vocabulary sizes: their Adam and Muon runs are the same runs). Per point 3
+learning rates per optimizer on seed 0, then the 3 held-out seeds (one vmapped run each).
+Full: the qa leg at tail_qa's quick size (m = 8, d=128, batch 32, 300 steps), alpha in
+steps of 0.25; the lm leg unchanged.
 """
 
 from __future__ import annotations
