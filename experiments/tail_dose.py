@@ -111,8 +111,12 @@ def run(
                                  "optimizers": tuple(cfg.optimizers), "matrix_roles": "hidden",
                                  "lr_grid": grid(cfg, leg)})  # fmt: skip
                 score = common.final_train_loss if leg == "qa" else None  # QA evals: FTA only
-                chosen, _, tables = tail_lm.choose_lrs(tl, cache_dir, progress=progress,
-                                                       score=score)  # fmt: skip
+                given = cfg.given_lr.get(f"{'alpha' if leg == 'qa' else 'V'}{x:g}")
+                if given:  # rates stated in the config: no grid at this point
+                    chosen, tables = {o: float(given[o]) for o in cfg.optimizers}, {}
+                else:
+                    chosen, _, tables = tail_lm.choose_lrs(tl, cache_dir, progress=progress,
+                                                           score=score)  # fmt: skip
                 runs = tail_lm.seeded_runs(tl, chosen, cache_dir, progress=progress)
                 curves = {o: scores(leg, r, m) for o, r in runs.items()}
                 steps, adam = curves["adam"]
@@ -215,6 +219,7 @@ def report_md(m: dict[str, Any]) -> str:
         for pt in v["points"]:
             edge = any(r["at_edge"] for rows in pt["lr_sweep"].values() for r in rows)
             lr = " / ".join(f"{x:g}" for x in pt["chosen_lr"].values())
+            lr += "" if pt["lr_sweep"] else " (given, not tuned here)"
             lead = {o: " / ".join(common.seed_mean(pt["lead"][o][p]) for p in ps)
                     for o, ps in (("muon", PARTS), ("signgd", ("all", "tail")))
                     if o in pt["lead"]}  # fmt: skip

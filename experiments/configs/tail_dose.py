@@ -44,6 +44,10 @@ def get_config(scale: str = "quick") -> ConfigDict:
     c.lr_grid.adam = (1e-3, 3e-3, 1e-2)  # steps_ratio's and tail_lm's grids)
     c.lr_grid.muon = (0.01, 0.02, 0.05)
     c.lr_grid.signgd = (3e-4, 1e-3, 3e-3)
+    # Points trained at stated rates instead of a grid ("alpha<x>" / "V<v>" -> rates): V=8192
+    # takes V=512's choices (its 9-run grid did not fit the quick budget; the report says so).
+    c.given_lr = ConfigDict({"V8192": {"adam": 3e-3, "muon": 0.02, "signgd": 1e-3}} if quick
+                            else {})  # fmt: skip
     # qa leg: Adam and SignGD one step higher (on tail_qa's grid both chose its top edge)
     c.qa_lr_grid = ConfigDict({"adam": (3e-3, 1e-2, 3e-2), "muon": (0.01, 0.02, 0.05),
                                "signgd": (1e-3, 3e-3, 1e-2)})  # fmt: skip
