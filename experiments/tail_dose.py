@@ -139,7 +139,7 @@ def run(
             metrics["legs"][leg] = {
                 "dose": "alpha" if leg == "qa" else "V", "x": xs, "points": points,
                 "slope": {f"{o}/{p}": common.interval_dict(stats.slope_interval(xs, v), "greater")
-                          for (o, p), v in lead.items()},
+                          for (o, p), v in lead.items() if len(xs) > 1},
             }  # fmt: skip
             figures += leg_figures(leg, xs, lead, panels, out_dir)
             claims += leg_claims(leg, xs, points, lead)
@@ -172,12 +172,12 @@ def _claim(key, statement, ours, iv, held, test, direction, threshold=0.0) -> co
 def leg_claims(leg: str, xs, points, lead) -> list[common.Claim]:
     """Lead grows with the dose; none at alpha = 0 (qa); SignGD below Muon at the heaviest."""
     dose, unit = ("alpha", "FTA") if leg == "qa" else ("log2 V", "nats/token")
-    iv = stats.slope_interval(xs, lead["muon", "all"])
+    iv = stats.slope_interval(xs, lead["muon", "all"]) if len(xs) > 1 else None
     per = ", ".join(f"{pt['dose']:g}: {common.seed_mean(v)}"
                     for pt, v in zip(points, lead["muon", "all"], strict=True))  # fmt: skip
     out = [_claim(f"{leg}_lead_grows", f"Muon's lead over Adam grows as the tail gets heavier "
                   f"({leg}: {dose})", f"slope {common.describe(iv)} {unit} per unit {dose}; "
-                  f"lead per dose {per}", iv, stats.verdict(iv, "greater"),
+                  f"lead per dose {per}", iv, iv and stats.verdict(iv, "greater"),
                   "95% interval of the per-seed least-squares slope of (Muon - Adam final score) "
                   f"against {dose} > 0", "greater")]  # fmt: skip
     if leg == "qa" and 0.0 in [float(pt["dose"]) for pt in points]:
@@ -196,7 +196,7 @@ def leg_claims(leg: str, xs, points, lead) -> list[common.Claim]:
         d = lead["muon", "all"][-1] - lead["signgd", "all"][-1]
         ivs, held = common.seed_verdict(d, direction="greater")
         out.append(_claim(f"{leg}_signgd_not_muon", "SignGD (coordinate-wise) does not match "
-                          f"Muon's lead at the heaviest tail ({leg}: {dose} = "
+                          f"Muon's lead at the heaviest tail ({leg}: {dose.split()[-1]} = "
                           f"{points[-1]['dose']:g})", f"Muon - SignGD {common.describe(ivs)} "
                           f"{unit}", ivs, held, "95% interval of the per-seed Muon - SignGD final "
                           "score at the heaviest dose > 0", "greater"))  # fmt: skip
