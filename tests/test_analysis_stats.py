@@ -139,5 +139,6 @@ def test_seeds_needed_by_brute_force():
     assert stats.seeds_needed(iv) == want
     assert stats.seeds_needed(stats.mean_interval([1.0, 1.1, 0.9])) == 2  # already decided
     assert stats.seeds_needed(stats.mean_interval([-1.0, 0.0, 1.0])) == math.inf  # no effect
+    assert math.isnan(stats.seeds_needed(stats.variance_ratio_interval([1, 2, 4], [1, 1.5, 2])))
     # against a threshold: the distance to it is the effect
     assert stats.seeds_needed(stats.mean_interval(np.add(d, 0.5)), 0.5) == want

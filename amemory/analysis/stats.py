@@ -195,11 +195,15 @@ def seeds_needed(interval: Interval, threshold: float = 0.0, *, cap: int = 10_00
 
     Returns:
       n as a float; ``inf`` when the effect is 0 or needs more than ``cap`` seeds, NaN for
-      an undefined interval; 0-width intervals need 2.
+      an undefined interval or one not symmetric about its estimate (not a t interval of
+      a mean, e.g. :func:`variance_ratio_interval`'s); 0-width intervals need 2.
     """
     n, c = int(interval.n), float(interval.confidence)
     effect = abs(float(interval.estimate) - float(threshold))
     if n < 2 or not all(math.isfinite(v) for v in (interval.lo, interval.hi, effect)):
+        return math.nan
+    up, down = interval.hi - interval.estimate, interval.estimate - interval.lo
+    if abs(up - down) > 1e-9 * max(abs(up), abs(down), 1e-300):
         return math.nan
     sd = interval.half_width * math.sqrt(n) / float(stats.t.ppf(0.5 + c / 2.0, n - 1))
     if sd == 0.0:
