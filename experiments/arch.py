@@ -171,14 +171,9 @@ def decode_measurements(cfg: ConfigDict, models: dict[str, tuple]) -> dict[str, 
 
 
 def run(cfg: ConfigDict, stage: common.Stage) -> dict[str, Any]:
-    """Run the experiment; writes result.json and figures into ``out_dir``.
+    """Train every cell and measure decoding; progress after each run and the decoding.
 
-    Args:
-      cfg: from ``experiments/configs/arch.py``.
-      out_dir: run directory.
-      progress: callback after each training run and after the decoding measurements.
-      cache_dir: where training runs live (default ``out_dir/train_runs``); shared
-        between stages by ``amemory reproduce`` (dense runs equal tail_lm's).
+    The dense cells' runs are tail_lm's (same configs, shared through ``stage.cache_dir``).
 
     Raises:
       ValueError: unknown architecture, or "dense" missing (the baseline).

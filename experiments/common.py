@@ -108,7 +108,7 @@ class Experiment:
         files = [pathlib.Path(module.__file__), REPO / "experiments" / "common.py"]
         files += [REPO / "experiments" / "configs" / f"{self.name}.py"]
         files += [f for pattern in self.sources for f in sorted(REPO.glob(pattern))]
-        return source_hash(files, amemory_version())
+        return source_hash([f for f in files if f.is_file()], amemory_version())
 
     def __call__(self, cfg: Any, out_dir: os.PathLike | str, *, progress=None, cache_dir=None):
         """Run the experiment into ``out_dir``; write and return the result dict.

@@ -241,15 +241,7 @@ def n_units(cfg: Any) -> int:
 
 
 def run(cfg: Any, stage: common.Stage) -> dict[str, Any]:
-    """Run the experiment; writes ``result.json`` and ``figures/one_layer_gap_vs_loss.png``.
-
-    Args:
-      cfg: ConfigDict from ``experiments/configs/one_layer.py``.
-      out_dir: run directory (created by the caller or here).
-      progress: optional callback receiving a short label after each unit of work.
-
-    Returns:
-      The standard result dict (experiments/common.py).
+    """Run the experiment; writes ``figures/one_layer_gap_vs_loss.png``; progress per unit.
 
     Raises:
       ValueError: on unknown prior / embedding / optimizer names, or K % 3 != 0 with

@@ -34,17 +34,9 @@ NAME = "tail_lm"
 
 
 def run(cfg: ConfigDict, stage: common.Stage) -> dict[str, Any]:
-    """Run the experiment; writes result.json and figures into ``out_dir``.
+    """Choose the learning rates, train the seeds, compare per bucket (progress per run).
 
-    Args:
-      cfg: from ``experiments/configs/tail_lm.py``.
-      out_dir: run directory.
-      progress: callback after each training run.
-      cache_dir: where training runs live (default ``out_dir/train_runs``); shared
-        between stages by ``amemory reproduce``.
-
-    Returns:
-      The standard result dict; ``metrics["chosen_lr"]`` holds the chosen learning rates.
+    ``metrics["chosen_lr"]`` holds the chosen learning rates (``lr_from`` of other stages).
     """
     out_dir, cache_dir, progress = stage.out_dir, stage.cache_dir, stage.progress
     chosen, _, tables = common.choose_lrs(cfg, cache_dir, progress=progress)

@@ -2,7 +2,7 @@
 
 Launch::
 
-    python -m experiments.isotropy --scale quick --out runs/isotropy
+    python -m experiments isotropy --scale quick --out runs/isotropy
 
 Several seeds trained together in one vmapped program (``config.seeds``), Muon and Adam,
 the tail_lm model on the corpus; spectrum metrics (normalised SVD entropy, effective
@@ -20,7 +20,6 @@ from __future__ import annotations
 
 from ml_collections import ConfigDict
 
-from experiments.configs import SCALES as SCALES
 from experiments.configs import new_config
 from experiments.configs.tail_lm import SEEDS, base_lm
 

@@ -2,7 +2,7 @@
 
 Launch::
 
-    python -m experiments.normuon --scale quick --out runs/normuon
+    python -m experiments normuon --scale quick --out runs/normuon
     amemory reproduce --only normuon
 
 tail_lm's model and data (quick: d=128, 2 layers, 512-token BPE, 300 steps). Muon's
@@ -19,7 +19,6 @@ from __future__ import annotations
 
 from ml_collections import ConfigDict
 
-from experiments.configs import SCALES as SCALES
 from experiments.configs import new_config
 from experiments.configs.tail_lm import SEEDS, base_lm
 

@@ -2,7 +2,7 @@
 
 Launch::
 
-    python -m experiments.scaling --scale quick --out runs/scaling
+    python -m experiments scaling --scale quick --out runs/scaling
 
 Part 1 (synthetic, paper B.2): the one-layer memory in task space with a hierarchical
 power-law prior (M groups of C classes, group mass ~ g^-beta) and label noise; excess
@@ -19,7 +19,6 @@ from __future__ import annotations
 
 from ml_collections import ConfigDict
 
-from experiments.configs import SCALES as SCALES
 from experiments.configs import new_config, tail_lm
 
 

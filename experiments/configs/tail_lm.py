@@ -2,7 +2,7 @@
 
 Launch::
 
-    python -m experiments.tail_lm --scale quick --out runs/tail_lm
+    python -m experiments tail_lm --scale quick --out runs/tail_lm
 
 Quick scale: a 2-layer d=128 decoder on Shakespeare with a 512-token byte-level BPE
 (small vocabulary so the rare buckets recur often enough to be learned within ~0.3M
@@ -21,7 +21,6 @@ from __future__ import annotations
 
 from ml_collections import ConfigDict
 
-from experiments.configs import SCALES as SCALES
 from experiments.configs import check_scale, lm, new_config
 
 #: Initialisation seeds of the compared runs (trained together, ``config.seeds``). The
