@@ -20,7 +20,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Parse the arguments, run the experiment, print its claims; 2 on a bad argument."""
     names = tuple(common.experiments())
     parser = argparse.ArgumentParser(
-        prog="python -m experiments", description=__doc__.split("\n")[0]
+        prog="python -m experiments", description="run one experiment of amemory reproduce"
     )
     parser.add_argument("name", choices=names, help="the experiment")
     parser.add_argument(

@@ -23,6 +23,7 @@ import importlib.metadata
 import os
 import pathlib
 import platform
+import subprocess
 import sys
 from collections.abc import Sequence
 from typing import Any
@@ -63,14 +64,21 @@ def _count(x: Any) -> int:
     return sum(_count(v) for v in x) if isinstance(x, list) else 1
 
 
-def provenance(result: dict[str, Any], code_version: str | None = None) -> dict[str, Any]:
+def provenance(
+    result: dict[str, Any], code_version: str | None = None, commit: str | None = None
+) -> dict[str, Any]:
     """Where a stage's numbers come from: config, code, packages, machine, time and load.
 
     ``code_version`` defaults to the registered stage's :meth:`common.Experiment.code_version`
-    (pass it for a result computed by other sources, e.g. an older checkout).
+    and ``commit`` to the checkout's ``git rev-parse HEAD`` (pass both for a result
+    computed by another checkout).
     """
     if code_version is None and result["name"] in common.experiments():
         code_version = common.experiments()[result["name"]].code_version()
+    if commit is None:
+        git = ["git", "-C", str(common.REPO), "rev-parse", "HEAD"]
+        done = subprocess.run(git, capture_output=True, text=True, check=False)
+        commit = done.stdout.strip() or None
     versions = {"python": platform.python_version()}
     for name in PACKAGES:
         try:
@@ -84,6 +92,7 @@ def provenance(result: dict[str, Any], code_version: str | None = None) -> dict[
     return {
         "config_hash": common.config_hash(result.get("config") or {}),
         "code_version": code_version,
+        "commit": commit,
         "versions": versions,
         "machine": {"cpu": cpu, "cores": os.cpu_count(), "system": platform.platform()},
         "wall_s": result.get("wall_s"),
@@ -105,6 +114,7 @@ def save_result(
     root: os.PathLike | str = RESULTS,
     *,
     code_version: str | None = None,
+    commit: str | None = None,
 ) -> tuple[pathlib.Path, list[str]]:
     """Write ``result`` (a stage's result dict) as ``root/<scale>/<name>.json``, compactly.
 
@@ -122,7 +132,11 @@ def save_result(
     metrics = _compact(common.to_jsonable(result.get("metrics", {})), "metrics", omitted)
     keep = ("name", "scale", "wall_s", "cpu_s", "figures", "claims", "notes", "config")
     new = {k: common.to_jsonable(result.get(k)) for k in keep}
-    new |= {"metrics": metrics, "omitted": omitted, "provenance": provenance(result, code_version)}
+    new |= {
+        "metrics": metrics,
+        "omitted": omitted,
+        "provenance": provenance(result, code_version, commit),
+    }
     old = common.load_json(path) if path.is_file() else None
     common.save_json(path, new)
     return path, differences(old, new) if old else []

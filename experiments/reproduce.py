@@ -103,13 +103,12 @@ def run_check(cfg: Any, stage: common.Stage) -> dict[str, Any]:
     """
     scale, stage_dir = cfg.scale, stage.out_dir
     json_path = stage_dir / "checks.json"
-    argv = (["--quick"] if scale == "quick" else []) + [
+    quick = scale == "quick"
+    argv = (["--quick"] if quick else []) + [
         "--json", str(json_path), "--out", str(stage_dir / "figures"),
     ]  # fmt: skip
     code = f"import sys, theory_checks.cli as c; sys.exit(c.main({argv!r}))"
-    proc = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, env=dict(os.environ)
-    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     stage.progress("check")
     log = proc.stdout + ("\n" + proc.stderr if proc.stderr else "")
     atomic.write_text(stage_dir / "check.log", log)
@@ -128,27 +127,14 @@ def run_check(cfg: Any, stage: common.Stage) -> dict[str, Any]:
     else:
         ours, held = f"exit status {proc.returncode} (see check.log)", None
     claim = common.Claim(
-        "check/theory",
-        "A Thm 5.3-5.4, B (docs/science.md)",
-        "numerical checks of the papers' statements (`amemory check`)",
-        "statements hold",
-        ours,
-        held,
-        "every check within its stated tolerance (`amemory check"
-        + (" --quick`)" if scale == "quick" else "`)"),
-    )
+        "check/theory", "A Thm 5.3-5.4, B (docs/science.md)",
+        "numerical checks of the papers' statements (`amemory check`)", "statements hold", ours,
+        held, f"every check within its stated tolerance (`amemory check{' --quick' * quick}`)",
+    )  # fmt: skip
     table = "\n".join(line for line in proc.stdout.splitlines() if line.startswith("|"))
-    figures = sorted(str(p.relative_to(stage_dir)) for p in (stage_dir / "figures").glob("*.png"))
-    return dict(
-        metrics={
-            "returncode": proc.returncode,
-            "counts": counts,
-            "failed": failed,
-            "report_md": table,
-        },  # fmt: skip
-        figures=figures,
-        claims=[claim],
-    )
+    figures = sorted(stage.figure(p) for p in (stage_dir / "figures").glob("*.png"))
+    metrics = {"returncode": proc.returncode, "counts": counts, "failed": failed}
+    return {"metrics": metrics | {"report_md": table}, "figures": figures, "claims": [claim]}
 
 
 EXPERIMENT = common.Experiment(

@@ -129,3 +129,10 @@ def test_sigterm_saves_exits_75_in_one_line_and_the_rerun_resumes(tmp_path):
     assert result["metrics"]["resumed_from"] >= 3  # continued, not retrained from step 0
     events = [json.loads(x) for x in (workdir / "metrics.jsonl").read_text().splitlines()]
     assert [e["event"] for e in events if e.get("kind") == "event"].count("resume") == 1
+
+
+def test_readme_claims_table_is_the_one_generated_from_the_results():
+    results = report.load_results("quick")
+    assert {"check", "one_layer", "tail_lm"} <= {r["name"] for r in results}
+    assert all(r["provenance"]["code_version"] and r["claims"] for r in results)
+    assert report.readme_table(REPO / "README.md") == report.readme_block(results, "quick")
