@@ -28,8 +28,8 @@ one it replaces.
 
 Reliability: ``--out`` is locked for the run (a second ``reproduce`` on it exits 4);
 SIGTERM saves the training run in progress and exits 75 (SIGINT: 130) in one line; the
-same command again resumes: finished runs are reused and the interrupted one continues
-from its checkpoint.
+same command with the same ``--out`` resumes: finished runs are reused, the interrupted
+one continues from its checkpoint.
 
 Full scale on accelerators: ``--scale full`` selects the paper-sized configs (each
 experiment's ``configs/<name>.py``); ``--set base.parallel.mode=sharded`` (or ``pmap``)
@@ -329,7 +329,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         reason = "SIGINT" if type(e) is KeyboardInterrupt else getattr(e, "reason", "SIGTERM")
         sys.stderr.write(
             f"amemory reproduce: stopped by {reason}; the training runs are saved under "
-            f"{out / 'train_runs'}: run the same command again to continue\n"
+            f"{out / 'train_runs'}: rerun with --out {out} to continue\n"
         )
         return guard.EXIT_INTERRUPTED if reason == "SIGINT" else guard.EXIT_PREEMPTED
     finally:
