@@ -27,8 +27,6 @@ from amemory.analysis import plots, stats
 from experiments import common
 from experiments.configs.ablation import PAPER_TABLE
 
-NAME = "ablation"
-
 
 def subset_config(base: ConfigDict, subset: str, muon_lr: float, adam_lr: float) -> ConfigDict:
     """Run config with Muon on ``subset`` ("none" = all Adam, "all" = every hidden matrix)."""

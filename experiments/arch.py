@@ -39,7 +39,6 @@ from ml_collections import ConfigDict
 from amemory.analysis import plots
 from experiments import common
 
-NAME = "arch"
 OPTIMIZERS = ("adam", "muon")
 SEED = "seed (arXiv 2509.24406), abstract"
 # The seed's numbers and our decision thresholds (80% of the effect).

@@ -21,8 +21,6 @@ from ml_collections import ConfigDict
 from amemory.analysis import plots, stats
 from experiments import common
 
-NAME = "isotropy"
-
 
 def n_units(cfg: ConfigDict) -> int:
     """One multi-seed training run per optimizer."""

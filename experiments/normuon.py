@@ -29,7 +29,6 @@ from ml_collections import ConfigDict
 from amemory.analysis import plots
 from experiments import common, reference_lm
 
-NAME = "normuon"
 OPTIMIZERS = ("muon", "normuon")
 
 

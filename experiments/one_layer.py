@@ -38,7 +38,6 @@ from amemory.data import frequencies
 from amemory.models import memory
 from experiments import common
 
-NAME = "one_layer"
 OPTIMIZERS = one_step.OPTIMIZERS
 EMBEDDINGS = ("decoupled", "coupled")
 PRIORS = ("two_level", "corpus")

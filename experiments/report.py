@@ -42,26 +42,32 @@ MAX_NUMBERS = 48
 # ----------------------------------------------------------------------------- results files
 
 
-def _numbers(x: Any) -> int:
-    if isinstance(x, list):
-        return sum(_numbers(v) for v in x)
-    return int(isinstance(x, int | float) or x is None)
+def _curve(x: Any) -> bool:
+    """Whether ``x`` is a (nested) list of more than :data:`MAX_NUMBERS` numbers only."""
+    flat, todo = 0, [x]
+    while todo:
+        v = todo.pop()
+        if isinstance(v, list):
+            todo += v
+        elif isinstance(v, int | float) or v is None:
+            flat += 1
+        else:
+            return False
+    return isinstance(x, list) and flat > MAX_NUMBERS
 
 
 def _compact(x: Any, path: str, omitted: list[str]) -> Any:
-    """``x`` without lists of more than :data:`MAX_NUMBERS` numbers (their paths in ``omitted``)."""
+    """``x`` without its curves (:func:`_curve`; their paths go to ``omitted``)."""
     if isinstance(x, dict):
         return {k: _compact(v, f"{path}.{k}", omitted) for k, v in x.items()}
-    if isinstance(x, list) and _numbers(x) > MAX_NUMBERS and _numbers(x) == _count(x):
+    if _curve(x):
         omitted.append(path)
         return None
-    if isinstance(x, list):
-        return [_compact(v, f"{path}[{i}]", omitted) for i, v in enumerate(x)]
-    return x
-
-
-def _count(x: Any) -> int:
-    return sum(_count(v) for v in x) if isinstance(x, list) else 1
+    return (
+        [_compact(v, f"{path}[{i}]", omitted) for i, v in enumerate(x)]
+        if isinstance(x, list)
+        else x
+    )
 
 
 def provenance(

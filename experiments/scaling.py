@@ -33,8 +33,6 @@ from amemory.data import frequencies, memory_tasks
 from amemory.models import memory
 from experiments import common
 
-NAME = "scaling"
-
 
 def _loss(W: jax.Array, prior: jax.Array, noise: jax.Array) -> jax.Array:
     eye = jnp.eye(W.shape[0], dtype=W.dtype)

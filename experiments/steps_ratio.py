@@ -35,7 +35,6 @@ from ml_collections import ConfigDict
 from amemory.analysis import plots
 from experiments import common, reference_lm
 
-NAME = "steps_ratio"
 AXES = ("width", "depth", "vocab")
 
 

@@ -30,8 +30,6 @@ from ml_collections import ConfigDict
 from amemory.analysis import plots
 from experiments import common
 
-NAME = "tail_lm"
-
 
 def run(cfg: ConfigDict, stage: common.Stage) -> dict[str, Any]:
     """Choose the learning rates, train the seeds, compare per bucket (progress per run).

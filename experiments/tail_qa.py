@@ -27,8 +27,6 @@ from amemory.analysis import plots
 from experiments import common
 from experiments.configs.tail_qa import PAPER_FTA
 
-NAME = "tail_qa"
-
 
 def variant_config(
     base: ConfigDict, variant: str, lr: dict[str, float], sgd_momentum: float = 0.9
