@@ -36,7 +36,7 @@ README_BEGIN = "<!-- BEGIN reproduce -->"
 README_END = "<!-- END reproduce -->"
 PACKAGES = ("jax", "jaxlib", "flax", "optax", "orbax-checkpoint", "numpy", "ml-collections")
 # A list of more numbers than this is a curve (per step or per grid point): not kept.
-MAX_NUMBERS = 48
+MAX_NUMBERS = 32
 
 
 # ----------------------------------------------------------------------------- results files
