@@ -234,7 +234,9 @@ def claims_figure(results: Sequence[dict[str, Any]], path: pathlib.Path) -> path
             fmt="o", color=colour[c["held"]], capsize=3,
         )  # fmt: skip
     ax.axvline(0.0, color="k", lw=0.8)
-    ax.set_yticks(range(len(rows)), [c["key"] for c in rows], fontsize=8)
+    sides = {"greater": ">", "less": "<"}
+    labels = [f"{c['key']} ({sides.get(c['interval']['direction'], '=')} threshold)" for c in rows]
+    ax.set_yticks(range(len(rows)), labels, fontsize=8)
     ax.invert_yaxis()
     ax.set_xlabel("estimate − threshold (95% seed interval)")
     ax.set_title("claims: green held, red not held, grey undecided")
