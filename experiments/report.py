@@ -5,6 +5,7 @@ Usage::
     amemory report                          # report.md + figures into runs/report-<ts>
     amemory report --out DIR --scale full   # the full-scale results
     amemory report --update-readme README.md   # README's claims table from the results
+    amemory report --add runs/x/steps_ratio/result.json   # file a stage's result.json first
 
 Every stage of ``amemory reproduce`` writes a compact JSON, ``experiments/results/<scale>/
 <stage>.json`` (:func:`save_result`): the stage's claims with their intervals and
@@ -353,7 +354,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--results", default=str(RESULTS), help="results directory (default: ours)")
     p.add_argument("--out", default=None, help="where report.md goes (default runs/report-<ts>)")
     p.add_argument("--update-readme", default=None, metavar="PATH", help="rewrite its table")
+    p.add_argument("--add", action="append", default=[], metavar="RESULT_JSON",
+                   help="first file this result.json into the results (repeatable)")  # fmt: skip
     args = p.parse_args(list(sys.argv[1:] if argv is None else argv))
+    for path in args.add:
+        saved, moved = save_result(common.load_json(path), args.results)
+        print(f"{saved}" + "".join(f"\n  moved: {line}" for line in moved))
     results = load_results(args.scale, args.results)
     if not results:
         sys.stderr.write(f"amemory report: error: no results in {args.results}/{args.scale}\n")

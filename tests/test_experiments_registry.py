@@ -62,7 +62,10 @@ def test_a_toy_experiment_added_by_the_recipe_runs_through_reproduce(toy, tmp_pa
     assert saved["provenance"]["code_version"] == TOY.code_version()
     assert saved["provenance"]["cpu_s"] > 0 and len(saved["provenance"]["load_1min"]) == 2
     assert json.loads((out / "toy" / "result.json").read_text())["name"] == "toy"
-    assert report.main(["--results", str(res), "--out", str(tmp_path / "rep")]) == 0
+    (res / "quick" / "toy.json").unlink()  # filed again from the run's result.json:
+    add = ["--add", str(out / "toy" / "result.json")]
+    assert report.main(["--results", str(res), "--out", str(tmp_path / "rep"), *add]) == 0
+    assert json.loads((res / "quick" / "toy.json").read_text())["claims"] == saved["claims"]
     assert "**training lowers the loss**" in (tmp_path / "rep" / "report.md").read_text()
     # python -m experiments <name> runs the same registered experiment
     from experiments import __main__ as cli
