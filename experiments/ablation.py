@@ -62,7 +62,7 @@ def n_units(cfg: ConfigDict) -> int:
 
 
 def run(cfg: ConfigDict, stage: common.Stage) -> dict[str, Any]:
-    """Run the ablation; writes result.json and figures. See the module docstring.
+    """Run the ablation (see the module docstring); figures under ``stage.out_dir``.
 
     Raises:
       ValueError: for an unknown subset or FFN kind (before any training).

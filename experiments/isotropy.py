@@ -42,7 +42,7 @@ def spectrum_series(records: Sequence[dict[str, Any]]) -> dict[str, tuple[np.nda
 
 
 def run(cfg: ConfigDict, stage: common.Stage) -> dict[str, Any]:
-    """Train each optimizer on all seeds at once; write result.json and figures."""
+    """Train each optimizer on all seeds at once; figures under ``stage.out_dir``."""
     out_dir, cache_dir, progress = stage.out_dir, stage.cache_dir, stage.progress
     series = {}
     for opt in cfg.optimizers:

@@ -45,7 +45,7 @@ def n_units(cfg: ConfigDict) -> int:
 
 
 def run(cfg: ConfigDict, stage: common.Stage) -> dict[str, Any]:
-    """Run the experiment; writes result.json and figures. See the module docstring.
+    """Run the experiment (see the module docstring); figures under ``stage.out_dir``.
 
     Raises:
       ValueError: if fewer than 2 seeds are configured (before training).

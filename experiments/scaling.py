@@ -143,7 +143,7 @@ def n_units(cfg: ConfigDict) -> int:
 
 
 def run(cfg: ConfigDict, stage: common.Stage) -> dict[str, Any]:
-    """Run the selected parts; writes result.json and figures into ``out_dir``.
+    """Run the selected parts; figures under ``stage.out_dir``.
 
     Raises:
       ValueError: for an unknown part (allowed: synthetic, envelope).

@@ -118,7 +118,7 @@ def _ratio(steps: np.ndarray, muon: np.ndarray, adam_final: np.ndarray, total: f
 
 
 def run(cfg: ConfigDict, stage: common.Stage) -> dict[str, Any]:
-    """Run the sweep; writes result.json and figures. See the module docstring.
+    """Run the sweep (see the module docstring); figures under ``stage.out_dir``.
 
     Raises:
       ValueError: for a ``test_size``, ``reference_sizes``, ``fixed_lr_sizes`` or

@@ -70,7 +70,7 @@ def fta_curves(run: dict[str, Any], m: int) -> tuple[np.ndarray, np.ndarray]:
 
 
 def run(cfg: ConfigDict, stage: common.Stage) -> dict[str, Any]:
-    """Run the experiment; writes result.json and figures. See the module docstring."""
+    """Run the experiment (see the module docstring); figures under ``stage.out_dir``."""
     for v in cfg.variants:
         variant_config(cfg.base, v, {"adam": 1.0, "muon": 1.0, "sgd": 1.0, "signgd": 1.0})
     out_dir, cache_dir, progress = stage.out_dir, stage.cache_dir, stage.progress
