@@ -671,8 +671,12 @@ def choose_lrs(
     *,
     progress: Callable[[str], None] | None = None,
     optimizers: Sequence[str] | None = None,
+    score: Callable[[dict[str, Any]], float] | None = None,
 ) -> tuple[dict[str, float], dict[str, Any], dict[str, list]]:
     """Grid-search each optimizer's learning rate (Adam first) on ``cfg.base``.
+
+    ``score(run)`` (lower wins) replaces the final validation loss, as in :func:`lr_sweep`
+    (e.g. :func:`final_train_loss` on biographies).
 
     Returns:
       (chosen lr per optimizer, chosen run per optimizer (train_cached results),
@@ -688,6 +692,7 @@ def choose_lrs(
         cache_dir,
         "lm-adam",
         progress=progress,
+        score=score,
     )
     chosen["adam"], runs["adam"], tables["adam"] = adam_lr, adam_run, rows
     for opt in optimizers:
@@ -699,6 +704,7 @@ def choose_lrs(
             cache_dir,
             f"lm-{opt}-{cfg.matrix_roles}",
             progress=progress,
+            score=score,
         )
         chosen[opt], runs[opt], tables[opt] = lr, r, rows
     return chosen, runs, tables
