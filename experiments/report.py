@@ -207,7 +207,11 @@ def claims_table(results: Sequence[dict[str, Any]]) -> str:
 def _cost(results: Sequence[dict[str, Any]]) -> str:
     wall = sum(float(r.get("wall_s") or 0.0) for r in results) / 60
     cpu = sum(float(r.get("cpu_s") or 0.0) for r in results) / 60
-    return f"{wall:.1f} min of wall time, {cpu:.1f} min of CPU time"
+    loads = [
+        v for r in results for v in ((r.get("provenance") or {}).get("load_1min") or {}).values()
+    ]
+    load = f" at load average {min(loads):.1f}-{max(loads):.1f}" if loads else ""
+    return f"{wall:.1f} min of wall time{load}, {cpu:.1f} min of CPU time"
 
 
 def claims_figure(results: Sequence[dict[str, Any]], path: pathlib.Path) -> pathlib.Path | None:
