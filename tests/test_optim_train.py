@@ -72,8 +72,7 @@ def test_optim_functions_decouple_weight_decay():
 
 def test_allowed_names_come_from_the_registries():
     choices = C.optimizer_choices()
-    assert choices["optimizer.name"] == ("adam", *optimizers.MATRIX_PARTS)
-    assert set(optimizers.MATRIX_PARTS) == set(optim.OPTIMIZERS) | {"sgd"}
+    assert choices["optimizer.name"] == ("adam", *optim.OPTIMIZERS)
     assert choices["optimizer.preset"] == (None, *optim.PRESETS)
     assert choices["optimizer.shape_scale"] == optim.SHAPE_SCALES
     assert choices["optimizer.orthogonalizer"] == optim.ORTHOGONALIZERS

@@ -91,7 +91,7 @@ def test_muon_on_non_matrix_rejected_before_compile():
     roles = {"w": "q", "s": "norm"}
     with pytest.raises(ValueError, match=r"routes s \(role 'norm', shape \(4,\)\) to muon"):
         optimizers.build(c, params, roles)
-    built = optimizers.build(c, params, {"w": "q", "s": "norm"}, matrix_roles=("q",))
+    built = optimizers.build(c, params, {"w": "q", "s": "norm"}, muon_roles=("q",))
     assert [r[3] for r in built.table] == ["adam", "muon"]  # leaves in key order: s, w
     # Stacked (scanned) layout: a norm scale [L, D] is 2-D but not a matrix.
     from amemory.models.roles import matrix_axes
@@ -105,7 +105,7 @@ def test_muon_on_non_matrix_rejected_before_compile():
     roles = {"layers": {"attn": {"q": {"kernel": "q"}}, "attn_norm": {"scale": "norm"}}}
     with pytest.raises(ValueError, match=r"routes layers/attn_norm/scale \(role 'norm', shape"):
         optimizers.build(c, stacked, roles, matrix_axes=matrix_axes)
-    ok = optimizers.build(c, stacked, roles, matrix_roles=("q",), matrix_axes=matrix_axes)
+    ok = optimizers.build(c, stacked, roles, muon_roles=("q",), matrix_axes=matrix_axes)
     assert [r[3] for r in ok.table] == ["muon", "adam"]
 
 

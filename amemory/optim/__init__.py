@@ -27,8 +27,14 @@ Imports nothing of amemory outside this package (and nothing of Flax).
   normalisation; ``path_keys``/``path_str`` are public).
 """
 
+from collections.abc import Callable
+from typing import NamedTuple
+
+import optax
+
 from amemory.optim import contrib
-from amemory.optim._chain import decoupled
+from amemory.optim._chain import decoupled, sgd
+from amemory.optim._matrices import matrix_layout
 from amemory.optim._muon_core import MuonOptions
 from amemory.optim._paths import path_keys, path_str
 from amemory.optim.diagnostics import collect_diagnostics
@@ -83,14 +89,31 @@ from amemory.optim.routing import (
 )
 from amemory.optim.sign import signgd, signum
 
-#: The optimizers of this package by name: name -> ``factory(learning_rate, *, weight_decay,
-#: weight_decay_mask, ...)``. ``amemory.train`` derives its allowed optimizer names from it.
-OPTIMIZERS = {
-    "muon": muon,
-    "normuon": normuon,
-    "adamuon": adamuon,
-    "signgd": signgd,
-    "signum": signum,
+
+class OptimizerInfo(NamedTuple):
+    """One row of :data:`OPTIMIZERS`."""
+
+    factory: Callable[..., optax.GradientTransformation]  # (lr, *, weight_decay, **options)
+    default_lr: float  # a starting peak learning rate, not a tuned optimum
+    orthogonalizes: bool = False  # matrix leaves only; takes matrix_axes, ns_mesh, diagnostics
+    normalizes: bool = False  # a second moment after orthogonalising (owner stacks by orientation)
+    options: tuple[str, ...] = ()  # keyword options a run config passes (amemory.train)
+
+
+_MUON_OPTIONS = ("momentum", "nesterov", "orthogonalizer", "ns_steps", "ns_dtype")
+
+#: The optimizers by name. ``amemory.train`` derives its allowed names, default learning
+#: rates and orthogonalising set from it; adding an optimizer is one row. Default learning
+#: rates: Muon Keller Jordan's 0.02 (shape_scale "jordan"); AdaMuon an Adam-like step (its
+#: update RMS is 0.2, as Adam's); SignGD/Signum an Adam-like per-entry step; SGD a
+#: heavy-ball step for a pre-norm transformer.
+OPTIMIZERS: dict[str, OptimizerInfo] = {
+    "muon": OptimizerInfo(muon, 0.02, True, False, ("preset", *_MUON_OPTIONS, "shape_scale")),
+    "normuon": OptimizerInfo(normuon, 0.02, True, True, (*_MUON_OPTIONS, "shape_scale")),
+    "adamuon": OptimizerInfo(adamuon, 3e-3, True, True, _MUON_OPTIONS),
+    "signgd": OptimizerInfo(signgd, 1e-3),
+    "signum": OptimizerInfo(signum, 1e-3, options=("beta",)),
+    "sgd": OptimizerInfo(sgd, 0.05, options=("momentum", "nesterov")),
 }
 
 __all__ = [
@@ -102,6 +125,7 @@ __all__ = [
     "NS_METHODS",
     "NUCLEAR_SCALES",
     "OPTIMIZERS",
+    "OptimizerInfo",
     "ORTHOGONALIZERS",
     "PRECONDITIONINGS",
     "PRESETS",
@@ -122,6 +146,7 @@ __all__ = [
     "describe_layout",
     "format_routing_table",
     "label_params",
+    "matrix_layout",
     "muon",
     "newton_schulz",
     "nnx_matrix_axes",
@@ -140,6 +165,7 @@ __all__ = [
     "scale_by_adamuon",
     "scale_by_muon",
     "scale_by_normuon",
+    "sgd",
     "shape_scale_factor",
     "signgd",
     "signum",

@@ -38,8 +38,8 @@ __all__ = [
     "Layout",
     "MatrixAxes",
     "check_ns_mesh",
-    "layout_of",
     "leaf_layouts",
+    "matrix_layout",
     "make_orth_fn",
     "orthogonalize_groups",
     "orthogonalize_with_errors",
@@ -145,7 +145,7 @@ def _layout(path: tuple, x: Any, matrix_axes: MatrixAxes) -> Layout:
     )
 
 
-def layout_of(x: Any, matrix_axes: MatrixAxes, path: tuple = ()) -> Layout:
+def matrix_layout(x: Any, matrix_axes: MatrixAxes, path: tuple = ()) -> Layout:
     """The :class:`Layout` of one array ``x`` under ``matrix_axes`` (see :func:`leaf_layouts`).
 
     Raises:

@@ -32,7 +32,7 @@ import optax
 from optax.contrib import MuonDimensionNumbers, MuonState
 
 from amemory.optim._chain import weight_decay as _decay
-from amemory.optim._matrices import layout_of, leaf_layouts
+from amemory.optim._matrices import leaf_layouts, matrix_layout
 from amemory.optim._muon_core import MuonOptions, shape_scale_factor
 from amemory.optim._paths import path_keys
 from amemory.optim.orthogonalize import COEFFICIENT_SETS, PRECONDITIONINGS, newton_schulz
@@ -71,7 +71,7 @@ def _compute_muon_reshape(x: jax.Array, dim_nums: MuonDimensionNumbers):
     Raises:
       ValueError: ``x.ndim < 2`` or overlapping axes.
     """
-    lay = layout_of(x, _axes(dim_nums))
+    lay = matrix_layout(x, _axes(dim_nums))
     return lay.to_matrix, lay.from_matrix
 
 
@@ -169,7 +169,7 @@ def orthogonalize_via_newton_schulz(
         )
     dims = MuonDimensionNumbers(0, 1) if x.ndim == 2 else dimension_numbers
     table, steps = _resolve_table(ns_coeffs, ns_steps)
-    lay = layout_of(x, _axes(dims))
+    lay = matrix_layout(x, _axes(dims))
     o = newton_schulz(
         lay.to_matrix(x),
         coeffs=table,

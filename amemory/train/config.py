@@ -130,8 +130,8 @@ POSITIVE_OR_NONE = ("model.mla.kv_rank", "model.mla.rope_dim", "model.moe.d_expe
 def optimizer_choices() -> dict[str, tuple]:
     """Allowed values of the optimizer fields, read from their registries (one place each).
 
-    ``optimizer.name`` from ``amemory.train.optimizers.NAMES`` (``amemory.optim.OPTIMIZERS``
-    plus optax's Adam and SGD); ``optimizer.preset`` from ``amemory.optim.PRESETS``;
+    ``optimizer.name`` from ``amemory.train.optimizers.NAMES`` ("adam" and
+    ``amemory.optim.OPTIMIZERS``); ``optimizer.preset`` from ``amemory.optim.PRESETS``;
     ``optimizer.orthogonalizer`` and ``optimizer.shape_scale`` from
     ``amemory.optim.ORTHOGONALIZERS`` / ``SHAPE_SCALES``. Imported lazily (jax).
     """

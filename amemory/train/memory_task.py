@@ -26,7 +26,7 @@ class MemoryTask:
     """
 
     kind = "memory"
-    matrix_roles = ("w_out",)
+    muon_roles = ("w_out",)
 
     def __init__(self, config: Any, place: parallel.Placement):
         from amemory.data import frequencies as F

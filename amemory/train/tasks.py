@@ -32,12 +32,12 @@ class Task(Protocol):
     Attributes:
       kind: name written to records and the summary (``"lm"``, ``"biographies"``, ...).
       tokens_per_step: global tokens (LM) or queries (memory) consumed per step.
-      matrix_roles: roles trained by ``optimizer.name``; None = ``optimizer.muon_roles``.
+      muon_roles: roles trained by ``optimizer.name``; None = ``optimizer.muon_roles``.
     """
 
     kind: str
     tokens_per_step: int
-    matrix_roles: tuple[str, ...] | None
+    muon_roles: tuple[str, ...] | None
 
     def init_params(self, key: jax.Array) -> Any:
         """One seed's parameters from a raw key ``[2] uint32`` (traceable; no host work)."""
@@ -174,7 +174,7 @@ def _lm_loss(graphdef, params, tokens, targets, mask, rng, dropout: bool, lb_coe
 class _Transformer:
     """Shared transformer pieces of LMTask and BiographyTask."""
 
-    matrix_roles = None  # config.optimizer.muon_roles
+    muon_roles = None  # config.optimizer.muon_roles
 
     def _setup_model(self, config: Any, vocab_size: int, max_len: int | None = None) -> None:
         from amemory.models import transformer
