@@ -35,7 +35,14 @@ import optax
 from amemory.optim import contrib
 from amemory.optim._chain import decoupled, sgd
 from amemory.optim._matrices import matrix_layout
-from amemory.optim._muon_core import MuonOptions
+from amemory.optim._muon_core import (
+    MOMENTUM_FORMS,
+    NUCLEAR_SCALES,
+    ORTHOGONALIZERS,
+    SHAPE_SCALES,
+    MuonOptions,
+    shape_scale_factor,
+)
 from amemory.optim._paths import path_keys, path_str
 from amemory.optim.diagnostics import collect_diagnostics
 from amemory.optim.distributed import (
@@ -44,16 +51,7 @@ from amemory.optim.distributed import (
     describe_layout,
     owner_state_shardings,
 )
-from amemory.optim.muon import (
-    MOMENTUM_FORMS,
-    NUCLEAR_SCALES,
-    ORTHOGONALIZERS,
-    SHAPE_SCALES,
-    MuonState,
-    muon,
-    scale_by_muon,
-    shape_scale_factor,
-)
+from amemory.optim.muon import MuonState, muon, scale_by_muon
 from amemory.optim.nnx_roles import nnx_matrix_axes, nnx_role
 from amemory.optim.normuon import (
     AdaMuonState,

@@ -32,8 +32,14 @@ import optax
 from optax.contrib import MuonDimensionNumbers, MuonState
 
 from amemory.optim._chain import weight_decay as _decay
-from amemory.optim._matrices import leaf_layouts, matrix_layout
-from amemory.optim._muon_core import MuonOptions, shape_scale_factor
+from amemory.optim._matrices import leaf_layouts, matrix_layout, orthogonalize
+from amemory.optim._muon_core import (
+    MuonOptions,
+    init_state,
+    momentum,
+    scale,
+    shape_scale_factor,
+)
 from amemory.optim._paths import path_keys
 from amemory.optim.orthogonalize import COEFFICIENT_SETS, PRECONDITIONINGS, newton_schulz
 
@@ -63,16 +69,6 @@ def _is_spec(x: Any) -> bool:
 
 def _axes(dims: MuonDimensionNumbers) -> tuple[Any, Any]:
     return dims.reduction_axis, dims.output_axis
-
-
-def _compute_muon_reshape(x: jax.Array, dim_nums: MuonDimensionNumbers):
-    """``(reshape_fn, inverse_fn)``: ``x`` <-> ``[batch, reduction, output]`` (optax's helper).
-
-    Raises:
-      ValueError: ``x.ndim < 2`` or overlapping axes.
-    """
-    lay = matrix_layout(x, _axes(dim_nums))
-    return lay.to_matrix, lay.from_matrix
 
 
 def _resolve_table(ns_coeffs: Any, ns_steps: Any) -> tuple[np.ndarray | jax.Array, int]:
@@ -240,15 +236,18 @@ def scale_by_muon(
         return dataclasses.replace(opts, matrix_axes=_axes_fn(dims))
 
     def init_fn(params):
-        _, _, fields = with_axes(params).init_fields(params)  # validates every leaf
+        fields = init_state(params, with_axes(params))[2]  # validates every leaf
         return MuonState(count=fields["count"], mu=fields["mu"], ns_coeffs=jnp.asarray(table))
 
     def update_fn(updates, state, params=None):
         del params
         o = with_axes(updates)
-        step = o.direction(updates, state.mu, state.count)
-        out, _ = o.finish(step, step.mats)
-        return out, MuonState(count=step.count, mu=step.mu, ns_coeffs=state.ns_coeffs)
+        grads, treedef, layouts = leaf_layouts(updates, o.matrix_axes)
+        count = optax.safe_increment(state.count)
+        mu, u = momentum(grads, treedef.flatten_up_to(state.mu), count, o)
+        mats = [lay.to_matrix(x) for x, lay in zip(u, layouts, strict=True)]
+        out, _ = scale(orthogonalize(mats, layouts, o)[0], grads, layouts, o, None, treedef)
+        return out, MuonState(count=count, mu=treedef.unflatten(mu), ns_coeffs=state.ns_coeffs)
 
     return optax.GradientTransformation(init_fn, update_fn)
 
