@@ -191,7 +191,7 @@ def run(
     Raises:
       ValueError: unknown architecture, or "dense" missing (the baseline).
     """
-    from amemory.train.config import parse_roles
+    from amemory.optim import parse_roles
 
     archs = tuple(cfg.architectures)
     for a in archs:

@@ -63,10 +63,12 @@ def test_seeds_with_pmap_rejected():
 
 
 def test_parse_roles_groups():
-    assert C.parse_roles("vo+ffn")[:6] == ("v", "o", "v_up", "w_in", "w_gate", "w_out")
-    assert C.parse_roles("qk+q")[:2] == ("q", "k") and "kv_down" in C.parse_roles("qk")
-    assert C.parse_roles("v+w_in") == ("v", "w_in")
-    assert C.parse_roles("none") == ()
+    from amemory.optim import parse_roles
+
+    assert parse_roles("vo+ffn")[:6] == ("v", "o", "v_up", "w_in", "w_gate", "w_out")
+    assert parse_roles("qk+q")[:2] == ("q", "k") and "kv_down" in parse_roles("qk")
+    assert parse_roles("v+w_in") == ("v", "w_in")
+    assert parse_roles("none") == ()
 
 
 def test_schedules_closed_form():

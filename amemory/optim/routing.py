@@ -38,6 +38,7 @@ __all__ = [
     "RoutingRow",
     "format_routing_table",
     "label_params",
+    "parse_roles",
     "parse_spec",
     "routed",
     "routing_table",
@@ -126,6 +127,33 @@ def parse_spec(spec: str) -> tuple[str, ...]:
                 f"groups: {sorted(GROUPS)}; joined with '+', plus {REST!r}"
             )
     return tuple(dict.fromkeys(roles))
+
+
+def parse_roles(spec: str, field: str = "optimizer.muon_roles") -> tuple[str, ...]:
+    """Expand a role spec like ``"vo+ffn"`` or ``"q+w_out"`` into a tuple of roles.
+
+    The roles and groups of :func:`parse_spec`; a config spec may also name ``"all"``
+    (every role in :data:`ROLES`).
+
+    Raises:
+      ValueError: naming ``field``, the unknown name and the allowed roles and groups,
+        on an unknown name or a non-string spec.
+    """
+    if not isinstance(spec, str) or not spec:
+        raise ValueError(f"{field}={spec!r}: expected a role spec string like 'vo+ffn'")
+    tokens = [t.strip() for t in spec.split("+")]
+    rest = [t for t in tokens if t != "all"]
+    other = "+".join(rest)
+    try:
+        roles = parse_spec(other) if rest else ()
+    except ValueError:
+        known = (*ROLES, *GROUPS)
+        bad = next((t for t in other.split("+") if t.strip() not in known), other)
+        raise ValueError(
+            f"{field}={spec!r}: unknown role or group {bad.strip()!r}; allowed roles "
+            f"{ROLES}, groups {(*GROUPS, 'all')} (join with '+')"
+        ) from None
+    return tuple(ROLES) if "all" in tokens else roles
 
 
 def _claims(rules: Mapping[str, Any]) -> dict[str, str]:

@@ -49,11 +49,9 @@ ENGINE_DEFAULTS: dict[str, tuple[Any, str]] = {
 }
 
 # Enumerated fields: dotted name -> allowed values (checked when the field exists). The
-# optimizer fields are derived from their registries by optimizer_choices().
+# fields of registries (optimizer, schedule, task) are derived by optimizer_choices().
 CHOICES: dict[str, tuple] = {
-    "task": ("lm", "memory"),
     "scale": ("quick", "full"),
-    "schedule.name": ("constant", "cosine", "linear", "wsd"),
     "parallel.mode": ("single", "pmap", "sharded"),
     "parallel.cpu_collectives": ("gloo", "mpi"),
     "data.kind": ("corpus", "biographies"),
@@ -133,46 +131,22 @@ def optimizer_choices() -> dict[str, tuple]:
     ``optimizer.name`` from ``amemory.train.optimizers.NAMES`` ("adam" and
     ``amemory.optim.OPTIMIZERS``); ``optimizer.preset`` from ``amemory.optim.PRESETS``;
     ``optimizer.orthogonalizer`` and ``optimizer.shape_scale`` from
-    ``amemory.optim.ORTHOGONALIZERS`` / ``SHAPE_SCALES``. Imported lazily (jax).
+    ``amemory.optim.ORTHOGONALIZERS`` / ``SHAPE_SCALES``; ``task`` from
+    ``amemory.train.tasks.TASKS``; ``schedule.name`` from ``amemory.train.optimizers.
+    SCHEDULES``. Imported lazily (jax).
     """
     from amemory import optim
-    from amemory.train.optimizers import NAMES
+    from amemory.train.optimizers import NAMES, SCHEDULES
+    from amemory.train.tasks import TASKS
 
     return {
+        "task": TASKS,
+        "schedule.name": tuple(SCHEDULES),
         "optimizer.name": NAMES,
         "optimizer.orthogonalizer": optim.ORTHOGONALIZERS,
         "optimizer.shape_scale": optim.SHAPE_SCALES,
         "optimizer.preset": (None, *optim.PRESETS),
     }
-
-
-def parse_roles(spec: str, field: str = "optimizer.muon_roles") -> tuple[str, ...]:
-    """Expand a role spec like ``"vo+ffn"`` or ``"q+w_out"`` into a tuple of roles.
-
-    The roles and groups are those of ``amemory.optim.routing`` (``parse_spec``); a
-    config spec may also name ``"all"`` (every role in ``amemory.optim.ROLES``).
-
-    Raises:
-      ValueError: naming ``field``, the unknown name and the allowed roles and groups,
-        on an unknown name or a non-string spec.
-    """
-    from amemory.optim import routing  # lazy: keeps config loading free of jax imports
-
-    if not isinstance(spec, str) or not spec:
-        raise ValueError(f"{field}={spec!r}: expected a role spec string like 'vo+ffn'")
-    tokens = [t.strip() for t in spec.split("+")]
-    rest = [t for t in tokens if t != "all"]
-    other = "+".join(rest)
-    try:
-        roles = routing.parse_spec(other) if rest else ()
-    except ValueError:
-        known = (*routing.ROLES, *routing.GROUPS)
-        bad = next((t for t in other.split("+") if t.strip() not in known), other)
-        raise ValueError(
-            f"{field}={spec!r}: unknown role or group {bad.strip()!r}; allowed roles "
-            f"{routing.ROLES}, groups {(*routing.GROUPS, 'all')} (join with '+')"
-        ) from None
-    return tuple(routing.ROLES) if "all" in tokens else roles
 
 
 def load_config(path: str, overrides: Sequence[str] = ()) -> ConfigDict:
@@ -361,6 +335,8 @@ def validate(config: ConfigDict) -> None:
     Raises:
       ValueError: naming the field and the allowed values.
     """
+    from amemory.optim import routing  # lazy, as every registry: config loading imports no jax
+
     for field, allowed in {**CHOICES, **optimizer_choices()}.items():
         present, value = _get(config, field)
         if present and value not in allowed:
@@ -388,10 +364,10 @@ def validate(config: ConfigDict) -> None:
     validate_numbers(config)
     present, roles = _get(config, "optimizer.muon_roles")
     if present and config.task == "lm":
-        parse_roles(roles, "optimizer.muon_roles")
+        routing.parse_roles(roles, "optimizer.muon_roles")
     present, roles = _get(config, "spectrum_roles")
     if present and config.task == "lm":
-        parse_roles(roles, "spectrum_roles")
+        routing.parse_roles(roles, "spectrum_roles")
     present, policy = _get(config, "model.remat_policy")
     if present:
         from amemory.models.scan import REMAT_POLICIES  # lazy: imports flax

@@ -9,7 +9,6 @@ import jax.numpy as jnp
 import numpy as np
 
 from amemory.train import parallel
-from amemory.train.tasks import check_batch
 
 
 class MemoryTask:
@@ -78,7 +77,7 @@ class MemoryTask:
         self.batch_size = int(config.batch_size)
         self._sample = None
         if self.batch_size:
-            check_batch(self.batch_size, place.data_shards, "batch_size")
+            parallel.check_batch(self.batch_size, place.data_shards, "batch_size")
             rows = self.batch_size // place.data_shards if place.mode == "pmap" else self.batch_size
             self._sample = memory_tasks.make_sampler(self.prior, rows, self.noise)
         self._eval_fn = None

@@ -155,8 +155,6 @@ def build(
         the leaf), a leaf routed to an orthogonalising optimizer that is not a matrix
         (names the leaf), or options rejected by ``amemory.optim``.
     """
-    from amemory.train.config import parse_roles
-
     ocfg = config.optimizer
     if ocfg.name not in NAMES:
         raise ValueError(f"config.optimizer.name={ocfg.name!r}; allowed values: {NAMES}")
@@ -174,7 +172,7 @@ def build(
     elif muon_roles is not None:
         chosen = tuple(muon_roles)
     else:
-        chosen = parse_roles(ocfg.muon_roles, "optimizer.muon_roles")
+        chosen = optim.parse_roles(ocfg.muon_roles, "optimizer.muon_roles")
     spec = "+".join(chosen) or "none"  # "none": the matrix rule claims no role
     by_path = {optim.path_str(p): r for p, r in jax.tree_util.tree_flatten_with_path(roles)[0]}
     part = {spec: MATRIX, optim.REST: ADAM}

@@ -22,8 +22,8 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from amemory.optim.routing import parse_roles
 from amemory.train import parallel
-from amemory.train.config import parse_roles
 
 
 class Task(Protocol):
@@ -78,13 +78,9 @@ class Task(Protocol):
         ...
 
 
-def check_batch(batch_size: int, data_shards: int, field: str) -> None:
-    """Raise ValueError unless ``batch_size`` splits evenly over the data shards."""
-    if batch_size % data_shards:
-        raise ValueError(
-            f"config.{field}={batch_size} must be divisible by the {data_shards} data shards "
-            "(devices) of this parallel mode"
-        )
+#: ``config.task`` values: "lm" (LMTask, or BiographyTask for ``data.kind="biographies"``),
+#: "memory" (MemoryTask).
+TASKS = ("lm", "memory")
 
 
 def build(config: Any, place: parallel.Placement) -> Task:
@@ -238,7 +234,7 @@ class LMTask(_Transformer):
         from amemory.data import corpus as C
 
         d = config.data
-        check_batch(int(d.batch_size), place.data_shards, "data.batch_size")
+        parallel.check_batch(int(d.batch_size), place.data_shards, "data.batch_size")
         self.data = C.prepare_corpus(d.corpus, tokenizer=d.tokenizer, vocab_size=int(d.vocab_size))
         self._setup_model(config, self.data.vocab_size)
         self.batch_size, self.seq_len = int(d.batch_size), int(d.seq_len)
@@ -315,7 +311,7 @@ class BiographyTask(_Transformer):
         from amemory.data import biographies as B
 
         d = config.data
-        check_batch(int(d.batch_size), place.data_shards, "data.batch_size")
+        parallel.check_batch(int(d.batch_size), place.data_shards, "data.batch_size")
         bc = d.biographies
         self.data = B.make_biographies(B.BiographyConfig(m=int(bc.m), seed=int(bc.seed)))
         self.eval_set = self.data.eval.per_group(int(bc.eval_per_group), seed=int(bc.seed))
