@@ -43,12 +43,12 @@ def run_config(
     ``optimizer == "adam"`` trains every parameter with Adam at ``lr`` (``adam_lr`` unused).
 
     Raises:
-      ValueError: if ``optimizer`` is not in ``amemory.train.optimizers.NAMES``.
+      ValueError: if ``optimizer`` is not in ``amemory.train.optimizers.names()``.
     """
-    from amemory.train.optimizers import NAMES  # "adam" and amemory.optim.OPTIMIZERS
+    from amemory.train.optimizers import names  # "adam" and amemory.optim.OPTIMIZERS
 
-    if optimizer not in NAMES:
-        raise ValueError(f"optimizer must be one of {NAMES}, got {optimizer!r}")
+    if optimizer not in names():
+        raise ValueError(f"optimizer must be one of {names()}, got {optimizer!r}")
     c = ConfigDict(base.to_dict())
     c.optimizer.name = optimizer
     if optimizer == "adam":

@@ -128,7 +128,7 @@ POSITIVE_OR_NONE = ("model.mla.kv_rank", "model.mla.rope_dim", "model.moe.d_expe
 def optimizer_choices() -> dict[str, tuple]:
     """Allowed values of the optimizer fields, read from their registries (one place each).
 
-    ``optimizer.name`` from ``amemory.train.optimizers.NAMES`` ("adam" and
+    ``optimizer.name`` from ``amemory.train.optimizers.names()`` ("adam" and
     ``amemory.optim.OPTIMIZERS``); ``optimizer.preset`` from ``amemory.optim.PRESETS``;
     ``optimizer.orthogonalizer`` and ``optimizer.shape_scale`` from
     ``amemory.optim.ORTHOGONALIZERS`` / ``SHAPE_SCALES``; ``task`` from
@@ -136,13 +136,13 @@ def optimizer_choices() -> dict[str, tuple]:
     SCHEDULES``. Imported lazily (jax).
     """
     from amemory import optim
-    from amemory.train.optimizers import NAMES, SCHEDULES
+    from amemory.train.optimizers import SCHEDULES, names
     from amemory.train.tasks import TASKS
 
     return {
         "task": TASKS,
         "schedule.name": tuple(SCHEDULES),
-        "optimizer.name": NAMES,
+        "optimizer.name": names(),
         "optimizer.orthogonalizer": optim.ORTHOGONALIZERS,
         "optimizer.shape_scale": optim.SHAPE_SCALES,
         "optimizer.preset": (None, *optim.PRESETS),

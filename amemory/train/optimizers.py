@@ -34,8 +34,12 @@ MATRIX = "matrix"
 ADAM = "adam"
 #: The optimizers that orthogonalise (matrix leaves only; owner layout on a mesh).
 MUON_LIKE = tuple(name for name, o in optim.OPTIMIZERS.items() if o.orthogonalizes)
-#: Every ``config.optimizer.name``: "adam" (everything Adam) and ``amemory.optim.OPTIMIZERS``.
-NAMES: tuple[str, ...] = (ADAM, *optim.OPTIMIZERS)
+
+
+def names() -> tuple[str, ...]:
+    """Every ``config.optimizer.name``: "adam" (everything Adam) and, read at each call,
+    the names of ``amemory.optim.OPTIMIZERS``."""
+    return (ADAM, *optim.OPTIMIZERS)
 
 
 def _constant(sc: Any, steps: int, warm: int) -> optax.Schedule:
@@ -156,8 +160,8 @@ def build(
         (names the leaf), or options rejected by ``amemory.optim``.
     """
     ocfg = config.optimizer
-    if ocfg.name not in NAMES:
-        raise ValueError(f"config.optimizer.name={ocfg.name!r}; allowed values: {NAMES}")
+    if ocfg.name not in names():
+        raise ValueError(f"config.optimizer.name={ocfg.name!r}; allowed values: {names()}")
     mult = multiplier(config.schedule, int(config.steps))
     lr_peak, adam_peak = resolved_lr(ocfg), float(ocfg.adam_lr)
 
@@ -177,7 +181,7 @@ def build(
     by_path = {optim.path_str(p): r for p, r in jax.tree_util.tree_flatten_with_path(roles)[0]}
     part = {spec: MATRIX, optim.REST: ADAM}
     rows = optim.routing_table(params, part, lambda path: by_path[optim.path_str(path)])
-    orth = ocfg.name in MUON_LIKE
+    orth = ocfg.name != ADAM and optim.OPTIMIZERS[ocfg.name].orthogonalizes
     table = []
     for r, (path, leaf) in zip(rows, jax.tree_util.tree_flatten_with_path(params)[0], strict=True):
         cell = ""
