@@ -63,12 +63,14 @@ def test_seeds_with_pmap_rejected():
 
 
 def test_parse_roles_groups():
+    from amemory.models.roles import role_of
     from amemory.optim import parse_roles
 
-    assert parse_roles("vo+ffn")[:6] == ("v", "o", "v_up", "w_in", "w_gate", "w_out")
-    assert parse_roles("qk+q")[:2] == ("q", "k") and "kv_down" in parse_roles("qk")
-    assert parse_roles("v+w_in") == ("v", "w_in")
-    assert parse_roles("none") == ()
+    assert parse_roles("vo+ffn", role_of)[:6] == ("v", "o", "v_up", "w_in", "w_gate", "w_out")
+    assert parse_roles("qk+q", role_of)[:2] == ("q", "k")
+    assert "kv_down" in parse_roles("qk", role_of)
+    assert parse_roles("v+w_in", role_of) == ("v", "w_in")
+    assert parse_roles("none", role_of) == ()
 
 
 def test_schedules_closed_form():

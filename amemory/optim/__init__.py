@@ -16,9 +16,10 @@ Imports nothing of amemory outside this package (and nothing of Flax).
   (``muon(..., ns_mesh=(mesh, "fsdp"))``: whole matrices per device, all-to-all in and
   out, no collective inside Newton-Schulz), ``describe_layout``,
   ``owner_state_shardings``.
-- ``routing``: the role vocabulary (``ROLES``, ``GROUPS``) and roles -> transforms
-  (``routed``, ``label_params``, ``routing_table``); ``nnx_roles``: roles and matrix
-  axes of standard ``flax.nnx`` layers for foreign models.
+- ``routing``: roles -> transforms (``routed``, ``label_params``, ``routing_table``),
+  model-agnostic: a ``Roles`` role function carries its model's vocabulary
+  (``amemory.models.roles``); ``nnx_roles``: roles and matrix axes of standard
+  ``flax.nnx`` layers for foreign models.
 - ``presets``: peer-faithful Muon settings (``muon(lr, preset=NAME)``).
 - ``diagnostics``: ``collect_diagnostics`` (orthogonality error, update RMS).
 - private: ``_muon_core`` (options and the shared update path), ``_matrices`` (leaves as
@@ -75,9 +76,8 @@ from amemory.optim.orthogonalize import (
 )
 from amemory.optim.presets import PRESETS, preset_options
 from amemory.optim.routing import (
-    GROUPS,
     REST,
-    ROLES,
+    Roles,
     RoutingRow,
     format_routing_table,
     label_params,
@@ -118,7 +118,6 @@ OPTIMIZERS: dict[str, OptimizerInfo] = {
 __all__ = [
     "COEFFICIENT_SETS",
     "DISTRIBUTED_MODES",
-    "GROUPS",
     "MOMENTUM_FORMS",
     "NORMS",
     "NS_METHODS",
@@ -129,7 +128,7 @@ __all__ = [
     "PRECONDITIONINGS",
     "PRESETS",
     "REST",
-    "ROLES",
+    "Roles",
     "SHAPE_SCALES",
     "AdaMuonState",
     "MuonOptions",

@@ -335,7 +335,8 @@ def validate(config: ConfigDict) -> None:
     Raises:
       ValueError: naming the field and the allowed values.
     """
-    from amemory.optim import routing  # lazy, as every registry: config loading imports no jax
+    from amemory.models.roles import role_of  # lazy, as every registry: loading imports no jax
+    from amemory.optim import routing
 
     for field, allowed in {**CHOICES, **optimizer_choices()}.items():
         present, value = _get(config, field)
@@ -364,10 +365,10 @@ def validate(config: ConfigDict) -> None:
     validate_numbers(config)
     present, roles = _get(config, "optimizer.muon_roles")
     if present and config.task == "lm":
-        routing.parse_roles(roles, "optimizer.muon_roles")
+        routing.parse_roles(roles, role_of, "optimizer.muon_roles")
     present, roles = _get(config, "spectrum_roles")
     if present and config.task == "lm":
-        routing.parse_roles(roles, "spectrum_roles")
+        routing.parse_roles(roles, role_of, "spectrum_roles")
     present, policy = _get(config, "model.remat_policy")
     if present:
         from amemory.models.scan import REMAT_POLICIES  # lazy: imports flax

@@ -89,7 +89,7 @@ class MemoryTask:
         return {"W": jnp.zeros((self.d, self.d), jnp.float32)}
 
     def roles(self, params: Any) -> Any:
-        # A role from amemory.optim.ROLES, so the optim routing resolves it: W [d_out, d_in]
+        # A role from amemory.models.roles.ROLES, so the optim routing resolves it: W [d_out, d_in]
         # maps a key embedding into the space the output embeddings Et read, the place of an
         # FFN output matrix. Metrics: update_rms/w_out; the spectrum stays "spectrum/W".
         return jax.tree.map(lambda _: "w_out", params)

@@ -159,6 +159,8 @@ def build(
         the leaf), a leaf routed to an orthogonalising optimizer that is not a matrix
         (names the leaf), or options rejected by ``amemory.optim``.
     """
+    from amemory.models.roles import role_of  # the role vocabulary
+
     ocfg = config.optimizer
     if ocfg.name not in names():
         raise ValueError(f"config.optimizer.name={ocfg.name!r}; allowed values: {names()}")
@@ -176,11 +178,12 @@ def build(
     elif muon_roles is not None:
         chosen = tuple(muon_roles)
     else:
-        chosen = optim.parse_roles(ocfg.muon_roles, "optimizer.muon_roles")
+        chosen = optim.parse_roles(ocfg.muon_roles, role_of, "optimizer.muon_roles")
     spec = "+".join(chosen) or "none"  # "none": the matrix rule claims no role
     by_path = {optim.path_str(p): r for p, r in jax.tree_util.tree_flatten_with_path(roles)[0]}
     part = {spec: MATRIX, optim.REST: ADAM}
-    rows = optim.routing_table(params, part, lambda path: by_path[optim.path_str(path)])
+    role_fn = optim.Roles(lambda path: by_path[optim.path_str(path)], role_of.roles, {})
+    rows = optim.routing_table(params, part, role_fn)
     orth = ocfg.name != ADAM and optim.OPTIMIZERS[ocfg.name].orthogonalizes
     table = []
     for r, (path, leaf) in zip(rows, jax.tree_util.tree_flatten_with_path(params)[0], strict=True):

@@ -22,6 +22,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from amemory.models.roles import role_of
 from amemory.optim.routing import parse_roles
 from amemory.train import parallel
 
@@ -44,7 +45,7 @@ class Task(Protocol):
         ...
 
     def roles(self, params: Any) -> Any:
-        """Same-structure tree of role strings (``amemory.optim.ROLES``)."""
+        """Same-structure tree of role strings (``amemory.models.roles.ROLES``)."""
         ...
 
     def matrix_axes(self, path: Any, leaf: Any) -> tuple[Any, Any] | None:
@@ -179,7 +180,7 @@ class _Transformer:
         self.graphdef = transformer._graphdef(self.model_config)
         self.dropout = float(config.model.dropout) > 0
         self.lb_coef = float(config.model.moe.lb_coef)
-        self.spectrum_roles = parse_roles(config.spectrum_roles, "spectrum_roles")
+        self.spectrum_roles = parse_roles(config.spectrum_roles, role_of, "spectrum_roles")
 
     def init_params(self, key: jax.Array) -> Any:
         from amemory.models import transformer

@@ -125,8 +125,8 @@ def get_config(scale: str = "quick") -> ConfigDict:
     c.optimizer.b1 = 0.9  # Adam beta1 (paper A, arXiv 2509.26030, uses 0.8)
     c.optimizer.b2 = 0.95  # Adam beta2
     c.optimizer.eps = 1e-8  # Adam epsilon
-    c.optimizer.momentum = 0.95  # Muon/NorMuon momentum mu; SGD heavy-ball momentum (0 = plain GD)
-    c.optimizer.nesterov = True  # Nesterov momentum for Muon/NorMuon/SGD
+    c.optimizer.momentum = 0.95  # Muon-family momentum mu; SGD heavy-ball momentum (0 = plain GD)
+    c.optimizer.nesterov = True  # Nesterov momentum for the Muon family and SGD
     c.optimizer.signum_beta = 0.9  # Signum momentum (EMA) before the sign
     # Muon preset: None | "jordan" | "moonlight" | "torch" | "optax" | "wang2025". A preset
     # sets momentum, nesterov, orthogonalizer, ns_steps and shape_scale as its peer does
