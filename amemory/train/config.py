@@ -49,7 +49,7 @@ ENGINE_DEFAULTS: dict[str, tuple[Any, str]] = {
 }
 
 # Enumerated fields: dotted name -> allowed values (checked when the field exists). The
-# fields of registries (optimizer, schedule, task) are derived by optimizer_choices().
+# fields of registries (optimizer, schedule, task, memory) are derived by optimizer_choices().
 CHOICES: dict[str, tuple] = {
     "scale": ("quick", "full"),
     "parallel.mode": ("single", "pmap", "sharded"),
@@ -63,14 +63,6 @@ CHOICES: dict[str, tuple] = {
     "model.dtype": ("float32", "bfloat16"),
     "model.param_dtype": ("float32", "bfloat16"),
     "optimizer.ns_dtype": ("auto", "float32", "bfloat16"),
-    "memory.embeddings": (
-        "decoupled",
-        "coupled_rotation",
-        "random_orthonormal",
-        "gaussian",
-        "coherent",
-    ),
-    "prior.kind": ("two_level", "power_law", "hierarchical"),
 }
 
 # Fields that accept None ("keep the preset's value" / "auto-detect").
@@ -133,14 +125,18 @@ def optimizer_choices() -> dict[str, tuple]:
     ``optimizer.orthogonalizer`` and ``optimizer.shape_scale`` from
     ``amemory.optim.ORTHOGONALIZERS`` / ``SHAPE_SCALES``; ``task`` from
     ``amemory.train.tasks.TASKS``; ``schedule.name`` from ``amemory.train.optimizers.
-    SCHEDULES``. Imported lazily (jax).
+    SCHEDULES``; ``memory.embeddings`` / ``prior.kind`` from ``amemory.train.memory_task``.
+    Imported lazily (jax).
     """
     from amemory import optim
+    from amemory.train.memory_task import EMBEDDINGS, PRIORS
     from amemory.train.optimizers import SCHEDULES, names
     from amemory.train.tasks import TASKS
 
     return {
         "task": TASKS,
+        "memory.embeddings": EMBEDDINGS,
+        "prior.kind": PRIORS,
         "schedule.name": tuple(SCHEDULES),
         "optimizer.name": names(),
         "optimizer.orthogonalizer": optim.ORTHOGONALIZERS,
