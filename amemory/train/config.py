@@ -56,10 +56,6 @@ CHOICES: dict[str, tuple] = {
     "parallel.cpu_collectives": ("gloo", "mpi"),
     "data.kind": ("corpus", "biographies"),
     "data.tokenizer": ("bpe", "word"),
-    "model.preset": ("tiny", "small", "gpt2-small", "nanogpt-160m"),
-    "model.ffn": (None, "gelu", "swiglu"),
-    "model.norm": (None, "layernorm", "rmsnorm"),
-    "model.position": (None, "rope", "learned"),
     "model.dtype": ("float32", "bfloat16"),
     "model.param_dtype": ("float32", "bfloat16"),
     "optimizer.ns_dtype": ("auto", "float32", "bfloat16"),
@@ -108,13 +104,7 @@ MINIMUMS: dict[str, int] = {
     "memory.K": 2,
     "batch_size": 0,
     "divergence.patience": 1,
-    "model.mla.q_rank": 0,
-    "model.moe.experts": 0,
-    "model.moe.top_k": 1,
-    "model.moe.shared": 0,
 }
-# Integer fields that may be None (keep the default) but are >= 1 when set.
-POSITIVE_OR_NONE = ("model.mla.kv_rank", "model.mla.rope_dim", "model.moe.d_expert")
 
 
 def optimizer_choices() -> dict[str, tuple]:
@@ -278,9 +268,7 @@ INTERVALS: dict[str, tuple[float, float, bool, bool]] = {
     "optimizer.grad_clip": (0.0, _INF, True, False),
     "schedule.final_fraction": (0.0, 1.0, True, True),
     "schedule.decay_fraction": (0.0, 1.0, True, True),
-    "model.dropout": (0.0, 1.0, True, False),
     "memory.coherence": (0.0, 1.0, True, False),
-    "model.moe.capacity_factor": (0.0, _INF, True, False),
     "model.moe.lb_coef": (0.0, _INF, True, False),
     "divergence.loss_factor": (1.0, _INF, False, False),
 }
@@ -342,22 +330,6 @@ def validate(config: ConfigDict) -> None:
         present, value = _get(config, field)
         if present and (not isinstance(value, int) or isinstance(value, bool) or value < lo):
             raise ValueError(f"config.{field}={value!r}; must be an integer >= {lo}")
-    for field in POSITIVE_OR_NONE:
-        present, value = _get(config, field)
-        if present and value is not None and (isinstance(value, bool) or value < 1):
-            raise ValueError(f"config.{field}={value!r}; must be None or an integer >= 1")
-    present, value = _get(config, "model.attention")
-    if present:
-        from amemory.models.attention import ATTENTIONS  # the registry (imports jax)
-
-        if value not in ATTENTIONS:
-            allowed = tuple(ATTENTIONS)
-            raise ValueError(f"config.model.attention={value!r}; allowed values: {allowed}")
-    present, moe = _get(config, "model.moe")
-    if present and moe.experts and moe.top_k > moe.experts:
-        raise ValueError(
-            f"config.model.moe.top_k={moe.top_k} must be <= config.model.moe.experts={moe.experts}"
-        )
     validate_numbers(config)
     present, roles = _get(config, "optimizer.muon_roles")
     if present and config.task == "lm":
@@ -373,6 +345,10 @@ def validate(config: ConfigDict) -> None:
             raise ValueError(
                 f"config.model.remat_policy={policy!r}; allowed values: {REMAT_POLICIES}"
             )
+    if "model" in config:  # the model's own config validates its fields, translated once
+        from amemory.train.tasks import model_config
+
+        model_config(config, vocab_size=2)
     prof = tuple(config.get("profile_steps", ()))
     if prof and not (
         len(prof) == 2

@@ -103,43 +103,27 @@ def build(config: Any, place: parallel.Placement) -> Task:
 
 
 def model_config(config: Any, vocab_size: int, max_len: int | None = None):
-    """``TransformerConfig`` from ``config.model`` (preset + non-None overrides).
+    """``TransformerConfig`` from ``config.model``, translated once: the preset, then every
+    field that is not None (``mla`` / ``moe`` as ``MLAConfig`` / ``MoEConfig``;
+    ``moe.lb_coef`` is the loss's). ``max_len`` defaults to ``config.data.seq_len``.
 
-    ``max_len`` defaults to ``config.data.seq_len``.
+    Raises:
+      ValueError: a field ``TransformerConfig`` rejects, re-raised naming ``config.model``.
     """
     from amemory.models import transformer
 
-    m = config.model
-    over = {
-        k: m[k]
-        for k in ("d_model", "n_layers", "n_heads", "d_ff", "ffn", "norm", "position", "qk_norm",
-                  "tied_head")
-        if m[k] is not None
-    }  # fmt: skip
-    moe = m.moe
-    return transformer.preset(
-        m.preset,
-        vocab_size=int(vocab_size),
-        max_len=int(max_len if max_len is not None else config.data.seq_len),
-        dropout=float(m.dropout),
-        remat=bool(m.remat),
-        remat_policy=m.get("remat_policy", "nothing_saveable"),
-        scan_layers=bool(m.get("scan_layers", False)),
-        dtype=m.dtype,
-        param_dtype=m.param_dtype,
-        attention=m.attention,
-        mla=transformer.MLAConfig(
-            kv_rank=m.mla.kv_rank, rope_dim=m.mla.rope_dim, q_rank=int(m.mla.q_rank)
-        ),
-        moe=transformer.MoEConfig(
-            experts=int(moe.experts),
-            top_k=int(moe.top_k),
-            shared=int(moe.shared),
-            d_expert=moe.d_expert,
-            capacity_factor=float(moe.capacity_factor),
-        ),
-        **over,
-    )
+    m = config.model.to_dict()
+    mla, moe = m.pop("mla"), m.pop("moe")
+    moe.pop("lb_coef", None)
+    over = {k: v for k, v in m.items() if v is not None and k != "preset"}
+    max_len = int(max_len if max_len is not None else config.data.seq_len)
+    try:
+        return transformer.preset(
+            m["preset"], vocab_size=int(vocab_size), max_len=max_len,
+            mla=transformer.MLAConfig(**mla), moe=transformer.MoEConfig(**moe), **over,
+        )  # fmt: skip
+    except (TypeError, ValueError) as e:
+        raise ValueError(f"config.model: {e}") from None
 
 
 def _lm_loss(graphdef, params, tokens, targets, mask, rng, dropout: bool, lb_coef: float):
