@@ -120,7 +120,10 @@ def _matrix_tx(ocfg: Any, lr: optax.Schedule, matrix_axes: Any, ns_mesh: Any):
         kw = {k: v for k, v in kw.items() if k not in optim.PRESETS[kw["preset"]]}
     if entry.orthogonalizes:
         kw.update(matrix_axes=matrix_axes, ns_mesh=ns_mesh, diagnostics=bool(ocfg.diagnostics))
-    return entry.factory(lr, weight_decay=float(ocfg.weight_decay), **kw)
+    try:
+        return entry.factory(lr, weight_decay=float(ocfg.weight_decay), **kw)
+    except ValueError as e:  # MuonOptions and the factories validate; name the config group
+        raise ValueError(f"config.optimizer ({ocfg.name}): {e}") from None
 
 
 def build(
