@@ -211,24 +211,14 @@ class OwnerLayout:
 
     def _coords(self) -> list[tuple[int, int]]:
         """``(i, j)`` (replica index, split index) of each device, in mesh order."""
+
+        def flat(at: dict, axes: tuple[str, ...]) -> int:
+            sizes = [self.mesh.shape[a] for a in axes]
+            return int(np.ravel_multi_index([at[a] for a in axes], sizes))
+
         names = self.mesh.axis_names
-        shape = self.mesh.devices.shape
-        out = []
-        for idx in np.ndindex(*shape):
-            at = dict(zip(names, idx, strict=True))
-            i = int(
-                np.ravel_multi_index(
-                    [at[a] for a in self.replica_axes],
-                    [self.mesh.shape[a] for a in self.replica_axes],
-                )
-            )
-            j = int(
-                np.ravel_multi_index(
-                    [at[a] for a in self.split_axes], [self.mesh.shape[a] for a in self.split_axes]
-                )
-            )
-            out.append((i, j))  # fmt: skip
-        return out
+        ats = [dict(zip(names, idx, strict=True)) for idx in np.ndindex(self.mesh.devices.shape)]
+        return [(flat(at, self.replica_axes), flat(at, self.split_axes)) for at in ats]
 
     def held(self, group: Group) -> np.ndarray:
         """``[n, c]`` int: stack index of the matrix each device holds at each owner slot."""
