@@ -55,12 +55,6 @@ def paper_shares(ffn: str) -> dict[str, float]:
     return {s: gain_share(t["none"], v, t["all"]) for s, v in t.items()}
 
 
-def n_units(cfg: ConfigDict) -> int:
-    """Training runs (the LR sweeps of Adam and Muon, then one multi-seed run per subset/FFN)."""
-    sweeps = len(cfg.lr_grid.adam) + len(cfg.lr_grid.muon)
-    return sweeps + len(cfg.subsets) * len(cfg.ffn_kinds)
-
-
 def run(cfg: ConfigDict, stage: common.Stage) -> dict[str, Any]:
     """Run the ablation (see the module docstring); figures under ``stage.out_dir``.
 
@@ -180,7 +174,8 @@ def make_claims(cfg: ConfigDict, m: dict[str, Any]) -> list[common.Claim]:
 
 
 EXPERIMENT = common.Experiment(
-    "ablation", run, units=n_units, default=True,
+    "ablation", run, default=True,  # units: the LR sweeps, then a run per subset and FFN
+    units=lambda c: len(c.lr_grid.adam) + len(c.lr_grid.muon) + len(c.subsets) * len(c.ffn_kinds),
     reduced={"subsets": ("none", "qk", "vo+ffn", "all"), "ffn_kinds": ("gelu",)},
     headline=("ablation/vo_ffn_share", "ablation/qk_share"),
 )  # fmt: skip

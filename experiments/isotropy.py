@@ -22,11 +22,6 @@ from amemory.analysis import plots, stats
 from experiments import common
 
 
-def n_units(cfg: ConfigDict) -> int:
-    """One multi-seed training run per optimizer."""
-    return len(cfg.optimizers)
-
-
 def spectrum_series(records: Sequence[dict[str, Any]]) -> dict[str, tuple[np.ndarray, np.ndarray]]:
     """``spectrum/<role>/<metric>`` -> (steps [n], values [n, seeds]) from metrics.jsonl rows."""
     keys = sorted(
@@ -150,4 +145,6 @@ def make_claims(summary: dict[str, Any]) -> list[common.Claim]:
     ]  # fmt: skip
 
 
-EXPERIMENT = common.Experiment("isotropy", run, units=n_units, default=True, lr_from="tail_lm")
+EXPERIMENT = common.Experiment(
+    "isotropy", run, units=lambda cfg: len(cfg.optimizers), default=True, lr_from="tail_lm"
+)

@@ -39,11 +39,6 @@ def _tail_cfg(cfg: ConfigDict) -> ConfigDict:
     })  # fmt: skip
 
 
-def n_units(cfg: ConfigDict) -> int:
-    """Training runs: three LR grids, two engine runs and two plain runs (multi-seed)."""
-    return sum(len(cfg.lr_grid[o]) for o in ("adam",) + OPTIMIZERS) + 2 * len(OPTIMIZERS)
-
-
 def run(cfg: ConfigDict, stage: common.Stage) -> dict[str, Any]:
     """Run the experiment (see the module docstring); figures under ``stage.out_dir``.
 
@@ -167,5 +162,10 @@ def make_claims(m: dict[str, Any]) -> list[common.Claim]:
 
 
 EXPERIMENT = common.Experiment(
-    "normuon", run, units=n_units, sources=("experiments/reference_lm.py",)
+    "normuon",
+    run,
+    units=lambda cfg: (
+        sum(len(cfg.lr_grid[o]) for o in ("adam",) + OPTIMIZERS) + 2 * len(OPTIMIZERS)
+    ),
+    sources=("experiments/reference_lm.py",),
 )

@@ -234,11 +234,6 @@ def learning_rate(name: str, cfg: Any, prior: np.ndarray) -> float:
 # ----------------------------------------------------------------------------- experiment
 
 
-def n_units(cfg: Any) -> int:
-    """Units of work reported to ``progress``: one per (prior, embedding, optimizer)."""
-    return len(cfg.priors) * len(cfg.embeddings) * len(cfg.optimizers)
-
-
 def run(cfg: Any, stage: common.Stage) -> dict[str, Any]:
     """Run the experiment; writes ``figures/one_layer_gap_vs_loss.png``; progress per unit.
 
@@ -405,4 +400,9 @@ def make_claims(metrics: dict, cfg: Any) -> list[common.Claim]:
     return claims
 
 
-EXPERIMENT = common.Experiment("one_layer", run, units=n_units, default=True)
+EXPERIMENT = common.Experiment(
+    "one_layer",
+    run,
+    units=lambda cfg: len(cfg.priors) * len(cfg.embeddings) * len(cfg.optimizers),
+    default=True,
+)
