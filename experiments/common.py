@@ -325,17 +325,6 @@ def timestamp() -> str:
     return _dt.datetime.now(_dt.UTC).strftime("%Y%m%d-%H%M%S")
 
 
-def load_config(name: str, scale: str = "quick"):
-    """The config of the registered experiment ``name`` at ``scale``.
-
-    Raises:
-      ValueError: if no experiment is called ``name`` or ``scale`` is not one of :data:`SCALES`.
-    """
-    if name not in experiments():
-        raise ValueError(f"experiment must be one of {sorted(experiments())}, got {name!r}")
-    return experiments()[name].config(scale)
-
-
 def config_hash(cfg: Any) -> str:
     """Stable 12-hex-digit hash of a (ConfigDict or dict) config, for run caching."""
     d = cfg.to_dict() if hasattr(cfg, "to_dict") else cfg

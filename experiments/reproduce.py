@@ -304,13 +304,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         n for n, e in common.experiments().items() if n in chosen or (not chosen and e.default)
     ]
     try:  # every --set must fit some stage, with a value its field accepts, before any work
+        cfgs = [stage_config(name, args.scale, {}, args.set) for name in stages]
         for key, _ in map(common.parse_set, args.set):
-            if not any(
-                common.has_field(common.experiments()[n].config(args.scale), key) for n in stages
-            ):
+            if not any(common.has_field(cfg, key) for cfg in cfgs):
                 raise ValueError(f"--set {key}: no stage of this run has that field")
-        for name in stages:
-            stage_config(name, args.scale, {}, args.set)
     except ValueError as e:
         sys.stderr.write(f"amemory reproduce: error: {e}\n")
         return 2

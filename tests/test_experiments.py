@@ -42,7 +42,7 @@ def _np_msgn(G):
 
 
 def _tiny_one_layer_cfg():
-    cfg = common.load_config("one_layer", "quick")
+    cfg = common.experiments()["one_layer"].config("quick")
     cfg.K = 12
     cfg.priors = ("two_level",)
     cfg.steps = 15
@@ -130,7 +130,7 @@ def test_steps_to_reach_and_overrides():
     vals = np.array([5.0, 4.0, 3.0, 2.0])
     assert common.steps_to_reach(steps, vals, 3.5) == pytest.approx(15.0)
     assert math.isnan(common.steps_to_reach(steps, vals, 1.0))
-    cfg = common.load_config("tail_lm", "quick")
+    cfg = common.experiments()["tail_lm"].config("quick")
     common.apply_override(cfg, *common.parse_set("base.steps=7"))
     assert cfg.base.steps == 7
     with pytest.raises(ValueError, match="unknown config field"):
@@ -138,7 +138,7 @@ def test_steps_to_reach_and_overrides():
     with pytest.raises(ValueError, match="base.steps"):  # ConfigDict's TypeError, named
         common.apply_override(cfg, *common.parse_set("base.steps=many"))
     with pytest.raises(ValueError, match="scale"):
-        common.load_config("tail_lm", "huge")
+        common.experiments()["tail_lm"].config("huge")
 
 
 # ----------------------------------------------------------------------------- training
@@ -159,7 +159,7 @@ def _shrink(base, steps=4):
 
 
 def _tiny_tail_lm():
-    cfg = common.load_config("tail_lm", "quick")
+    cfg = common.experiments()["tail_lm"].config("quick")
     _shrink(cfg.base)
     cfg.base.data.seq_len = 16
     cfg.optimizers = ("adam", "muon")
@@ -214,7 +214,7 @@ def test_ablation_and_isotropy_reuse_tail_lm_seeded_runs(tiny_tail_lm, tmp_path)
     m = res["metrics"]
     n_runs = len(list(cache.iterdir()))
     # The ablation's "none"/"all" rows are tail_lm's seeded runs: nothing new is trained.
-    acfg = common.load_config("ablation", "quick")
+    acfg = common.experiments()["ablation"].config("quick")
     acfg.base = cfg.base
     acfg.lr_grid = cfg.lr_grid
     acfg.seeds = cfg.seeds
@@ -231,7 +231,7 @@ def test_ablation_and_isotropy_reuse_tail_lm_seeded_runs(tiny_tail_lm, tmp_path)
     # Isotropy with tail_lm's seeds and learning rates reads the same runs' spectra.
     from experiments import isotropy
 
-    icfg = common.load_config("isotropy", "quick")
+    icfg = common.experiments()["isotropy"].config("quick")
     icfg.base = cfg.base
     icfg.seeds = cfg.seeds
     icfg.lr.adam, icfg.lr.muon = m["chosen_lr"]["adam"], m["chosen_lr"]["muon"]
@@ -260,7 +260,7 @@ def test_steps_ratio_and_plain_optax_reference(tiny_tail_lm, tmp_path):
     from experiments import steps_ratio
 
     cfg, cache, res, _ = tiny_tail_lm
-    scfg = common.load_config("steps_ratio", "quick")
+    scfg = common.experiments()["steps_ratio"].config("quick")
     assert set(steps_ratio.sizes(scfg)) == {"d64", "d128"}  # quick: d=64 and tail_lm's size
     scfg.base = cfg.base
     scfg.seeds = cfg.seeds
@@ -330,7 +330,7 @@ def test_neuron_norm_cv_and_normuon_first_step(tiny_tail_lm, tmp_path):
 
 
 def test_tail_qa_smoke_with_seeds(tmp_path):
-    cfg = common.load_config("tail_qa", "quick")
+    cfg = common.experiments()["tail_qa"].config("quick")
     _shrink(cfg.base, steps=3)
     cfg.base.data.biographies.m = 2
     cfg.base.data.biographies.eval_per_group = 4
@@ -494,7 +494,7 @@ def test_scaling_synthetic_matches_numpy_and_runs(tmp_path):
         W = W - 0.3 * _np_msgn(_np_noisy_loss_grad(W, p, noise)[1])
     got = float(scaling.muon_final_loss(jnp.int32(4), prior, jnp.float32(noise), jnp.float32(0.3)))
     np.testing.assert_allclose(got, _np_noisy_loss_grad(W, p, noise)[0], rtol=1e-4)
-    cfg = common.load_config("scaling", "quick")
+    cfg = common.experiments()["scaling"].config("quick")
     cfg.parts = ("synthetic",)
     cfg.M, cfg.C, cfg.T_grid, cfg.betas = 6, 2, (4, 8, 16, 32), (2.0,)
     res = scaling.EXPERIMENT(cfg, tmp_path / "sc")

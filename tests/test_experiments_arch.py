@@ -9,8 +9,8 @@ from experiments import arch, common, reproduce
 
 
 def test_cells_share_the_dense_runs_of_tail_lm():
-    cfg = common.load_config("arch", "quick")
-    tl = common.load_config("tail_lm", "quick")
+    cfg = common.experiments()["arch"].config("quick")
+    tl = common.experiments()["tail_lm"].config("quick")
     for opt, lr in (("adam", 3e-3), ("muon", 0.02)):
         ours = arch.run_config(cfg, "dense", opt)
         theirs = common.run_config(tl.base, opt, lr, 3e-3, "hidden")
@@ -73,7 +73,7 @@ def _metrics(ratio_steps, mem, speed, ppl, shares):
     ],
 )
 def test_verdicts_follow_the_stated_thresholds(values, verdicts):
-    cfg = common.load_config("arch", "quick")
+    cfg = common.experiments()["arch"].config("quick")
     claims = arch.make_claims(cfg, _metrics(*values))
     assert [c.key for c in claims] == [
         "arch/muon_compute", "arch/mla_moe_memory", "arch/mla_moe_speed",
