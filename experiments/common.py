@@ -629,9 +629,9 @@ def lr_sweep(
 
 
 def run_config(
-    base: ConfigDict, optimizer: str, lr: float, adam_lr: float, matrix_roles: str = "hidden"
+    base: ConfigDict, optimizer: str, lr: float, adam_lr: float, muon_roles: str = "hidden"
 ) -> ConfigDict:
-    """A copy of ``base`` training ``optimizer`` at ``lr`` on ``matrix_roles``, Adam elsewhere.
+    """A copy of ``base`` training ``optimizer`` at ``lr`` on ``muon_roles``, Adam elsewhere.
 
     ``optimizer == "adam"`` trains every parameter with Adam at ``lr`` (``adam_lr`` unused).
 
@@ -651,7 +651,7 @@ def run_config(
     else:
         c.optimizer.lr = float(lr)
         c.optimizer.adam_lr = float(adam_lr)
-        c.optimizer.muon_roles = matrix_roles
+        c.optimizer.muon_roles = muon_roles
     return c
 
 
@@ -689,10 +689,10 @@ def choose_lrs(
         if opt == "adam":
             continue
         lr, r, rows = lr_sweep(
-            lambda lr, opt=opt: run_config(cfg.base, opt, lr, adam_lr, cfg.matrix_roles),
+            lambda lr, opt=opt: run_config(cfg.base, opt, lr, adam_lr, cfg.muon_roles),
             cfg.lr_grid[opt],
             cache_dir,
-            f"lm-{opt}-{cfg.matrix_roles}",
+            f"lm-{opt}-{cfg.muon_roles}",
             progress=progress,
             score=score,
         )
@@ -715,8 +715,8 @@ def seeded_runs(
     """
     runs = {}
     for opt in tuple(optimizers or cfg.optimizers):
-        rc = run_config(cfg.base, opt, chosen[opt], chosen["adam"], cfg.matrix_roles)
-        label = "lm-adam" if opt == "adam" else f"lm-{opt}-{cfg.matrix_roles}"
+        rc = run_config(cfg.base, opt, chosen[opt], chosen["adam"], cfg.muon_roles)
+        label = "lm-adam" if opt == "adam" else f"lm-{opt}-{cfg.muon_roles}"
         runs[opt] = train_cached(
             seeded(rc, cfg.seeds), cache_dir, f"{label}-lr{chosen[opt]:g}-seeds"
         )

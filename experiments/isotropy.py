@@ -41,7 +41,7 @@ def run(cfg: ConfigDict, stage: common.Stage) -> dict[str, Any]:
     out_dir, cache_dir, progress = stage.out_dir, stage.cache_dir, stage.progress
     series = {}
     for opt in cfg.optimizers:
-        rc = common.run_config(cfg.base, opt, cfg.lr[opt], cfg.lr.adam, cfg.matrix_roles)
+        rc = common.run_config(cfg.base, opt, cfg.lr[opt], cfg.lr.adam, cfg.muon_roles)
         r = common.train_cached(common.seeded(rc, cfg.seeds), cache_dir, f"iso-{opt}")
         series[opt] = spectrum_series(r["records"])
         progress(opt)

@@ -34,7 +34,7 @@ OPTIMIZERS = ("muon", "normuon")
 
 def _tail_cfg(cfg: ConfigDict) -> ConfigDict:
     return ConfigDict({
-        "base": cfg.base, "optimizers": ("adam",) + OPTIMIZERS, "matrix_roles": cfg.matrix_roles,
+        "base": cfg.base, "optimizers": ("adam",) + OPTIMIZERS, "muon_roles": cfg.muon_roles,
         "lr_grid": cfg.lr_grid.to_dict(), "seeds": tuple(cfg.seeds),
     })  # fmt: skip
 
@@ -60,7 +60,7 @@ def run(cfg: ConfigDict, stage: common.Stage) -> dict[str, Any]:
     for opt in OPTIMIZERS:
         steps, loss = common.eval_series(runs[opt]["records"], "loss")
         curves[opt] = (steps, loss.reshape(len(steps), -1))
-        rc = common.run_config(cfg.base, opt, chosen[opt], chosen["adam"], cfg.matrix_roles)
+        rc = common.run_config(cfg.base, opt, chosen[opt], chosen["adam"], cfg.muon_roles)
         ref = reference_lm.cached_run(rc, opt, tuple(cfg.seeds), cache_dir)
         cv[opt] = {
             "steps": np.asarray(ref["cv_steps"], float),

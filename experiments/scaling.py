@@ -124,9 +124,9 @@ def envelope(
         )  # fmt: skip
         m_lr, m_run, _ = common.lr_sweep(
             lambda lr, base=base, a_lr=a_lr: common.run_config(
-                base, "muon", lr, a_lr, cfg.matrix_roles
+                base, "muon", lr, a_lr, cfg.muon_roles
             ),
-            cfg.lr_grid.muon, cache_dir, f"lm-muon-{cfg.matrix_roles}", progress=progress,
+            cfg.lr_grid.muon, cache_dir, f"lm-muon-{cfg.muon_roles}", progress=progress,
         )  # fmt: skip
         res["adam"].append(common.final_eval(a_run))
         res["muon"].append(common.final_eval(m_run))

@@ -140,7 +140,7 @@ def run(cfg: ConfigDict, stage: common.Stage) -> dict[str, Any]:
     for name, point in points.items():
         base = size_config(cfg.base, point)
         tl = ConfigDict({
-            "base": base, "optimizers": ("adam", "muon"), "matrix_roles": "hidden",
+            "base": base, "optimizers": ("adam", "muon"), "muon_roles": "hidden",
             "lr_grid": grid(cfg, name), "seeds": tuple(cfg.seeds),
         })  # fmt: skip
         if name in cfg.fixed_lr_sizes:

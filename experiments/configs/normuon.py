@@ -36,6 +36,6 @@ def get_config(scale: str = "quick") -> ConfigDict:
     c.lr_grid.adam = (1e-3, 3e-3, 1e-2) if quick else (3e-4, 1e-3, 3e-3, 1e-2)  # tail_lm's
     c.lr_grid.muon = (0.01, 0.02, 0.05) if quick else (0.005, 0.01, 0.02, 0.05)  # tail_lm's
     c.lr_grid.normuon = (0.01, 0.02, 0.05) if quick else (0.005, 0.01, 0.02, 0.05)
-    c.matrix_roles = "hidden"  # roles given to Muon / NorMuon (Adam elsewhere)
+    c.muon_roles = "hidden"  # roles given to Muon / NorMuon (Adam elsewhere)
     c.log_every = 10  # steps between records of the update's neuron-norm statistics
     return c

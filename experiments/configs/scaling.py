@@ -44,7 +44,7 @@ def get_config(scale: str = "quick") -> ConfigDict:
     # ---- envelope (real corpus) ----
     lm = tail_lm.get_config(scale)
     c.base = lm.base
-    c.matrix_roles = "hidden"
+    c.muon_roles = "hidden"
     c.budgets = (75, 150, 300) if quick else (1250, 2500, 5000)  # steps; the last = base.steps
     c.lr_grid = ConfigDict()
     c.lr_grid.adam = lm.lr_grid.adam

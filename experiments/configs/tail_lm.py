@@ -88,7 +88,7 @@ def get_config(scale: str = "quick") -> ConfigDict:
     c.base = base_lm(scale)
     c.optimizers = ("adam", "muon", "signgd")  # Adam first: its chosen LR drives the Adam half
     # of the Muon / SignGD runs (embeddings, head, norms always Adam).
-    c.matrix_roles = "hidden"  # roles given to Muon / SignGD: q k v o w_in w_out (w_gate)
+    c.muon_roles = "hidden"  # roles given to Muon / SignGD: q k v o w_in w_out (w_gate)
     c.seeds = SEEDS  # the compared runs' initialisation seeds (vmapped); () = base.seed only
     # Learning-rate grids (per step, peak of the cosine schedule); the lowest final
     # validation loss wins. Reported in the result with the chosen value.
