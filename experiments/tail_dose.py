@@ -27,8 +27,6 @@ vanishes at alpha = 0; SignGD, the coordinate-wise control, does not match Muon.
 from __future__ import annotations
 
 import math
-import sys
-from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -36,9 +34,8 @@ from ml_collections import ConfigDict
 
 from amemory.analysis import plots, stats
 from amemory.data.biographies import group_sizes
-from experiments import common, tail_lm, tail_qa
+from experiments import common, tail_qa
 
-NAME = "tail_dose"
 PARTS = ("all", "head", "tail")
 
 
@@ -62,7 +59,7 @@ def scores(leg: str, run: dict[str, Any], m: int) -> tuple[np.ndarray, dict[str,
                        "head": np.einsum("ngs,g->ns", fta[:, head], w[head] / w[head].sum()),
                        "tail": fta[:, m]}  # fmt: skip
     steps, loss = common.eval_series(run["records"], "loss")
-    _, buckets, labels = tail_lm.bucket_curves(run)
+    _, buckets, labels = common.bucket_curves(run)
     seen = [i for i, lab in enumerate(labels) if lab != "unseen"]
     return steps, {"all": -loss.reshape(len(steps), -1), "head": -buckets[:, 0],
                    "tail": -buckets[:, seen[-1]]}  # fmt: skip
@@ -79,14 +76,8 @@ def n_units(cfg: ConfigDict) -> int:
                * len(cfg.alphas if leg == "qa" else cfg.vocabs) for leg in cfg.legs)  # fmt: skip
 
 
-def run(
-    cfg: ConfigDict,
-    out_dir: Any,
-    *,
-    progress: Callable[[str], None] | None = None,
-    cache_dir: Any = None,
-) -> dict[str, Any]:
-    """Train every leg and point; writes result.json and figures. See the module docstring.
+def run(cfg: ConfigDict, stage: common.Stage) -> dict[str, Any]:
+    """Train every leg and point; figures under ``stage.out_dir``. See the module docstring.
 
     Raises:
       ValueError: for a leg other than qa / lm, an optimizer list without adam and muon,
@@ -97,54 +88,52 @@ def run(
                          f"and muon, got {cfg.legs} and {cfg.optimizers}")  # fmt: skip
     if len(cfg.seeds) < 2:
         raise ValueError(f"tail_dose config field 'seeds' needs >= 2 seeds, got {cfg.seeds}")
-    out_dir = common.make_run_dir(out_dir, NAME)
-    cache_dir = cache_dir or out_dir / "train_runs"
+    out_dir, cache_dir, progress = stage.out_dir, stage.cache_dir, stage.progress
     m = int(cfg.qa_base.data.biographies.m)
     metrics: dict[str, Any] = {"seeds": list(cfg.seeds), "legs": {}}
     figures, claims = [], []
-    with common.Timer() as timer:
-        for leg in cfg.legs:
-            doses = sorted(cfg.alphas if leg == "qa" else cfg.vocabs)  # the last is the heaviest
-            points, panels = [], {}
-            for x in doses:
-                tl = ConfigDict({"base": point_config(cfg, leg, x), "seeds": tuple(cfg.seeds),
-                                 "optimizers": tuple(cfg.optimizers), "matrix_roles": "hidden",
-                                 "lr_grid": grid(cfg, leg)})  # fmt: skip
-                score = common.final_train_loss if leg == "qa" else None  # QA evals: FTA only
-                given = cfg.given_lr.get(f"{'alpha' if leg == 'qa' else 'V'}{x:g}")
-                if given:  # rates stated in the config: no grid at this point
-                    chosen, tables = {o: float(given[o]) for o in cfg.optimizers}, {}
-                else:
-                    chosen, _, tables = tail_lm.choose_lrs(tl, cache_dir, progress=progress,
-                                                           score=score)  # fmt: skip
-                runs = tail_lm.seeded_runs(tl, chosen, cache_dir, progress=progress)
-                curves = {o: scores(leg, r, m) for o, r in runs.items()}
-                steps, adam = curves["adam"]
-                final = {o: {p: c[1][p][-1] for p in PARTS} for o, c in curves.items()}
-                reach = tail_lm.steps_to_target(steps, -curves["muon"][1]["all"], -adam["all"][-1])
-                points.append({
-                    "dose": x, "chosen_lr": chosen, "lr_sweep": tables, "eval_steps": steps,
-                    "final": final, "curves": {o: c[1] for o, c in curves.items()},
-                    "lead": {o: {p: final[o][p] - final["adam"][p] for p in PARTS}
-                             for o in runs if o != "adam"},
-                    "ratio": np.where(np.isfinite(reach), reach, steps[-1]) / steps[-1],
-                })  # fmt: skip
-                for p in ("head", "tail"):
-                    panels[f"{'alpha' if leg == 'qa' else 'V'}={x:g}, {p}"] = {
-                        o: (c[0], c[1][p]) for o, c in curves.items()
-                    }
-            xs = np.array([float(x) if leg == "qa" else math.log2(x) for x in doses])
-            lead = {(o, p): np.stack([pt["lead"][o][p] for pt in points])
-                    for o in points[0]["lead"] for p in PARTS}  # fmt: skip
-            metrics["legs"][leg] = {
-                "dose": "alpha" if leg == "qa" else "V", "x": xs, "points": points,
-                "slope": {f"{o}/{p}": common.interval_dict(stats.slope_interval(xs, v), "greater")
-                          for (o, p), v in lead.items() if len(xs) > 1},
-            }  # fmt: skip
-            figures += leg_figures(leg, xs, lead, panels, out_dir)
-            claims += leg_claims(leg, xs, points, lead)
-        metrics["report_md"] = report_md(metrics)
-    return common.finish(NAME, cfg, out_dir, timer, metrics=metrics, figures=figures, claims=claims)
+    for leg in cfg.legs:
+        doses = sorted(cfg.alphas if leg == "qa" else cfg.vocabs)  # the last is the heaviest
+        points, panels = [], {}
+        for x in doses:
+            tl = ConfigDict({"base": point_config(cfg, leg, x), "seeds": tuple(cfg.seeds),
+                             "optimizers": tuple(cfg.optimizers), "muon_roles": "hidden",
+                             "lr_grid": grid(cfg, leg)})  # fmt: skip
+            score = common.final_train_loss if leg == "qa" else None  # QA evals: FTA only
+            given = cfg.given_lr.get(f"{'alpha' if leg == 'qa' else 'V'}{x:g}")
+            if given:  # rates stated in the config: no grid at this point
+                chosen, tables = {o: float(given[o]) for o in cfg.optimizers}, {}
+            else:
+                chosen, _, tables = common.choose_lrs(tl, cache_dir, progress=progress,
+                                                       score=score)  # fmt: skip
+            runs = common.seeded_runs(tl, chosen, cache_dir, progress=progress)
+            curves = {o: scores(leg, r, m) for o, r in runs.items()}
+            steps, adam = curves["adam"]
+            final = {o: {p: c[1][p][-1] for p in PARTS} for o, c in curves.items()}
+            reach = common.steps_to_target(steps, -curves["muon"][1]["all"], -adam["all"][-1])
+            points.append({
+                "dose": x, "chosen_lr": chosen, "lr_sweep": tables, "eval_steps": steps,
+                "final": final, "curves": {o: c[1] for o, c in curves.items()},
+                "lead": {o: {p: final[o][p] - final["adam"][p] for p in PARTS}
+                         for o in runs if o != "adam"},
+                "ratio": np.where(np.isfinite(reach), reach, steps[-1]) / steps[-1],
+            })  # fmt: skip
+            for p in ("head", "tail"):
+                panels[f"{'alpha' if leg == 'qa' else 'V'}={x:g}, {p}"] = {
+                    o: (c[0], c[1][p]) for o, c in curves.items()
+                }
+        xs = np.array([float(x) if leg == "qa" else math.log2(x) for x in doses])
+        lead = {(o, p): np.stack([pt["lead"][o][p] for pt in points])
+                for o in points[0]["lead"] for p in PARTS}  # fmt: skip
+        metrics["legs"][leg] = {
+            "dose": "alpha" if leg == "qa" else "V", "x": xs, "points": points,
+            "slope": {f"{o}/{p}": common.interval_dict(stats.slope_interval(xs, v), "greater")
+                      for (o, p), v in lead.items() if len(xs) > 1},
+        }  # fmt: skip
+        figures += leg_figures(leg, xs, lead, panels, out_dir)
+        claims += leg_claims(leg, xs, points, lead)
+    metrics["report_md"] = report_md(metrics)
+    return {"metrics": metrics, "figures": figures, "claims": claims}
 
 
 def leg_figures(leg: str, xs, lead, panels, out_dir) -> list[str]:
@@ -232,10 +221,9 @@ def report_md(m: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m experiments.tail_dose --scale quick --out DIR``."""
-    return common.experiment_main(NAME, run, argv, description=__doc__.splitlines()[0])
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+EXPERIMENT = common.Experiment(  # not in the default run: CPU hours at quick scale
+    "tail_dose",
+    run,
+    units=n_units,
+    sources=("experiments/tail_qa.py", "experiments/configs/tail_*.py"),
+)

@@ -8,7 +8,7 @@ import pytest
 from scipy import stats as sps
 
 from amemory.data import biographies as B
-from experiments import common, tail_dose
+from experiments import tail_dose
 
 
 def test_scores_read_the_records_by_hand():
@@ -42,14 +42,14 @@ def test_zipf_selection_law_keeps_the_facts():
 
 
 def test_tiny_qa_leg_end_to_end(tmp_path):
-    cfg = common.load_config("tail_dose", "quick")
+    cfg = tail_dose.EXPERIMENT.config("quick")
     q = cfg.qa_base
     q.steps, q.eval_every, q.schedule.warmup_steps = 3, 3, 1
     q.data.batch_size, q.data.biographies.m, q.data.biographies.eval_per_group = 4, 2, 6
     q.model.update(d_model=32, n_heads=1, d_ff=64, n_layers=1)
     cfg.legs, cfg.alphas, cfg.optimizers = ("qa",), (1.5, 0.0), ("adam", "muon")
     cfg.qa_lr_grid.adam, cfg.qa_lr_grid.muon = (3e-3,), (0.02,)
-    res = tail_dose.run(cfg, tmp_path / "td", cache_dir=tmp_path / "cache")
+    res = tail_dose.EXPERIMENT(cfg, tmp_path / "td", cache_dir=tmp_path / "cache")
     leg = res["metrics"]["legs"]["qa"]
     assert [p["dose"] for p in leg["points"]] == [0.0, 1.5]  # sorted: the last is the heaviest
     lead = np.array([p["final"]["muon"]["all"] - p["final"]["adam"]["all"] for p in leg["points"]])
@@ -67,4 +67,4 @@ def test_tiny_qa_leg_end_to_end(tmp_path):
     assert (tmp_path / "td" / "figures" / "tail_dose_qa_lead.png").is_file()
     with pytest.raises(ValueError, match="legs"):
         cfg.legs = ("images",)
-        tail_dose.run(cfg, tmp_path / "bad")
+        tail_dose.EXPERIMENT(cfg, tmp_path / "bad")

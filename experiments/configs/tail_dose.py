@@ -1,6 +1,6 @@
 """Config of ``experiments/tail_dose.py``: Muon's lead over Adam against tail heaviness.
 
-Launch: ``python -m experiments.tail_dose --scale quick --out runs/tail_dose``.
+Launch: ``python -m experiments tail_dose --scale quick --out runs/tail_dose``.
 Quick: the qa leg on m = 6 (64 people), a 2-layer d=64 decoder, batch 16, 200 steps,
 alpha in {0, 0.5, 1, 1.5}; the lm leg on tail_lm's quick model at V in {512, 2048, 8192}
 (steps_ratio's vocabulary sizes: their Adam and Muon runs are the same runs). Per point 3
@@ -13,7 +13,6 @@ from __future__ import annotations
 
 from ml_collections import ConfigDict
 
-from experiments.configs import SCALES as SCALES
 from experiments.configs import new_config
 from experiments.configs.tail_lm import SEEDS, base_lm
 from experiments.configs.tail_qa import base_bio
