@@ -142,3 +142,15 @@ def test_seeds_needed_by_brute_force():
     assert math.isnan(stats.seeds_needed(stats.variance_ratio_interval([1, 2, 4], [1, 1.5, 2])))
     # against a threshold: the distance to it is the effect
     assert stats.seeds_needed(stats.mean_interval(np.add(d, 0.5)), 0.5) == want
+
+
+def test_report_sets_the_seeds_needed_beside_the_verdict():
+    from experiments import report
+
+    # tail_lm/gain_in_tail's interval: 0.088 ± 0.091 with 3 seeds -> sd 0.0366, and
+    # t_3 * 0.0366 / 2 = 0.058 < 0.088: 4 seeds would exclude 0 at the observed effect.
+    iv = {"estimate": 0.0878, "lo": -0.0036, "hi": 0.1792, "n": 3, "confidence": 0.95}
+    assert report.seeds_note({"interval": {**iv, "threshold": 0.0}}) == " (n=3; 4 needed)"
+    assert report.seeds_note({"interval": None}) == ""
+    flat = {"estimate": 0.0, "lo": -1.0, "hi": 1.0, "n": 3, "confidence": 0.95}
+    assert report.seeds_note({"interval": flat}) == " (n=3; ∞ needed)"
