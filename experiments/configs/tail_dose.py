@@ -47,7 +47,8 @@ def get_config(scale: str = "quick") -> ConfigDict:
     # takes V=512's choices (its 9-run grid did not fit the quick budget; the report says so).
     c.given_lr = ConfigDict({"V8192": {"adam": 3e-3, "muon": 0.02, "signgd": 1e-3}} if quick
                             else {})  # fmt: skip
-    # qa leg: Adam and SignGD one step higher (on tail_qa's grid both chose its top edge)
-    c.qa_lr_grid = ConfigDict({"adam": (3e-3, 1e-2, 3e-2), "muon": (0.01, 0.02, 0.05),
+    # qa leg: Adam and SignGD one step higher (at alpha = 0 both chose tail_qa's top edge;
+    # Adam's 1e-3 stays: at alpha >= 1 it chose 3e-3, the bottom edge of a 3-point grid)
+    c.qa_lr_grid = ConfigDict({"adam": (1e-3, 3e-3, 1e-2, 3e-2), "muon": (0.01, 0.02, 0.05),
                                "signgd": (1e-3, 3e-3, 1e-2)})  # fmt: skip
     return c
