@@ -1,12 +1,15 @@
 """The 2026 frontier features of amemory.optim: Hyperball (MuonH / AdamH), QK-Clip,
 per-head Muon. Each is checked against a slow numpy reference (a loop over matrices)."""
 
+import chex
+import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
 
 from amemory.optim import hyperball
+from amemory.optim.qk_clip import QK_CLIP_EXPONENTS, qk_clip
 
 
 def _hyperball_reference(w, u, radius, lr):
@@ -52,3 +55,58 @@ def test_muonh_and_adamh_are_their_direction_then_the_projection():
         hyperball.adamh(0.1).init({"w": jnp.zeros((3, 4))})
     with pytest.raises(ValueError, match="not a matrix"):
         hyperball.adamh(0.1).init({"b": jnp.ones((3,))})
+
+
+# ----------------------------------------------------------------------------- QK-Clip
+
+MLA_DIMS = dict(kv_rank=10, rope_dim=4, q_rank=12)
+
+
+@pytest.mark.parametrize("attention", ["mha", "mla"])
+def test_qk_clip_caps_logits_keeps_other_heads_and_decoding(attention):
+    """The clip scales each clipped head's logit by exactly tau / max (layer 0, whose input
+    it does not change, lands on min(max, tau)); un-clipped heads and every other weight
+    stay bit-identical; per-layer and stacked layouts clip alike; KV-cache decoding of the
+    clipped model equals its full forward (MLA: absorbed projections)."""
+    from amemory.models import decode as D
+    from amemory.models import transformer as T
+    from amemory.models.matrices import head_view
+
+    config = T.preset("tiny", attention=attention, mla=MLA_DIMS)
+    graphdef, params = T.init(config, jax.random.key(0))
+    params = jax.tree.map(lambda x: x * 8.0, params)  # logits of order 1
+    tokens = jax.random.randint(jax.random.key(1), (2, 9), 0, config.vocab_size)
+    top = T.apply(graphdef, params, tokens, with_aux=True)[1]["max_logit"]  # (L, H)
+    tau = float(np.median(np.asarray(top[0])))
+    clipped = qk_clip(params, top, tau, T.param_roles(params), head_view(config))
+    top2 = T.apply(graphdef, clipped, tokens, with_aux=True)[1]["max_logit"]
+    np.testing.assert_allclose(top2[0], np.minimum(top[0], tau), rtol=1e-5)
+    gamma = np.minimum(1.0, tau / np.asarray(top, np.float64))
+    h = config.n_heads
+    for i in range(config.n_layers):
+        for role, new in clipped["layers"][i]["attn"].items():
+            old, new = (
+                np.asarray(params["layers"][i]["attn"][role]["kernel"]),
+                np.asarray(new["kernel"]),
+            )
+            if role not in QK_CLIP_EXPONENTS:
+                np.testing.assert_array_equal(new, old)
+                continue
+            w = old.shape[1] // h
+            for head in range(h):
+                cols = slice(head * w, (head + 1) * w)
+                if gamma[i, head] == 1.0:
+                    np.testing.assert_array_equal(new[:, cols], old[:, cols])
+                else:
+                    want = old[:, cols] * gamma[i, head] ** QK_CLIP_EXPONENTS[role]
+                    np.testing.assert_allclose(new[:, cols], want, rtol=1e-6)
+    stacked = T.stack_layers(params)
+    clipped_s = qk_clip(stacked, top, tau, T.param_roles(stacked), head_view(config))
+    chex.assert_trees_all_equal(clipped_s, T.stack_layers(clipped))
+    logits = T.apply(graphdef, clipped, tokens)
+    cache = D.init_cache(config, 2, 9)
+    _, cache = D.extend(graphdef, clipped, tokens[:, :6], cache, 0)
+    out = D.extend(graphdef, clipped, tokens[:, 6:], cache, 6)[0]
+    np.testing.assert_allclose(out, logits[:, 6:], rtol=1e-4, atol=1e-5)
+    with pytest.raises(ValueError, match="tau"):
+        qk_clip(params, top, 0.0, T.param_roles(params), head_view(config))

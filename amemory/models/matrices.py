@@ -1,4 +1,6 @@
-"""The hidden matrices of a :mod:`amemory.models.transformer` parameter tree, for spectra.
+"""The hidden matrices of a :mod:`amemory.models.transformer` parameter tree, for spectra,
+and the head layout of its attention kernels (:func:`head_view`, for per-head Muon and
+QK-Clip).
 
 :func:`hidden_matrices` (every block matrix by layer and role), :func:`vo_maps` (the
 value-output maps paper A measures) and :func:`ffn_matrices` read either parameter layout
@@ -18,7 +20,30 @@ import jax.numpy as jnp
 from amemory.models.roles import FFN_ROLES, HIDDEN_ROLES, role_of
 from amemory.models.scan import is_scanned
 
-__all__ = ["ffn_matrices", "hidden_matrices", "vo_maps"]
+__all__ = ["HEAD_AXES", "ffn_matrices", "head_view", "hidden_matrices", "vo_maps"]
+
+#: Attention roles whose kernel concatenates the heads (head-major) along an axis: the
+#: output axis of the query / key / value projections, the input axis of ``o``.
+HEAD_AXES = {**dict.fromkeys(("q", "k", "v", "q_up", "k_up", "v_up", "q_rope"), -1), "o": -2}
+
+
+def head_view(config: Any):
+    """``(path, leaf) -> (layer, head axis, H) | None`` for a parameter tree of ``config``.
+
+    ``layer`` is the index in the per-layer layout (``layers/i/...``), None for a stacked
+    leaf ``[L, ...]``; the head axis of ``HEAD_AXES[role]`` splits into ``[H, width]``.
+    Leaves of other roles (and biases) give None. The contract of
+    ``amemory.optim.qk_clip`` and of per-head Muon.
+    """
+
+    def view(path: Any, leaf: Any = None):
+        axis = HEAD_AXES.get(role_of(path))
+        if axis is None:
+            return None
+        layer = [int(k) for k in path[1:2] if isinstance(k, int) or str(k).isdigit()]
+        return (layer[0] if layer else None), axis, config.n_heads
+
+    return view
 
 
 def _kernels(params: Mapping[str, Any], group: str, role: str) -> jax.Array | None:
