@@ -44,7 +44,9 @@ def make_train_step(
 
     Returns:
       the step function; metrics are scalars: loss, grad_norm, param_norm, lr, adam_lr,
-      update_rms/<role>, aux/<name>, and ortho_error/<path> when ``diagnostics``.
+      update_rms/<role>, aux/<name>, max_logit/<layer> (the ``max_logit [L, H]`` a
+      transformer task's aux holds, max over heads), and ortho_error/<path> when
+      ``diagnostics``.
     """
     leaf_roles = jax.tree.leaves(roles)
     role_names = sorted(set(leaf_roles))
@@ -54,8 +56,10 @@ def make_train_step(
         if axis_name is not None:
             sub = jax.random.fold_in(sub, jax.lax.axis_index(axis_name))
         (loss, aux), grads = jax.value_and_grad(loss_fn, has_aux=True)(state.params, batch, sub)
+        top = aux.pop("max_logit", None)  # (L, H): attention's max logits (QK-Clip)
         if axis_name is not None:
             loss, aux, grads = jax.lax.pmean((loss, aux, grads), axis_name)
+            top = None if top is None else jax.lax.pmax(top, axis_name)
         updates, opt_state = opt.tx.update(grads, state.opt_state, state.params)
         params = optax.apply_updates(state.params, updates)
         metrics = {
@@ -66,6 +70,8 @@ def make_train_step(
             "adam_lr": opt.adam_lr(state.step),
         }
         metrics.update({f"aux/{k}": v for k, v in aux.items()})
+        if top is not None:
+            metrics.update({f"max_logit/{i}": m for i, m in enumerate(jnp.max(top, axis=-1))})
         leaves = jax.tree.leaves(updates)
         for r in role_names:
             us = [

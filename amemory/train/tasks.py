@@ -148,7 +148,8 @@ def model_config(config: Any, vocab_size: int, max_len: int | None = None):
 def _lm_loss(graphdef, params, tokens, targets, mask, rng, dropout: bool, lb_coef: float):
     """``(loss, aux)``: mean cross-entropy (nats per target token), plus ``lb_coef`` times
     the MoE load-balancing loss for MoE models (then aux holds ``ce_loss``,
-    ``moe_lb_loss``, ``moe_lb_coef`` and ``moe_drop_fraction``; ``{}`` for dense models)."""
+    ``moe_lb_loss``, ``moe_lb_coef`` and ``moe_drop_fraction``), and always the attention's
+    ``max_logit [L, H]``."""
     from amemory.models import transformer
 
     logits, aux = transformer.apply(
@@ -166,7 +167,7 @@ def _lm_loss(graphdef, params, tokens, targets, mask, rng, dropout: bool, lb_coe
         mask = mask.astype(ce.dtype)
         ce = (ce * mask).sum() / jnp.maximum(mask.sum(), 1.0)
     if "moe_lb_loss" not in aux:
-        return ce, {}
+        return ce, {"max_logit": aux["max_logit"]}
     loss = ce + lb_coef * aux["moe_lb_loss"]
     return loss, {"ce_loss": ce, "moe_lb_coef": jnp.float32(lb_coef), **aux}
 
