@@ -8,6 +8,7 @@ import numpy as np
 import optax
 import pytest
 
+from amemory import optim
 from amemory.optim import hyperball
 from amemory.optim.qk_clip import QK_CLIP_EXPONENTS, qk_clip
 
@@ -110,3 +111,96 @@ def test_qk_clip_caps_logits_keeps_other_heads_and_decoding(attention):
     np.testing.assert_allclose(out, logits[:, 6:], rtol=1e-4, atol=1e-5)
     with pytest.raises(ValueError, match="tau"):
         qk_clip(params, top, 0.0, T.param_roles(params), head_view(config))
+
+
+# ----------------------------------------------------------------------------- per-head Muon
+
+
+def _polar_np(m):
+    u, _, vh = np.linalg.svd(m, full_matrices=False)
+    return u @ vh
+
+
+@pytest.mark.parametrize("attention", ["mha", "mla"])
+def test_per_head_muon_equals_a_loop_over_heads_in_both_layouts(attention):
+    """Exact-polar Muon on the per-head view equals numpy's polar factor of every head block
+    (columns of q/k/v-like kernels, rows of o), times the Jordan scale of the block
+    ``sqrt(max(1, fan_out / fan_in))`` (DeepSpeed #8384's per-head convention); other
+    matrices stay whole; the stacked layout gives the same; bf16 and the owner layout on 8
+    devices agree."""
+    from amemory.models import transformer as T
+    from amemory.models.matrices import HEAD_AXES, per_head_axes
+
+    config = T.preset("tiny", attention=attention, mla=MLA_DIMS)
+    _, params = T.init(config, jax.random.key(0))
+    attn = {"layers": {i: {"attn": params["layers"][i]["attn"]} for i in range(2)}}
+    rng = np.random.default_rng(3)
+    grads = jax.tree.map(lambda x: jnp.asarray(rng.standard_normal(x.shape), jnp.float32), attn)
+    kw = dict(momentum=0.0, nesterov=False, orthogonalizer="polar", shape_scale="jordan")
+    tx = optim.scale_by_muon(matrix_axes=per_head_axes(config), **kw)
+    out = tx.update(grads, tx.init(attn), attn)[0]
+    h = config.n_heads
+    for i in range(2):
+        for role, g in grads["layers"][i]["attn"].items():
+            g, got = (
+                np.asarray(g["kernel"], np.float64),
+                np.asarray(out["layers"][i]["attn"][role]["kernel"]),
+            )
+            if role not in HEAD_AXES:
+                want = _polar_np(g) * max(1.0, g.shape[1] / g.shape[0]) ** 0.5
+                np.testing.assert_allclose(got, want, atol=2e-5)
+                continue
+            cols = HEAD_AXES[role] == -1
+            blocks = np.split(g, h, axis=1 if cols else 0)
+            want = [_polar_np(b) * max(1.0, b.shape[1] / b.shape[0]) ** 0.5 for b in blocks]
+            np.testing.assert_allclose(got, np.concatenate(want, axis=1 if cols else 0), atol=2e-5)
+    stacked = T.stack_layers(attn)
+    out_s = tx.update(T.stack_layers(grads), tx.init(stacked), stacked)[0]
+    chex.assert_trees_all_close(out_s, T.stack_layers(out), atol=1e-5)
+    nskw = dict(kw, orthogonalizer="newton_schulz", ns_coeffs="polar_express", ns_steps=8)
+    ref = optim.scale_by_muon(matrix_axes=per_head_axes(config), **nskw)
+    u_ref = ref.update(grads, ref.init(attn), attn)[0]
+    bf = jax.tree.map(lambda x: x.astype(jnp.bfloat16), (attn, grads))
+    u_bf = ref.update(bf[1], ref.init(bf[0]), bf[0])[0]
+    chex.assert_trees_all_close(
+        jax.tree.map(lambda x: x.astype(jnp.float32), u_bf), u_ref, atol=0.05
+    )
+    mesh = jax.make_mesh((8,), ("fsdp",), axis_types=(jax.sharding.AxisType.Auto,))
+    owner = optim.scale_by_muon(matrix_axes=per_head_axes(config), ns_mesh=(mesh, "fsdp"), **nskw)
+    u_own = jax.jit(owner.update)(grads, owner.init(attn), attn)[0]
+    chex.assert_trees_all_close(u_own, u_ref, atol=1e-5)
+
+
+def test_per_head_view_of_nnx_attention_and_contrib_equals_the_loop():
+    """``nnx.MultiHeadAttention`` kernels ``[d, H, d_h]`` / ``[H, d_h, d]``: the per-head
+    axes (amemory Muon) and optax-style dimension numbers (the contrib drop-in) both
+    orthogonalise each head's ``[d, d_h]`` / ``[d_h, d]`` block on its own."""
+    from amemory.optim import contrib
+    from amemory.optim.nnx_roles import nnx_per_head_matrix_axes
+
+    rng = np.random.default_rng(5)
+    g = {
+        "query": {"kernel": rng.standard_normal((20, 4, 6))},
+        "out": {"kernel": rng.standard_normal((4, 6, 20))},
+    }
+    g = jax.tree.map(lambda x: jnp.asarray(x, jnp.float32), g)
+    kw = dict(momentum=0.0, nesterov=False, orthogonalizer="polar", shape_scale="none")
+    tx = optim.scale_by_muon(matrix_axes=nnx_per_head_matrix_axes, **kw)
+    got = tx.update(g, tx.init(g), g)[0]
+    want_q = np.stack(
+        [_polar_np(np.asarray(g["query"]["kernel"][:, i], np.float64)) for i in range(4)], 1
+    )
+    want_o = np.stack([_polar_np(np.asarray(g["out"]["kernel"][i], np.float64)) for i in range(4)])
+    np.testing.assert_allclose(got["query"]["kernel"], want_q, atol=2e-5)
+    np.testing.assert_allclose(got["out"]["kernel"], want_o, atol=2e-5)
+    dims = {
+        "query": {"kernel": contrib.MuonDimensionNumbers(0, 2)},
+        "out": {"kernel": contrib.MuonDimensionNumbers(1, 2)},
+    }
+    pe = np.asarray(optim.COEFFICIENT_SETS["polar_express"][0]) / [1.01, 1.01**3, 1.01**5]
+    ctx = contrib.scale_by_muon(
+        ns_coeffs=pe, ns_steps=8, nesterov=False, weight_dimension_numbers=dims
+    )
+    got_c = ctx.update(g, ctx.init(g), g)[0]
+    np.testing.assert_allclose(got_c["query"]["kernel"], want_q, atol=0.02)
+    np.testing.assert_allclose(got_c["out"]["kernel"], want_o, atol=0.02)  # (no shape scale)

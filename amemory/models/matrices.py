@@ -17,10 +17,12 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from amemory.models.roles import FFN_ROLES, HIDDEN_ROLES, role_of
+from amemory.models.roles import FFN_ROLES, HIDDEN_ROLES, matrix_axes, role_of
 from amemory.models.scan import is_scanned
 
-__all__ = ["HEAD_AXES", "ffn_matrices", "head_view", "hidden_matrices", "vo_maps"]
+__all__ = [
+    "HEAD_AXES", "ffn_matrices", "head_view", "hidden_matrices", "per_head_axes", "vo_maps"
+]  # fmt: skip
 
 #: Attention roles whose kernel concatenates the heads (head-major) along an axis: the
 #: output axis of the query / key / value projections, the input axis of ``o``.
@@ -44,6 +46,24 @@ def head_view(config: Any):
         return (layer[0] if layer else None), axis, config.n_heads
 
     return view
+
+
+def per_head_axes(config: Any):
+    """Muon's ``matrix_axes`` with every attention kernel viewed per head: q/k/v-like
+    ``[..., d_in, H w] -> [..., H] x [d_in, w]``, ``o`` ``[..., H w, D] -> [..., H] x [w, D]``
+    (MLA: ``q``/``q_up``, ``k_up``, ``v_up``, ``q_rope``; the shared ``k_rope`` and the
+    down-projections stay whole); other leaves as :func:`amemory.models.roles.matrix_axes`.
+    Kimi K3 (arXiv 2607.24653, Sec. 2.5); GLM-5's "Muon Split" (arXiv 2602.15763).
+    """
+    view = head_view(config)
+
+    def axes(path: Any, leaf: Any = None):
+        heads = view(path, leaf)
+        if heads is None:
+            return matrix_axes(path, leaf)
+        return (-3 if heads[1] == -1 else -2, -1, heads[1:])
+
+    return axes
 
 
 def _kernels(params: Mapping[str, Any], group: str, role: str) -> jax.Array | None:
