@@ -82,9 +82,21 @@ def scale_by_hyperball(
     return optax.GradientTransformation(init_fn, update_fn)
 
 
-def muonh(learning_rate: optax.ScalarOrSchedule, **options: Any) -> optax.GradientTransformation:
+def _no_decay(weight_decay: Any) -> None:
+    if weight_decay:
+        raise ValueError(f"weight_decay={weight_decay!r}: Hyperball has none (set it to 0)")
+
+
+def muonh(
+    learning_rate: optax.ScalarOrSchedule, *, weight_decay: Any = 0.0, **options: Any
+) -> optax.GradientTransformation:
     """MuonH: :func:`amemory.optim.scale_by_muon` (``options``: ``MuonOptions`` fields), then
-    :func:`scale_by_hyperball` on Muon's ``matrix_axes``; the shape scale cancels out."""
+    :func:`scale_by_hyperball` on Muon's ``matrix_axes``; the shape scale cancels out.
+
+    Raises:
+      ValueError: a non-zero ``weight_decay``, or a bad Muon option.
+    """
+    _no_decay(weight_decay)
     tx = scale_by_muon(**options)
     return optax.chain(
         tx, scale_by_hyperball(learning_rate, matrix_axes=options.get("matrix_axes"))
@@ -92,9 +104,14 @@ def muonh(learning_rate: optax.ScalarOrSchedule, **options: Any) -> optax.Gradie
 
 
 def adamh(
-    learning_rate: optax.ScalarOrSchedule, *, b1: float = 0.9, b2: float = 0.95,
-    eps: float = 1e-8, matrix_axes: MatrixAxes = None,
+    learning_rate: optax.ScalarOrSchedule, *, weight_decay: Any = 0.0, b1: float = 0.9,
+    b2: float = 0.95, eps: float = 1e-8, matrix_axes: MatrixAxes = None,
 ) -> optax.GradientTransformation:  # fmt: skip
-    """AdamH: ``optax.scale_by_adam``, then :func:`scale_by_hyperball`."""
+    """AdamH: ``optax.scale_by_adam``, then :func:`scale_by_hyperball`.
+
+    Raises:
+      ValueError: a non-zero ``weight_decay``.
+    """
+    _no_decay(weight_decay)
     adam = optax.scale_by_adam(b1=b1, b2=b2, eps=eps)
     return optax.chain(adam, scale_by_hyperball(learning_rate, matrix_axes=matrix_axes))
