@@ -16,7 +16,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-__all__ = ["attend", "causal_mask", "check_ints", "dropout", "linear", "max_logit", "norm", "rope"]
+__all__ = ["attend", "causal_mask", "check_ints", "dropout", "linear", "norm", "rope"]
 
 
 def check_ints(obj: Any, where: str, minimums: dict[str, int]) -> None:
@@ -114,9 +114,4 @@ def attend(
     s = jnp.einsum("bshd,bthd->bhst", q, k, preferred_element_type=jnp.float32) * scale
     s = jnp.where(mask, s, jnp.finfo(jnp.float32).min)
     p = jax.nn.softmax(s, axis=-1).astype(v.dtype)
-    return jnp.einsum("bhst,bthd->bshd", p, v), max_logit(s)
-
-
-def max_logit(scores: jax.Array) -> jax.Array:
-    """Masked scores ``[B, H, S, T]`` (masked entries at the float32 minimum) -> ``[H]``."""
-    return jax.lax.stop_gradient(jnp.max(scores, axis=(0, 2, 3)))
+    return jnp.einsum("bhst,bthd->bshd", p, v), jax.lax.stop_gradient(jnp.max(s, (0, 2, 3)))
