@@ -204,3 +204,55 @@ def test_per_head_view_of_nnx_attention_and_contrib_equals_the_loop():
     got_c = ctx.update(g, ctx.init(g), g)[0]
     np.testing.assert_allclose(got_c["query"]["kernel"], want_q, atol=0.02)
     np.testing.assert_allclose(got_c["out"]["kernel"], want_o, atol=0.02)  # (no shape scale)
+
+
+# ----------------------------------------------------------------------------- amemory train
+
+
+def test_train_per_head_mla_with_qk_clip_logs_and_caps_max_logits(corpus, tmp_path):
+    """`amemory train` with optimizer.per_head and optimizer.qk_clip on MLA: the routing
+    table shows the head blocks, max_logit/<layer> is logged every step, the first step
+    (before any clip) is far above tau and the last steps stay within 10% of it."""
+    import json
+
+    from train_helpers import lm_config
+
+    from amemory.train import run
+
+    tau = 0.012
+    over = {"model.attention": "mla", "optimizer.per_head": "true", "optimizer.lr": 0.002,
+            "optimizer.qk_clip": tau, "steps": 8}  # fmt: skip
+    run(lm_config(corpus, **over), tmp_path)
+    recs = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    routing = {row[0]: row[4] for row in recs[0]["routing"]}
+    assert routing["layers/0/attn/q/kernel"] == "3 x (24, 8)"  # 3 heads of [D, d_h]
+    assert routing["layers/1/attn/o/kernel"] == "3 x (8, 24)"
+    assert routing["layers/0/attn/kv_down/kernel"] == "1 x (24, 32)"  # whole
+    top = [max(r["max_logit/0"], r["max_logit/1"]) for r in recs if r["kind"] == "train"]
+    assert len(top) == 8 and top[0] > 1.5 * tau and max(top[-3:]) <= 1.1 * tau, top
+
+
+@pytest.mark.parametrize("name", ["muonh", "adamh"])
+def test_train_config_accepts_hyperball_names(corpus, name):
+    """The names come from amemory.optim.OPTIMIZERS; the built optimizer keeps every hidden
+    matrix's norm after a step (Hyperball) and Adam trains the rest."""
+    from train_helpers import lm_config
+
+    from amemory.train import optimizers, tasks
+    from amemory.train.parallel import placement
+
+    cfg = lm_config(corpus, **{"optimizer.name": name})
+    task = tasks.build(cfg, placement(cfg.parallel))
+    params = task.init_params(jax.random.key(0))
+    roles = task.roles(params)
+    opt = optimizers.build(cfg, params, roles, matrix_axes=task.matrix_axes)
+    grads = jax.tree.map(jnp.ones_like, params)
+    new = optax.apply_updates(params, opt.tx.update(grads, opt.tx.init(params), params)[0])
+    w0, w1 = params["layers"][0]["attn"]["v"]["kernel"], new["layers"][0]["attn"]["v"]["kernel"]
+    assert float(jnp.linalg.norm(w1 - w0)) > 0
+    np.testing.assert_allclose(jnp.linalg.norm(w1), jnp.linalg.norm(w0), rtol=1e-5)
+    with pytest.raises(ValueError, match="weight_decay"):
+        optimizers.build(
+            lm_config(corpus, **{"optimizer.name": name, "optimizer.weight_decay": 0.1}),
+            params, roles, matrix_axes=task.matrix_axes,
+        )  # fmt: skip

@@ -11,6 +11,8 @@ Imports nothing of amemory outside this package (and nothing of Flax).
   ``scale_by_adamuon``/``adamuon`` (per-entry second moment).
 - ``contrib``: a drop-in for ``optax.contrib.muon`` (same signature and state) on
   amemory's kernels.
+- ``hyperball``: ``muonh``, ``adamh``, ``scale_by_hyperball`` (fixed-norm weights and
+  updates); ``qk_clip``: QK-Clip, given the forward pass's per-head max logits.
 - ``sign``: ``signgd``, ``signum``. Adam is ``optax.adam``/``optax.adamw``.
 - ``distributed``: the owner layout for parameters sharded over a device mesh
   (``muon(..., ns_mesh=(mesh, "fsdp"))``: whole matrices per device, all-to-all in and
@@ -38,6 +40,7 @@ from amemory.optim.distributed import (
     describe_layout,
     owner_state_shardings,
 )
+from amemory.optim.hyperball import adamh, muonh, scale_by_hyperball
 from amemory.optim.muon import (
     MOMENTUM_FORMS,
     NUCLEAR_SCALES,
@@ -48,7 +51,7 @@ from amemory.optim.muon import (
     scale_by_muon,
     shape_scale_factor,
 )
-from amemory.optim.nnx_roles import nnx_matrix_axes, nnx_role
+from amemory.optim.nnx_roles import nnx_matrix_axes, nnx_per_head_matrix_axes, nnx_role
 from amemory.optim.normuon import (
     AdaMuonState,
     NorMuonState,
@@ -70,6 +73,7 @@ from amemory.optim.orthogonalize import (
     singular_value_range,
 )
 from amemory.optim.presets import PRESETS, preset_options
+from amemory.optim.qk_clip import QK_CLIP_EXPONENTS, qk_clip
 from amemory.optim.routing import (
     GROUPS,
     REST,
@@ -91,6 +95,8 @@ OPTIMIZERS = {
     "adamuon": adamuon,
     "signgd": signgd,
     "signum": signum,
+    "muonh": muonh,
+    "adamh": adamh,
 }
 
 __all__ = [
@@ -105,6 +111,7 @@ __all__ = [
     "ORTHOGONALIZERS",
     "PRECONDITIONINGS",
     "PRESETS",
+    "QK_CLIP_EXPONENTS",
     "REST",
     "ROLES",
     "SHAPE_SCALES",
@@ -114,6 +121,7 @@ __all__ = [
     "NorMuonState",
     "OwnerStacks",
     "RoutingRow",
+    "adamh",
     "adamuon",
     "coefficient_table",
     "collect_diagnostics",
@@ -123,8 +131,10 @@ __all__ = [
     "format_routing_table",
     "label_params",
     "muon",
+    "muonh",
     "newton_schulz",
     "nnx_matrix_axes",
+    "nnx_per_head_matrix_axes",
     "nnx_role",
     "norm_ball_lmo",
     "normuon",
@@ -137,7 +147,9 @@ __all__ = [
     "preset_options",
     "routed",
     "routing_table",
+    "qk_clip",
     "scale_by_adamuon",
+    "scale_by_hyperball",
     "scale_by_muon",
     "scale_by_normuon",
     "shape_scale_factor",

@@ -62,6 +62,8 @@ def make_train_step(
             top = None if top is None else jax.lax.pmax(top, axis_name)
         updates, opt_state = opt.tx.update(grads, state.opt_state, state.params)
         params = optax.apply_updates(state.params, updates)
+        if opt.clip is not None and top is not None:
+            params = opt.clip(params, top)  # QK-Clip: heads whose logits exceeded tau
         metrics = {
             "loss": loss,
             "grad_norm": optax.tree.norm(grads),

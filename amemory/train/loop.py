@@ -130,16 +130,16 @@ class _Feed:
 
 def _routing_rows(table: list, matrix_axes, muon: bool) -> list:
     """Routing rows + a ``matrices`` column: how Muon sees each leaf it orthogonalises."""
+    from amemory.optim._matrices import layout_of
+
     out = []
     for path, shape, role, tx in table:
         cell = ""
         if muon and tx not in ("adam",):
-            axes = matrix_axes(tuple(path.split("/")), None)
-            if axes is not None:
-                nd = len(shape)
-                mat = sorted(a % nd for a in axes)
-                batch = int(np.prod([d for i, d in enumerate(shape) if i not in mat]))
-                cell = f"{batch} x ({shape[mat[0]]}, {shape[mat[1]]})"
+            if matrix_axes(tuple(path.split("/")), None) is not None:
+                leaf = jax.ShapeDtypeStruct(tuple(shape), "f4")
+                lay = layout_of(leaf, matrix_axes, tuple(path.split("/")))
+                cell = f"{lay.batch} x ({lay.fan_in}, {lay.fan_out})"
         out.append([path, shape, role, tx, cell])
     return out
 
@@ -258,6 +258,7 @@ def _run(
     opt = optimizers.build(
         config, abstract_params, roles, matrix_roles=task.matrix_roles,
         matrix_axes=task.matrix_axes, mesh=place.mesh if place.mode == "sharded" else None,
+        head_view=getattr(task, "head_view", None),
     )  # fmt: skip
     muon = config.optimizer.name in optimizers.MUON_LIKE
     table = _routing_rows(opt.table, task.matrix_axes, muon)

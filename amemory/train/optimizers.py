@@ -27,6 +27,7 @@ lists the layout of every orthogonalisation group for the start event.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Callable
 from typing import Any
 
@@ -84,6 +85,16 @@ def _signum(ocfg, lr, matrix_axes, ns_mesh):
     return optim.signum(lr, beta=float(ocfg.signum_beta), weight_decay=float(ocfg.weight_decay))
 
 
+def _muonh(ocfg, lr, matrix_axes, ns_mesh):
+    kw = _muon_options(ocfg, matrix_axes, ns_mesh)
+    return optim.muonh(lr, weight_decay=float(ocfg.weight_decay), **kw)
+
+
+def _adamh(ocfg, lr, matrix_axes, ns_mesh):
+    b = dict(b1=float(ocfg.b1), b2=float(ocfg.b2), eps=float(ocfg.eps))
+    return optim.adamh(lr, weight_decay=float(ocfg.weight_decay), matrix_axes=matrix_axes, **b)
+
+
 def _sgd(ocfg, lr, matrix_axes, ns_mesh):
     """Heavy-ball SGD ``m <- momentum m + g`` (Nesterov: ``u = g + momentum m``), as
     ``optax.sgd``, with the decay decoupled: ``theta <- theta - lr (u + wd theta)``."""
@@ -105,9 +116,11 @@ MATRIX_PARTS: dict[str, tuple[Callable[..., optax.GradientTransformation], float
     "signgd": (_signgd, 1e-3),
     "signum": (_signum, 1e-3),
     "sgd": (_sgd, 0.05),
+    "muonh": (_muonh, 0.05),  # Hyperball: the fraction of each matrix's norm per step
+    "adamh": (_adamh, 0.05),
 }
 #: The matrix parts that orthogonalise (matrix leaves only; owner layout on a mesh).
-MUON_LIKE = ("muon", "normuon", "adamuon")
+MUON_LIKE = ("muon", "normuon", "adamuon", "muonh")
 #: Every ``config.optimizer.name``: "adam" (everything Adam) and the matrix parts.
 NAMES: tuple[str, ...] = (ADAM, *MATRIX_PARTS)
 #: Peak learning rate of the matrix part when ``optimizer.lr`` is None.
@@ -171,6 +184,7 @@ class Optimizer:
     labels: Any  # same tree as params: "matrix" | "adam"
     table: list  # rows [path, shape, role, transform]
     layout: list  # Muon/NorMuon groups: amemory.optim.describe_layout rows ([] otherwise)
+    clip: Any = None  # (params, max_logit [L, H]) -> params: QK-Clip after the step, or None
 
 
 def _matrix_tx(
@@ -200,6 +214,7 @@ def build(
     matrix_roles: tuple[str, ...] | None = None,
     matrix_axes: Any = None,
     mesh: jax.sharding.Mesh | None = None,
+    head_view: Any = None,
 ) -> Optimizer:
     """Build the run's optimizer for ``params`` (one seed, no leading seed axis).
 
@@ -221,6 +236,8 @@ def build(
         or a callable ``(path, leaf) -> axes | None``; None from it marks a non-matrix).
       mesh: the ``("data", "fsdp")`` mesh of sharded mode: Muon/NorMuon then orthogonalise
         in the owner layout (``ns_mesh=(mesh, "fsdp")``); None on one device / pmap.
+      head_view: the model's head layout (``amemory.models.matrices.head_view``), which
+        ``optimizer.qk_clip > 0`` needs (``amemory.optim.qk_clip``).
 
     Returns:
       an :class:`Optimizer`.
@@ -292,4 +309,9 @@ def build(
         lr_sched = lr
     if float(ocfg.grad_clip) > 0:
         tx = optax.chain(optax.clip_by_global_norm(float(ocfg.grad_clip)), tx)
-    return Optimizer(tx=tx, lr=lr_sched, adam_lr=adam_lr, labels=labels, table=table, layout=layout)
+    clip, tau = None, float(ocfg.get("qk_clip", 0.0))
+    if tau > 0:
+        if head_view is None:
+            raise ValueError(f"config.optimizer.qk_clip={tau} needs attention heads (an LM task)")
+        clip = functools.partial(optim.qk_clip, tau=tau, roles=roles, head_view=head_view)
+    return Optimizer(tx, lr_sched, adam_lr, labels, table, layout, clip)

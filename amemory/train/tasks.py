@@ -184,6 +184,10 @@ class _Transformer:
         self.graphdef = transformer._graphdef(self.model_config)
         self.dropout = float(config.model.dropout) > 0
         self.lb_coef = float(config.model.moe.lb_coef)
+        self.per_head = bool(config.optimizer.get("per_head", False))
+        mc = self.model_config
+        if float(config.optimizer.get("qk_clip", 0.0)) > 0 and (mc.qk_norm or mc.use_bias):
+            raise ValueError("config.optimizer.qk_clip needs model.qk_norm and use_bias off")
         self.spectrum_roles = parse_roles(config.spectrum_roles, "spectrum_roles")
 
     def init_params(self, key: jax.Array) -> Any:
@@ -196,10 +200,19 @@ class _Transformer:
 
         return transformer.param_roles(params)
 
-    def matrix_axes(self, path: Any, leaf: Any) -> tuple[int, int] | None:
-        from amemory.models.roles import matrix_axes
+    def matrix_axes(self, path: Any, leaf: Any) -> Any:
+        """Per layer and expert (``roles.matrix_axes``), per head with ``optimizer.per_head``."""
+        from amemory.models import matrices, roles
 
-        return matrix_axes(path, leaf)
+        per_head = matrices.per_head_axes(self.model_config) if self.per_head else None
+        return (per_head or roles.matrix_axes)(path, leaf)
+
+    @property
+    def head_view(self) -> Any:
+        """The model's head layout, for QK-Clip (``amemory.models.matrices.head_view``)."""
+        from amemory.models.matrices import head_view
+
+        return head_view(self.model_config)
 
     def checkpoint_meta(self) -> dict[str, Any]:
         return {"model.scan_layers": bool(self.model_config.scan_layers)}

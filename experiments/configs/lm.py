@@ -109,7 +109,7 @@ def get_config(scale: str = "quick") -> ConfigDict:
 
     # ---- optimizer (amemory.optim; resolved in amemory.train.optimizers) ---------
     c.optimizer = ConfigDict()
-    c.optimizer.name = "muon"  # "adam" | "muon" | "normuon" | "signgd" | "signum" | "sgd"
+    c.optimizer.name = "muon"  # "adam" or a name of amemory.optim.OPTIMIZERS, or "sgd"
     # Roles given to optimizer.name; every other parameter (embed, head, norm,
     # bias, router, and unlisted matrices) is trained by Adam. Roles/groups: q k v o
     # w_in w_gate w_out embed head norm bias (MLA: q_down q_up q_rope kv_down k_up v_up
@@ -138,6 +138,11 @@ def get_config(scale: str = "quick") -> ConfigDict:
     c.optimizer.shape_scale = "jordan"
     c.optimizer.weight_decay = 0.0  # decoupled weight decay on both halves (papers use 0)
     c.optimizer.grad_clip = 0.0  # clip gradients to this global L2 norm first; 0 = off
+    # Muon on attention kernels head by head (Kimi K3 / GLM-5's Muon Split; a matrix view:
+    # amemory.models.matrices.per_head_axes); also MuonH's radius is then per head
+    c.optimizer.per_head = False
+    # QK-Clip threshold tau on the max pre-softmax logit per head (Kimi K2: 100); 0 = off
+    c.optimizer.qk_clip = 0.0
     # log orthogonality error of the Muon update (amemory.optim diagnostics)
     c.optimizer.diagnostics = True
 
