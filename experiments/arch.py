@@ -105,9 +105,9 @@ def frontier_config(cfg: ConfigDict, arch: str, arm: str, tau: float = 0.0) -> C
 
 def _peak_logit(run: dict[str, Any]) -> np.ndarray:
     """``[steps, seeds]`` max over layers of the logged ``max_logit/<layer>``."""
-    layers = [k for k in run["records"][-1] if k.startswith("max_logit/")]
-    found = [r for r in run["records"] if r.get("kind") == "train" and layers[0] in r]
-    return np.asarray([np.max([r[k] for k in layers], axis=0) for r in found], float)
+    train = [r for r in run["records"] if r.get("kind") == "train"]
+    layers = [k for k in train[-1] if k.startswith("max_logit/")]
+    return np.asarray([np.max([r[k] for k in layers], axis=0) for r in train], float)
 
 
 def frontier(cfg: ConfigDict, cache_dir: Any, out_dir: Any, progress: Any) -> tuple:
