@@ -256,3 +256,11 @@ def test_train_config_accepts_hyperball_names(corpus, name):
             lm_config(corpus, **{"optimizer.name": name, "optimizer.weight_decay": 0.1}),
             params, roles, matrix_axes=task.matrix_axes,
         )  # fmt: skip
+
+
+def test_deepseek_v4_preset_gives_update_rms_0_18():
+    g = jnp.asarray(np.random.default_rng(2).standard_normal((48, 160)), jnp.float32)
+    tx = optim.muon(1.0, preset="deepseek_v4", weight_decay=0.0)
+    u = tx.update(g, tx.init(g), g)[0]
+    np.testing.assert_allclose(float(jnp.sqrt(jnp.mean(u**2))), 0.18, rtol=0.01)
+    assert optim.preset_options("deepseek_v4")["ns_coeffs"] == "deepseek_v4"
