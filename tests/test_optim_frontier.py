@@ -10,7 +10,7 @@ import pytest
 
 from amemory import optim
 from amemory.optim import hyperball
-from amemory.optim.qk_clip import QK_CLIP_EXPONENTS, qk_clip
+from amemory.optim.qk_clip import qk_clip
 
 
 def _hyperball_reference(w, u, radius, lr):
@@ -71,7 +71,7 @@ def test_qk_clip_caps_logits_keeps_other_heads_and_decoding(attention):
     clipped model equals its full forward (MLA: absorbed projections)."""
     from amemory.models import decode as D
     from amemory.models import transformer as T
-    from amemory.models.matrices import head_view
+    from amemory.models.matrices import HEADS, head_view
 
     config = T.preset("tiny", attention=attention, mla=MLA_DIMS)
     graphdef, params = T.init(config, jax.random.key(0))
@@ -79,7 +79,7 @@ def test_qk_clip_caps_logits_keeps_other_heads_and_decoding(attention):
     tokens = jax.random.randint(jax.random.key(1), (2, 9), 0, config.vocab_size)
     top = T.apply(graphdef, params, tokens, with_aux=True)[1]["max_logit"]  # (L, H)
     tau = float(np.median(np.asarray(top[0])))
-    clipped = qk_clip(params, top, tau, T.param_roles(params), head_view(config))
+    clipped = qk_clip(params, top, tau, head_view(config))
     top2 = T.apply(graphdef, clipped, tokens, with_aux=True)[1]["max_logit"]
     np.testing.assert_allclose(top2[0], np.minimum(top[0], tau), rtol=1e-5)
     gamma = np.minimum(1.0, tau / np.asarray(top, np.float64))
@@ -90,7 +90,7 @@ def test_qk_clip_caps_logits_keeps_other_heads_and_decoding(attention):
                 np.asarray(params["layers"][i]["attn"][role]["kernel"]),
                 np.asarray(new["kernel"]),
             )
-            if role not in QK_CLIP_EXPONENTS:
+            if HEADS.get(role, (0, 0.0))[1] == 0:
                 np.testing.assert_array_equal(new, old)
                 continue
             w = old.shape[1] // h
@@ -99,10 +99,10 @@ def test_qk_clip_caps_logits_keeps_other_heads_and_decoding(attention):
                 if gamma[i, head] == 1.0:
                     np.testing.assert_array_equal(new[:, cols], old[:, cols])
                 else:
-                    want = old[:, cols] * gamma[i, head] ** QK_CLIP_EXPONENTS[role]
+                    want = old[:, cols] * gamma[i, head] ** HEADS[role][1]
                     np.testing.assert_allclose(new[:, cols], want, rtol=1e-6)
     stacked = T.stack_layers(params)
-    clipped_s = qk_clip(stacked, top, tau, T.param_roles(stacked), head_view(config))
+    clipped_s = qk_clip(stacked, top, tau, head_view(config))
     chex.assert_trees_all_equal(clipped_s, T.stack_layers(clipped))
     logits = T.apply(graphdef, clipped, tokens)
     cache = D.init_cache(config, 2, 9)
@@ -110,7 +110,7 @@ def test_qk_clip_caps_logits_keeps_other_heads_and_decoding(attention):
     out = D.extend(graphdef, clipped, tokens[:, 6:], cache, 6)[0]
     np.testing.assert_allclose(out, logits[:, 6:], rtol=1e-4, atol=1e-5)
     with pytest.raises(ValueError, match="tau"):
-        qk_clip(params, top, 0.0, T.param_roles(params), head_view(config))
+        qk_clip(params, top, 0.0, head_view(config))
 
 
 # ----------------------------------------------------------------------------- per-head Muon
@@ -129,7 +129,7 @@ def test_per_head_muon_equals_a_loop_over_heads_in_both_layouts(attention):
     matrices stay whole; the stacked layout gives the same; bf16 and the owner layout on 8
     devices agree."""
     from amemory.models import transformer as T
-    from amemory.models.matrices import HEAD_AXES, per_head_axes
+    from amemory.models.matrices import HEADS, per_head_axes
 
     config = T.preset("tiny", attention=attention, mla=MLA_DIMS)
     _, params = T.init(config, jax.random.key(0))
@@ -146,11 +146,11 @@ def test_per_head_muon_equals_a_loop_over_heads_in_both_layouts(attention):
                 np.asarray(g["kernel"], np.float64),
                 np.asarray(out["layers"][i]["attn"][role]["kernel"]),
             )
-            if role not in HEAD_AXES:
+            if role not in HEADS:
                 want = _polar_np(g) * max(1.0, g.shape[1] / g.shape[0]) ** 0.5
                 np.testing.assert_allclose(got, want, atol=2e-5)
                 continue
-            cols = HEAD_AXES[role] == -1
+            cols = HEADS[role][0] == -1
             blocks = np.split(g, h, axis=1 if cols else 0)
             want = [_polar_np(b) * max(1.0, b.shape[1] / b.shape[0]) ** 0.5 for b in blocks]
             np.testing.assert_allclose(got, np.concatenate(want, axis=1 if cols else 0), atol=2e-5)

@@ -21,29 +21,35 @@ from amemory.models.roles import FFN_ROLES, HIDDEN_ROLES, matrix_axes, role_of
 from amemory.models.scan import is_scanned
 
 __all__ = [
-    "HEAD_AXES", "ffn_matrices", "head_view", "hidden_matrices", "per_head_axes", "vo_maps"
+    "HEADS", "ffn_matrices", "head_view", "hidden_matrices", "per_head_axes", "vo_maps"
 ]  # fmt: skip
 
-#: Attention roles whose kernel concatenates the heads (head-major) along an axis: the
-#: output axis of the query / key / value projections, the input axis of ``o``.
-HEAD_AXES = {**dict.fromkeys(("q", "k", "v", "q_up", "k_up", "v_up", "q_rope"), -1), "o": -2}
+#: Attention roles whose kernel concatenates the heads (head-major) along an axis (the
+#: output axis of the projections, the input axis of ``o``) -> (that axis, the power of
+#: QK-Clip's ``gamma`` the role's heads take so that a clipped head's logits scale by
+#: ``gamma``): MHA ``q``, ``k`` 0.5 each (Kimi K2, arXiv 2507.20534, Sec. 2.1); MLA 0.5 on
+#: the no-RoPE ``q``/``q_up`` and ``k_up``, 1 on ``q_rope``, 0 on the values (MaxText
+#: ``qk_clip_utils.py``); the shared ``k_rope`` has no heads.
+HEADS = {
+    **dict.fromkeys(("q", "k", "q_up", "k_up"), (-1, 0.5)), "q_rope": (-1, 1.0),
+    **dict.fromkeys(("v", "v_up"), (-1, 0.0)), "o": (-2, 0.0),
+}  # fmt: skip
 
 
 def head_view(config: Any):
-    """``(path, leaf) -> (layer, head axis, H) | None`` for a parameter tree of ``config``.
-
-    ``layer`` is the index in the per-layer layout (``layers/i/...``), None for a stacked
-    leaf ``[L, ...]``; the head axis of ``HEAD_AXES[role]`` splits into ``[H, width]``.
-    Leaves of other roles (and biases) give None. The contract of
-    ``amemory.optim.qk_clip`` and of per-head Muon.
+    """``(path, leaf) -> (layer, head axis, H, QK-Clip power) | None`` for ``config``'s
+    parameter tree: ``layer`` is the index in the per-layer layout (``layers/i/...``), None
+    for a stacked leaf ``[L, ...]``; the head axis splits into ``[H, width]`` (:data:`HEADS`).
+    Other leaves (biases too) give None. The model side of ``amemory.optim.qk_clip`` and of
+    per-head Muon (:func:`per_head_axes`).
     """
 
     def view(path: Any, leaf: Any = None):
-        axis = HEAD_AXES.get(role_of(path))
+        axis, power = HEADS.get(role_of(path), (None, 0.0))
         if axis is None:
             return None
         layer = [int(k) for k in path[1:2] if isinstance(k, int) or str(k).isdigit()]
-        return (layer[0] if layer else None), axis, config.n_heads
+        return (layer[0] if layer else None), axis, config.n_heads, power
 
     return view
 
@@ -61,7 +67,7 @@ def per_head_axes(config: Any):
         heads = view(path, leaf)
         if heads is None:
             return matrix_axes(path, leaf)
-        return (-3 if heads[1] == -1 else -2, -1, heads[1:])
+        return (-3 if heads[1] == -1 else -2, -1, heads[1:3])
 
     return axes
 

@@ -105,9 +105,10 @@ def muonh(
 
 def adamh(
     learning_rate: optax.ScalarOrSchedule, *, weight_decay: Any = 0.0, b1: float = 0.9,
-    b2: float = 0.95, eps: float = 1e-8, matrix_axes: MatrixAxes = None,
+    b2: float = 0.95, eps: float = 1e-8, matrix_axes: MatrixAxes = (-2, -1),
 ) -> optax.GradientTransformation:  # fmt: skip
-    """AdamH: ``optax.scale_by_adam``, then :func:`scale_by_hyperball`.
+    """AdamH: ``optax.scale_by_adam``, then :func:`scale_by_hyperball` (by default one
+    radius per trailing 2-D matrix: leading axes, layers or experts, are stacks).
 
     Raises:
       ValueError: a non-zero ``weight_decay``.

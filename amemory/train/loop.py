@@ -128,22 +128,6 @@ class _Feed:
         return self.queue[0][0]
 
 
-def _routing_rows(table: list, matrix_axes, muon: bool) -> list:
-    """Routing rows + a ``matrices`` column: how Muon sees each leaf it orthogonalises."""
-    from amemory.optim._matrices import layout_of
-
-    out = []
-    for path, shape, role, tx in table:
-        cell = ""
-        if muon and tx not in ("adam",):
-            if matrix_axes(tuple(path.split("/")), None) is not None:
-                leaf = jax.ShapeDtypeStruct(tuple(shape), "f4")
-                lay = layout_of(leaf, matrix_axes, tuple(path.split("/")))
-                cell = f"{lay.batch} x ({lay.fan_in}, {lay.fan_out})"
-        out.append([path, shape, role, tx, cell])
-    return out
-
-
 def _routes(table: list) -> str:
     """One line of the routing table: ``routing: q,k,v,o -> muon; embed,norm -> adam``."""
     by_tx: dict[str, list[str]] = {}
@@ -256,12 +240,12 @@ def _run(
     abstract_params = jax.eval_shape(task.init_params, jax.random.PRNGKey(0))
     roles = task.roles(abstract_params)
     opt = optimizers.build(
-        config, abstract_params, roles, matrix_roles=task.matrix_roles,
+        config, abstract_params, roles, muon_roles=task.muon_roles,
         matrix_axes=task.matrix_axes, mesh=place.mesh if place.mode == "sharded" else None,
         head_view=getattr(task, "head_view", None),
     )  # fmt: skip
     muon = config.optimizer.name in optimizers.MUON_LIKE
-    table = _routing_rows(opt.table, task.matrix_axes, muon)
+    table = opt.table
     engine = engine_lib.Engine(
         place, task, opt, roles, keys, multi, bool(config.optimizer.diagnostics) and muon
     )
