@@ -131,10 +131,12 @@ def frontier(cfg: ConfigDict, cache_dir: Any, out_dir: Any, progress: Any) -> tu
                  "peak_max_logit": np.max(_peak_logit(r), axis=0).tolist(),
                  "late_max_logit": float(np.max(_peak_logit(r)[1:]))}
              for k, r in runs.items()}  # fmt: skip
+    every = int(cfg.base.log_every)
     figure = plots.plot_curves(
-        {k: (np.arange(len(p)), p) for k, p in ((k, _peak_logit(r)) for k, r in runs.items())},
-        out_dir / "figures" / "arch_max_logit.png", xlabel="train record",
-        ylabel="max pre-softmax logit (over layers and heads)",
+        {k: (every * np.arange(1, len(p) + 1), p) for k, p in
+         ((k, _peak_logit(r)) for k, r in runs.items())},
+        out_dir / "figures" / "arch_max_logit.png", xlabel="step",
+        ylabel="max logit (layers, heads)",
         title=f"max logits; QK-Clip tau = {tau:g}", hline=tau,
     )  # fmt: skip
     m = {"cells": cells, "tau": tau, "seeds": list(cfg.frontier.seeds)}
