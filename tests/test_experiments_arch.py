@@ -129,3 +129,15 @@ def test_frontier_verdicts_follow_the_stated_rules(values, verdicts):
     ]  # fmt: skip
     assert tuple(c.held for c in claims) == verdicts
     assert all(c.interval["n"] == 3 for c in claims)
+
+
+def test_frontier_arm_configs():
+    cfg = common.load_config("arch", "quick")
+    arms = {a: arch.frontier_config(cfg, "dense", a, tau=8.0) for a in arch.ARMS}
+    assert all(tuple(c.seeds) == (1, 2, 3) for c in arms.values())
+    assert arms["per_head"].optimizer.per_head and not arms["muon"].optimizer.per_head
+    assert arms["muon_wd"].optimizer.weight_decay == 0.1 == cfg.frontier.weight_decay
+    assert arms["muonh"].optimizer.name == "muonh"
+    assert arms["muonh"].optimizer.lr == pytest.approx(0.02 / (0.02 * 128**0.5))
+    assert arms["qk_clip"].optimizer.qk_clip == 8.0 and arms["muon"].optimizer.qk_clip == 0.0
+    assert arch.frontier_config(cfg, "mla", "per_head").model.attention == "mla"
