@@ -37,12 +37,9 @@ HEADS = {
 
 
 def head_view(config: Any):
-    """``(path, leaf) -> (layer, head axis, H, QK-Clip power) | None`` for ``config``'s
-    parameter tree: ``layer`` is the index in the per-layer layout (``layers/i/...``), None
-    for a stacked leaf ``[L, ...]``; the head axis splits into ``[H, width]`` (:data:`HEADS`).
-    Other leaves (biases too) give None. The model side of ``amemory.optim.qk_clip`` and of
-    per-head Muon (:func:`per_head_axes`).
-    """
+    """``(path, leaf) -> (layer, head axis, H, QK-Clip power) | None`` (:data:`HEADS`;
+    ``layer`` None for a stacked leaf ``[L, ...]``), the model side of
+    ``amemory.optim.qk_clip`` and of :func:`per_head_axes`."""
 
     def view(path: Any, leaf: Any = None):
         axis, power = HEADS.get(role_of(path), (None, 0.0))
@@ -55,12 +52,9 @@ def head_view(config: Any):
 
 
 def per_head_axes(config: Any):
-    """Muon's ``matrix_axes`` with every attention kernel viewed per head: q/k/v-like
-    ``[..., d_in, H w] -> [..., H] x [d_in, w]``, ``o`` ``[..., H w, D] -> [..., H] x [w, D]``
-    (MLA: ``q``/``q_up``, ``k_up``, ``v_up``, ``q_rope``; the shared ``k_rope`` and the
-    down-projections stay whole); other leaves as :func:`amemory.models.roles.matrix_axes`.
-    Kimi K3 (arXiv 2607.24653, Sec. 2.5); GLM-5's "Muon Split" (arXiv 2602.15763).
-    """
+    """Muon's ``matrix_axes`` with the kernels of :data:`HEADS` per head (``[..., d_in, H w]
+    -> [..., H] x [d_in, w]``; ``o``: ``[..., H] x [w, D]``), others as ``roles.matrix_axes``.
+    Kimi K3 (arXiv 2607.24653, Sec. 2.5); GLM-5's "Muon Split" (arXiv 2602.15763)."""
     view = head_view(config)
 
     def axes(path: Any, leaf: Any = None):

@@ -1,18 +1,11 @@
 """Hyperball (MuonH, AdamH): weights and updates at fixed Frobenius norms, no weight decay.
 
-Per matrix ``W`` (every matrix of a stack on its own: one per layer and per expert of a
-``[L, E, d, f]`` leaf, never one norm across them), with ``R = ||W_0||_F`` fixed at
-``init`` and ``u`` the base optimizer's direction (Muon's orthogonalised momentum, Adam's
-``m / sqrt(v)``)::
-
-    W' = W - lr R u / ||u||_F                 (the update is the fraction lr of R)
-    W_next = R W' / ||W'||_F                  (back onto the sphere of radius R)
-
-so ``lr`` is the angular step and weight decay has nothing left to do. Source: Wen, Dang,
-Lyu, Ma, Liang, "Fantastic Pretraining Optimizers and Where to Find Them II: Hyperball
-Optimization", arXiv 2606.16899 (its full text was not reachable, so no equation numbers:
-the rule follows the authors' announcement, "R: the initial Frobenius norm", and NVIDIA
-Emerging-Optimizers' ``MuonHyperball``); per expert, as Marin #8621 fixed.
+Per matrix ``W`` (each layer and expert of a stack on its own, never one norm across
+them: Marin #8621), with ``R = ||W_0||_F`` fixed at ``init`` and ``u`` the base optimizer's
+direction: ``W <- R normalize(W - lr R normalize(u))``, ``normalize(x) = x / ||x||_F``, so
+``lr`` is the angular step. Source: Wen et al., arXiv 2606.16899 (full text not reachable
+here, so no equation numbers: the rule follows the authors' announcement and NVIDIA
+Emerging-Optimizers' ``MuonHyperball``).
 """
 
 from __future__ import annotations
@@ -41,12 +34,12 @@ def _frobenius(m: jax.Array) -> jax.Array:
 def scale_by_hyperball(
     learning_rate: optax.ScalarOrSchedule, *, matrix_axes: MatrixAxes = None, eps: float = 1e-8
 ) -> optax.GradientTransformation:
-    """The Hyperball step after a direction: the returned update moves ``W`` to ``W_next``.
+    """The Hyperball step after a direction (the update moves ``W`` onto its sphere).
 
     Args:
       learning_rate: float or schedule: the update's norm as a fraction of ``R``.
-      matrix_axes: which axes of a leaf form its matrices (``amemory.optim.muon``'s rule;
-        other axes, and the heads of a per-head view, keep their own radius).
+      matrix_axes: ``amemory.optim.muon``'s rule; batch axes (and the heads of a per-head
+        view) keep their own radius.
       eps: floor of the norms divided by (a zero direction leaves ``W`` unchanged).
 
     Raises:

@@ -1,19 +1,13 @@
 """QK-Clip (MuonClip): rescale the query/key weights of heads whose logits exceeded tau.
 
-After the optimizer step, every attention head ``h`` of layer ``l`` whose largest
-pre-softmax logit in the step's forward pass was ``S_max > tau`` gets
-``gamma = tau / S_max`` (else 1), split over the weights that form the logit so that the
-logit itself scales by ``gamma``: the query and key kernels of multi-head attention get
-``gamma^0.5`` each (Megatron's ``alpha = 0.5``); multi-head latent attention's no-RoPE
-query and key up-projections get ``gamma^0.5`` each, the query RoPE projection
-``gamma``, and the RoPE key (shared by the heads) and the values are untouched. Source:
-Kimi Team, "Kimi K2", arXiv 2507.20534, Sec. 2.1 (tau = 100); MaxText
-``qk_clip_utils.py`` (the MLA rule).
-
-optax's ``update(grads, state, params)`` cannot see forward statistics (optax #1383), so
-this is a plain function the trainer calls with them after ``apply_updates``. It knows
-nothing of a model: where a leaf's heads lie and which power of ``gamma`` they take come
-from the model side (``head_view``, e.g. ``amemory.models.matrices.head_view``).
+After the step, head ``h`` of layer ``l`` whose largest pre-softmax logit in the step's
+forward pass was ``S > tau`` gets ``gamma = tau / S``, split over the weights forming the
+logit so that it scales by ``gamma`` (MHA: ``gamma^0.5`` on q and k; MLA: ``gamma^0.5`` on
+the no-RoPE q and k up-projections, ``gamma`` on the query RoPE part, the shared RoPE key
+and V untouched). Kimi K2, arXiv 2507.20534, Sec. 2.1 (tau = 100); MaxText
+``qk_clip_utils.py``. optax's ``update`` cannot see forward statistics (optax #1383), so
+this is a function the trainer calls after ``apply_updates``; which leaves hold heads, and
+their power of ``gamma``, come from the model (``amemory.models.matrices.head_view``).
 """
 
 from __future__ import annotations
