@@ -1,0 +1,354 @@
+"""``amemory plan``: compile the train step for TPU topologies this host does not own.
+
+    amemory plan --config experiments/configs/lm.py --topology v5e:2x2 --topology v5p:2x2x2 \\
+        --config.model.preset=gpt2-small --config.parallel.mode=sharded --config.parallel.fsdp=4
+
+:func:`plan` builds the step ``amemory train`` runs (:func:`amemory.train.engine.build`,
+the one step builder) from abstract shapes, lowers it for the devices of a TPU topology
+(``jax.experimental.topologies``; the compiler is libtpu's, ``pip install "jax[tpu]"``)
+and reads the compiled executable: memory per chip (``memory_analysis``), and from the
+optimized HLO the matmul FLOPs (while-loop bodies, e.g. scanned layers, multiplied by
+their trip counts: ``cost_analysis`` counts a loop body once), the bytes of every
+collective, and the dtype of the optimizer's dots (Newton-Schulz). A roofline *estimate*
+of the step time comes from :data:`CHIPS`. The approach follows MaxText's
+``train_compile.py`` (github.com/AI-Hypercomputer/maxtext).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import pathlib
+import re
+import sys
+import time
+from typing import Any
+
+# Chip figures per chip: peak dense bf16 FLOP/s, HBM bytes, HBM bytes/s, ICI bytes/s
+# (bidirectional, all links), and the public page they come from.
+CHIPS: dict[str, dict[str, Any]] = {
+    "v4": dict(peak=275e12, hbm=32 * 2**30, hbm_bw=1200e9, ici_bw=540e9,
+               source="cloud.google.com/tpu/docs/v4; ICI: 6 links x 2 x 45 GB/s, "
+                      "jax-ml.github.io/scaling-book/tpus"),
+    "v5e": dict(peak=197e12, hbm=16e9, hbm_bw=819e9, ici_bw=400e9,
+                source="cloud.google.com/tpu/docs/v5e"),
+    "v5p": dict(peak=459e12, hbm=95e9, hbm_bw=2765e9, ici_bw=600e9,
+                source="cloud.google.com/tpu/docs/v5p (ICI 4800 Gbps)"),
+    "v6e": dict(peak=918e12, hbm=32e9, hbm_bw=1638e9, ici_bw=800e9,
+                source="cloud.google.com/tpu/docs/v6e"),
+}  # fmt: skip
+COLLECTIVES = ("all-to-all", "all-gather", "all-reduce", "reduce-scatter", "collective-permute")
+_BYTES = {"pred": 1, "s8": 1, "u8": 1, "bf16": 2, "f16": 2, "s16": 2, "u16": 2, "f32": 4,
+          "s32": 4, "u32": 4, "f64": 8, "s64": 8, "u64": 8, "c64": 8, "c128": 16}  # fmt: skip
+_NO_TRAFFIC = {"parameter", "get-tuple-element", "tuple", "constant", "bitcast", "while",
+               "conditional", "call", "after-all", "partition-id", "replica-id"}  # fmt: skip
+_ARRAY = re.compile(r"(\w+)\[([\d,]*)\]")
+
+
+def _arrays(shape: str) -> list[tuple[str, list[int]]]:
+    return [(t, [int(d) for d in dims.split(",") if d]) for t, dims in _ARRAY.findall(shape)]
+
+
+def _nbytes(shape: str) -> int:
+    return sum(_BYTES.get(t, 4) * math.prod(d) for t, d in _arrays(shape))
+
+
+def _split(rest: str) -> tuple[str, str]:
+    """``"(a, b) op(...)"`` or ``"f32[2]{0} op(...)"`` -> (shape, remainder)."""
+    if rest.startswith("("):
+        depth = 0
+        for i, c in enumerate(rest):
+            depth += {"(": 1, ")": -1}.get(c, 0)
+            if depth == 0:
+                return rest[: i + 1], rest[i + 2 :]
+    shape, _, tail = rest.partition(" ")
+    return shape, tail
+
+
+def hlo_stats(text: str, scope: str) -> dict[str, Any]:
+    """Per-chip counts from optimized HLO text (``compiled.as_text()``).
+
+    Each computation's instructions are weighted by how often it runs: a while body by
+    the trip count its condition compares against (``i < N``), anything else it calls by
+    its caller's weight. Counted: ``flops``, 2 x multiply-adds of ``dot`` and
+    ``convolution``; ``hbm_bytes``, operand + result bytes of the unfused instructions (an
+    estimate of HBM traffic); ``collectives``, bytes per kind of :data:`COLLECTIVES`
+    (result size, operand size for reduce-scatter; one count per channel); the same
+    three for the ops whose name stack holds ``scope`` (``*_scope``), and
+    ``scope_dot_dtypes``, the operand dtypes of those ops' dots.
+
+    Args:
+      text: the module's HLO text.
+      scope: a ``jax.named_scope`` name (``amemory.train.engine.OPTIMIZER_SCOPE``).
+    """
+    comps: dict[str, list[tuple]] = {}
+    order, fused, cur, entry = [], set(), None, None
+    for line in text.splitlines():
+        head = re.match(r"^(ENTRY )?%?([\w.\-]+) \(.*\) -> .* \{$", line)
+        if head:
+            cur = head.group(2)
+            entry = cur if head.group(1) else entry
+            comps[cur] = []
+            order.append(cur)
+            continue
+        m = re.match(r"^\s*(?:ROOT )?%([\w.\-]+) = (.*)$", line)
+        if cur is None or not m:
+            continue
+        shape, tail = _split(m.group(2))
+        op, _, args = tail.partition("(")
+        comps[cur].append((m.group(1), shape, op, args))
+        if op == "fusion":
+            fused.update(re.findall(r"calls=%([\w.\-]+)", args))
+    weight = dict.fromkeys(comps, 0)
+    weight[entry] = 1  # callees are printed before their callers
+    for name in reversed(order):
+        for _, _, op, args in comps[name]:
+            trips = 1
+            if op == "while":
+                cond = re.search(r"condition=%([\w.\-]+)", args).group(1)
+                consts = [
+                    re.match(r"(-?\d+)\)", a) for _, _, o, a in comps[cond] if o == "constant"
+                ]
+                trips = max([int(c.group(1)) for c in consts if c] or [1])  # i < N from 0
+            callees = re.findall(r"(?:calls|to_apply|body|condition)=%([\w.\-]+)", args)
+            branches = re.search(r"(?:branch|called)_computations=\{([^}]*)\}", args)
+            callees += re.findall(r"%([\w.\-]+)", branches.group(1)) if branches else []
+            for callee in callees:
+                weight[callee] += weight[name] * (trips if f"body=%{callee}" in args else 1)
+    out = {"flops": 0.0, "flops_scope": 0.0, "hbm_bytes": 0.0, "hbm_bytes_scope": 0.0,
+           "collectives": dict.fromkeys(COLLECTIVES, 0.0), "scope_dot_dtypes": set(),
+           "collectives_scope": dict.fromkeys(COLLECTIVES, 0.0)}  # fmt: skip
+    channels: dict[str, tuple] = {}
+    for name in order:
+        shapes = {n: s for n, s, _, _ in comps[name]}
+        w = weight[name]
+        for _, shape, op, args in comps[name]:
+            in_scope = f"/{scope}/" in args
+            operands = [shapes.get(o, "") for o in re.findall(r"%([\w.\-]+)", args.split(")")[0])]
+            flops = 0.0
+            if op in ("dot", "convolution"):
+                out_elems = math.prod(_arrays(shape)[0][1])
+                lhs, rhs = _arrays(operands[0])[0], _arrays(operands[1])[0]
+                if op == "dot":
+                    dims = re.search(r"lhs_contracting_dims=\{([\d,]*)\}", args).group(1)
+                    k = math.prod(lhs[1][int(d)] for d in dims.split(",") if d)
+                else:  # dim_labels=lhs_rhs->out: every rhs dimension but "o" is contracted
+                    labels = re.search(r"dim_labels=\w+_(\w+)->", args).group(1)
+                    k = math.prod(d for c, d in zip(labels, rhs[1], strict=True) if c != "o")
+                flops = 2.0 * out_elems * k * w
+                if in_scope:
+                    out["scope_dot_dtypes"].add(lhs[0])
+            kind = op.removesuffix("-start")
+            if kind in COLLECTIVES:
+                nbytes = _nbytes(operands[0] if kind == "reduce-scatter" else shape)
+                channel = re.search(r"channel_id=(\d+)", args)
+                key = channel.group(1) if channel else f"{name}/{len(channels)}"
+                prev = channels.get(key, (kind, 0.0, False))
+                channels[key] = (kind, max(prev[1], nbytes * w), prev[2] or in_scope)
+            traffic = 0.0
+            if name not in fused and op not in _NO_TRAFFIC:
+                traffic = (_nbytes(shape) + sum(_nbytes(s) for s in operands)) * w
+            out["flops"] += flops
+            out["hbm_bytes"] += traffic
+            if in_scope:
+                out["flops_scope"] += flops
+                out["hbm_bytes_scope"] += traffic
+    for kind, nbytes, in_scope in channels.values():
+        out["collectives"][kind] += nbytes
+        if in_scope:
+            out["collectives_scope"][kind] += nbytes
+    out["scope_dot_dtypes"] = sorted(out["scope_dot_dtypes"])
+    return out
+
+
+def model_flops_per_token(model_config: Any, params: Any, roles: Any) -> float:
+    """Training FLOPs per token of a transformer, ``6 N + 12 L T d`` (arXiv 2204.02311,
+    appendix B): ``N`` the weights multiplied with activations (every matrix but the
+    embedding tables, plus the tied head ``V x d``; routed experts scaled by
+    ``top_k / experts``), ``L`` layers, ``T`` sequence length, ``d`` the attention width;
+    the attention term counts the full ``T x T`` scores, as the compiled step computes."""
+    import jax
+
+    n = 0.0
+    for leaf, role in zip(jax.tree.leaves(params), jax.tree.leaves(roles), strict=True):
+        if len(leaf.shape) >= 2 and role != "embed":
+            scale = model_config.moe.top_k / model_config.moe.experts if "expert_" in role else 1
+            n += math.prod(leaf.shape) * scale
+    if model_config.tied_head:
+        n += model_config.vocab_size * model_config.d_model
+    attn = 12 * model_config.n_layers * model_config.max_len * model_config.d_model
+    return 6 * n + attn
+
+
+def _advice(mem: dict, hbm: float) -> str:
+    """What dominates a plan that does not fit, and what to change."""
+    if mem["temp_bytes"] >= mem["argument_bytes"]:
+        return (
+            "temporaries (activations) dominate: lower data.batch_size, set "
+            "model.remat=true (remat_policy nothing_saveable), or model.scan_layers=true"
+        )
+    return (
+        "arguments (parameters and optimizer state) dominate: raise parallel.fsdp (mode "
+        "sharded) or use more chips"
+    )
+
+
+def plan(config: Any, topology: str, *, save: str | pathlib.Path | None = None) -> dict:
+    """Compile ``amemory train``'s step for ``config`` on a TPU ``topology`` and report.
+
+    Args:
+      config: a run ConfigDict (validated here; engine defaults added).
+      topology: a name ``jax.experimental.topologies.get_topology_desc`` accepts with a chip
+        of :data:`CHIPS`, ``"v5e:2x2"``, ``"v5p:2x2x2"``, ``"v4:2x2x1"``, ``"v6e:2x2"``.
+      save: write the serialized executable here (``jax.experimental.serialize_executable``).
+
+    Returns:
+      dict: topology, chips, compile_s, memory (argument / temp / output / alias / total
+      bytes per chip, hbm_bytes), fits, margin_bytes, advice (when it does not fit),
+      flops_per_chip, optimizer_flops_per_chip, model_flops_per_token, tokens_per_step,
+      collectives / optimizer_collectives (bytes per chip and step by kind), ns_dtype
+      (dtype of the optimizer's dots in the HLO; None without any), and ``estimate``:
+      the roofline step time (max of compute at peak bf16, HBM traffic, collectives over
+      ICI), tokens_per_s, mfu and optimizer_share. A config that does not fit (the
+      compiler runs out of HBM) returns ``fits=False`` with the compiler's message.
+
+    Raises:
+      ValueError: an unknown chip or a bad config (names the field).
+    """
+    from jax.experimental import topologies
+
+    from amemory.train import config as config_lib
+    from amemory.train import engine as engine_lib
+    from amemory.train import parallel
+
+    chip = topology.split(":")[0]
+    if chip not in CHIPS:
+        raise ValueError(f"topology={topology!r}: the chip must be one of {tuple(CHIPS)}")
+    config_lib.with_engine_defaults(config)
+    config_lib.validate(config)
+    devices = topologies.get_topology_desc(topology_name=topology, platform="tpu").devices
+    place = parallel.placement(config.parallel, devices)
+    b = engine_lib.build(config, place)
+    local = next(iter(b.task.train_input() or [None]))
+    spec = CHIPS[chip]
+    out: dict[str, Any] = {"topology": topology, "chips": len(devices), "mode": place.mode}
+    t0 = time.perf_counter()
+    try:
+        compiled = b.engine.lower(local).compile()
+    except Exception as e:  # noqa: BLE001 - the compiler's out-of-memory is a result
+        if "RESOURCE_EXHAUSTED" not in str(e) and "memory" not in str(e).lower():
+            raise
+        msg = str(e).splitlines()[0][:400]
+        return out | {"fits": False, "compile_s": time.perf_counter() - t0, "error": msg,
+                      "advice": "the compiler ran out of HBM; " + _advice(
+                          {"temp_bytes": 1, "argument_bytes": 0}, spec["hbm"])}  # fmt: skip
+    out["compile_s"] = time.perf_counter() - t0
+    m = compiled.memory_analysis()
+    mem = {"argument_bytes": m.argument_size_in_bytes, "temp_bytes": m.temp_size_in_bytes,
+           "output_bytes": m.output_size_in_bytes, "alias_bytes": m.alias_size_in_bytes,
+           "code_bytes": m.generated_code_size_in_bytes}  # fmt: skip
+    mem["total_bytes"] = sum(mem.values()) - 2 * mem["alias_bytes"]  # donated outputs alias
+    out |= {"memory": mem, "hbm_bytes": spec["hbm"]}
+    out["margin_bytes"] = spec["hbm"] - mem["total_bytes"]
+    out["fits"] = out["margin_bytes"] >= 0
+    if not out["fits"]:
+        out["advice"] = _advice(mem, spec["hbm"])
+    st = hlo_stats(compiled.as_text(), engine_lib.OPTIMIZER_SCOPE)
+    tokens = b.task.tokens_per_step
+    abstract = b.engine.abstract.params
+    per_token = None
+    if hasattr(b.task, "model_config"):
+        roles = b.task.roles(abstract)
+        per_token = model_flops_per_token(b.task.model_config, abstract, roles)
+    dtypes = st["scope_dot_dtypes"]
+    out |= {
+        "flops_per_chip": st["flops"], "optimizer_flops_per_chip": st["flops_scope"],
+        "hbm_traffic_bytes_per_chip": st["hbm_bytes"], "model_flops_per_token": per_token,
+        "tokens_per_step": tokens, "collectives": st["collectives"],
+        "optimizer_collectives": st["collectives_scope"],
+        "ns_dtype": dtypes[0] if len(dtypes) == 1 else (dtypes or None),
+    }  # fmt: skip
+
+    def seconds(flops, traffic, coll):
+        return max(flops / spec["peak"], traffic / spec["hbm_bw"], coll / spec["ici_bw"])
+
+    step = seconds(st["flops"], st["hbm_bytes"], sum(st["collectives"].values()))
+    opt = seconds(st["flops_scope"], st["hbm_bytes_scope"], sum(st["collectives_scope"].values()))
+    est = {"step_s": step, "tokens_per_s": tokens / step if step else None,
+           "optimizer_share": opt / step if step else None, "mfu": None}  # fmt: skip
+    if per_token and step:
+        est["mfu"] = per_token * tokens / (step * len(devices) * spec["peak"])
+    out["estimate"] = est
+    if save is not None:
+        import pickle
+
+        from jax.experimental.serialize_executable import serialize
+
+        from amemory import atomic
+
+        atomic.write_bytes(pathlib.Path(save), pickle.dumps(serialize(compiled)))
+        out["saved"] = str(save)
+    return out
+
+
+def format_table(reports: list[dict]) -> str:
+    """One row per topology; estimates marked ``~``."""
+    gb = 1e9
+    rows = [
+        "topology | fits (margin GB) | GB/chip arg+temp+out | compile s | TFLOP/chip "
+        "(opt) | collective MB/chip (opt) | ns_dtype | ~step ms | ~tok/s | ~MFU | ~opt share"
+    ]
+    for r in reports:
+        if "memory" not in r:
+            rows.append(f"{r['topology']} | no: {r.get('error', '')} | | {r['compile_s']:.0f}")
+            continue
+        m, e = r["memory"], r["estimate"]
+        coll, ocoll = sum(r["collectives"].values()), sum(r["optimizer_collectives"].values())
+        mfu = f"{e['mfu']:.0%}" if e["mfu"] is not None else "-"
+        rows.append(
+            f"{r['topology']} | {'yes' if r['fits'] else 'NO'} ({r['margin_bytes'] / gb:+.2f}) | "
+            f"{m['argument_bytes'] / gb:.2f}+{m['temp_bytes'] / gb:.2f}+"
+            f"{m['output_bytes'] / gb:.2f} | {r['compile_s']:.0f} | "
+            f"{r['flops_per_chip'] / 1e12:.3f} ({r['optimizer_flops_per_chip'] / 1e12:.3f}) | "
+            f"{coll / 1e6:.1f} ({ocoll / 1e6:.1f}) | {r['ns_dtype']} | {e['step_s'] * 1e3:.2f} | "
+            f"{e['tokens_per_s']:.3g} | {mfu} | {e['optimizer_share']:.1%}"
+        )
+        if not r["fits"]:
+            rows.append(f"  does not fit: {r['advice']}")
+    return "\n".join(rows)
+
+
+def main(argv: list[str]) -> int:
+    """``amemory plan``: parse, plan every ``--topology``, print the table (or JSON)."""
+    from amemory.train.cli import _split_overrides
+
+    parser = argparse.ArgumentParser(
+        prog="amemory plan",
+        description="Compile the train step of a config for TPU topologies from this host "
+        "(needs libtpu: pip install 'jax[tpu]') and report memory, FLOPs, collectives and a "
+        "roofline estimate. Override fields with --config.a.b=VALUE.",
+    )
+    parser.add_argument("--config", required=True, help="config file, optionally PATH:ARG")
+    parser.add_argument(
+        "--topology",
+        action="append",
+        required=True,
+        help=f"TPU topology, e.g. v5e:2x2 (chips: {', '.join(CHIPS)}); repeatable",
+    )
+    parser.add_argument("--json", action="store_true", help="print JSON instead of the table")
+    parser.add_argument("--save", metavar="DIR", help="write DIR/<topology>.exe (serialized)")
+    args, rest = parser.parse_known_args(argv)
+    from amemory.train.config import load_config
+
+    try:
+        config = load_config(args.config, _split_overrides(rest))
+        reports = []
+        for topo in args.topology:
+            save = pathlib.Path(args.save) / f"{topo.replace(':', '_')}.exe" if args.save else None
+            reports.append(plan(config, topo, save=save))
+    except ValueError as e:
+        sys.stderr.write(f"amemory plan: error: {e}\n")
+        return 2
+    print(json.dumps(reports, indent=2) if args.json else format_table(reports))
+    return 0
