@@ -66,6 +66,29 @@ def _split(rest: str) -> tuple[str, str]:
     return shape, tail
 
 
+def _conv_macs(out: list[int], lhs: list[int], rhs: list[int], args: str) -> int:
+    """Multiply-adds of an HLO convolution (TPU writes batched dots as convolutions whose
+    spatial dims, dilated, strided and padded, act as batch dims): output features x
+    input features x, per spatial dim, the (output, tap) pairs that meet real input."""
+    import numpy as np
+
+    ll, rl, ol = re.search(r"dim_labels=(\w+)_(\w+)->(\w+)", args).groups()
+    window = re.search(r"window=\{([^}]*)\}", args)
+    win = dict(re.findall(r"(\w+)=([\d_x]+)", window.group(1) if window else ""))
+    macs = math.prod(d for c, d in zip(ol, out, strict=True) if not c.isdigit())
+    macs *= rhs[rl.index("i")]
+    for j in range(sum(c.isdigit() for c in ol)):
+        n, m = lhs[ll.index(str(j))], out[ol.index(str(j))]
+        size, stride, dil, rdil = (
+            int(win[key].split("x")[j]) if key in win else 1
+            for key in ("size", "stride", "lhs_dilate", "rhs_dilate")
+        )
+        lo = int(win["pad"].split("x")[j].split("_")[0]) if "pad" in win else 0
+        pos = np.arange(m)[:, None] * stride - lo + np.arange(size)[None, :] * rdil
+        macs *= int(((pos >= 0) & (pos <= (n - 1) * dil) & (pos % dil == 0)).sum())
+    return macs
+
+
 def hlo_stats(text: str, scope: str) -> dict[str, Any]:
     """Per-chip counts from optimized HLO text (``compiled.as_text()``).
 
@@ -74,7 +97,9 @@ def hlo_stats(text: str, scope: str) -> dict[str, Any]:
     its caller's weight. Counted: ``flops``, 2 x multiply-adds of ``dot`` and
     ``convolution``; ``hbm_bytes``, operand + result bytes of the unfused instructions (an
     estimate of HBM traffic); ``collectives``, bytes per kind of :data:`COLLECTIVES`
-    (result size, operand size for reduce-scatter; one count per channel); the same
+    (result size, operand size for reduce-scatter; TPU's asynchronous collectives are
+    fusions that repeat the op: it counts in the one that starts it) and
+    ``collective_ops``, how many run per step; the same
     three for the ops whose name stack holds ``scope`` (``*_scope``), and
     ``scope_dot_dtypes``, the operand dtypes of those ops' dots.
 
@@ -83,7 +108,7 @@ def hlo_stats(text: str, scope: str) -> dict[str, Any]:
       scope: a ``jax.named_scope`` name (``amemory.train.engine.OPTIMIZER_SCOPE``).
     """
     comps: dict[str, list[tuple]] = {}
-    order, fused, cur, entry = [], set(), None, None
+    order, fused, starts, cur, entry = [], set(), set(), None, None
     for line in text.splitlines():
         head = re.match(r"^(ENTRY )?%?([\w.\-]+) \(.*\) -> .* \{$", line)
         if head:
@@ -100,6 +125,8 @@ def hlo_stats(text: str, scope: str) -> dict[str, Any]:
         comps[cur].append((m.group(1), shape, op, args))
         if op == "fusion":
             fused.update(re.findall(r"calls=%([\w.\-]+)", args))
+        if 'custom_call_target="AsyncCollectiveStart"' in args:
+            starts.add(cur)
     weight = dict.fromkeys(comps, 0)
     weight[entry] = 1  # callees are printed before their callers
     for name in reversed(order):
@@ -118,13 +145,13 @@ def hlo_stats(text: str, scope: str) -> dict[str, Any]:
                 weight[callee] += weight[name] * (trips if f"body=%{callee}" in args else 1)
     out = {"flops": 0.0, "flops_scope": 0.0, "hbm_bytes": 0.0, "hbm_bytes_scope": 0.0,
            "collectives": dict.fromkeys(COLLECTIVES, 0.0), "scope_dot_dtypes": set(),
-           "collectives_scope": dict.fromkeys(COLLECTIVES, 0.0)}  # fmt: skip
-    channels: dict[str, tuple] = {}
+           "collectives_scope": dict.fromkeys(COLLECTIVES, 0.0),
+           "collective_ops": dict.fromkeys(COLLECTIVES, 0)}  # fmt: skip
     for name in order:
         shapes = {n: s for n, s, _, _ in comps[name]}
         w = weight[name]
         for _, shape, op, args in comps[name]:
-            in_scope = f"/{scope}/" in args
+            in_scope = f"{scope}/" in args
             operands = [shapes.get(o, "") for o in re.findall(r"%([\w.\-]+)", args.split(")")[0])]
             flops = 0.0
             if op in ("dot", "convolution"):
@@ -133,19 +160,18 @@ def hlo_stats(text: str, scope: str) -> dict[str, Any]:
                 if op == "dot":
                     dims = re.search(r"lhs_contracting_dims=\{([\d,]*)\}", args).group(1)
                     k = math.prod(lhs[1][int(d)] for d in dims.split(",") if d)
-                else:  # dim_labels=lhs_rhs->out: every rhs dimension but "o" is contracted
-                    labels = re.search(r"dim_labels=\w+_(\w+)->", args).group(1)
-                    k = math.prod(d for c, d in zip(labels, rhs[1], strict=True) if c != "o")
+                else:
+                    out_elems, k = 1, _conv_macs(_arrays(shape)[0][1], lhs[1], rhs[1], args)
                 flops = 2.0 * out_elems * k * w
                 if in_scope:
                     out["scope_dot_dtypes"].add(lhs[0])
             kind = op.removesuffix("-start")
-            if kind in COLLECTIVES:
-                nbytes = _nbytes(operands[0] if kind == "reduce-scatter" else shape)
-                channel = re.search(r"channel_id=(\d+)", args)
-                key = channel.group(1) if channel else f"{name}/{len(channels)}"
-                prev = channels.get(key, (kind, 0.0, False))
-                channels[key] = (kind, max(prev[1], nbytes * w), prev[2] or in_scope)
+            if kind in COLLECTIVES and (name not in fused or name in starts):
+                nbytes = _nbytes(operands[0] if kind == "reduce-scatter" else shape) * w
+                out["collectives"][kind] += nbytes
+                out["collective_ops"][kind] += w
+                if in_scope:
+                    out["collectives_scope"][kind] += nbytes
             traffic = 0.0
             if name not in fused and op not in _NO_TRAFFIC:
                 traffic = (_nbytes(shape) + sum(_nbytes(s) for s in operands)) * w
@@ -154,10 +180,6 @@ def hlo_stats(text: str, scope: str) -> dict[str, Any]:
             if in_scope:
                 out["flops_scope"] += flops
                 out["hbm_bytes_scope"] += traffic
-    for kind, nbytes, in_scope in channels.values():
-        out["collectives"][kind] += nbytes
-        if in_scope:
-            out["collectives_scope"][kind] += nbytes
     out["scope_dot_dtypes"] = sorted(out["scope_dot_dtypes"])
     return out
 
@@ -181,9 +203,9 @@ def model_flops_per_token(model_config: Any, params: Any, roles: Any) -> float:
     return 6 * n + attn
 
 
-def _advice(mem: dict, hbm: float) -> str:
+def _advice(temporaries: bool) -> str:
     """What dominates a plan that does not fit, and what to change."""
-    if mem["temp_bytes"] >= mem["argument_bytes"]:
+    if temporaries:
         return (
             "temporaries (activations) dominate: lower data.batch_size, set "
             "model.remat=true (remat_policy nothing_saveable), or model.scan_layers=true"
@@ -216,6 +238,7 @@ def plan(config: Any, topology: str, *, save: str | pathlib.Path | None = None) 
     Raises:
       ValueError: an unknown chip or a bad config (names the field).
     """
+    import jax
     from jax.experimental import topologies
 
     from amemory.train import config as config_lib
@@ -232,17 +255,22 @@ def plan(config: Any, topology: str, *, save: str | pathlib.Path | None = None) 
     b = engine_lib.build(config, place)
     local = next(iter(b.task.train_input() or [None]))
     spec = CHIPS[chip]
-    out: dict[str, Any] = {"topology": topology, "chips": len(devices), "mode": place.mode}
+    chips = place.mesh.size  # "single" uses one chip of the topology
+    out: dict[str, Any] = {"topology": topology, "chips": chips, "mode": place.mode}
     t0 = time.perf_counter()
+    cache = jax.config.jax_enable_compilation_cache  # no TPU executables in a CPU cache
+    jax.config.update("jax_enable_compilation_cache", False)
     try:
         compiled = b.engine.lower(local).compile()
     except Exception as e:  # noqa: BLE001 - the compiler's out-of-memory is a result
         if "RESOURCE_EXHAUSTED" not in str(e) and "memory" not in str(e).lower():
             raise
         msg = str(e).splitlines()[0][:400]
+        advice = _advice("temporaries" in msg)
         return out | {"fits": False, "compile_s": time.perf_counter() - t0, "error": msg,
-                      "advice": "the compiler ran out of HBM; " + _advice(
-                          {"temp_bytes": 1, "argument_bytes": 0}, spec["hbm"])}  # fmt: skip
+                      "advice": advice}  # fmt: skip
+    finally:
+        jax.config.update("jax_enable_compilation_cache", cache)
     out["compile_s"] = time.perf_counter() - t0
     m = compiled.memory_analysis()
     mem = {"argument_bytes": m.argument_size_in_bytes, "temp_bytes": m.temp_size_in_bytes,
@@ -253,7 +281,7 @@ def plan(config: Any, topology: str, *, save: str | pathlib.Path | None = None) 
     out["margin_bytes"] = spec["hbm"] - mem["total_bytes"]
     out["fits"] = out["margin_bytes"] >= 0
     if not out["fits"]:
-        out["advice"] = _advice(mem, spec["hbm"])
+        out["advice"] = _advice(mem["temp_bytes"] >= mem["argument_bytes"])
     st = hlo_stats(compiled.as_text(), engine_lib.OPTIMIZER_SCOPE)
     tokens = b.task.tokens_per_step
     abstract = b.engine.abstract.params
@@ -278,7 +306,7 @@ def plan(config: Any, topology: str, *, save: str | pathlib.Path | None = None) 
     est = {"step_s": step, "tokens_per_s": tokens / step if step else None,
            "optimizer_share": opt / step if step else None, "mfu": None}  # fmt: skip
     if per_token and step:
-        est["mfu"] = per_token * tokens / (step * len(devices) * spec["peak"])
+        est["mfu"] = per_token * tokens / (step * chips * spec["peak"])
     out["estimate"] = est
     if save is not None:
         import pickle
