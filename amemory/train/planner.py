@@ -25,8 +25,8 @@ import sys
 import time
 from typing import Any
 
-# Chip figures per chip: peak dense bf16 FLOP/s, HBM bytes, HBM bytes/s, ICI bytes/s
-# (bidirectional, all links), and the public page they come from.
+# Chip figures, per chip: peak dense bf16 FLOP/s, HBM bytes, HBM bytes/s, interconnect
+# bytes/s (ICI, or NVLink for GPUs; bidirectional, all links), and where they come from.
 CHIPS: dict[str, dict[str, Any]] = {
     "v4": dict(peak=275e12, hbm=32 * 2**30, hbm_bw=1200e9, ici_bw=540e9,
                source="cloud.google.com/tpu/docs/v4; ICI: 6 links x 2 x 45 GB/s, "
@@ -37,12 +37,16 @@ CHIPS: dict[str, dict[str, Any]] = {
                 source="cloud.google.com/tpu/docs/v5p (ICI 4800 Gbps)"),
     "v6e": dict(peak=918e12, hbm=32e9, hbm_bw=1638e9, ici_bw=800e9,
                 source="cloud.google.com/tpu/docs/v6e"),
+    "h100": dict(peak=989e12, hbm=80e9, hbm_bw=3350e9, ici_bw=900e9,
+                 source="nvidia.com/en-us/data-center/h100 (SXM, dense)"),
+    "h200": dict(peak=989e12, hbm=141e9, hbm_bw=4800e9, ici_bw=900e9,
+                 source="nvidia.com/en-us/data-center/h200 (SXM, dense)"),
+    "a100": dict(peak=312e12, hbm=80e9, hbm_bw=2039e9, ici_bw=600e9,
+                 source="nvidia.com/en-us/data-center/a100 (80GB SXM, dense)"),
 }  # fmt: skip
 COLLECTIVES = ("all-to-all", "all-gather", "all-reduce", "reduce-scatter", "collective-permute")
 _BYTES = {"pred": 1, "s8": 1, "u8": 1, "bf16": 2, "f16": 2, "s16": 2, "u16": 2, "f32": 4,
           "s32": 4, "u32": 4, "f64": 8, "s64": 8, "u64": 8, "c64": 8, "c128": 16}  # fmt: skip
-_NO_TRAFFIC = {"parameter", "get-tuple-element", "tuple", "constant", "bitcast", "while",
-               "conditional", "call", "after-all", "partition-id", "replica-id"}  # fmt: skip
 _ARRAY = re.compile(r"(\w+)\[([\d,]*)\]")
 
 
@@ -95,8 +99,7 @@ def hlo_stats(text: str, scope: str) -> dict[str, Any]:
     Each computation's instructions are weighted by how often it runs: a while body by
     the trip count its condition compares against (``i < N``), anything else it calls by
     its caller's weight. Counted: ``flops``, 2 x multiply-adds of ``dot`` and
-    ``convolution``; ``hbm_bytes``, operand + result bytes of the unfused instructions (an
-    estimate of HBM traffic); ``collectives``, bytes per kind of :data:`COLLECTIVES`
+    ``convolution``; ``collectives``, bytes per kind of :data:`COLLECTIVES`
     (result size, operand size for reduce-scatter; TPU's asynchronous collectives are
     fusions that repeat the op: it counts in the one that starts it) and
     ``collective_ops``, how many run per step; the same
@@ -143,7 +146,7 @@ def hlo_stats(text: str, scope: str) -> dict[str, Any]:
             callees += re.findall(r"%([\w.\-]+)", branches.group(1)) if branches else []
             for callee in callees:
                 weight[callee] += weight[name] * (trips if f"body=%{callee}" in args else 1)
-    out = {"flops": 0.0, "flops_scope": 0.0, "hbm_bytes": 0.0, "hbm_bytes_scope": 0.0,
+    out = {"flops": 0.0, "flops_scope": 0.0,
            "collectives": dict.fromkeys(COLLECTIVES, 0.0), "scope_dot_dtypes": set(),
            "collectives_scope": dict.fromkeys(COLLECTIVES, 0.0),
            "collective_ops": dict.fromkeys(COLLECTIVES, 0)}  # fmt: skip
@@ -153,7 +156,6 @@ def hlo_stats(text: str, scope: str) -> dict[str, Any]:
         for _, shape, op, args in comps[name]:
             in_scope = f"{scope}/" in args
             operands = [shapes.get(o, "") for o in re.findall(r"%([\w.\-]+)", args.split(")")[0])]
-            flops = 0.0
             if op in ("dot", "convolution"):
                 out_elems = math.prod(_arrays(shape)[0][1])
                 lhs, rhs = _arrays(operands[0])[0], _arrays(operands[1])[0]
@@ -162,8 +164,9 @@ def hlo_stats(text: str, scope: str) -> dict[str, Any]:
                     k = math.prod(lhs[1][int(d)] for d in dims.split(",") if d)
                 else:
                     out_elems, k = 1, _conv_macs(_arrays(shape)[0][1], lhs[1], rhs[1], args)
-                flops = 2.0 * out_elems * k * w
+                out["flops"] += 2.0 * out_elems * k * w
                 if in_scope:
+                    out["flops_scope"] += 2.0 * out_elems * k * w
                     out["scope_dot_dtypes"].add(lhs[0])
             kind = op.removesuffix("-start")
             if kind in COLLECTIVES and (name not in fused or name in starts):
@@ -172,34 +175,26 @@ def hlo_stats(text: str, scope: str) -> dict[str, Any]:
                 out["collective_ops"][kind] += w
                 if in_scope:
                     out["collectives_scope"][kind] += nbytes
-            traffic = 0.0
-            if name not in fused and op not in _NO_TRAFFIC:
-                traffic = (_nbytes(shape) + sum(_nbytes(s) for s in operands)) * w
-            out["flops"] += flops
-            out["hbm_bytes"] += traffic
-            if in_scope:
-                out["flops_scope"] += flops
-                out["hbm_bytes_scope"] += traffic
     out["scope_dot_dtypes"] = sorted(out["scope_dot_dtypes"])
     return out
 
 
-def model_flops_per_token(model_config: Any, params: Any, roles: Any) -> float:
+def model_flops_per_token(model_config: Any, params: Any, roles: Any, seq_len: int) -> float:
     """Training FLOPs per token of a transformer, ``6 N + 12 L T d`` (arXiv 2204.02311,
     appendix B): ``N`` the weights multiplied with activations (every matrix but the
     embedding tables, plus the tied head ``V x d``; routed experts scaled by
-    ``top_k / experts``), ``L`` layers, ``T`` sequence length, ``d`` the attention width;
+    ``top_k / experts``), ``L`` layers, ``T = seq_len``, ``d`` the attention width;
     the attention term counts the full ``T x T`` scores, as the compiled step computes."""
     import jax
 
     n = 0.0
     for leaf, role in zip(jax.tree.leaves(params), jax.tree.leaves(roles), strict=True):
-        if len(leaf.shape) >= 2 and role != "embed":
+        if role not in ("embed", "norm", "bias"):
             scale = model_config.moe.top_k / model_config.moe.experts if "expert_" in role else 1
             n += math.prod(leaf.shape) * scale
     if model_config.tied_head:
         n += model_config.vocab_size * model_config.d_model
-    attn = 12 * model_config.n_layers * model_config.max_len * model_config.d_model
+    attn = 12 * model_config.n_layers * seq_len * model_config.d_model
     return 6 * n + attn
 
 
@@ -231,7 +226,8 @@ def plan(config: Any, topology: str, *, save: str | pathlib.Path | None = None) 
       flops_per_chip, optimizer_flops_per_chip, model_flops_per_token, tokens_per_step,
       collectives / optimizer_collectives (bytes per chip and step by kind), ns_dtype
       (dtype of the optimizer's dots in the HLO; None without any), and ``estimate``:
-      the roofline step time (max of compute at peak bf16, HBM traffic, collectives over
+      the roofline step time (max of compute at peak bf16, HBM traffic -- arguments and
+      outputs once, temporaries written and read -- and collectives over
       ICI), tokens_per_s, mfu and optimizer_share. A config that does not fit (the
       compiler runs out of HBM) returns ``fits=False`` with the compiler's message.
 
@@ -288,11 +284,12 @@ def plan(config: Any, topology: str, *, save: str | pathlib.Path | None = None) 
     per_token = None
     if hasattr(b.task, "model_config"):
         roles = b.task.roles(abstract)
-        per_token = model_flops_per_token(b.task.model_config, abstract, roles)
+        seq = getattr(b.task, "seq_len", b.task.model_config.max_len)
+        per_token = model_flops_per_token(b.task.model_config, abstract, roles, seq)
     dtypes = st["scope_dot_dtypes"]
     out |= {
         "flops_per_chip": st["flops"], "optimizer_flops_per_chip": st["flops_scope"],
-        "hbm_traffic_bytes_per_chip": st["hbm_bytes"], "model_flops_per_token": per_token,
+        "model_flops_per_token": per_token,
         "tokens_per_step": tokens, "collectives": st["collectives"],
         "optimizer_collectives": st["collectives_scope"],
         "ns_dtype": dtypes[0] if len(dtypes) == 1 else (dtypes or None),
@@ -301,8 +298,12 @@ def plan(config: Any, topology: str, *, save: str | pathlib.Path | None = None) 
     def seconds(flops, traffic, coll):
         return max(flops / spec["peak"], traffic / spec["hbm_bw"], coll / spec["ici_bw"])
 
-    step = seconds(st["flops"], st["hbm_bytes"], sum(st["collectives"].values()))
-    opt = seconds(st["flops_scope"], st["hbm_bytes_scope"], sum(st["collectives_scope"].values()))
+    # HBM traffic, a floor: arguments read, outputs written, temporaries written and read;
+    # the optimizer update reads and writes the state (about the arguments)
+    traffic = mem["argument_bytes"] + mem["output_bytes"] + 2 * mem["temp_bytes"]
+    step = seconds(st["flops"], traffic, sum(st["collectives"].values()))
+    state = 2 * mem["argument_bytes"]
+    opt = seconds(st["flops_scope"], state, sum(st["collectives_scope"].values()))
     est = {"step_s": step, "tokens_per_s": tokens / step if step else None,
            "optimizer_share": opt / step if step else None, "mfu": None}  # fmt: skip
     if per_token and step:

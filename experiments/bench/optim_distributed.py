@@ -55,6 +55,7 @@ from amemory import atomic
 from amemory.optim import muon
 from amemory.optim._matrices import leaf_layouts
 from amemory.optim.distributed import OwnerLayout
+from experiments.bench import host_load
 
 LR = 0.02
 TREES = {"cpu": (256, 4, 1024), "gpt2-small": (768, 4, 3072)}  # (d_model, layers, d_ff)
@@ -293,10 +294,11 @@ def main(argv: list[str]) -> int:
     from experiments.bench.optim import gpt_tree
 
     n = args.devices
-    load = os.getloadavg()
+    load = host_load()
     print(
         f"amemory bench optim --devices {n}: jax {jax.__version__}, optax {optax.__version__}, "
-        f"{jax.devices()[0].platform}, {os.cpu_count()} host cores, load {load[0]:.1f}"
+        f"{jax.devices()[0].platform}, {os.cpu_count()} host cores, "
+        f"load {load['load_average'][0]:.1f}"
     )
     results = []
     for name in trees:
@@ -325,9 +327,8 @@ def main(argv: list[str]) -> int:
             "jax": jax.__version__,
             "optax": optax.__version__,
             "platform": jax.devices()[0].platform,
-            "host_cores": os.cpu_count(),
-            "load_avg_1m_at_start": load[0],
             "machine": platform.machine(),
+            **load,
             "distributed": {
                 # (a)/(c) per tree: amemory owner layout over optax.contrib.muon, both sharded
                 "ratio_vs_optax": {r["tree"]: r["ratio_vs_optax"] for r in results},
