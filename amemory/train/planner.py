@@ -44,6 +44,21 @@ CHIPS: dict[str, dict[str, Any]] = {
     "a100": dict(peak=312e12, hbm=80e9, hbm_bw=2039e9, ici_bw=600e9,
                  source="nvidia.com/en-us/data-center/a100 (80GB SXM, dense)"),
 }  # fmt: skip
+# Deviceless GPU targets (``h100:HOSTSxGPUS``): the fields XLA's GpuTargetConfigProto needs
+# to compile for a GPU this host does not have (jax-cuda12-plugin, no driver needed).
+GPU_TARGETS = {
+    "h100": """\
+gpu_device_info { threads_per_block_limit: 1024 threads_per_warp: 32
+  shared_memory_per_block: 49152 shared_memory_per_core: 233472 threads_per_core_limit: 2048
+  core_count: 132 fpus_per_core: 128 block_dim_limit_x: 2147483647 block_dim_limit_y: 65535
+  block_dim_limit_z: 65535 memory_bandwidth: 3352320000000 l2_cache_size: 52428800
+  clock_rate_ghz: 1.98 device_memory_size: 84942979072 shared_memory_per_block_optin: 232448
+  cuda_compute_capability { major: 9 } registers_per_core_limit: 65536
+  registers_per_block_limit: 65536 }
+platform_name: "CUDA" dnn_version_info { major: 9 minor: 1 }
+device_description_str: "NVIDIA H100 80GB HBM3"
+""",
+}
 COLLECTIVES = ("all-to-all", "all-gather", "all-reduce", "reduce-scatter", "collective-permute")
 _BYTES = {"pred": 1, "s8": 1, "u8": 1, "bf16": 2, "f16": 2, "s16": 2, "u16": 2, "f32": 4,
           "s32": 4, "u32": 4, "f64": 8, "s64": 8, "u64": 8, "c64": 8, "c128": 16}  # fmt: skip
@@ -135,12 +150,16 @@ def hlo_stats(text: str, scope: str) -> dict[str, Any]:
     for name in reversed(order):
         for _, _, op, args in comps[name]:
             trips = 1
-            if op == "while":
+            if op == "while":  # the trip count XLA knows, else N in the condition's i < N
+                known = re.search(r'known_trip_count":\{"n":"(\d+)"', args)
                 cond = re.search(r"condition=%([\w.\-]+)", args).group(1)
-                consts = [
-                    re.match(r"(-?\d+)\)", a) for _, _, o, a in comps[cond] if o == "constant"
-                ]
-                trips = max([int(c.group(1)) for c in consts if c] or [1])  # i < N from 0
+                code = [cond] + re.findall(
+                    r"calls=%([\w.\-]+)", "".join(a for *_, a in comps[cond])
+                )
+                consts = [re.match(r"(-?\d+)\)", a) for c in code for *_, o, a in comps[c]
+                          if o == "constant"]  # fmt: skip
+                trips = max([int(c.group(1)) for c in consts if c] or [1])
+                trips = int(known.group(1)) if known else trips
             callees = re.findall(r"(?:calls|to_apply|body|condition)=%([\w.\-]+)", args)
             branches = re.search(r"(?:branch|called)_computations=\{([^}]*)\}", args)
             callees += re.findall(r"%([\w.\-]+)", branches.group(1)) if branches else []
@@ -156,6 +175,15 @@ def hlo_stats(text: str, scope: str) -> dict[str, Any]:
         for _, shape, op, args in comps[name]:
             in_scope = f"{scope}/" in args
             operands = [shapes.get(o, "") for o in re.findall(r"%([\w.\-]+)", args.split(")")[0])]
+            gemm = op == "custom-call" and re.search(r'target="__cublas\$(lt\$matmul|gemm)', args)
+            if gemm:  # GPU: dots become cuBLAS calls; result first in their output tuple
+                dims = re.search(r'"lhs_contracting_dimensions":\[([^\]]*)\]', args).group(1)
+                lhs = _arrays(operands[0])[0]
+                k = math.prod(lhs[1][int(d.strip('"'))] for d in dims.split(",") if d)
+                out["flops"] += 2.0 * math.prod(_arrays(shape)[0][1]) * k * w
+                if in_scope:
+                    out["flops_scope"] += 2.0 * math.prod(_arrays(shape)[0][1]) * k * w
+                    out["scope_dot_dtypes"].add(lhs[0])
             if op in ("dot", "convolution"):
                 out_elems = math.prod(_arrays(shape)[0][1])
                 lhs, rhs = _arrays(operands[0])[0], _arrays(operands[1])[0]
@@ -212,12 +240,14 @@ def _advice(temporaries: bool) -> str:
 
 
 def plan(config: Any, topology: str, *, save: str | pathlib.Path | None = None) -> dict:
-    """Compile ``amemory train``'s step for ``config`` on a TPU ``topology`` and report.
+    """Compile ``amemory train``'s step for ``config`` on a TPU (or GPU) ``topology``; report.
 
     Args:
       config: a run ConfigDict (validated here; engine defaults added).
       topology: a name ``jax.experimental.topologies.get_topology_desc`` accepts with a chip
-        of :data:`CHIPS`, ``"v5e:2x2"``, ``"v5p:2x2x2"``, ``"v4:2x2x1"``, ``"v6e:2x2"``.
+        of :data:`CHIPS`, ``"v5e:2x2"``, ``"v5p:2x2x2"``, ``"v4:2x2x1"``, ``"v6e:2x2"``; or a
+        GPU of :data:`GPU_TARGETS` as ``"h100:8"`` or ``"h100:2x8"`` (hosts x GPUs; needs
+        ``pip install "jax[cuda12-local]"``, no GPU or driver).
       save: write the serialized executable here (``jax.experimental.serialize_executable``).
 
     Returns:
@@ -241,12 +271,19 @@ def plan(config: Any, topology: str, *, save: str | pathlib.Path | None = None) 
     from amemory.train import engine as engine_lib
     from amemory.train import parallel
 
-    chip = topology.split(":")[0]
-    if chip not in CHIPS:
-        raise ValueError(f"topology={topology!r}: the chip must be one of {tuple(CHIPS)}")
+    chip, _, shape = topology.partition(":")
+    if chip not in CHIPS or (chip.startswith(("h", "a")) and chip not in GPU_TARGETS):
+        allowed = [c for c in CHIPS if c.startswith("v") or c in GPU_TARGETS]
+        raise ValueError(f"topology={topology!r}: the chip must be one of {allowed}")
     config_lib.with_engine_defaults(config)
     config_lib.validate(config)
-    devices = topologies.get_topology_desc(topology_name=topology, platform="tpu").devices
+    if chip in GPU_TARGETS:  # "h100:2x8": 2 hosts of 8 GPUs
+        hosts, _, per_host = shape.rpartition("x")
+        devices = topologies.get_topology_desc(
+            platform="cuda", topology=f"1x{hosts or 1}x{per_host}", target_config=GPU_TARGETS[chip]
+        ).devices
+    else:
+        devices = topologies.get_topology_desc(topology_name=topology, platform="tpu").devices
     place = parallel.placement(config.parallel, devices)
     b = engine_lib.build(config, place)
     local = next(iter(b.task.train_input() or [None]))
