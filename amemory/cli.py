@@ -48,12 +48,14 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _skip_absent_tpu() -> None:
-    """Keep JAX off the TPU runtime on a host without TPU chips when libtpu is installed
-    (JAX would initialise it and print its warnings): ``JAX_PLATFORMS=cpu`` unless it is
-    set or an accelerator is visible. ``amemory plan`` still reaches the TPU compiler
-    (a topology loads libtpu itself)."""
-    if os.environ.get("JAX_PLATFORMS") or importlib.util.find_spec("libtpu") is None:
+def _cpu_unless_accelerator() -> None:
+    """Keep JAX off accelerator runtimes on a host without accelerators when libtpu or the
+    CUDA plugin is installed (JAX would try them and print their warnings):
+    ``JAX_PLATFORMS=cpu`` unless it is set or a TPU / NVIDIA device is visible. ``amemory
+    plan`` still reaches the TPU and GPU compilers (a topology loads them itself)."""
+    if os.environ.get("JAX_PLATFORMS"):
+        return
+    if not any(importlib.util.find_spec(m) for m in ("libtpu", "jax_cuda12_plugin")):
         return
     if not any(glob.glob(p) for p in ("/dev/accel*", "/dev/vfio/*", "/dev/nvidia[0-9]*")):
         os.environ["JAX_PLATFORMS"] = "cpu"
@@ -61,7 +63,7 @@ def _skip_absent_tpu() -> None:
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    _skip_absent_tpu()
+    _cpu_unless_accelerator()
     parser = build_parser()
     # Split at the subcommand: everything after it belongs to the subcommand's own parser.
     split = next((i for i, a in enumerate(argv) if not a.startswith("-")), len(argv))

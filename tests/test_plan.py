@@ -137,3 +137,15 @@ def test_owner_layout_collectives_on_tpu_are_the_predicted_ones():
     zero = dict.fromkeys(planner.COLLECTIVES, 0)
     assert stats["collective_ops"] == {**zero, **PREDICTED["muon"]}
     assert stats["scope_dot_dtypes"] == ["bf16"]
+
+
+def test_gpu_target_compiles_without_a_gpu(corpus):
+    """h100:8 through jax-cuda12-plugin with no GPU or driver: the same step, scanned Muon
+    in bf16 FSDP over 8 GPUs, compiles; its FLOPs hold against the closed form."""
+    pytest.importorskip("jax_cuda12_plugin", reason="pip install 'jax[cuda12-local]'")
+    kw = {"optimizer.name": "muon", "model.scan_layers": True, "model.dtype": "bfloat16",
+          "parallel.mode": "sharded", "parallel.fsdp": 8}  # fmt: skip
+    r = planner.plan(lm_config(corpus, **kw), "h100:8")
+    assert r["fits"] and r["chips"] == 8 and "bf16" in r["ns_dtype"]
+    assert _matmul_tokens(r) == pytest.approx(1.0, rel=0.02)
+    assert r["optimizer_collectives"]["all-to-all"] > 0

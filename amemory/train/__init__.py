@@ -13,8 +13,9 @@ Public API (imported lazily, so ``amemory train --help`` and config errors stay 
 Modules: config (load/override/validate, engine defaults), tasks (the Task protocol; LM and
 biographies), memory_task, optimizers (names -> optax), state, parallel (meshes,
 multi-host), engine (the step builder, on-device metrics), planner (``amemory plan``), loop
-(the host loop), records (metrics.jsonl + TensorBoard), checkpoint (Orbax + Grain, verified restore), guard (stop
-signals, divergence, resume contract), lock (workdir lock), cli (``amemory train``).
+(the host loop), records (metrics.jsonl + TensorBoard), checkpoint (Orbax + Grain, verified
+restore), guard (stop signals, divergence, resume contract), lock (workdir lock), cli
+(``amemory train``).
 """
 
 from __future__ import annotations

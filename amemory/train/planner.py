@@ -251,9 +251,9 @@ def plan(config: Any, topology: str, *, save: str | pathlib.Path | None = None) 
       save: write the serialized executable here (``jax.experimental.serialize_executable``).
 
     Returns:
-      dict: topology, chips, compile_s, memory (argument / temp / output / alias / total
-      bytes per chip, hbm_bytes), fits, margin_bytes, advice (when it does not fit),
-      flops_per_chip, optimizer_flops_per_chip, model_flops_per_token, tokens_per_step,
+      dict: topology, chips, compile_s (wall) and compile_cpu_s, memory (argument / temp /
+      output / alias / total bytes per chip, hbm_bytes), fits, margin_bytes, advice (when
+      it does not fit), flops_per_chip, optimizer_flops_per_chip, model_flops_per_token, tokens_per_step,
       collectives / optimizer_collectives (bytes per chip and step by kind), ns_dtype
       (dtype of the optimizer's dots in the HLO; None without any), and ``estimate``:
       the roofline step time (max of compute at peak bf16, HBM traffic -- arguments and
@@ -290,7 +290,7 @@ def plan(config: Any, topology: str, *, save: str | pathlib.Path | None = None) 
     spec = CHIPS[chip]
     chips = place.mesh.size  # "single" uses one chip of the topology
     out: dict[str, Any] = {"topology": topology, "chips": chips, "mode": place.mode}
-    t0 = time.perf_counter()
+    t0, cpu0 = time.perf_counter(), time.process_time()
     cache = jax.config.jax_enable_compilation_cache  # no TPU executables in a CPU cache
     jax.config.update("jax_enable_compilation_cache", False)
     try:
@@ -305,6 +305,7 @@ def plan(config: Any, topology: str, *, save: str | pathlib.Path | None = None) 
     finally:
         jax.config.update("jax_enable_compilation_cache", cache)
     out["compile_s"] = time.perf_counter() - t0
+    out["compile_cpu_s"] = time.process_time() - cpu0  # less moved by other jobs than wall
     m = compiled.memory_analysis()
     mem = {"argument_bytes": m.argument_size_in_bytes, "temp_bytes": m.temp_size_in_bytes,
            "output_bytes": m.output_size_in_bytes, "alias_bytes": m.alias_size_in_bytes,

@@ -39,6 +39,8 @@ CASES = [
     ("nanogpt-160m/normuon/scanned", "v5e:4x4",
      {**GPT2, "model.preset": "nanogpt-160m", "optimizer.name": "normuon",
       "data.batch_size": 64, "parallel.fsdp": 16}),
+    ("gpt2-small/muon/per-layer", "v5p:2x2x2",
+     {**GPT2, "optimizer.name": "muon", "model.scan_layers": False}),
 ]  # fmt: skip
 
 
