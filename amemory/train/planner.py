@@ -251,14 +251,15 @@ def plan(config: Any, topology: str, *, save: str | pathlib.Path | None = None) 
       save: write the serialized executable here (``jax.experimental.serialize_executable``).
 
     Returns:
-      dict: topology, chips, compile_s (wall) and compile_cpu_s, memory (argument / temp /
-      output / alias / total bytes per chip, hbm_bytes), fits, margin_bytes, advice (when
-      it does not fit), flops_per_chip, optimizer_flops_per_chip, model_flops_per_token, tokens_per_step,
-      collectives / optimizer_collectives (bytes per chip and step by kind), ns_dtype
-      (dtype of the optimizer's dots in the HLO; None without any), and ``estimate``:
-      the roofline step time (max of compute at peak bf16, HBM traffic -- arguments and
-      outputs once, temporaries written and read -- and collectives over
-      ICI), tokens_per_s, mfu and optimizer_share. A config that does not fit (the
+      dict: topology, chips, compile_s (wall) and compile_cpu_s, memory (argument /
+      temp / output / alias / total bytes per chip, hbm_bytes), fits, margin_bytes, advice
+      (when it does not fit), flops_per_chip, optimizer_flops_per_chip,
+      model_flops_per_token, tokens_per_step, collectives / optimizer_collectives (bytes
+      per chip and step by kind), ns_dtype (dtype of the optimizer's dots in the HLO;
+      None without any), and ``estimate``: the roofline step time (max of compute at peak
+      bf16, HBM traffic -- arguments and outputs once, temporaries written and read -- and
+      collectives over the interconnect), tokens_per_s, mfu and optimizer_share (the
+      update's own roofline time over the step's). A config that does not fit (the
       compiler runs out of HBM) returns ``fits=False`` with the compiler's message.
 
     Raises:
