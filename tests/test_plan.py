@@ -149,3 +149,23 @@ def test_gpu_target_compiles_without_a_gpu(corpus):
     assert r["fits"] and r["chips"] == 8 and "bf16" in r["ns_dtype"]
     assert _matmul_tokens(r) == pytest.approx(1.0, rel=0.02)
     assert r["optimizer_collectives"]["all-to-all"] > 0
+
+
+def test_cpu_runs_do_not_start_the_tpu_runtime():
+    """With libtpu installed, a JAX process on a CPU host that goes through `amemory`'s
+    entry point prints no TPU-initialisation warnings (JAX_PLATFORMS is pinned to cpu);
+    `amemory plan` with an unknown chip fails in one line before loading any compiler."""
+    import subprocess
+
+    env = {k: v for k, v in os.environ.items() if k != "JAX_PLATFORMS"}
+    code = (
+        "from amemory import cli; cli._cpu_unless_accelerator(); import jax; print(jax.devices())"
+    )
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    assert out.returncode == 0 and "CpuDevice" in out.stdout
+    assert "TPU" not in out.stderr, out.stderr
+    bad = [sys.executable, "-m", "amemory", "plan", "--config", "experiments/configs/memory.py",
+           "--topology", "v9:2x2"]  # fmt: skip
+    out = subprocess.run(bad, env=env, capture_output=True, text=True)
+    assert out.returncode == 2 and "TPU" not in out.stderr
+    assert out.stderr.startswith("amemory plan: error: topology='v9:2x2'"), out.stderr
