@@ -85,6 +85,21 @@ def _split(rest: str) -> tuple[str, str]:
     return shape, tail
 
 
+def _group_size(args: str, n: int) -> int:
+    """Devices per replica group of one collective (HLO's three spellings; ``n``: all)."""
+    m = re.search(r"replica_groups=\{(\{[\d,]*\})", args)
+    if m:
+        return len(m.group(1).strip("{}").split(","))
+    m = re.search(r"replica_groups=\[(\d+),(\d+)\]<=", args)
+    if m:
+        return int(m.group(2))
+    m = re.search(r"replica_groups=mesh\[([^\]]*)\][^{]*\{([^}]*)\}", args)
+    if m:
+        sizes = dict(re.findall(r"'(\w+)'=(\d+)", m.group(1)))
+        return math.prod(int(sizes[a]) for a in re.findall(r"'(\w+)'", m.group(2)))
+    return n
+
+
 def _conv_macs(out: list[int], lhs: list[int], rhs: list[int], args: str) -> int:
     """Multiply-adds of an HLO convolution (TPU writes batched dots as convolutions whose
     spatial dims, dilated, strided and padded, act as batch dims): output features x
@@ -108,22 +123,25 @@ def _conv_macs(out: list[int], lhs: list[int], rhs: list[int], args: str) -> int
     return macs
 
 
-def hlo_stats(text: str, scope: str) -> dict[str, Any]:
+def hlo_stats(text: str, scope: str, n: int = 1) -> dict[str, Any]:
     """Per-chip counts from optimized HLO text (``compiled.as_text()``).
 
     Each computation's instructions are weighted by how often it runs: a while body by
     the trip count its condition compares against (``i < N``), anything else it calls by
     its caller's weight. Counted: ``flops``, 2 x multiply-adds of ``dot`` and
-    ``convolution``; ``collectives``, bytes per kind of :data:`COLLECTIVES`
-    (result size, operand size for reduce-scatter; TPU's asynchronous collectives are
-    fusions that repeat the op: it counts in the one that starts it) and
-    ``collective_ops``, how many run per step; the same
+    ``convolution``; ``collectives``, bytes each device sends per kind of
+    :data:`COLLECTIVES` in a ring model (``g`` devices per group, ``S`` the result bytes:
+    all-to-all and all-gather ``(g-1)/g S``, all-reduce ``2 (g-1)/g S``, reduce-scatter
+    ``(g-1) S``, collective-permute ``S``; TPU's asynchronous collectives are fusions that
+    repeat the op: it counts in the one that starts it) and ``collective_ops``, how many
+    run per step; the same
     three for the ops whose name stack holds ``scope`` (``*_scope``), and
     ``scope_dot_dtypes``, the operand dtypes of those ops' dots.
 
     Args:
       text: the module's HLO text.
       scope: a ``jax.named_scope`` name (``amemory.train.engine.OPTIMIZER_SCOPE``).
+      n: devices of the module (for groups the HLO spells as "all devices").
     """
     comps: dict[str, list[tuple]] = {}
     order, fused, starts, cur, entry = [], set(), set(), None, None
@@ -198,7 +216,10 @@ def hlo_stats(text: str, scope: str) -> dict[str, Any]:
                     out["scope_dot_dtypes"].add(lhs[0])
             kind = op.removesuffix("-start")
             if kind in COLLECTIVES and (name not in fused or name in starts):
-                nbytes = _nbytes(operands[0] if kind == "reduce-scatter" else shape) * w
+                g, size = _group_size(args, n), _nbytes(shape)
+                ring = {"all-reduce": 2 * (g - 1) / g, "reduce-scatter": g - 1.0,
+                        "collective-permute": 1.0}.get(kind, (g - 1) / g)  # fmt: skip
+                nbytes = ring * size * w
                 out["collectives"][kind] += nbytes
                 out["collective_ops"][kind] += w
                 if in_scope:
@@ -317,7 +338,7 @@ def plan(config: Any, topology: str, *, save: str | pathlib.Path | None = None) 
     out["fits"] = out["margin_bytes"] >= 0
     if not out["fits"]:
         out["advice"] = _advice(mem["temp_bytes"] >= mem["argument_bytes"])
-    st = hlo_stats(compiled.as_text(), engine_lib.OPTIMIZER_SCOPE)
+    st = hlo_stats(compiled.as_text(), engine_lib.OPTIMIZER_SCOPE, chips)
     tokens = b.task.tokens_per_step
     abstract = b.engine.abstract.params
     per_token = None

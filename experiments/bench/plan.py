@@ -23,19 +23,20 @@ SMALL = {"model.preset": "small", "model.dtype": "bfloat16", "data.batch_size": 
 GPT2 = {"model.preset": "gpt2-small", "model.dtype": "bfloat16", "model.scan_layers": True,
         "data.seq_len": 1024, "data.batch_size": 64, "parallel.mode": "sharded",
         "parallel.fsdp": 8}  # fmt: skip
-# (name, topology, overrides), cheapest first
+# (name, topology, overrides), in the order the sweep runs them
 CASES = [
+    ("gpt2-small/muon/scanned", "v5p:2x2x2", {**GPT2, "optimizer.name": "muon"}),
+    ("gpt2-small/muon/scanned/0.5M-tokens", "v5p:2x2x2",
+     {**GPT2, "optimizer.name": "muon", "data.batch_size": 512, "model.remat": True}),
+] + [
     (f"small/{opt}/scanned", "v5e:2x2", {**SMALL, "optimizer.name": opt, "model.scan_layers": True})
     for opt in ("adam", "muon", "normuon")
 ] + [
     ("small/muon/per-layer", "v5e:2x2", {**SMALL, "optimizer.name": "muon"}),
+    ("gpt2-small/adam/scanned", "v5p:2x2x2", {**GPT2, "optimizer.name": "adam"}),
     ("small-mla-moe/muon/scanned", "v5e:2x2",
      {**SMALL, "optimizer.name": "muon", "model.scan_layers": True, "model.attention": "mla",
       "model.moe.experts": 8, "model.moe.top_k": 2, "model.moe.shared": 1}),
-    ("gpt2-small/muon/scanned", "v5p:2x2x2", {**GPT2, "optimizer.name": "muon"}),
-    ("gpt2-small/adam/scanned", "v5p:2x2x2", {**GPT2, "optimizer.name": "adam"}),
-    ("gpt2-small/muon/scanned/0.5M-tokens", "v5p:2x2x2",
-     {**GPT2, "optimizer.name": "muon", "data.batch_size": 512, "model.remat": True}),
     ("nanogpt-160m/normuon/scanned", "v5e:4x4",
      {**GPT2, "model.preset": "nanogpt-160m", "optimizer.name": "normuon",
       "data.batch_size": 64, "parallel.fsdp": 16}),
