@@ -265,10 +265,9 @@ def _run(
             except Exception:  # noqa: BLE001 - damaged: restore_intact reports and skips it
                 saved_meta = {}
             _check_meta(saved_meta, task.checkpoint_meta(), ckpt.path(latest))
-            latest, restored, _, position = g.restore(
+            latest, state, _, position = g.restore(
                 ckpt, engine.restore_target, data=inputs is not None
             )
-            state = restored
             if inputs is not None:
                 inputs.set_state(position)
             start = int(latest)

@@ -96,12 +96,9 @@ def state_shardings(tree: Any, mesh: Mesh, *, leading_axes: int = 0) -> Any:
     return jax.tree.map(one, tree)
 
 
-def batch_sharding(mesh: Mesh, *, leading_axes: int = 0) -> NamedSharding:
-    """Rows of the batch split over ``("data", "fsdp")`` jointly; other axes replicated.
-
-    ``leading_axes`` axes before the rows (a per-seed batch ``[S, B, ...]``) are not split.
-    """
-    return NamedSharding(mesh, P(*([None] * leading_axes), AXES))
+def batch_sharding(mesh: Mesh) -> NamedSharding:
+    """Rows of the batch split over ``("data", "fsdp")`` jointly; other axes replicated."""
+    return NamedSharding(mesh, P(AXES))
 
 
 def replicated(mesh: Mesh) -> NamedSharding:
@@ -109,17 +106,16 @@ def replicated(mesh: Mesh) -> NamedSharding:
     return NamedSharding(mesh, P())
 
 
-def global_batch(local: Any, sharding: NamedSharding, *, row_axis: int = 0) -> Any:
+def global_batch(local: Any, sharding: NamedSharding) -> Any:
     """Assemble a global jax.Array tree from this process's rows (numpy tree).
 
-    Process p holds rows ``[p B/P, (p+1) B/P)`` along ``row_axis`` of every leaf.
+    Process p holds rows ``[p B/P, (p+1) B/P)`` of every leaf.
     """
 
     def one(x):
         x = np.asarray(x)
-        shape = list(x.shape)
-        shape[row_axis] *= jax.process_count()
-        return jax.make_array_from_process_local_data(sharding, x, tuple(shape))
+        shape = (x.shape[0] * jax.process_count(), *x.shape[1:])
+        return jax.make_array_from_process_local_data(sharding, x, shape)
 
     return jax.tree.map(one, local)
 
