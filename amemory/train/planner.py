@@ -1,12 +1,13 @@
-"""``amemory plan``: compile the train step for TPU topologies this host does not own.
+"""``amemory plan``: compile the train step for TPU (or GPU) targets this host does not own.
 
     amemory plan --config experiments/configs/lm.py --topology v5e:2x2 --topology v5p:2x2x2 \\
         --config.model.preset=gpt2-small --config.parallel.mode=sharded --config.parallel.fsdp=4
 
 :func:`plan` builds the step ``amemory train`` runs (:func:`amemory.train.engine.build`,
 the one step builder) from abstract shapes, lowers it for the devices of a TPU topology
-(``jax.experimental.topologies``; the compiler is libtpu's, ``pip install "jax[tpu]"``)
-and reads the compiled executable: memory per chip (``memory_analysis``), and from the
+(``jax.experimental.topologies``; the compiler is libtpu's, ``pip install "jax[tpu]"``) or
+of H100s described by :data:`GPU_TARGETS` (``pip install "jax[cuda12-local]"``), and
+reads the compiled executable: memory per chip (``memory_analysis``), and from the
 optimized HLO the matmul FLOPs (while-loop bodies, e.g. scanned layers, multiplied by
 their trip counts: ``cost_analysis`` counts a loop body once), the bytes of every
 collective, and the dtype of the optimizer's dots (Newton-Schulz). A roofline *estimate*
