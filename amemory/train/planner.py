@@ -391,7 +391,7 @@ def format_table(reports: list[dict]) -> str:
     ]
     for r in reports:
         if "memory" not in r:
-            rows.append(f"{r['topology']} | no: {r.get('error', '')} | | {r['compile_s']:.0f}")
+            rows.append(f"{r['topology']} | no: {r.get('error', '')}")
             continue
         m, e = r["memory"], r["estimate"]
         coll, ocoll = sum(r["collectives"].values()), sum(r["optimizer_collectives"].values())
