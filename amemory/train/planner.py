@@ -60,6 +60,7 @@ platform_name: "CUDA" dnn_version_info { major: 9 minor: 1 }
 device_description_str: "NVIDIA H100 80GB HBM3"
 """,
 }
+TARGETS = tuple(c for c in CHIPS if c.startswith("v") or c in GPU_TARGETS)  # plannable chips
 COLLECTIVES = ("all-to-all", "all-gather", "all-reduce", "reduce-scatter", "collective-permute")
 _BYTES = {"pred": 1, "s8": 1, "u8": 1, "bf16": 2, "f16": 2, "s16": 2, "u16": 2, "f32": 4,
           "s32": 4, "u32": 4, "f64": 8, "s64": 8, "u64": 8, "c64": 8, "c128": 16}  # fmt: skip
@@ -295,9 +296,8 @@ def plan(config: Any, topology: str, *, save: str | pathlib.Path | None = None) 
     from amemory.train import parallel
 
     chip, _, shape = topology.partition(":")
-    if chip not in CHIPS or (chip.startswith(("h", "a")) and chip not in GPU_TARGETS):
-        allowed = [c for c in CHIPS if c.startswith("v") or c in GPU_TARGETS]
-        raise ValueError(f"topology={topology!r}: the chip must be one of {allowed}")
+    if chip not in TARGETS:
+        raise ValueError(f"topology={topology!r}: the chip must be one of {TARGETS}")
     config_lib.with_engine_defaults(config)
     config_lib.validate(config)
     if chip in GPU_TARGETS:  # "h100:2x8": 2 hosts of 8 GPUs
@@ -415,16 +415,17 @@ def main(argv: list[str]) -> int:
 
     parser = argparse.ArgumentParser(
         prog="amemory plan",
-        description="Compile the train step of a config for TPU topologies from this host "
-        "(needs libtpu: pip install 'jax[tpu]') and report memory, FLOPs, collectives and a "
-        "roofline estimate. Override fields with --config.a.b=VALUE.",
+        description="Compile the train step of a config for TPU topologies (pip install "
+        "'jax[tpu]') or H100s (pip install 'jax[cuda12-local]') from this host and report "
+        "memory, FLOPs, collectives and a roofline estimate. Override fields with "
+        "--config.a.b=VALUE.",
     )
     parser.add_argument("--config", required=True, help="config file, optionally PATH:ARG")
     parser.add_argument(
         "--topology",
         action="append",
         required=True,
-        help=f"TPU topology, e.g. v5e:2x2 (chips: {', '.join(CHIPS)}); repeatable",
+        help=f"e.g. v5e:2x2, v5p:2x2x2, h100:8 (chips: {', '.join(TARGETS)}); repeatable",
     )
     parser.add_argument("--json", action="store_true", help="print JSON instead of the table")
     parser.add_argument("--save", metavar="DIR", help="write DIR/<topology>.exe (serialized)")
