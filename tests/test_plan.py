@@ -122,17 +122,12 @@ def test_owner_layout_collectives_on_tpu_are_the_predicted_ones():
         return jax.tree.map(lambda x, s: sds(np.shape(x), x.dtype, sharding=s), tree, shardings)
 
     tx = muon(0.1, matrix_axes=matrix_axes, ns_mesh=(mesh, "fsdp"), ns_dtype="auto")
-    cache = jax.config.jax_enable_compilation_cache  # keep TPU executables out of the cache
-    jax.config.update("jax_enable_compilation_cache", False)
-    try:
-        with jax.sharding.set_mesh(mesh):
-            state = jax.eval_shape(tx.init, params)
-            state_sh = owner_state_shardings(state, mesh, jax.tree.map(shard, state))
-            args = (abstract(grads[0], jax.tree.map(shard, grads[0])), abstract(state, state_sh))
-            args += (abstract(params, jax.tree.map(shard, params)),)
-            text = jax.jit(tx.update).lower(*args).compile().as_text()
-    finally:
-        jax.config.update("jax_enable_compilation_cache", cache)
+    with planner.uncached(), jax.sharding.set_mesh(mesh):
+        state = jax.eval_shape(tx.init, params)
+        state_sh = owner_state_shardings(state, mesh, jax.tree.map(shard, state))
+        args = (abstract(grads[0], jax.tree.map(shard, grads[0])), abstract(state, state_sh))
+        args += (abstract(params, jax.tree.map(shard, params)),)
+        text = jax.jit(tx.update).lower(*args).compile().as_text()
     stats = planner.hlo_stats(text, "jit(update_fn)")
     zero = dict.fromkeys(planner.COLLECTIVES, 0)
     assert stats["collective_ops"] == {**zero, **PREDICTED["muon"]}

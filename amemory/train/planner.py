@@ -18,6 +18,7 @@ of the step time comes from :data:`CHIPS`. The approach follows MaxText's
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import pathlib
@@ -230,6 +231,21 @@ def hlo_stats(text: str, scope: str, n: int = 1) -> dict[str, Any]:
     return out
 
 
+@contextlib.contextmanager
+def uncached():
+    """Compile without writing the persistent compilation cache: a TPU or GPU executable in
+    the host's cache could not be loaded back there (the setting is read at each write)."""
+    import jax
+
+    key = "jax_persistent_cache_min_compile_time_secs"
+    old = getattr(jax.config, key)
+    jax.config.update(key, float("inf"))
+    try:
+        yield
+    finally:
+        jax.config.update(key, old)
+
+
 def model_flops_per_token(model_config: Any, params: Any, roles: Any, seq_len: int) -> float:
     """Training FLOPs per token of a transformer, ``6 N + 12 L T d`` (arXiv 2204.02311,
     appendix B): ``N`` the weights multiplied with activations (every matrix but the
@@ -288,7 +304,6 @@ def plan(config: Any, topology: str, *, save: str | pathlib.Path | None = None) 
     Raises:
       ValueError: an unknown chip or a bad config (names the field).
     """
-    import jax
     from jax.experimental import topologies
 
     from amemory.train import config as config_lib
@@ -314,10 +329,9 @@ def plan(config: Any, topology: str, *, save: str | pathlib.Path | None = None) 
     chips = place.mesh.size  # "single" uses one chip of the topology
     out: dict[str, Any] = {"topology": topology, "chips": chips, "mode": place.mode}
     t0, cpu0 = time.perf_counter(), time.process_time()
-    cache = jax.config.jax_enable_compilation_cache  # no TPU executables in a CPU cache
-    jax.config.update("jax_enable_compilation_cache", False)
     try:
-        compiled = b.engine.lower(local).compile()
+        with uncached():
+            compiled = b.engine.lower(local).compile()
     except Exception as e:  # noqa: BLE001 - the compiler's out-of-memory is a result
         if "RESOURCE_EXHAUSTED" not in str(e) and "memory" not in str(e).lower():
             raise
@@ -325,8 +339,6 @@ def plan(config: Any, topology: str, *, save: str | pathlib.Path | None = None) 
         advice = _advice("temporaries" in msg)
         return out | {"fits": False, "compile_s": time.perf_counter() - t0, "error": msg,
                       "advice": advice}  # fmt: skip
-    finally:
-        jax.config.update("jax_enable_compilation_cache", cache)
     out["compile_s"] = time.perf_counter() - t0
     out["compile_cpu_s"] = time.process_time() - cpu0  # less moved by other jobs than wall
     m = compiled.memory_analysis()

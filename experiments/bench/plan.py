@@ -61,9 +61,7 @@ def ns_view(topology: str, tree: str = "gpt2-small") -> list[dict]:
     params = jax.eval_shape(lambda: gpt_tree(*TREES[tree]))
     sds = lambda t: jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=rep), t)  # noqa: E731
     rows = []
-    cache = jax.config.jax_enable_compilation_cache
-    jax.config.update("jax_enable_compilation_cache", False)
-    try:
+    with planner.uncached():
         for name in ("optax", "amemory", "dion4-aol"):
             tx = ROWS[name][0]()
             with jax.sharding.set_mesh(mesh):
@@ -77,8 +75,6 @@ def ns_view(topology: str, tree: str = "gpt2-small") -> list[dict]:
                          "estimate_s": est})  # fmt: skip
             print(f"{name:10s} {st['flops'] / 1e9:8.2f} GFLOP {st['scope_dot_dtypes']} "
                   f"~{est * 1e3:.3f} ms (estimate)", flush=True)  # fmt: skip
-    finally:
-        jax.config.update("jax_enable_compilation_cache", cache)
     return rows
 
 
