@@ -4,7 +4,7 @@ A few small compiles for a v5e:2x2 topology, shared by the module: the step of
 `amemory train` compiled ahead of time. FLOPs are held against the closed form 6 N D +
 12 L T d per token (PaLM, arXiv 2204.02311, app. B), independent of the HLO counter; the
 owner layout's collectives against the design's prediction (as the CPU HLO test does).
-Measured here: the tiny unscanned step's matmul FLOPs equal the closed form exactly.
+Measured here: the unscanned step's matmul FLOPs equal the closed form exactly.
 """
 
 import json
@@ -55,7 +55,7 @@ def _matmul_tokens(report):
 
 
 def test_flops_match_6nd_plus_attention_scanned_and_not(plans):
-    """cost_analysis counts a scanned body once (here: 1 of 2 layers); the plan multiplies
+    """cost_analysis counts a scanned body once (here: 1 of 4 layers); the plan multiplies
     loop bodies by their trip counts, so both layouts give the closed form."""
     assert _matmul_tokens(plans["adam"]) == pytest.approx(1.0, rel=0.02)
     assert _matmul_tokens(plans["muon"]) == pytest.approx(1.0, rel=0.02)
