@@ -72,7 +72,7 @@ def make_train_step(
             sq = sum(jnp.sum(jnp.square(u)) for u in us)
             metrics[f"update_rms/{r}"] = jnp.sqrt(sq / sum(u.size for u in us))
         if diagnostics:
-            from amemory.optim.muon import collect_diagnostics
+            from amemory.optim import collect_diagnostics
 
             metrics.update(collect_diagnostics(opt_state))
         return TrainState(state.step + 1, params, opt_state, rng), metrics
@@ -265,7 +265,7 @@ def build(config: Any, place: parallel.Placement, task: Any = None) -> Built:
     abstract_params = jax.eval_shape(task.init_params, jax.random.PRNGKey(0))
     roles = task.roles(abstract_params)
     opt = optimizers.build(
-        config, abstract_params, roles, matrix_roles=task.matrix_roles,
+        config, abstract_params, roles, muon_roles=task.muon_roles,
         matrix_axes=task.matrix_axes, mesh=place.mesh if place.mode == "sharded" else None,
     )  # fmt: skip
     muon = config.optimizer.name in optimizers.MUON_LIKE

@@ -125,22 +125,6 @@ class _Feed:
         return self.queue[0][0]
 
 
-def _routing_rows(table: list, matrix_axes, muon: bool) -> list:
-    """Routing rows + a ``matrices`` column: how Muon sees each leaf it orthogonalises."""
-    out = []
-    for path, shape, role, tx in table:
-        cell = ""
-        if muon and tx not in ("adam",):
-            axes = matrix_axes(tuple(path.split("/")), None)
-            if axes is not None:
-                nd = len(shape)
-                mat = sorted(a % nd for a in axes)
-                batch = int(np.prod([d for i, d in enumerate(shape) if i not in mat]))
-                cell = f"{batch} x ({shape[mat[0]]}, {shape[mat[1]]})"
-        out.append([path, shape, role, tx, cell])
-    return out
-
-
 def _routes(table: list) -> str:
     """One line of the routing table: ``routing: q,k,v,o -> muon; embed,norm -> adam``."""
     by_tx: dict[str, list[str]] = {}
@@ -245,8 +229,7 @@ def _run(
     workdir.mkdir(parents=True, exist_ok=True)
 
     b = engine_lib.build(config, place, task)  # the step `amemory plan` compiles, too
-    task, engine, multi, seeds = b.task, b.engine, b.multi, b.seeds
-    table = _routing_rows(b.opt.table, task.matrix_axes, b.muon)
+    task, engine, multi, seeds, table = b.task, b.engine, b.multi, b.seeds, b.opt.table
     with contextlib.ExitStack() as closing:  # checkpointer, records, bar, trace: closed on errors
         ckpt = ckpt_lib.Checkpointer(
             workdir / "checkpoints", max_to_keep=int(config.keep_checkpoints)
