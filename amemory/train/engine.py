@@ -240,7 +240,6 @@ class Built:
     seeds: list[int]
     multi: bool
     n_params: int
-    muon: bool
 
 
 def build(config: Any, place: parallel.Placement, task: Any = None) -> Built:
@@ -268,8 +267,9 @@ def build(config: Any, place: parallel.Placement, task: Any = None) -> Built:
         config, abstract_params, roles, muon_roles=task.muon_roles,
         matrix_axes=task.matrix_axes, mesh=place.mesh if place.mode == "sharded" else None,
     )  # fmt: skip
-    muon = config.optimizer.name in optimizers.MUON_LIKE
-    diagnostics = bool(config.optimizer.diagnostics) and muon
+    diagnostics = (
+        bool(config.optimizer.diagnostics) and config.optimizer.name in optimizers.MUON_LIKE
+    )
     engine = Engine(place, task, opt, roles, keys, multi, diagnostics)
     n_params = int(sum(np.prod(x.shape) for x in jax.tree.leaves(abstract_params)))
-    return Built(task, opt, engine, seeds, multi, n_params, muon)
+    return Built(task, opt, engine, seeds, multi, n_params)
