@@ -27,48 +27,7 @@ from typing import NamedTuple
 import numpy as np
 from scipy import stats
 
-__all__ = ["LineFit", "PowerLawFit", "fit_line", "fit_power_law", "local_slopes"]
-
-
-class PowerLawFit(NamedTuple):
-    """Result of :func:`fit_power_law` for ``y ≈ exp(intercept) * x**slope``.
-
-    Attributes:
-      slope: fitted exponent s (dimensionless).
-      intercept: fitted ``log A`` (natural log of the prefactor, units of log y).
-      slope_ci: ``(lo, hi)`` two-sided confidence interval of the slope.
-      intercept_ci: ``(lo, hi)`` two-sided confidence interval of the intercept.
-      slope_stderr: standard error of the slope.
-      r2: coefficient of determination of the log-log fit (1 for an exact power law).
-      n: number of points used.
-      confidence: the confidence level of the intervals, e.g. 0.95.
-    """
-
-    slope: float
-    intercept: float
-    slope_ci: tuple[float, float]
-    intercept_ci: tuple[float, float]
-    slope_stderr: float
-    r2: float
-    n: int
-    confidence: float
-
-    def predict(self, x: np.ndarray | float) -> np.ndarray:
-        """The fitted curve ``exp(intercept) * x**slope`` at ``x`` (any shape, x > 0)."""
-        return np.exp(self.intercept) * np.asarray(x, dtype=np.float64) ** self.slope
-
-    def describe(self) -> str:
-        """One-line summary ``s = -0.937 [-0.941, -0.933] (95% CI, n=6)``."""
-        lo, hi = self.slope_ci
-        pct = round(100 * self.confidence)
-        return f"s = {self.slope:.4g} [{lo:.4g}, {hi:.4g}] ({pct}% CI, n={self.n})"
-
-
-def _as_positive_1d(name: str, v: object) -> np.ndarray:
-    a = _as_finite_1d(name, v)
-    if np.any(a <= 0):
-        raise ValueError(f"{name} must be > 0 for a log-log fit, got minimum {a.min()}")
-    return a
+__all__ = ["LineFit", "PowerLawFit", "fit_line", "fit_power_law"]
 
 
 class LineFit(NamedTuple):
@@ -90,19 +49,36 @@ class LineFit(NamedTuple):
     n: int
     confidence: float
 
-    def describe(self) -> str:
+    def describe(self, name: str = "slope") -> str:
         """One-line summary ``slope = 2.01 [1.98, 2.04] (95% CI, n=6)``."""
         lo, hi = self.slope_ci
         pct = round(100 * self.confidence)
-        return f"slope = {self.slope:.4g} [{lo:.4g}, {hi:.4g}] ({pct}% CI, n={self.n})"
+        return f"{name} = {self.slope:.4g} [{lo:.4g}, {hi:.4g}] ({pct}% CI, n={self.n})"
 
 
-def _as_finite_1d(name: str, v: object) -> np.ndarray:
+class PowerLawFit(LineFit):
+    """:class:`LineFit` of ``log y = intercept + slope * log x``, i.e. ``y ≈ e^intercept x^slope``:
+    slope is the exponent s, intercept the natural log of the prefactor."""
+
+    __slots__ = ()
+
+    def predict(self, x: np.ndarray | float) -> np.ndarray:
+        """The fitted curve ``exp(intercept) * x**slope`` at ``x`` (any shape, x > 0)."""
+        return np.exp(self.intercept) * np.asarray(x, dtype=np.float64) ** self.slope
+
+    def describe(self, name: str = "s") -> str:
+        """One-line summary ``s = -0.937 [-0.941, -0.933] (95% CI, n=6)``."""
+        return super().describe(name)
+
+
+def _as_finite_1d(name: str, v: object, positive: bool = False) -> np.ndarray:
     a = np.asarray(v, dtype=np.float64)
     if a.ndim != 1:
         raise ValueError(f"{name} must be 1-D, got shape {a.shape}")
     if not np.all(np.isfinite(a)):
         raise ValueError(f"{name} must be finite, got {a}")
+    if positive and np.any(a <= 0):
+        raise ValueError(f"{name} must be > 0 for a log-log fit, got minimum {a.min()}")
     return a
 
 
@@ -177,32 +153,7 @@ def fit_power_law(x: object, y: object, *, confidence: float = 0.95) -> PowerLaw
     """
     if not (isinstance(confidence, (int, float)) and 0.0 < confidence < 1.0):
         raise ValueError(f"confidence must lie in (0, 1), got {confidence!r}")
-    xa = _as_positive_1d("x", x)
-    ya = _as_positive_1d("y", y)
+    xa, ya = _as_finite_1d("x", x, positive=True), _as_finite_1d("y", y, positive=True)
     if xa.shape != ya.shape:
         raise ValueError(f"x and y must have the same length, got {xa.shape} and {ya.shape}")
     return PowerLawFit(*fit_line(np.log(xa), np.log(ya), confidence=confidence))
-
-
-def local_slopes(x: object, y: object) -> np.ndarray:
-    """Successive log-log slopes ``Δ log y / Δ log x`` between neighbouring points.
-
-    Useful to see where a curve enters its power-law window (the slopes settle).
-
-    Args:
-      x: ``[n]`` positive, strictly increasing; y: ``[n]`` positive.
-
-    Returns:
-      ``[n - 1]`` float64 slopes.
-
-    Raises:
-      ValueError: on shape mismatch, non-positive values, fewer than 2 points or x not
-      strictly increasing.
-    """
-    xa = _as_positive_1d("x", x)
-    ya = _as_positive_1d("y", y)
-    if xa.shape != ya.shape or xa.size < 2:
-        raise ValueError(f"x and y must have the same length >= 2, got {xa.shape}, {ya.shape}")
-    if np.any(np.diff(xa) <= 0):
-        raise ValueError("x must be strictly increasing")
-    return np.diff(np.log(ya)) / np.diff(np.log(xa))

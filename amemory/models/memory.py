@@ -47,7 +47,6 @@ __all__ = [
     "decoupled",
     "gaussian",
     "logits",
-    "mutual_coherence",
     "per_class_loss",
     "population_loss",
     "probabilities",
@@ -422,16 +421,3 @@ def coherent(
     root = s0 * jnp.eye(K, dtype=dt) + (s1 - s0) / K * jnp.ones((K, K), dtype=dt)
     k1, k2 = jax.random.split(key)
     return _orthonormal_columns(k1, d, K, dt) @ root, _orthonormal_columns(k2, d, K, dt)
-
-
-def mutual_coherence(E: jax.Array) -> jax.Array:
-    """Mutual coherence ``max_{i≠j} |E_iᵀE_j| / (|E_i| |E_j|)`` of the columns of E ``[d, K]``.
-
-    Raises:
-      ValueError: if E is not 2-D with at least 2 columns.
-    """
-    if jnp.ndim(E) != 2 or jnp.shape(E)[1] < 2:
-        raise ValueError(f"E must be [d, K] with K >= 2, got shape {jnp.shape(E)}")
-    n = E / jnp.linalg.norm(E, axis=0, keepdims=True)
-    g = jnp.abs(n.T @ n)
-    return jnp.max(g - jnp.diag(jnp.diagonal(g)))
