@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import chex
 import numpy as np
 import pytest
 from scipy import stats
