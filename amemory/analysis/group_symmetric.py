@@ -154,14 +154,23 @@ def _update(name: str, delta: jax.Array, gamma: jax.Array, C: int) -> GroupState
     return GroupState(-sd, -(ua - jnp.diag(sd)) / C)
 
 
+def _step(name: str, group_prior: jax.Array, C: int, noise, lr):
+    """One step ``state -> state + lr * U`` of ``name``, and the zero state ``Ŵ_0``."""
+    M, dt = group_prior.shape[0], group_prior.dtype
+
+    def step(state: GroupState) -> GroupState:
+        u = _update(name, *gradient(state, group_prior, C, noise), C)
+        return GroupState(state.d + lr * u.d, state.B + lr * u.B)
+
+    return step, GroupState(jnp.zeros(M, dt), jnp.zeros((M, M), dt))
+
+
 @functools.partial(jax.jit, static_argnums=(0, 2, 5))
 def _run(name, group_prior, C, noise, lr, steps):
-    M = group_prior.shape[0]
-    zero = GroupState(jnp.zeros(M, group_prior.dtype), jnp.zeros((M, M), group_prior.dtype))
+    step, zero = _step(name, group_prior, C, noise, lr)
 
     def body(state, _):
-        u = _update(name, *gradient(state, group_prior, C, noise), C)
-        new = GroupState(state.d + lr * u.d, state.B + lr * u.B)
+        new = step(state)
         return new, loss(new, group_prior, C, noise)
 
     last, losses = jax.lax.scan(body, zero, None, length=steps)
@@ -199,14 +208,8 @@ def run(
 
 @functools.partial(jax.jit, static_argnums=(0, 2))
 def _final(name, group_prior, C, noise, lr, T):
-    M = group_prior.shape[0]
-    zero = GroupState(jnp.zeros(M, group_prior.dtype), jnp.zeros((M, M), group_prior.dtype))
-
-    def body(_, state):
-        u = _update(name, *gradient(state, group_prior, C, noise), C)
-        return GroupState(state.d + lr * u.d, state.B + lr * u.B)
-
-    return loss(jax.lax.fori_loop(0, T, body, zero), group_prior, C, noise)
+    step, zero = _step(name, group_prior, C, noise, lr)
+    return loss(jax.lax.fori_loop(0, T, lambda _, state: step(state), zero), group_prior, C, noise)
 
 
 def final_loss(name: str, group_prior: object, C: int, noise: float, lr: float, T: int) -> float:

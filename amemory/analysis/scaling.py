@@ -1,17 +1,11 @@
 """Straight-line and power-law fits with confidence intervals.
 
 :func:`fit_line` fits ``y = intercept + slope * x`` by ordinary least squares with
-Student-t intervals (used e.g. for step counts that grow like ``log(1/ε)``). A power law
-``y = A x^s`` is a straight line in log-log coordinates, ``log y = log A + s log x``.
-:func:`fit_power_law` fits that line by ordinary least squares and returns the slope s (the
-exponent), the intercept ``log A`` (natural log) and two-sided Student-t confidence
-intervals for both, computed from the residual scatter around the line. The interval is the
-usual OLS one: exact when the log-residuals are i.i.d. Gaussian, approximate otherwise. In
-the theory checks the residuals are mostly *systematic* (finite-size corrections that bend
-the log-log curve), not noise; there the interval measures how straight the curve is over
-the fitted window, and each check states its own tolerance for the remaining bias.
-
-Used by ``theory_checks`` (every fitted exponent) and by the experiments' scaling plots.
+Student-t intervals; :func:`fit_power_law` fits ``y = A x^s`` as the line
+``log y = log A + s log x``. The interval is the usual OLS one: exact when the residuals
+are i.i.d. Gaussian. In the theory checks the residuals are mostly *systematic*
+(finite-size corrections that bend the log-log curve); there the interval measures how
+straight the curve is over the fitted window, and each check states its own tolerance.
 Imports no other part of amemory.
 
 Reference: any regression text, e.g. Draper & Smith, *Applied Regression Analysis*,
@@ -140,20 +134,12 @@ def fit_power_law(x: object, y: object, *, confidence: float = 0.95) -> PowerLaw
       confidence: level of the two-sided intervals, in (0, 1); default 0.95.
 
     Returns:
-      :class:`PowerLawFit`. The slope interval is
-      ``slope ± t_{n-2, (1+confidence)/2} * sqrt(RSS / (n-2) / Σ(log x - mean)^2)``
-      (``scipy.stats.t.ppf``); the intercept interval uses the standard error
-      ``sqrt(RSS / (n-2) * (1/n + mean(log x)^2 / Sxx))``. For an exact power law the
-      intervals collapse to the point estimate.
+      :class:`PowerLawFit`: :func:`fit_line` of ``(log x, log y)``.
 
     Raises:
       ValueError: if x or y is not 1-D, they differ in length, contain non-positive or
       non-finite values, fewer than 3 points are given, x has fewer than 2 distinct
       values, or ``confidence`` is outside (0, 1).
     """
-    if not (isinstance(confidence, (int, float)) and 0.0 < confidence < 1.0):
-        raise ValueError(f"confidence must lie in (0, 1), got {confidence!r}")
     xa, ya = _as_finite_1d("x", x, positive=True), _as_finite_1d("y", y, positive=True)
-    if xa.shape != ya.shape:
-        raise ValueError(f"x and y must have the same length, got {xa.shape} and {ya.shape}")
     return PowerLawFit(*fit_line(np.log(xa), np.log(ya), confidence=confidence))

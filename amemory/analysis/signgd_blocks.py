@@ -161,13 +161,22 @@ def block_margins(
     )
 
 
-def _log_terms(m: BlockMargins, etas: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def _exp_terms(m: BlockMargins, etas: np.ndarray) -> tuple[np.ndarray, ...]:
+    """Softmax numerators over the own block [n_eta, n, b], the other blocks [n_eta, n, b]
+    (each position weighted by n_other) and the correct answer [n_eta, n], max-shifted."""
     e = np.asarray(etas, dtype=np.float64)[:, None, None]
     if np.any(e < 0) or not np.all(np.isfinite(e)):
         raise ValueError("etas must be finite and >= 0")
     inb = -e * m.inblock[None]  # [n_eta, n, b]
     off = -e * m.offblock[None] + math.log(m.n_other)
-    return inb, off
+    top = np.maximum(inb.max(-1), off.max(-1))[..., None]
+    return np.exp(inb - top), np.exp(off - top), np.exp(-top[..., 0])
+
+
+def _wrong_inblock(m: BlockMargins) -> np.ndarray:
+    """``m.inblock`` [n, b] with each class's own entry set to +inf."""
+    own = np.eye(m.inblock.shape[1], dtype=bool)[[int(n[-1]) for n in m.names]]
+    return np.where(own, np.inf, m.inblock)
 
 
 def correct_probabilities(m: BlockMargins, etas: object) -> np.ndarray:
@@ -187,10 +196,8 @@ def correct_probabilities(m: BlockMargins, etas: object) -> np.ndarray:
     Raises:
       ValueError: if an η is negative or not finite.
     """
-    inb, off = _log_terms(m, np.atleast_1d(etas))
-    top = np.maximum(inb.max(-1), off.max(-1))[..., None]
-    den = np.exp(inb - top).sum(-1) + np.exp(off - top).sum(-1)
-    return np.exp(-top[..., 0]) / den
+    ein, eoff, correct = _exp_terms(m, np.atleast_1d(etas))
+    return correct / (ein.sum(-1) + eoff.sum(-1))
 
 
 def mass_split(m: BlockMargins, eta: float) -> tuple[np.ndarray, np.ndarray]:
@@ -207,12 +214,9 @@ def mass_split(m: BlockMargins, eta: float) -> tuple[np.ndarray, np.ndarray]:
     Raises:
       ValueError: if eta is negative or not finite.
     """
-    inb, off = _log_terms(m, np.array([eta]))
-    top = np.maximum(inb.max(-1), off.max(-1))[..., None]
-    ein, eoff = np.exp(inb - top), np.exp(off - top)
+    ein, eoff, correct = _exp_terms(m, np.array([eta]))
     den = ein.sum(-1) + eoff.sum(-1)
-    wrong_in = (ein.sum(-1) - np.exp(-top[..., 0])) / den  # minus the class itself
-    return wrong_in[0], (eoff.sum(-1) / den)[0]
+    return ((ein.sum(-1) - correct) / den)[0], (eoff.sum(-1) / den)[0]  # minus the class itself
 
 
 def per_class(m: BlockMargins, values: object) -> np.ndarray:
@@ -263,8 +267,7 @@ def first_crossing(m: BlockMargins, eps: float, *, n_grid: int = 65) -> balance.
     """
     if not 0.0 < eps < 1.0:
         raise ValueError(f"eps must lie in (0, 1), got {eps}")
-    own = np.eye(m.inblock.shape[1], dtype=bool)[[int(n[-1]) for n in m.names]]
-    inb = np.where(own, np.inf, m.inblock)
+    inb = _wrong_inblock(m)
     mu = float(np.minimum(inb.min(axis=1), m.offblock.min(axis=1)).max())
     if not mu > 0:
         raise ValueError(f"no class has all margins > 0 (best smallest margin {mu})")
@@ -339,8 +342,7 @@ def asymptotics(m: BlockMargins, best: str | None = None) -> Asymptotics:
       smallest off-block margin (then no class reaches ``1 - ε`` as K grows), or ``best``
       is not a label of ``m``.
     """
-    own = np.eye(m.inblock.shape[1], dtype=bool)[[int(n[-1]) for n in m.names]]
-    inb = np.where(own, np.inf, m.inblock)  # [n, b], own entry excluded
+    inb = _wrong_inblock(m)  # [n, b]
     off_min = m.offblock.min(axis=1)
     ok = (inb.min(axis=1) > 0) & (off_min > 0)
     if not ok.any():

@@ -67,26 +67,13 @@ COUPLED_KEY_ANGLES = (1.715, 0.876, 3.098)
 
 def _check_shapes(W: Any, E: Any, Et: Any) -> int:
     """Validates W [d_out, d_in], E [d_in, K], Et [d_out, K]; returns K."""
-    for name, a in (("W", W), ("E", E), ("Et", Et)):
-        if jnp.ndim(a) != 2:
-            raise ValueError(f"{name} must be 2-D, got shape {jnp.shape(a)}")
-    d_out, d_in = jnp.shape(W)
-    if jnp.shape(E)[0] != d_in:
+    w, e, et = (jnp.shape(a) for a in (W, E, Et))
+    if len(w) != 2 or len(e) != 2 or len(et) != 2 or (e[0], et[0], e[1]) != (w[1], w[0], et[1]):
         raise ValueError(
-            f"E must be [d_in={d_in}, K] to match W [d_out, d_in]={jnp.shape(W)}, "
-            f"got E shape {jnp.shape(E)}"
+            f"E must be [d_in, K] and Et [d_out, K] to match W [d_out, d_in]; got W {w}, "
+            f"E {e}, Et {et}"
         )
-    if jnp.shape(Et)[0] != d_out:
-        raise ValueError(
-            f"Et must be [d_out={d_out}, K] to match W [d_out, d_in]={jnp.shape(W)}, "
-            f"got Et shape {jnp.shape(Et)}"
-        )
-    if jnp.shape(E)[1] != jnp.shape(Et)[1]:
-        raise ValueError(
-            f"E [d_in, K] and Et [d_out, K] must have the same K, got {jnp.shape(E)} "
-            f"and {jnp.shape(Et)}"
-        )
-    return int(jnp.shape(E)[1])
+    return int(e[1])
 
 
 def _check_noise(noise: Any) -> None:
