@@ -226,19 +226,6 @@ class BiographyTokenizer:
         except KeyError as e:
             raise ValueError(f"unknown token key {e.args[0]!r}") from None
 
-    def decode(self, ids, skip_special: bool = True) -> str:
-        """ids -> readable text (keys without their type prefix, joined by spaces)."""
-        out = []
-        for i in np.asarray(ids).ravel().tolist():
-            k = self.keys[int(i)]
-            if k in (PAD, BOS, EOS):
-                if skip_special:
-                    continue
-                out.append(k)
-            else:
-                out.append(k.split(":", 1)[1])
-        return " ".join(out)
-
 
 @dataclasses.dataclass(frozen=True)
 class EvalSet:
@@ -291,7 +278,7 @@ class BiographyData:
       train_kind: int8 [N]; 0 = biography row, 1 = QA row.
       train_person: int32 [N]; the individual of each row.
       eval: the :class:`EvalSet` (QA of all individuals).
-      group: int32 [2^m], group of each individual; ``repetitions``: int64 [2^m], S_g.
+      group: int32 [2^m], group of each individual (its S_g: :func:`group_repetitions`).
       attributes: dict attribute -> [2^m] token ids (``name``: [2^m, 2] first/last,
         ``birth_date``: [2^m, 3] month/day/year).
     """
@@ -304,7 +291,6 @@ class BiographyData:
     train_person: np.ndarray
     eval: EvalSet
     group: np.ndarray
-    repetitions: np.ndarray
     attributes: dict
 
     @property
@@ -515,6 +501,5 @@ def make_biographies(cfg: BiographyConfig | None = None) -> BiographyData:
             person=items[:, 0].copy(),
         ),
         group=group,
-        repetitions=reps,
         attributes=attrs,
     )

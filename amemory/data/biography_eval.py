@@ -10,11 +10,12 @@ the first answer token, and FTA is reported per frequency group g.
 
 from __future__ import annotations
 
-import numbers
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import numpy as np
+
+from amemory.data.frequencies import _check_int
 
 if TYPE_CHECKING:
     from amemory.data.biographies import EvalSet
@@ -44,10 +45,7 @@ def first_token_predictions(
     Raises:
       ValueError: naming ``batch_size``, ``seq_len`` or the logits shape when invalid.
     """
-    if isinstance(batch_size, bool) or not isinstance(batch_size, numbers.Integral):
-        raise ValueError(f"batch_size must be an integer >= 1, got {batch_size!r}")
-    if batch_size < 1:
-        raise ValueError(f"batch_size must be an integer >= 1, got {batch_size!r}")
+    _check_int("batch_size", batch_size, 1)
     Q, P = eval_set.prompts.shape
     L = P if seq_len is None else int(seq_len)
     if L < P:
@@ -57,9 +55,7 @@ def first_token_predictions(
     preds = np.empty(Q, dtype=np.int64)
     for start in range(0, Q, batch_size):
         idx = np.arange(start, min(start + batch_size, Q))
-        batch = np.zeros((batch_size, L), dtype=np.int32)
-        batch[:] = tokens[idx[0]]
-        batch[: idx.size] = tokens[idx]
+        batch = tokens[np.r_[idx, np.full(batch_size - idx.size, idx[0])]]  # [batch_size, L]
         logits = np.asarray(logits_fn(batch))
         if logits.ndim != 3 or logits.shape[:2] != (batch_size, L):
             raise ValueError(

@@ -245,13 +245,8 @@ def sampled_loss(
 
 
 def zyz_rotation(a: float, b: float, c: float) -> np.ndarray:
-    """The ZYZ Euler rotation R(a, b, c) = R_z(a) R_y(b) R_z(c) of paper A, float64 ``[3, 3]``.
-
-    Rows (Wang et al., arXiv 2509.26030, coupled embeddings; docs/science.md):
-    ``[ca cb cc - sa sc, -ca cb sc - sa cc, ca sb]``,
-    ``[sa cb cc + ca sc, -sa cb sc + ca cc, sa sb]``,
-    ``[-sb cc, sb sc, cb]``.
-    """
+    """The ZYZ Euler rotation R(a, b, c) = R_z(a) R_y(b) R_z(c) of paper A, float64 ``[3, 3]``
+    (Wang et al., arXiv 2509.26030, coupled embeddings; docs/science.md)."""
     ca, sa, cb, sb, cc, sc = (math.cos(a), math.sin(a), math.cos(b), math.sin(b),
                               math.cos(c), math.sin(c))  # fmt: skip
     return np.array(
