@@ -6,7 +6,7 @@ sigma_1 >= ... >= sigma_n and energy shares q_i = sigma_i^2 / sum_j sigma_j^2,
 
   entropy            H = -(1 / log n) sum_i q_i log q_i          in [0, 1]; 1 = flat spectrum
   effective_rank     eRank = exp(-sum_i q_i log q_i)              in [1, n]   (Roy & Vetterli 2007)
-  top_k_energy       TopE_k = sum_{i<=k} sigma_i^2 / sum_j sigma_j^2   (k = 10 in the paper)
+  top{k}_energy      TopE_k = sum_{i<=k} sigma_i^2 / sum_j sigma_j^2   (k = 10 in the paper)
   q75_25             Q3(sigma^2) / Q1(sigma^2), quartiles with linear interpolation (numpy.quantile)
   stable_rank        ||A||_F^2 / ||A||_2^2 = sum_i sigma_i^2 / sigma_1^2
   condition_number   sigma_1 / sigma_n
@@ -35,13 +35,21 @@ METRICS = (
 )
 
 
-def _metrics(x, k: int, rtol: float | None) -> dict[str, np.ndarray]:
-    """Every metric of ``x [..., m, n]`` as ``[...]`` arrays, from one float64 SVD."""
+def spectrum_metrics(x, *, k: int = 10, rtol: float | None = None) -> dict[str, np.ndarray | float]:
+    """All isotropy metrics of one matrix ``[m, n]`` (floats) or a stack ``[..., m, n]`` (arrays).
+
+    Keys are ``METRICS`` (``top10_energy`` is ``top{k}_energy`` for other ``k``).
+    One float64 SVD is shared by all metrics; ``rtol`` overrides the non-zero threshold.
+
+    Raises:
+      ValueError: if ``x`` has fewer than 2 dimensions or ``k < 1``.
+    """
     a = np.asarray(x)
     if a.ndim < 2:
         raise ValueError(f"x must be a matrix [..., m, n]; got shape {a.shape}")
     if int(k) < 1:
         raise ValueError(f"k must be >= 1; got {k}")
+    k = int(k)
     s = np.linalg.svd(a.astype(np.float64), compute_uv=False)  # [..., min(m, n)], descending
     if rtol is None:
         floating = np.issubdtype(a.dtype, np.floating)
@@ -58,74 +66,16 @@ def _metrics(x, k: int, rtol: float | None) -> dict[str, np.ndarray]:
             if n[i]:
                 v = e[i][mask[i]]
                 quartiles[i] = np.quantile(v, 0.75) / np.quantile(v, 0.25)
-        return {
+        out = {
             "entropy": np.where(n > 1, h / np.log(np.maximum(n, 2)), np.where(n == 1, 0.0, np.nan)),
             "effective_rank": np.exp(h),
-            f"top{int(k)}_energy": np.where(
-                any_, np.where(mask, q, 0.0)[..., : int(k)].sum(-1), np.nan
-            ),
+            f"top{k}_energy": np.where(any_, np.where(mask, q, 0.0)[..., :k].sum(-1), np.nan),
             "q75_25": quartiles,
             "stable_rank": np.where(any_, e.sum(-1) / s[..., 0] ** 2, np.nan),
             "condition_number": np.where(
                 any_, s[..., 0] / np.where(mask, s, np.inf).min(-1), np.nan
             ),
         }
-
-
-def spectrum_metrics(x, *, k: int = 10, rtol: float | None = None) -> dict[str, np.ndarray | float]:
-    """All isotropy metrics of one matrix ``[m, n]`` (floats) or a stack ``[..., m, n]`` (arrays).
-
-    Keys are ``METRICS`` (``top10_energy`` is ``top{k}_energy`` for other ``k``).
-    One SVD is shared by all metrics; ``rtol`` overrides the non-zero threshold.
-
-    Raises:
-      ValueError: if ``x`` has fewer than 2 dimensions or ``k < 1``.
-    """
-    out = _metrics(x, k, rtol)
-    if np.ndim(x) == 2:
+    if a.ndim == 2:
         return {key: float(v) for key, v in out.items()}
     return out
-
-
-def entropy(x, *, rtol: float | None = None) -> np.ndarray:
-    """Normalised SVD entropy ``H = -(1/log n) sum q_i log q_i`` of ``x [..., m, n]`` -> ``[...]``.
-
-    Source: Wang et al. 2025 (arXiv 2509.26030), Section 4. n = number of non-zero singular
-    values; n = 1 gives 0.
-    """
-    return _metrics(x, 10, rtol)["entropy"]
-
-
-def effective_rank(x, *, rtol: float | None = None) -> np.ndarray:
-    """Effective rank ``exp(-sum q_i log q_i)`` of ``x [..., m, n]`` -> ``[...]`` in ``[1, n]``.
-
-    Source: Roy & Vetterli (2007); Wang et al. 2025 (arXiv 2509.26030), Section 4.
-    """
-    return _metrics(x, 10, rtol)["effective_rank"]
-
-
-def top_k_energy(x, k: int = 10, *, rtol: float | None = None) -> np.ndarray:
-    """Share of squared singular values in the top ``k``: ``[..., m, n]`` -> ``[...]`` in (0, 1].
-
-    Raises:
-      ValueError: if ``k < 1``.
-    """
-    return _metrics(x, k, rtol)[f"top{int(k)}_energy"]
-
-
-def q75_25(x, *, rtol: float | None = None) -> np.ndarray:
-    """Upper / lower quartile of the non-zero ``sigma^2``: ``[..., m, n]`` -> ``[...]``.
-
-    Quartiles use numpy's default linear interpolation over the n non-zero values.
-    """
-    return _metrics(x, 10, rtol)["q75_25"]
-
-
-def stable_rank(x, *, rtol: float | None = None) -> np.ndarray:
-    """Stable rank ``||A||_F^2 / ||A||_2^2``: ``[..., m, n]`` -> ``[...]`` in ``[1, rank]``."""
-    return _metrics(x, 10, rtol)["stable_rank"]
-
-
-def condition_number(x, *, rtol: float | None = None) -> np.ndarray:
-    """``sigma_max / sigma_min`` over the non-zero singular values: ``[..., m, n]`` -> ``[...]``."""
-    return _metrics(x, 10, rtol)["condition_number"]
