@@ -100,25 +100,21 @@ def project(W: jax.Array, M: int, C: int) -> tuple[GroupState, jax.Array]:
 
 
 def _log_probs(state: GroupState, C: int):
-    """(log q_s [M], log q [M, M]): own answer, and one answer of group g, per query group h."""
+    """(log q_s [M], log q [M, M], mult [M, M]): own answer, one answer of group g, and the
+    number of such answers (C, or C - 1 in the query's own group), per query group h."""
     d, B = state
-    M = d.shape[0]
     own = d + jnp.diagonal(B)  # [h]
-    eye = jnp.eye(M, dtype=bool)
-    mult = jnp.where(eye, C - 1.0, float(C))  # answers of g (other than the query's own)
+    mult = jnp.where(jnp.eye(d.shape[0], dtype=bool), C - 1.0, float(C))
     log_mult = jnp.log(mult)  # -inf when C = 1 (no other answer in the group)
     log_z = jnp.logaddexp(own, jax.scipy.special.logsumexp(B + log_mult, axis=0))  # [h]
-    return own - log_z, B - log_z[None, :]
+    return own - log_z, B - log_z[None, :], mult
 
 
 def loss(state: GroupState, group_prior: jax.Array, C: int, noise: float = 0.0) -> jax.Array:
     """Population loss (nats) of the group-symmetric memory; equals
     ``amemory.models.memory.population_loss(expand(state, C), I, I, prior, noise)``."""
-    M = state.d.shape[0]
-    K = M * C
-    ls, lq = _log_probs(state, C)
-    eye = jnp.eye(M, dtype=bool)
-    mult = jnp.where(eye, C - 1.0, float(C))
+    K = state.d.shape[0] * C
+    ls, lq, mult = _log_probs(state, C)
     others = jnp.sum(jnp.where(mult > 0, mult * lq, 0.0), axis=0)  # Σ over wrong answers
     per_query = -(1 - noise + noise / K) * ls - (noise / K) * others
     return jnp.dot(group_prior, per_query)
@@ -128,9 +124,8 @@ def gradient(
     state: GroupState, group_prior: jax.Array, C: int, noise: float = 0.0
 ) -> tuple[jax.Array, jax.Array]:
     """``(δ [M], Γ [M, M])`` with task-space gradient ``G = diag(δ) ⊗ I + Γ ⊗ 1 1ᵀ``."""
-    M = state.d.shape[0]
-    K = M * C
-    ls, lq = _log_probs(state, C)
+    K = state.d.shape[0] * C
+    ls, lq, _ = _log_probs(state, C)
     w = group_prior / C  # per-query prior p_j, [h]
     delta = w * (jnp.exp(ls) - jnp.exp(jnp.diagonal(lq)) - (1 - noise))
     gamma = w[None, :] * (jnp.exp(lq) - noise / K)

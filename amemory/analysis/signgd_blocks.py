@@ -233,18 +233,10 @@ def per_class(m: BlockMargins, values: object) -> np.ndarray:
     if v.shape[-1:] != (len(m.names),):
         raise ValueError(f"values must be [..., {len(m.names)}], got shape {v.shape}")
     b = m.inblock.shape[1]
-    index = {name: i for i, name in enumerate(m.names)}
-    cols = []
-    for k in range(m.K):
-        c, j = divmod(k, b)
-        if b * c + b <= m.L:
-            kind = "head"
-        elif b * c < m.L:
-            kind = "mixed"
-        else:
-            kind = "tail"
-        cols.append(index[f"{kind}{j}"])
-    return v[..., cols]
+    start, j = divmod(np.arange(m.K), b)
+    start *= b  # first class of each class's block
+    kind = np.where(start + b <= m.L, "head", np.where(start < m.L, "mixed", "tail"))
+    return v[..., [m.names.index(f"{t}{i}") for t, i in zip(kind, j, strict=True)]]
 
 
 def first_crossing(m: BlockMargins, eps: float, *, n_grid: int = 65) -> balance.RhoResult:

@@ -45,10 +45,6 @@ Exact data design
 Training convention (same as the token windows of :mod:`amemory.data.batching`):
 inputs = tokens[:, :-1], targets = tokens[:, 1:], per-target weights =
 loss_mask[:, 1:]; ``loss_mask[n, t] = 1`` iff token t is a training target.
-
-Layout: this module generates the data. Batches of its rows come from a Grain
-loader (:meth:`BiographyData.loader`, :func:`amemory.data.batching.row_loader`) and the
-FTA metric from :mod:`amemory.data.biography_eval` (re-exported here).
 """
 
 from __future__ import annotations
@@ -92,44 +88,22 @@ QUESTION_TEMPLATES = (
 )
 
 # Biography sentence variants per asked attribute ({name} then the value follows).
+# fmt: off
 _SENTENCES = {
-    "birth_date": (
-        "{name} was born on {v} .",
-        "{name} came into this world on {v} .",
-        "{name} celebrates a birthday on {v} .",
-        "The birth date of {name} is {v} .",
-    ),
-    "birth_city": (
-        "{name} was born in {v} .",
-        "{name} spent early years in {v} .",
-        "{name} hails from {v} .",
-        "The birthplace of {name} is {v} .",
-    ),
-    "university": (
-        "{name} studied at {v} .",
-        "{name} graduated from {v} .",
-        "{name} received an education at {v} .",
-        "{name} attended {v} .",
-    ),
-    "major": (
-        "{name} majored in {v} .",
-        "{name} focused on {v} .",
-        "{name} completed a degree in {v} .",
-        "The field of study of {name} was {v} .",
-    ),
-    "employer": (
-        "{name} works for {v} .",
-        "{name} is employed by {v} .",
-        "{name} has a job at {v} .",
-        "The employer of {name} is {v} .",
-    ),
-    "work_city": (
-        "{name} works in {v} .",
-        "{name} commutes to an office in {v} .",
-        "{name} is based in {v} .",
-        "The workplace of {name} is in {v} .",
-    ),
+    "birth_date": ("{name} was born on {v} .", "{name} came into this world on {v} .",
+                   "{name} celebrates a birthday on {v} .", "The birth date of {name} is {v} ."),
+    "birth_city": ("{name} was born in {v} .", "{name} spent early years in {v} .",
+                   "{name} hails from {v} .", "The birthplace of {name} is {v} ."),
+    "university": ("{name} studied at {v} .", "{name} graduated from {v} .",
+                   "{name} received an education at {v} .", "{name} attended {v} ."),
+    "major": ("{name} majored in {v} .", "{name} focused on {v} .",
+              "{name} completed a degree in {v} .", "The field of study of {name} was {v} ."),
+    "employer": ("{name} works for {v} .", "{name} is employed by {v} .",
+                 "{name} has a job at {v} .", "The employer of {name} is {v} ."),
+    "work_city": ("{name} works in {v} .", "{name} commutes to an office in {v} .",
+                  "{name} is based in {v} .", "The workplace of {name} is in {v} ."),
 }
+# fmt: on
 
 _MONTHS = tuple(calendar.month_name[1:])
 _YEARS = tuple(range(1950, 2006))
@@ -324,12 +298,11 @@ def _pseudo_words(rng: np.random.Generator, n: int, taken: set[str], syllables=(
         if attempts > 200 * n + 10_000:
             raise ValueError(f"cannot synthesise {n} distinct names; lower the pool sizes")
         k = int(rng.integers(syllables[0], syllables[1] + 1))
-        parts = []
-        for j in range(k):
-            parts.append(_ONSETS[rng.integers(len(_ONSETS))] + _VOWELS[rng.integers(len(_VOWELS))])
-            if j == k - 1:
-                parts.append(_CODAS[rng.integers(len(_CODAS))])
-        w = "".join(parts).capitalize()
+        w = "".join(
+            _ONSETS[rng.integers(len(_ONSETS))] + _VOWELS[rng.integers(len(_VOWELS))]
+            for _ in range(k)
+        )
+        w = (w + _CODAS[rng.integers(len(_CODAS))]).capitalize()
         if w not in taken:
             taken.add(w)
             out.append(w)

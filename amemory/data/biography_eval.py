@@ -1,11 +1,9 @@
 """First-token accuracy (FTA) of a language model on the biography QA (paper A, A.3).
 
 Source: Wang et al. 2025, "Muon Outperforms Adam in Tail-End Associative Memory
-Learning" (arXiv 2509.26030), heavy-tailed knowledge QA. The evaluation items are
-the :class:`amemory.data.biographies.EvalSet` of :func:`amemory.data.biographies.make_biographies`;
-an item is correct when the model's argmax after ``<bos> question ? Answer:`` equals
-the first answer token, and FTA is reported per frequency group g.
-:mod:`amemory.data.biographies` re-exports both functions.
+Learning" (arXiv 2509.26030), heavy-tailed knowledge QA, on the
+:class:`amemory.data.biographies.EvalSet`; :mod:`amemory.data.biographies` re-exports both
+functions.
 """
 
 from __future__ import annotations
@@ -71,9 +69,8 @@ def first_token_accuracy(
 ) -> dict[int, float]:
     """First-token accuracy (FTA) per group g (paper A, heavy-tailed knowledge QA).
 
-    FTA of an item = 1 if the argmax prediction after the prompt equals the first
-    answer token. The group's FTA is the mean over its individuals and all 6
-    question templates.
+    An item scores 1 when the argmax after ``<bos> question ? Answer:`` is the first
+    answer token; a group's FTA is the mean over its individuals and the 6 templates.
 
     Args:
       model: either a callable ``logits_fn(tokens [B, L]) -> [B, L, V]`` (see

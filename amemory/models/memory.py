@@ -9,7 +9,8 @@ prediction is ``f_W(E_k) = softmax(Ẽᵀ W E_k)`` over the K answers.
 Everything here is a pure ``jax.numpy`` function: it keeps the dtype of its inputs (so it
 runs in float64 when ``jax_enable_x64`` is on), works under ``jax.jit``, ``jax.grad`` and
 ``jax.vmap``, and validates static shapes before any tracing (a ``ValueError`` names the
-argument). The builders return ``(E, Et)`` with ``Et`` standing for Ẽ.
+argument). The builders return ``(E, Et)`` with ``Et`` standing for Ẽ, in ``dtype``
+(default: float64 under x64, else float32).
 
 Index convention used throughout:
 
@@ -56,8 +57,7 @@ __all__ = [
     "zyz_rotation",
 ]
 
-# Paper A (Appendix, SignGD counter-example): Ẽ = I ⊗ R(3.638, 2.949, 5.218),
-# E = I ⊗ R(1.715, 0.876, 3.098).
+# Paper A (Appendix, SignGD counter-example): Ẽ = I ⊗ R(value angles), E = I ⊗ R(key angles).
 COUPLED_VALUE_ANGLES = (3.638, 2.949, 5.218)
 COUPLED_KEY_ANGLES = (1.715, 0.876, 3.098)
 
@@ -263,7 +263,6 @@ def decoupled(K: int, *, dtype: Any = None) -> tuple[jax.Array, jax.Array]:
 
     Args:
       K: number of classes (>= 1).
-      dtype: float dtype; default float64 under x64, else float32.
 
     Returns:
       ``(E, Et)``, both ``[K, K]`` identity matrices.
@@ -285,7 +284,6 @@ def coupled_rotation(K: int, *, dtype: Any = None) -> tuple[jax.Array, jax.Array
 
     Args:
       K: number of classes; must be a positive multiple of 3.
-      dtype: float dtype; default float64 under x64, else float32.
 
     Returns:
       ``(E, Et)``, both ``[K, K]``.
@@ -319,7 +317,6 @@ def random_orthonormal(
       K: number of classes (>= 1).
       d: embedding dimension, ``d >= K`` (K orthonormal vectors need d >= K).
       key: ``jax.random`` key.
-      dtype: float dtype; default float64 under x64, else float32.
 
     Returns:
       ``(E, Et)``, each ``[d, K]`` with ``EᵀE = ẼᵀẼ = I_K``; E and Ẽ independent.
@@ -346,7 +343,6 @@ def gaussian(K: int, d: int, key: jax.Array, *, dtype: Any = None) -> tuple[jax.
       K: number of classes (>= 1).
       d: embedding dimension (>= 1).
       key: ``jax.random`` key.
-      dtype: float dtype; default float64 under x64, else float32.
 
     Returns:
       ``(E, Et)``, each ``[d, K]``, independent.
@@ -381,7 +377,6 @@ def coherent(
       d: embedding dimension, ``d >= K``.
       coherence: c, with ``-1/(K-1) < c < 1`` (G positive definite).
       key: ``jax.random`` key.
-      dtype: float dtype; default float64 under x64, else float32.
 
     Returns:
       ``(E, Et)``, each ``[d, K]``.
