@@ -98,7 +98,6 @@ class RhoResult(NamedTuple):
 
     Attributes:
       rho: ϱ^ε, the smallest worst-class probability over feasible step sizes.
-      eta: the step size (same units as the grid) at which ``rho`` was attained.
       eta_boundary: smallest feasible step size found (``max_k q_k = 1 - ε`` there, up
         to the refinement tolerance).
       n_feasible_grid: number of grid points that were feasible (diagnostic).
@@ -107,7 +106,6 @@ class RhoResult(NamedTuple):
     """
 
     rho: float
-    eta: float
     eta_boundary: float
     n_feasible_grid: int
     rho_boundary: float
@@ -190,9 +188,7 @@ def one_step_rho(
         )
     lo, hi = grid[first - 1], grid[first]
     at_boundary = float(q[first].min())
-    worst_grid = q[feasible].min(axis=1)
-    j = int(np.argmin(worst_grid))
-    best, best_eta = float(worst_grid[j]), float(grid[feasible][j])
+    best = float(q[feasible].min())
     # Refine the boundary with sub-grids of the same size (one compiled shape for jitted
     # correct_fn): each pass shrinks the bracket by a factor n_grid - 1.
     while hi - lo > rtol * hi:
@@ -202,14 +198,10 @@ def one_step_rho(
         feas[-1] = True  # hi is feasible by construction
         k = max(int(np.argmax(feas)), 1)
         lo, hi = sub[k - 1], sub[k]
-        sub_worst = qs[feas].min(axis=1)
-        i = int(np.argmin(sub_worst))
-        if sub_worst[i] < best:
-            best, best_eta = float(sub_worst[i]), float(sub[feas][i])
+        best = min(best, float(qs[feas].min()))
         at_boundary = float(qs[k].min())
     return RhoResult(
         rho=best,
-        eta=float(best_eta),
         eta_boundary=float(hi),
         n_feasible_grid=int(feasible.sum()),
         rho_boundary=at_boundary,

@@ -58,13 +58,16 @@ class GroupState(NamedTuple):
     B: jax.Array
 
 
-def _check(name: str, group_prior: object, C: int) -> None:
+def _args(name: str, group_prior: object, C: int, noise: float, lr: float) -> tuple:
+    """Validated ``(name, group_prior, C, noise, lr)`` for the jitted runs, in the prior's dtype."""
     if name not in OPTIMIZERS:
         raise ValueError(f"optimizer must be one of {OPTIMIZERS}, got {name!r}")
     if isinstance(C, bool) or not isinstance(C, (int, np.integer)) or C < 1:
         raise ValueError(f"C must be an integer >= 1, got {C!r}")
     if np.ndim(group_prior) != 1 or np.size(group_prior) < 1:
         raise ValueError(f"group_prior must be [M], got shape {np.shape(group_prior)}")
+    p = jnp.asarray(group_prior)
+    return name, p, int(C), jnp.asarray(noise, p.dtype), jnp.asarray(lr, p.dtype)
 
 
 def expand(state: GroupState, C: int) -> jax.Array:
@@ -193,11 +196,7 @@ def run(
     Raises:
       ValueError: for an unknown name, C < 1 or a group prior that is not 1-D.
     """
-    _check(name, group_prior, C)
-    p = jnp.asarray(group_prior)
-    losses, last = _run(
-        name, p, int(C), jnp.asarray(noise, p.dtype), jnp.asarray(lr, p.dtype), int(steps)
-    )
+    losses, last = _run(*_args(name, group_prior, C, noise, lr), int(steps))
     return np.asarray(losses), last
 
 
@@ -214,8 +213,6 @@ def final_loss(name: str, group_prior: object, C: int, noise: float, lr: float, 
     Raises:
       ValueError: for an unknown name, C < 1, a group prior that is not 1-D, or T < 0.
     """
-    _check(name, group_prior, C)
     if T < 0:
         raise ValueError(f"T must be >= 0, got {T}")
-    p = jnp.asarray(group_prior)
-    return float(_final(name, p, int(C), jnp.asarray(noise, p.dtype), jnp.asarray(lr, p.dtype), T))
+    return float(_final(*_args(name, group_prior, C, noise, lr), T))

@@ -293,9 +293,6 @@ class Asymptotics(NamedTuple):
         fast the neglected terms fade: as ``K^{-(gap)/m_b}``).
       best_sub_leading: the same for the best class, ``[b - 1]`` (they shift the
         crossing η).
-      small_k_worst: label of the class with the most negative own-block margin (the
-        worst class while the other blocks' answers are still negligible), or "" if no
-        own-block margin is negative.
       regime_exponent: s in ``K*(ε) ∝ ε^{-s}``, the K beyond which the worst class loses
         more to other blocks than to its own: equating the two masses gives
         ``s = x / (1 - x)``, ``x = (μ - μ_in)/m_b`` with μ_in the most negative own-block
@@ -312,7 +309,6 @@ class Asymptotics(NamedTuple):
     eps_exponent: float
     sub_leading: np.ndarray
     best_sub_leading: np.ndarray
-    small_k_worst: str
     regime_exponent: float
 
 
@@ -336,7 +332,8 @@ def asymptotics(m: BlockMargins, best: str | None = None) -> Asymptotics:
     """
     inb = _wrong_inblock(m)  # [n, b]
     off_min = m.offblock.min(axis=1)
-    ok = (inb.min(axis=1) > 0) & (off_min > 0)
+    in_min = inb.min(axis=1)
+    ok = (in_min > 0) & (off_min > 0)
     if not ok.any():
         raise ValueError("no class beats its own block with positive off-block margins")
     ib = int(np.argmax(np.where(ok, off_min, -np.inf)))
@@ -346,18 +343,15 @@ def asymptotics(m: BlockMargins, best: str | None = None) -> Asymptotics:
         ib = m.names.index(best)
     mb = float(off_min[ib])
     e_off = 1.0 - off_min / mb  # growth exponent (in n) of the off-block mass
-    e_in = -inb.min(axis=1) / mb  # growth exponent of the largest own-block term
-    grow = np.maximum(e_off, e_in)
-    iw = int(np.argmax(grow))
+    e_in = -in_min / mb  # growth exponent of the largest own-block term
+    iw = int(np.argmax(np.maximum(e_off, e_in)))
     off_dominates = e_off[iw] >= e_in[iw]
-    mu = float(off_min[iw] if off_dominates else inb[iw].min())
+    mu = float(off_min[iw] if off_dominates else in_min[iw])
     k_exp = -(1.0 - mu / mb) if off_dominates else mu / mb
     offs = np.sort(m.offblock[iw])
-    in_min = inb.min(axis=1)
-    i_small = int(np.argmin(in_min))
-    has_neg = bool(in_min[i_small] < 0)
-    x = (mu - float(in_min[i_small])) / mb
-    regime = x / (1.0 - x) if (has_neg and off_dominates and mu > 0 and x < 1) else 0.0
+    mu_in = float(in_min.min())  # the most negative own-block margin, if negative
+    x = (mu - mu_in) / mb
+    regime = x / (1.0 - x) if (mu_in < 0 and off_dominates and mu > 0 and x < 1) else 0.0
     return Asymptotics(
         best=m.names[ib],
         m_best=mb,
@@ -368,6 +362,5 @@ def asymptotics(m: BlockMargins, best: str | None = None) -> Asymptotics:
         eps_exponent=float(-mu / mb),
         sub_leading=offs[1:] - offs[0],
         best_sub_leading=np.sort(m.offblock[ib])[1:] - mb,
-        small_k_worst=m.names[i_small] if has_neg else "",
         regime_exponent=float(regime),
     )
