@@ -120,11 +120,7 @@ def one_step_rho(
     n_grid: int = 129,
     rtol: float = 1e-13,
 ) -> RhoResult:
-    """One-step balance ``ϱ^ε`` of paper A by search over the step size η.
-
-    ``ϱ^ε = inf_{η >= 0} min_k q_k(η)`` subject to ``max_k q_k(η) >= 1 - ε``, where
-    ``q(η)`` are the correct-class probabilities after one step of size η from ``W_0``
-    (paper A, Section 5.2).
+    """One-step balance ``ϱ^ε`` of paper A (Section 5.2; module docstring) by search over η.
 
     Search: ``q`` is evaluated on a geometric grid of ``n_grid`` step sizes in
     ``[eta_min, eta_max]``; the feasibility boundary (the first grid interval where

@@ -135,17 +135,16 @@ def sample_pairs(
       ValueError: naming ``prior``, ``batch_size`` or ``noise`` when invalid.
     """
     p = _check_prior(prior)
-    _check_int("batch_size", batch_size, 1)
+    B = _check_int("batch_size", batch_size, 1)
     a = _check_noise(noise)
-    K = p.size
     kq, kflip, kuni = jax.random.split(key, 3)
     with np.errstate(divide="ignore"):
         logp = jnp.asarray(np.log(p), dtype=jnp.float32)
-    queries = jax.random.categorical(kq, logp, shape=(int(batch_size),)).astype(jnp.int32)
+    queries = jax.random.categorical(kq, logp, shape=(B,)).astype(jnp.int32)
     if a == 0.0:
         return queries, queries
-    flip = jax.random.bernoulli(kflip, a, shape=(int(batch_size),))
-    uniform = jax.random.randint(kuni, (int(batch_size),), 0, K, dtype=jnp.int32)
+    flip = jax.random.bernoulli(kflip, a, shape=(B,))
+    uniform = jax.random.randint(kuni, (B,), 0, p.size, dtype=jnp.int32)
     answers = jnp.where(flip, uniform, queries).astype(jnp.int32)
     return queries, answers
 

@@ -125,7 +125,6 @@ def logits(W: jax.Array, E: jax.Array, Et: jax.Array) -> jax.Array:
 
     Returns:
       ``[K, K]``: row k holds ``Ẽᵀ W E_k``, the K logits of query k (paper A, A.1).
-      Equals ``task_space(W, E, Et).T``.
 
     Raises:
       ValueError: if the shapes do not fit together.
