@@ -193,13 +193,6 @@ class BiographyTokenizer:
     def vocab_size(self) -> int:
         return len(self.keys)
 
-    def encode(self, keys: list[str]) -> list[int]:
-        """Typed keys -> ids. Raises ValueError naming an unknown key."""
-        try:
-            return [self.index[k] for k in keys]
-        except KeyError as e:
-            raise ValueError(f"unknown token key {e.args[0]!r}") from None
-
 
 @dataclasses.dataclass(frozen=True)
 class EvalSet:

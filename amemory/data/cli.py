@@ -28,18 +28,15 @@ def build_parser() -> argparse.ArgumentParser:
     p = _Parser(prog="amemory data", description="Prepare corpora and print their statistics.")
     sub = p.add_subparsers(dest="cmd", metavar="COMMAND", parser_class=_Parser)
 
-    def common(sp):
+    prep = sub.add_parser("prepare", help="fetch, clean, tokenize and cache a corpus")
+    st = sub.add_parser("stats", help="token counts, vocabulary, Zipf exponent, bucket table")
+    for sp in (prep, st):
         sp.add_argument(
             "corpus", nargs="+", help='"shakespeare", text paths/dirs/globs, .bin files'
         )
         sp.add_argument("--tokenizer", default="bpe", choices=["bpe", "word"])
         sp.add_argument("--vocab-size", type=int, default=None, help="default 8192 (text)")
         sp.add_argument("--val-fraction", type=float, default=0.1)
-
-    prep = sub.add_parser("prepare", help="fetch, clean, tokenize and cache a corpus")
-    common(prep)
-    st = sub.add_parser("stats", help="token counts, vocabulary, Zipf exponent, bucket table")
-    common(st)
     st.add_argument("--buckets", type=int, default=6, help="number of frequency-rank bands")
     st.add_argument("--m", type=int, default=8, help="biographies only: number of groups m")
     st.add_argument("--seed", type=int, default=0, help="biographies only: seed")

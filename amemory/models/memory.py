@@ -89,9 +89,7 @@ def _check_int(name: str, value: Any, minimum: int) -> int:
 
 def _float_dtype(dtype: Any) -> Any:
     """The requested dtype, or the default float (float64 under x64, else float32)."""
-    if dtype is None:
-        return jnp.zeros(()).dtype  # canonical default float dtype
-    return jnp.dtype(dtype)
+    return jnp.zeros(()).dtype if dtype is None else jnp.dtype(dtype)
 
 
 # ----------------------------------------------------------------------------- model
