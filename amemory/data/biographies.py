@@ -11,8 +11,8 @@ Exact data design
   pronounceable pseudo-words built from syllables give ``n_first_names`` first
   names, ``n_surnames`` surnames, ``n_cities`` cities, and the stems of
   ``n_universities`` universities ("Velmora University"), ``n_majors`` majors
-  ("Tharistics") and ``n_employers`` employers ("Drovin Labs"). All strings are
-  distinct. Defaults follow the paper: 400 / 1000 / 300 / 100 / 300 (+ 200 cities).
+  ("Tharistics") and ``n_employers`` employers ("Drovin Labs"), all distinct
+  (defaults: the paper's sizes, :class:`BiographyConfig`).
 * **Individuals**: 2^m of them, each with a unique (first name, surname) pair and
   7 attributes: full name, birth date (month day year, valid calendar dates in
   1950-2005), birth city, university, major, employer, work city; values are drawn
@@ -39,7 +39,7 @@ Exact data design
   token (for birth dates: the month). FTA is reported per group g.
 * **Tokenizer**: word/field level and exact. Every template word, month, day,
   year and attribute value is one token; keys are typed (``"first:Kalo"``,
-  ``"city:Brenmouth"``, ``"w:born"``), so decoding is unambiguous. Special
+  ``"city:Brenmouth"``, ``"w:born"``), so every id names its field. Special
   tokens: ``<pad>`` = 0, ``<bos>`` = 1, ``<eos>`` = 2.
 
 Training convention (same as the token windows of :mod:`amemory.data.batching`):
