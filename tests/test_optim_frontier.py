@@ -264,3 +264,20 @@ def test_deepseek_v4_preset_gives_update_rms_0_18():
     u = tx.update(g, tx.init(g), g)[0]
     np.testing.assert_allclose(float(jnp.sqrt(jnp.mean(u**2))), 0.18, rtol=0.01)
     assert optim.preset_options("deepseek_v4")["ns_coeffs"] == "deepseek_v4"
+
+
+def test_per_head_roles_choose_which_kernels_split(corpus):
+    from train_helpers import lm_config
+
+    from amemory.train import tasks
+    from amemory.train.parallel import placement
+
+    over = {"optimizer.per_head": "true", "optimizer.per_head_roles": "qk"}
+    cfg = lm_config(corpus, **over)
+    task = tasks.build(cfg, placement(cfg.parallel))
+    q, v = ("layers", 0, "attn", "q", "kernel"), ("layers", 0, "attn", "v", "kernel")
+    assert task.matrix_axes(q, None) == (-3, -1, (-1, 3))  # 3 heads of [D, 8]
+    assert task.matrix_axes(v, None) == (-2, -1)  # whole
+    with pytest.raises(ValueError, match="per_head_roles"):
+        tasks.build(lm_config(corpus, **{**over, "optimizer.per_head_roles": "qq"}),
+                    placement(cfg.parallel))  # fmt: skip

@@ -51,15 +51,16 @@ def head_view(config: Any):
     return view
 
 
-def per_head_axes(config: Any):
-    """Muon's ``matrix_axes`` with the kernels of :data:`HEADS` per head (``[..., d_in, H w]
-    -> [..., H] x [d_in, w]``; ``o``: ``[..., H] x [w, D]``), others as ``roles.matrix_axes``.
-    Kimi K3 (arXiv 2607.24653, Sec. 2.5); GLM-5's "Muon Split" (arXiv 2602.15763)."""
+def per_head_axes(config: Any, roles: Any = HEADS):
+    """Muon's ``matrix_axes`` with the kernels of ``roles`` (of :data:`HEADS`) per head
+    (``[..., d_in, H w] -> [..., H] x [d_in, w]``; ``o``: ``[..., H] x [w, D]``), others as
+    ``roles.matrix_axes``. Kimi K3 (arXiv 2607.24653, Sec. 2.5); GLM-5's "Muon Split"
+    (arXiv 2602.15763)."""
     view = head_view(config)
 
     def axes(path: Any, leaf: Any = None):
         heads = view(path, leaf)
-        if heads is None:
+        if heads is None or role_of(path) not in roles:
             return matrix_axes(path, leaf)
         return (-3 if heads[1] == -1 else -2, -1, heads[1:3])
 

@@ -165,7 +165,10 @@ class _Transformer:
         self.graphdef = transformer._graphdef(self.model_config)
         self.dropout = float(config.model.dropout) > 0
         self.lb_coef = float(config.model.moe.lb_coef)
-        self.per_head = bool(config.optimizer.get("per_head", False))
+        self.per_head = ()  # roles orthogonalised per head
+        if config.optimizer.get("per_head", False):
+            spec = config.optimizer.get("per_head_roles", "all")
+            self.per_head = parse_roles(spec, role_of, "optimizer.per_head_roles")
         mc = self.model_config
         if float(config.optimizer.get("qk_clip", 0.0)) > 0 and (mc.qk_norm or mc.use_bias):
             raise ValueError("config.optimizer.qk_clip needs model.qk_norm and use_bias off")
@@ -185,7 +188,7 @@ class _Transformer:
         """Per layer and expert (``roles.matrix_axes``), per head with ``optimizer.per_head``."""
         from amemory.models import matrices, roles
 
-        per_head = matrices.per_head_axes(self.model_config) if self.per_head else None
+        per_head = self.per_head and matrices.per_head_axes(self.model_config, self.per_head)
         return (per_head or roles.matrix_axes)(path, leaf)
 
     @property

@@ -140,6 +140,7 @@ def get_config(scale: str = "quick") -> ConfigDict:
     # Muon on attention kernels head by head (Kimi K3 / GLM-5's Muon Split; a matrix view:
     # amemory.models.matrices.per_head_axes); also MuonH's radius is then per head
     c.optimizer.per_head = False
+    c.optimizer.per_head_roles = "all"  # with per_head: these roles only, e.g. "qk" or "q+k+v"
     # QK-Clip threshold tau on the max pre-softmax logit per head (Kimi K2: 100); 0 = off
     c.optimizer.qk_clip = 0.0
     # log orthogonality error of the Muon update (amemory.optim diagnostics)
