@@ -166,7 +166,10 @@ class MuonOptions:
       mu_dtype: momentum dtype (``None``: parameter dtype).
       matrix_axes: ``None`` (every leaf must be 2-D ``[fan_in, fan_out]``), a pair
         ``(in_axes, out_axes)`` of ints or int tuples applied to every leaf, or a callable
-        ``(path_keys, leaf) -> pair | None``; other axes are batch axes.
+        ``(path_keys, leaf) -> pair | None``; other axes are batch axes. A triple
+        ``(in_axes, out_axes, (axis, heads))`` is a view: ``axis`` of the leaf is first
+        split into ``[heads, size / heads]`` and the axes index the split array (per-head
+        Muon: ``amemory.models.matrices.per_head_axes``, ``nnx_per_head_matrix_axes``).
       batch_leaves: orthogonalise same-shape leaves in one batched call (same result).
       ns_mesh: ``(mesh, axis)`` for sharded ``jit``: the device mesh and the mesh axis
         name (or tuple of names) along which parameters are split (FSDP); other mesh
@@ -262,15 +265,17 @@ class MuonOptions:
     @functools.cached_property
     def orth_fn(self) -> Callable[[jax.Array], jax.Array]:
         """The ``[b, k, l] -> [b, k, l]`` orthogonaliser of ``norm="spectral"``: exact
-        ``polar``, or ``newton_schulz`` with these options (``ns_dtype="auto"``: bf16 off
-        CPU, fp32 on CPU)."""
+        ``polar``, or ``newton_schulz`` with these options (``ns_dtype="auto"``: bf16 unless
+        the target devices, ``ns_mesh``'s or the ``jax.sharding.set_mesh`` mesh's, are CPUs)."""
         if self.orthogonalizer == "polar":
             return polar
-        return functools.partial(
+        ns = functools.partial(
             newton_schulz, coeffs=self.ns_coeffs, steps=self.steps, eps=self.ns_eps,
-            dtype=_resolve_dtype(self.ns_dtype), method=self.ns_method,
-            preconditioning=self.preconditioning, gram_restarts=self.gram_restarts,
+            method=self.ns_method, preconditioning=self.preconditioning,
+            gram_restarts=self.gram_restarts,
         )  # fmt: skip
+        # "auto" is resolved at trace time, for the devices the update is compiled for
+        return lambda x: ns(x, dtype=_resolve_dtype(self.ns_dtype, self.ns_mesh))
 
     @functools.cached_property
     def layout(self) -> OwnerLayout | None:
