@@ -17,13 +17,11 @@ of the step time comes from :data:`CHIPS`. The approach follows MaxText's
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import json
 import math
 import pathlib
 import re
-import sys
 import time
 from typing import Any
 
@@ -265,6 +263,17 @@ def model_flops_per_token(model_config: Any, params: Any, roles: Any, seq_len: i
     return 6 * n + attn
 
 
+def ns_flops(shape: tuple[int, ...], steps: int = 5, method: str = "auto") -> float:
+    """Matmul FLOPs (2 per multiply-add) of amemory's Newton-Schulz on one ``k x l`` matrix,
+    ``k <= l``: ``"direct"`` ``steps (4 k^2 l + 2 k^3)`` (optax's too), ``"gram"`` the Gram
+    form without restart, ``"auto"`` the Gram form where ``l >= 2k`` (``ns_method="auto"``)."""
+    k, l = sorted(shape)
+    if method == "direct" or (method == "auto" and l < 2 * k):
+        return steps * (4.0 * k * k * l + 2.0 * k**3)
+    per = 2.0 * k**3
+    return 4.0 * k * k * l + steps * per + (steps - 1) * per + (steps - 1) * 2 * per
+
+
 def _advice(temporaries: bool) -> str:
     """What dominates a plan that does not fit, and what to change."""
     if temporaries:
@@ -423,9 +432,10 @@ def format_table(reports: list[dict]) -> str:
 
 def main(argv: list[str]) -> int:
     """``amemory plan``: parse, plan every ``--topology``, print the table (or JSON)."""
+    from amemory.cli import Parser
     from amemory.train.cli import _split_overrides
 
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         prog="amemory plan",
         description="Compile the train step of a config for TPU topologies (pip install "
         "'jax[tpu]') or H100s (pip install 'jax[cuda12-local]') from this host and report "
@@ -451,7 +461,6 @@ def main(argv: list[str]) -> int:
             save = pathlib.Path(args.save) / f"{topo.replace(':', '_')}.exe" if args.save else None
             reports.append(plan(config, topo, save=save))
     except ValueError as e:
-        sys.stderr.write(f"amemory plan: error: {e}\n")
-        return 2
+        return parser.fail(e)
     print(json.dumps(reports, indent=2) if args.json else format_table(reports))
     return 0

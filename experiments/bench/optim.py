@@ -42,7 +42,6 @@ Usage:
 
 from __future__ import annotations
 
-import argparse
 import os
 import pathlib
 import platform
@@ -59,8 +58,10 @@ from jax.extend import core as jex_core
 from optax.contrib import muon as optax_muon
 
 from amemory import atomic
-from amemory.optim import contrib, muon, newton_schulz, orthogonality_error, shape_scale_factor
+from amemory.cli import Parser
+from amemory.optim import contrib, muon, orthogonality_error, shape_scale_factor
 from amemory.optim._matrices import leaf_layouts
+from amemory.train.planner import ns_flops
 from experiments.bench import host_load
 
 TREES = {
@@ -92,12 +93,6 @@ _row("dion4-aol", ns_coeffs="dion", ns_steps=4, preconditioning="aol")
 ROOFLINE_ROWS = ("amemory", "dion4-aol")
 
 
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> None:  # one-line error, exit 2
-        sys.stderr.write(f"amemory bench optim: error: {message}\n")
-        raise SystemExit(2)
-
-
 def gpt_tree(d: int, n_layers: int, d_ff: int, seed: int = 0) -> dict[str, Any]:
     """Hidden matrices of a GPT block stack, Flax layout ``[fan_in, fan_out]``, fp32."""
     rng = np.random.default_rng(seed)
@@ -110,14 +105,6 @@ def gpt_tree(d: int, n_layers: int, d_ff: int, seed: int = 0) -> dict[str, Any]:
             for n, s in shapes.items()
         }
     return tree
-
-
-def ns_flops(shape: tuple[int, int], steps: int = NS_STEPS, method: str = "direct") -> float:
-    """FLOPs of amemory's NS on one fp32 matrix (matmuls only, 2 per multiply-add), counted
-    from its program: ``"direct"`` is ``steps (4 k^2 l + 2 k^3)`` for ``k x l``, ``k <= l``
-    (optax's, too); ``"gram"`` the Gram form (no restart in float32)."""
-    x = jax.ShapeDtypeStruct(tuple(shape), jnp.float32)
-    return _dot_flops(jax.make_jaxpr(lambda m: newton_schulz(m, steps=steps, method=method))(x))
 
 
 def _groups(params: dict) -> dict[tuple[int, int], int]:
@@ -262,7 +249,7 @@ def bench_tree(name: str, params: dict, reps: int, mm_n: int) -> dict[str, Any]:
     groups = _groups(params)
     stacks = [_semi_orthogonal(b, k, l, i) for i, ((k, l), b) in enumerate(sorted(groups.items()))]
     shapes = [tuple(x.shape) for x in jax.tree.leaves(params)]
-    nominal = sum(ns_flops(s) for s in shapes)
+    nominal = sum(ns_flops(s, NS_STEPS, "direct") for s in shapes)
     flops = {"optax": nominal}  # optax: direct NS, one matrix at a time
     for row, (_, opts) in ROWS.items():
         if row != "optax":  # contrib runs amemory's kernels with optax's options
@@ -365,7 +352,7 @@ def main(argv: list[str]) -> int:
         from experiments.bench import optim_distributed
 
         return optim_distributed.main(argv)
-    parser = _Parser(prog="amemory bench optim", description=__doc__.split("\n")[0])
+    parser = Parser(prog="amemory bench optim", description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="cpu tree only, 3 reps")
     parser.add_argument(
         "--trees", default=None, help=f"comma list from {sorted(TREES)} (default: all)"

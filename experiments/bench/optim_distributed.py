@@ -32,7 +32,6 @@ Usage:
 
 from __future__ import annotations
 
-import argparse
 import os
 import pathlib
 import platform
@@ -49,6 +48,7 @@ from jax.sharding import NamedSharding
 from optax.contrib import muon as optax_muon
 
 from amemory import atomic
+from amemory.cli import Parser
 from amemory.optim import muon
 from amemory.optim._matrices import leaf_layouts
 from amemory.optim.distributed import OwnerLayout
@@ -58,11 +58,6 @@ from experiments.bench import host_load
 
 LR = 0.02
 TREES = {"cpu": (256, 4, 1024), "gpt2-small": (768, 4, 3072)}  # (d_model, layers, d_ff)
-
-
-def _error(message: str) -> None:
-    sys.stderr.write(f"amemory bench optim: error: {message}\n")
-    raise SystemExit(2)
 
 
 def hlo_bytes(text: str, n: int) -> dict[str, Any]:
@@ -195,7 +190,7 @@ def _print_row(r: dict[str, Any]) -> None:
     )
 
 
-def _ensure_devices(n: int, argv: list[str]) -> int | None:
+def _ensure_devices(n: int, argv: list[str], parser: Parser) -> int | None:
     """Make ``n`` CPU devices visible; re-run in a fresh process if JAX already started."""
     try:
         jax.config.update("jax_num_cpu_devices", n)
@@ -204,7 +199,7 @@ def _ensure_devices(n: int, argv: list[str]) -> int | None:
     if jax.device_count() >= n:
         return None
     if jax.default_backend() != "cpu" or os.environ.get("AMEMORY_BENCH_CHILD"):
-        _error(f"--devices {n}: only {jax.device_count()} {jax.default_backend()} devices")
+        parser.error(f"--devices {n}: only {jax.device_count()} {jax.default_backend()} devices")
     env = dict(os.environ, AMEMORY_BENCH_CHILD="1")
     env["XLA_FLAGS"] = (
         env.get("XLA_FLAGS", "") + f" --xla_force_host_platform_device_count={n}"
@@ -215,7 +210,7 @@ def _ensure_devices(n: int, argv: list[str]) -> int | None:
 
 def main(argv: list[str]) -> int:
     """Run the distributed benchmark; ``argv`` excludes the program name."""
-    parser = argparse.ArgumentParser(prog="amemory bench optim", description=__doc__)
+    parser = Parser(prog="amemory bench optim", description=__doc__)
     parser.add_argument("--devices", type=int, required=True, help="mesh size (fake CPU devices)")
     parser.add_argument("--quick", action="store_true", help="cpu tree only, 3 reps")
     parser.add_argument("--trees", default=None, help=f"comma list from {sorted(TREES)}")
@@ -225,9 +220,9 @@ def main(argv: list[str]) -> int:
     args = parser.parse_args(argv)
     trees = args.trees.split(",") if args.trees else (["cpu"] if args.quick else list(TREES))
     if [t for t in trees if t not in TREES] or args.devices < 2:
-        _error(f"--trees from {sorted(TREES)}; --devices >= 2")
+        parser.error(f"--trees from {sorted(TREES)}; --devices >= 2")
     reps = args.reps if args.reps is not None else (3 if args.quick else 5)
-    code = _ensure_devices(args.devices, argv)
+    code = _ensure_devices(args.devices, argv, parser)
     if code is not None:
         return code
     from experiments.bench.optim import gpt_tree

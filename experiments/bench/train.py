@@ -50,7 +50,6 @@ Usage:
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import pathlib
@@ -64,32 +63,18 @@ import jax.numpy as jnp
 import numpy as np
 
 from amemory import atomic
+from amemory.cli import Parser
 from amemory.models import transformer
 from amemory.train import optimizers, planner
 from amemory.train.config import load_config
 from amemory.train.engine import make_train_step
-from amemory.train.planner import CHIPS
+from amemory.train.planner import CHIPS, ns_flops
 from amemory.train.state import TrainState
 from experiments.bench import host_load
 
 OPTIMIZERS = ("adam", "muon", "signgd")
 PARTS = ("optimizers", "engine", "scan", "dtype")
 REPO = pathlib.Path(__file__).resolve().parents[2]
-
-
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> None:  # one-line error, exit 2
-        sys.stderr.write(f"amemory bench train: error: {message}\n")
-        raise SystemExit(2)
-
-
-def ns_flops(shape: tuple[int, ...], steps: int = 5) -> float:
-    """Newton-Schulz FLOPs amemory performs on one ``k x l`` matrix (Gram form if l >= 2k)."""
-    k, l = sorted(shape)
-    if l < 2 * k:
-        return steps * (4.0 * k * k * l + 2.0 * k**3)
-    per = 2.0 * k**3
-    return 4.0 * k * k * l + steps * per + (steps - 1) * per + (steps - 1) * 2 * per
 
 
 def _random_like(tree: Any, seed: int) -> Any:
@@ -243,7 +228,7 @@ def bench_optimizers(args, batch: int, reps: int) -> dict:
 
 def main(argv: list[str]) -> int:
     """Run the benchmark; print a table; optionally write ``--json``. Returns the exit status."""
-    ap = _Parser(prog="amemory bench train", description=__doc__.split("\n\n")[0])
+    ap = Parser(prog="amemory bench train", description=__doc__.split("\n\n")[0])
     ap.add_argument("--part", action="append", choices=PARTS, help="what to measure (repeatable)")
     ap.add_argument("--quick", action="store_true", help="smaller sizes, fewer reps (minutes)")
     ap.add_argument("--reps", type=int, default=None, help="timed steps per optimizer")
