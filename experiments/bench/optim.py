@@ -1,50 +1,28 @@
 """`amemory bench optim`: amemory's Muon update against optax.contrib.muon, and its NS roofline.
 
-Every optimizer sees the same GPT-shaped tree of hidden matrices (no vectors, so optax
-routes every leaf to its Muon branch). Rows (jitted ``update`` calls, timed round-robin
-in one process so load on a shared machine hits all alike; medians reported):
+Every row of :data:`ROWS` updates the same GPT-shaped tree of hidden matrices (no vectors,
+so optax routes every leaf to Muon): ``optax`` is ``optax.contrib.muon(0.02)``,
+``contrib`` ``amemory.optim.contrib.muon`` with identical arguments (the drop-in), the
+others ``amemory.optim.muon(0.02, preset="optax")`` (optax's maths; Gram form for aspect
+ratio >= 2) with the options beside their names: the Gram form's restart, direct NS, AOL
+pre-conditioning (Turbo-Muon), Polar Express and Dion coefficients. Jitted ``update``
+calls run round-robin in one process (load hits all alike); medians are reported.
 
-- ``optax``: ``optax.contrib.muon(0.02)``;
-- ``contrib``: ``amemory.optim.contrib.muon(0.02)``, identical arguments (the drop-in);
-- ``amemory``: ``amemory.optim.muon(0.02, preset="optax")``, optax's maths (EMA 0.95 with
-  bias correction, NAdam Nesterov, Jordan's coefficients x5, eps 1e-8, fp32), Gram form
-  for aspect ratio >= 2 (``ns_method="auto"``; no restart in float32);
-- ``restart``: the same with the Gram form's restart after step 2 (``gram_restarts=(2,)``,
-  what it costs where low precision needs it);
-- ``direct``: the same with ``ns_method="direct"`` (no Gram form);
-- ``aol5`` / ``aol4``: AOL pre-conditioning (Turbo-Muon), Jordan x5 / x4;
-- ``pe5``: Polar Express coefficients x5 (same FLOPs, lower error);
-- ``dion4-aol``: Dion's table x4 with AOL (20% fewer NS FLOPs).
-
-Figures per tree:
-
-- ``ortho_error``: ``orthogonality_error`` of each row's orthogonalised matrices
-  (update divided by ``-lr * shape_scale``), mean and max over leaves;
-- ``ratio``: ``amemory``'s time / optax's (same maths), ``contrib``'s / optax's, and
-  ``best``: the fastest amemory row whose mean and max orthogonality error are both at
-  most optax's, over optax's (the issue's goal: <= 0.35);
-- NS efficiency (goal >= 0.85) = roofline time / NS time, where NS time is amemory's
-  orthogonalisation alone (``newton_schulz`` on the same shape-grouped stacks the update
-  builds) and the roofline replays exactly the batched matmuls (``dot_general``) of that
-  NS program on the same shapes, with the elementwise work removed (each result is summed
-  into a scalar so none is dead code; semi-orthogonal inputs keep the values bounded);
-- NS GFLOP: the matmul FLOPs each row's orthogonalisation performs (counted from its
-  program's ``dot_general``s; optax: the direct form, ``steps (4 k^2 l + 2 k^3)`` per
-  ``k x l`` matrix, ``k <= l``): at equal GFLOP/s the time ratio would equal the FLOP
-  ratio; GFLOP/s = those FLOPs over the update time; a large square fp32 matmul gives
-  the machine's practical peak beside them.
-
-Usage:
-  amemory bench optim [--quick] [--trees cpu,gpt2-small] [--reps N]
-                      [--gpt2-layers N] [--matmul-n N] [--json PATH]
-  amemory bench optim --devices N ...   (FSDP-sharded Muon: experiments/bench/optim_distributed.py)
+Per tree: ``ortho_error``, the ``orthogonality_error`` of each row's update over
+``-lr * shape_scale`` (mean and max over leaves); ``ratio``, amemory's and contrib's time
+over optax's, and ``best``, the fastest amemory row whose mean and max errors are at most
+optax's (goal <= 0.35); NS efficiency (goal >= 0.85), the roofline time over the NS time,
+where the roofline (:func:`roofline_fn`) replays exactly the batched matmuls of the NS
+program on the shape-grouped stacks the update builds; NS GFLOP counted from each
+program's ``dot_general``s (optax: the direct form, ``planner.ns_flops``) and GFLOP/s over
+the update time, beside a large fp32 matmul's (the practical peak). ``--devices N``: the
+FSDP-sharded benchmark, ``experiments/bench/optim_distributed.py``.
 """
 
 from __future__ import annotations
 
 import os
 import pathlib
-import platform
 import sys
 import time
 from collections.abc import Callable
@@ -57,12 +35,11 @@ import optax
 from jax.extend import core as jex_core
 from optax.contrib import muon as optax_muon
 
-from amemory import atomic
 from amemory.cli import Parser
 from amemory.optim import contrib, muon, orthogonality_error, shape_scale_factor
 from amemory.optim._matrices import leaf_layouts
 from amemory.train.planner import ns_flops
-from experiments.bench import host_load
+from experiments.bench import host_load, write_json
 
 TREES = {
     # name: (d_model, n_layers, d_ff)
@@ -390,19 +367,7 @@ def main(argv: list[str]) -> int:
         _print_row(r)
         results.append(r)
     if args.json:
-        payload = {
-            "command": "amemory bench optim " + " ".join(argv),
-            "jax": jax.__version__,
-            "optax": optax.__version__,
-            "platform": dev.platform,
-            "device_kind": dev.device_kind,
-            "machine": platform.machine(),
-            **host_load(),
-            "results": results,
-        }
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        atomic.write_json(args.json, payload)
-        print(f"\nwrote {args.json}")
+        write_json(args.json, "amemory bench optim " + " ".join(argv), host_load(), results=results)
     return 0
 
 

@@ -1,40 +1,25 @@
 """`amemory bench optim --devices N`: Muon on FSDP-sharded parameters, owner vs GSPMD vs optax.
 
-On an ``N``-device mesh with one axis ``"fsdp"`` (fake CPU devices on a CPU host), every
-leaf of a GPT-shaped tree of hidden matrices (``experiments.bench.optim.gpt_tree``) is
-split along its largest axis divisible by ``N`` (``amemory.train.parallel.fsdp_spec``),
-and so are gradients and optimizer states. Three jitted updates see the same inputs
-and keep their outputs in that sharding:
-
-  (a) ``amemory-owner``  ``muon(lr, preset="optax", ns_mesh=(mesh, "fsdp"))``: the owner
-      layout (``amemory.optim.distributed``): all-to-all in, Newton-Schulz on whole
-      matrices with no collective, all-to-all out;
-  (b) ``amemory-gspmd``  the same with ``distributed="gspmd"``: XLA's partitioner places
-      Newton-Schulz on the split matrices;
-  (c) ``optax``          ``optax.contrib.muon(lr)`` (preset ``"optax"`` is its maths).
-
-Timings are interleaved in one process (medians), beside the same two optimizers
-unsharded on one device (context rows ``amemory-1dev``, ``optax-1dev``). Bytes moved per
-update are read from
-each compiled HLO (every all-to-all / all-gather / all-reduce / reduce-scatter /
-collective-permute, ring model, summed over devices) and printed beside the bytes of one
-ring all-reduce of the gradient (``2 (n-1) P`` over devices for ``P`` parameter bytes) and
-beside the owner layout's model (``amemory.optim.distributed``). The model is checked on
-sub-meshes of 2, 4 and 8 devices.
-
-Note: fake CPU devices share the host's cores, so a time here is the total work of all
-devices (plus copies), not the critical path of one device as on real accelerators.
-
-Usage:
-  amemory bench optim --devices 8 [--quick] [--trees cpu,gpt2-small] [--reps N]
-                      [--gpt2-layers N] [--json PATH]
+On an ``N``-device mesh ``("fsdp",)`` (fake CPU devices on a CPU host), every leaf of the
+GPT-shaped tree of ``experiments.bench.optim.gpt_tree``, its gradient and its optimizer
+state are split along the largest axis divisible by ``N`` (``parallel.fsdp_spec``). Three
+jitted updates keep that sharding: (a) ``amemory-owner``, ``muon(lr, preset="optax",
+ns_mesh=(mesh, "fsdp"))``, the owner layout of ``amemory.optim.distributed`` (all-to-all
+in, Newton-Schulz on whole matrices, all-to-all out); (b) ``amemory-gspmd``, the same with
+``distributed="gspmd"`` (XLA's partitioner places Newton-Schulz on the split matrices);
+(c) ``optax``, ``optax.contrib.muon(lr)``. They are timed interleaved (medians) beside the
+two optimizers unsharded on one device (context rows ``*-1dev``). The bytes each update
+moves are read from its compiled HLO (``planner.hlo_stats``' ring model, summed over
+devices), beside one ring all-reduce of the gradient (``2 (n-1) P`` for ``P`` parameter
+bytes) and the owner layout's model, which is checked on sub-meshes of 2, 4 and 8 devices.
+Fake CPU devices share the host's cores: a time is the work of all devices, not the
+critical path of one.
 """
 
 from __future__ import annotations
 
 import os
 import pathlib
-import platform
 import subprocess
 import sys
 import time
@@ -47,14 +32,13 @@ import optax
 from jax.sharding import NamedSharding
 from optax.contrib import muon as optax_muon
 
-from amemory import atomic
 from amemory.cli import Parser
 from amemory.optim import muon
 from amemory.optim._matrices import leaf_layouts
 from amemory.optim.distributed import OwnerLayout
 from amemory.train.parallel import fsdp_spec
 from amemory.train.planner import hlo_stats
-from experiments.bench import host_load
+from experiments.bench import host_load, write_json
 
 LR = 0.02
 TREES = {"cpu": (256, 4, 1024), "gpt2-small": (768, 4, 3072)}  # (d_model, layers, d_ff)
@@ -256,23 +240,12 @@ def main(argv: list[str]) -> int:
             f"{row['optax'] / 1e6:8.2f} {row['param_bytes'] / 1e6:8.2f}"
         )
     if args.json:
-        payload = {
-            "command": "amemory bench optim " + " ".join(argv),
-            "jax": jax.__version__,
-            "optax": optax.__version__,
-            "platform": jax.devices()[0].platform,
-            "machine": platform.machine(),
-            **load,
-            "distributed": {
-                # (a)/(c) per tree: amemory owner layout over optax.contrib.muon, both sharded
-                "ratio_vs_optax": {r["tree"]: r["ratio_vs_optax"] for r in results},
-                "results": results,
-                "scaling": scale,
-            },
-        }
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        atomic.write_json(args.json, payload)
-        print(f"\nwrote {args.json}")
+        # ratio_vs_optax per tree: amemory's owner layout over optax.contrib.muon, both sharded
+        ratios = {r["tree"]: r["ratio_vs_optax"] for r in results}
+        distributed = {"ratio_vs_optax": ratios, "results": results, "scaling": scale}
+        write_json(
+            args.json, "amemory bench optim " + " ".join(argv), load, distributed=distributed
+        )
     return 0
 
 
