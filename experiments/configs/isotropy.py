@@ -25,11 +25,7 @@ from experiments.configs.tail_lm import SEEDS, base_lm
 
 
 def get_config(scale: str = "quick") -> ConfigDict:
-    """Return the isotropy experiment config.
-
-    Raises:
-      ValueError: if ``scale`` is not one of ``SCALES``.
-    """
+    """The isotropy experiment config; ``ValueError`` if ``scale`` is not one of ``SCALES``."""
     c, quick = new_config(scale)
     c.base = base_lm(scale)
     c.seeds = SEEDS if quick else tuple(range(10))  # vmapped seeds (paper A: 10)

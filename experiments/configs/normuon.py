@@ -24,11 +24,7 @@ from experiments.configs.tail_lm import SEEDS, base_lm
 
 
 def get_config(scale: str = "quick") -> ConfigDict:
-    """Return the normuon experiment config.
-
-    Raises:
-      ValueError: if ``scale`` is not one of ``SCALES``.
-    """
+    """The normuon experiment config; ``ValueError`` if ``scale`` is not one of ``SCALES``."""
     c, quick = new_config(scale)
     c.base = base_lm(scale)
     c.seeds = SEEDS  # held-out initialisation seeds (vmapped; same data order)

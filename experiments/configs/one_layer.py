@@ -16,11 +16,7 @@ from experiments.configs import new_config
 
 
 def get_config(scale: str = "quick") -> ConfigDict:
-    """Return the one_layer experiment config.
-
-    Raises:
-      ValueError: if ``scale`` is not one of ``SCALES``.
-    """
+    """The one_layer experiment config; ``ValueError`` if ``scale`` is not one of ``SCALES``."""
     c, quick = new_config(scale)
     c.K = 150 if quick else 999  # classes = embedding dim d (Assumption 5.1); K % 3 == 0 (coupled)
     c.alpha = 0.8  # two-level prior: head mass (paper A, arXiv 2509.26030, Fig. 4: 0.8)

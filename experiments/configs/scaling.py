@@ -23,11 +23,7 @@ from experiments.configs import new_config, tail_lm
 
 
 def get_config(scale: str = "quick") -> ConfigDict:
-    """Return the scaling experiment config.
-
-    Raises:
-      ValueError: if ``scale`` is not one of ``SCALES``.
-    """
+    """The scaling experiment config; ``ValueError`` if ``scale`` is not one of ``SCALES``."""
     c, quick = new_config(scale)
     c.parts = ("synthetic", "envelope")  # which parts to run
     # ---- synthetic (paper B) ----

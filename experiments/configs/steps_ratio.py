@@ -34,11 +34,7 @@ from experiments.configs import new_config, tail_lm
 
 
 def get_config(scale: str = "quick") -> ConfigDict:
-    """Return the steps_ratio config.
-
-    Raises:
-      ValueError: if ``scale`` is not one of ``SCALES``.
-    """
+    """Return the steps_ratio config; ``ValueError`` if ``scale`` is not one of ``SCALES``."""
     c, quick = new_config(scale)
     # tail_lm's quick model and schedule at every size (the full tail_lm model would make
     # every point an hour of CPU); the sizes below override width, depth and vocabulary.

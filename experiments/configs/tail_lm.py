@@ -79,11 +79,7 @@ def base_lm(scale: str = "quick") -> ConfigDict:
 
 
 def get_config(scale: str = "quick") -> ConfigDict:
-    """Return the tail_lm experiment config.
-
-    Raises:
-      ValueError: if ``scale`` is not one of ``SCALES``.
-    """
+    """The tail_lm experiment config; ``ValueError`` if ``scale`` is not one of ``SCALES``."""
     c, quick = new_config(scale)
     c.base = base_lm(scale)
     c.optimizers = ("adam", "muon", "signgd")  # Adam first: its chosen LR drives the Adam half

@@ -48,11 +48,7 @@ def base_bio(scale: str = "quick") -> ConfigDict:
 
 
 def get_config(scale: str = "quick") -> ConfigDict:
-    """Return the tail_qa experiment config.
-
-    Raises:
-      ValueError: if ``scale`` is not one of ``SCALES``.
-    """
+    """The tail_qa experiment config; ``ValueError`` if ``scale`` is not one of ``SCALES``."""
     c, quick = new_config(scale)
     c.base = base_bio(scale)
     # Variants: "<optimizer>" trains that optimizer (Muon on hidden matrices, Adam on the
