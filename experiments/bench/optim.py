@@ -84,6 +84,38 @@ def gpt_tree(d: int, n_layers: int, d_ff: int, seed: int = 0) -> dict[str, Any]:
     return tree
 
 
+def tree_parser(prog: str, description: str, trees: dict, gpt2_layers: int) -> Parser:
+    """A parser with the arguments of both optimizer benchmarks (trees, repetitions, JSON)."""
+    p = Parser(prog=prog, description=description)
+    p.add_argument("--quick", action="store_true", help="cpu tree only, 3 reps")
+    p.add_argument("--trees", default=None, help=f"comma list from {sorted(trees)} (default: all)")
+    p.add_argument("--reps", type=int, default=None, help="timed repetitions (gpt2-small: <= 3)")
+    p.add_argument("--gpt2-layers", type=int, default=gpt2_layers, help="gpt2-small's layers")
+    p.add_argument("--json", type=pathlib.Path, default=None, help="write figures here")
+    return p
+
+
+def parse_trees(parser: Parser, argv: list[str], trees: dict) -> tuple[Any, list[str], int]:
+    """``(args, tree names, repetitions)``; a bad tree or count is a one-line error."""
+    args = parser.parse_args(argv)
+    names = args.trees.split(",") if args.trees else (["cpu"] if args.quick else list(trees))
+    bad = [t for t in names if t not in trees]
+    if bad:
+        parser.error(f"unknown tree(s) {bad}; choose from {sorted(trees)}")
+    reps = args.reps if args.reps is not None else (3 if args.quick else 5)
+    if reps < 1 or args.gpt2_layers < 1:
+        parser.error("--reps and --gpt2-layers must be >= 1")
+    return args, names, reps
+
+
+def each_tree(names: list[str], trees: dict, gpt2_layers: int):
+    """``(name, gpt_tree, shape dict)`` per name; gpt2-small with ``gpt2_layers`` layers."""
+    for name in names:
+        d, layers, d_ff = trees[name]
+        layers = gpt2_layers if name == "gpt2-small" else layers
+        yield name, gpt_tree(d, layers, d_ff), {"d_model": d, "n_layers": layers, "d_ff": d_ff}
+
+
 def _groups(params: dict) -> dict[tuple[int, int], int]:
     """``(k, l) -> count`` of the wide shape groups amemory's update orthogonalises."""
     _, _, layouts = leaf_layouts(params, None)
@@ -329,27 +361,9 @@ def main(argv: list[str]) -> int:
         from experiments.bench import optim_distributed
 
         return optim_distributed.main(argv)
-    parser = Parser(prog="amemory bench optim", description=__doc__.split("\n")[0])
-    parser.add_argument("--quick", action="store_true", help="cpu tree only, 3 reps")
-    parser.add_argument(
-        "--trees", default=None, help=f"comma list from {sorted(TREES)} (default: all)"
-    )
-    parser.add_argument(
-        "--reps", type=int, default=None, help="timed repetitions (gpt2-small: at most 3)"
-    )
-    parser.add_argument(
-        "--gpt2-layers", type=int, default=12, help="layers of the gpt2-small tree (default 12)"
-    )
+    parser = tree_parser("amemory bench optim", __doc__.split("\n")[0], TREES, 12)
     parser.add_argument("--matmul-n", type=int, default=None, help="size of the peak matmul")
-    parser.add_argument("--json", type=pathlib.Path, default=None, help="write figures here")
-    args = parser.parse_args(argv)
-    trees = args.trees.split(",") if args.trees else (["cpu"] if args.quick else list(TREES))
-    bad = [t for t in trees if t not in TREES]
-    if bad:
-        parser.error(f"unknown tree(s) {bad}; choose from {sorted(TREES)}")
-    reps = args.reps if args.reps is not None else (3 if args.quick else 5)
-    if reps < 1 or args.gpt2_layers < 1:
-        parser.error("--reps and --gpt2-layers must be >= 1")
+    args, trees, reps = parse_trees(parser, argv, TREES)
     mm_n = args.matmul_n or (1024 if args.quick else 2048)
     dev = jax.devices()[0]
     print(
@@ -357,13 +371,9 @@ def main(argv: list[str]) -> int:
         f"{dev.platform} ({dev.device_kind}), {os.cpu_count()} host cores"
     )
     results = []
-    for name in trees:
-        d, n_layers, d_ff = TREES[name]
-        if name == "gpt2-small":
-            n_layers = args.gpt2_layers
-        tree_reps = reps if name == "cpu" else max(1, min(reps, 3))
-        r = bench_tree(name, gpt_tree(d, n_layers, d_ff), tree_reps, mm_n)
-        r["shape"] = {"d_model": d, "n_layers": n_layers, "d_ff": d_ff}
+    for name, params, shape in each_tree(trees, TREES, args.gpt2_layers):
+        r = bench_tree(name, params, reps if name == "cpu" else max(1, min(reps, 3)), mm_n)
+        r["shape"] = shape
         _print_row(r)
         results.append(r)
     if args.json:

@@ -19,7 +19,6 @@ critical path of one.
 from __future__ import annotations
 
 import os
-import pathlib
 import subprocess
 import sys
 import time
@@ -39,6 +38,7 @@ from amemory.optim.distributed import OwnerLayout
 from amemory.train.parallel import fsdp_spec
 from amemory.train.planner import hlo_stats
 from experiments.bench import host_load, write_json
+from experiments.bench.optim import each_tree, gpt_tree, parse_trees, tree_parser
 
 LR = 0.02
 TREES = {"cpu": (256, 4, 1024), "gpt2-small": (768, 4, 3072)}  # (d_model, layers, d_ff)
@@ -194,23 +194,14 @@ def _ensure_devices(n: int, argv: list[str], parser: Parser) -> int | None:
 
 def main(argv: list[str]) -> int:
     """Run the distributed benchmark; ``argv`` excludes the program name."""
-    parser = Parser(prog="amemory bench optim", description=__doc__)
+    parser = tree_parser("amemory bench optim", __doc__.split("\n")[0], TREES, 4)
     parser.add_argument("--devices", type=int, required=True, help="mesh size (fake CPU devices)")
-    parser.add_argument("--quick", action="store_true", help="cpu tree only, 3 reps")
-    parser.add_argument("--trees", default=None, help=f"comma list from {sorted(TREES)}")
-    parser.add_argument("--reps", type=int, default=None, help="timed repetitions per tree")
-    parser.add_argument("--gpt2-layers", type=int, default=4, help="gpt2-small layers (4)")
-    parser.add_argument("--json", type=pathlib.Path, default=None, help="write figures here")
-    args = parser.parse_args(argv)
-    trees = args.trees.split(",") if args.trees else (["cpu"] if args.quick else list(TREES))
-    if [t for t in trees if t not in TREES] or args.devices < 2:
-        parser.error(f"--trees from {sorted(TREES)}; --devices >= 2")
-    reps = args.reps if args.reps is not None else (3 if args.quick else 5)
+    args, trees, reps = parse_trees(parser, argv, TREES)
+    if args.devices < 2:
+        parser.error(f"--devices must be >= 2, got {args.devices}")
     code = _ensure_devices(args.devices, argv, parser)
     if code is not None:
         return code
-    from experiments.bench.optim import gpt_tree
-
     n = args.devices
     load = host_load()
     print(
@@ -219,11 +210,9 @@ def main(argv: list[str]) -> int:
         f"load {load['load_average'][0]:.1f}"
     )
     results = []
-    for name in trees:
-        d, layers, d_ff = TREES[name]
-        layers = args.gpt2_layers if name == "gpt2-small" else layers
-        r = bench_tree(name, gpt_tree(d, layers, d_ff), n, reps)
-        r["shape"] = {"d_model": d, "n_layers": layers, "d_ff": d_ff}
+    for name, params, shape in each_tree(trees, TREES, args.gpt2_layers):
+        r = bench_tree(name, params, n, reps)
+        r["shape"] = shape
         _print_row(r)
         results.append(r)
     counts = [c for c in (2, 4, 8) if c <= n]
