@@ -245,12 +245,8 @@ def reproduce(
 
 
 def _enable_compilation_cache() -> None:
-    """Persistent XLA compilation cache (set before jax is imported; the user's setting wins).
-
-    Repeated ``amemory reproduce`` runs then skip most compiles (about 1 s instead of
-    2-3.5 s per program, measured on this project's machine). Also inherited by the check
-    subprocess.
-    """
+    """Persistent XLA compilation cache (set before jax is imported; the user's setting wins),
+    so repeated runs skip most compiles; the check subprocess inherits it."""
     default = (
         pathlib.Path(os.environ.get("AMEMORY_DATA", pathlib.Path.home() / ".cache" / "amemory"))
         / "jax-cache"

@@ -195,22 +195,17 @@ def hlo_stats(text: str, scope: str, n: int = 1) -> dict[str, Any]:
             in_scope = f"{scope}/" in args
             operands = [shapes.get(o, "") for o in re.findall(r"%([\w.\-]+)", args.split(")")[0])]
             gemm = op == "custom-call" and re.search(r'target="__cublas\$(lt\$matmul|gemm)', args)
-            if gemm:  # GPU: dots become cuBLAS calls; result first in their output tuple
-                dims = re.search(r'"lhs_contracting_dimensions":\[([^\]]*)\]', args).group(1)
-                lhs = _arrays(operands[0])[0]
-                k = math.prod(lhs[1][int(d.strip('"'))] for d in dims.split(",") if d)
-                out["flops"] += 2.0 * math.prod(_arrays(shape)[0][1]) * k * w
-                if in_scope:
-                    out["flops_scope"] += 2.0 * math.prod(_arrays(shape)[0][1]) * k * w
-                    out["scope_dot_dtypes"].add(lhs[0])
-            if op in ("dot", "convolution"):
-                out_elems = math.prod(_arrays(shape)[0][1])
-                lhs, rhs = _arrays(operands[0])[0], _arrays(operands[1])[0]
-                if op == "dot":
+            if gemm or op in ("dot", "convolution"):
+                out_elems, lhs = math.prod(_arrays(shape)[0][1]), _arrays(operands[0])[0]
+                if gemm:  # GPU: dots become cuBLAS calls; result first in their output tuple
+                    dims = re.search(r'"lhs_contracting_dimensions":\[([^\]]*)\]', args).group(1)
+                    k = math.prod(lhs[1][int(d.strip('"'))] for d in dims.split(",") if d)
+                elif op == "dot":
                     dims = re.search(r"lhs_contracting_dims=\{([\d,]*)\}", args).group(1)
                     k = math.prod(lhs[1][int(d)] for d in dims.split(",") if d)
                 else:
-                    out_elems, k = 1, _conv_macs(_arrays(shape)[0][1], lhs[1], rhs[1], args)
+                    rhs = _arrays(operands[1])[0][1]
+                    out_elems, k = 1, _conv_macs(_arrays(shape)[0][1], lhs[1], rhs, args)
                 out["flops"] += 2.0 * out_elems * k * w
                 if in_scope:
                     out["flops_scope"] += 2.0 * out_elems * k * w

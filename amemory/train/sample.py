@@ -42,7 +42,7 @@ def load_run(workdir: str | pathlib.Path, *, step: int | None = None, seed_index
     import jax
     import numpy as np
 
-    from amemory.data import corpus as C
+    from amemory.data.corpus import prepare_corpus
     from amemory.models import transformer
     from amemory.train.checkpoint import leaf_names, load_params
     from amemory.train.tasks import model_config
@@ -59,7 +59,7 @@ def load_run(workdir: str | pathlib.Path, *, step: int | None = None, seed_index
             f"data.kind={config.data.get('kind')!r}"
         )
     d = config.data
-    data = C.prepare_corpus(d.corpus, tokenizer=d.tokenizer, vocab_size=int(d.vocab_size))
+    data = prepare_corpus(d.corpus, tokenizer=d.tokenizer, vocab_size=int(d.vocab_size))
     if data.tokenizer is None:
         raise ValueError(f"--workdir {workdir}: corpus {d.corpus!r} has no tokenizer (.bin)")
     mc = model_config(config, data.vocab_size)
