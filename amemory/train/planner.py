@@ -127,17 +127,15 @@ def _conv_macs(out: list[int], lhs: list[int], rhs: list[int], args: str) -> int
 def hlo_stats(text: str, scope: str, n: int = 1) -> dict[str, Any]:
     """Per-chip counts from optimized HLO text (``compiled.as_text()``).
 
-    Each computation's instructions are weighted by how often it runs: a while body by
-    the trip count its condition compares against (``i < N``), anything else it calls by
-    its caller's weight. Counted: ``flops``, 2 x multiply-adds of ``dot`` and
-    ``convolution``; ``collectives``, bytes each device sends per kind of
-    :data:`COLLECTIVES` in a ring model (``g`` devices per group, ``S`` the result bytes:
-    all-to-all and all-gather ``(g-1)/g S``, all-reduce ``2 (g-1)/g S``, reduce-scatter
-    ``(g-1) S``, collective-permute ``S``; TPU's asynchronous collectives are fusions that
-    repeat the op: it counts in the one that starts it) and ``collective_ops``, how many
-    run per step; the same
-    three for the ops whose name stack holds ``scope`` (``*_scope``), and
-    ``scope_dot_dtypes``, the operand dtypes of those ops' dots.
+    Each computation is weighted by how often it runs: a while body by its trip count (XLA's,
+    else the ``N`` of its condition's ``i < N``), any other callee by its caller's weight.
+    ``flops``: 2 x multiply-adds of dots, convolutions and cuBLAS calls; ``collectives``:
+    bytes each device sends per kind of :data:`COLLECTIVES`, ring model (``g`` devices per
+    group, ``S`` result bytes: all-to-all and all-gather ``(g-1)/g S``, all-reduce
+    ``2 (g-1)/g S``, reduce-scatter ``(g-1) S``, collective-permute ``S``; an asynchronous
+    TPU collective counts once, where it starts); ``collective_ops``: how many run per step;
+    ``*_scope``: the same for the ops whose name stack holds ``scope``, and
+    ``scope_dot_dtypes`` the operand dtypes of their dots.
 
     Args:
       text: the module's HLO text.
@@ -294,16 +292,14 @@ def plan(config: Any, topology: str, *, save: str | pathlib.Path | None = None) 
       save: write the serialized executable here (``jax.experimental.serialize_executable``).
 
     Returns:
-      dict: topology, chips, compile_s (wall) and compile_cpu_s, memory (argument /
-      temp / output / alias / total bytes per chip, hbm_bytes), fits, margin_bytes, advice
-      (when it does not fit), flops_per_chip, optimizer_flops_per_chip,
-      model_flops_per_token, tokens_per_step, collectives / optimizer_collectives (bytes
-      per chip and step by kind), ns_dtype (dtype of the optimizer's dots in the HLO;
-      None without any), and ``estimate``: the roofline step time (max of compute at peak
-      bf16, HBM traffic -- arguments and outputs once, temporaries written and read -- and
-      collectives over the interconnect), tokens_per_s, mfu and optimizer_share (the
-      update's own roofline time over the step's). A config that does not fit (the
-      compiler runs out of HBM) returns ``fits=False`` with the compiler's message.
+      dict: topology, chips, compile_s, compile_cpu_s, memory (bytes per chip by kind),
+      hbm_bytes, fits, margin_bytes, advice (when it does not fit), flops_per_chip,
+      optimizer_flops_per_chip, model_flops_per_token, tokens_per_step, collectives and
+      optimizer_collectives (bytes per chip and step by kind), ns_dtype (of the optimizer's
+      dots; None without any) and ``estimate``: the roofline step time (the slowest of
+      compute at peak bf16, HBM traffic and the interconnect), tokens_per_s, mfu and
+      optimizer_share. A config the compiler cannot fit in HBM gives ``fits=False`` and
+      its message.
 
     Raises:
       ValueError: an unknown chip or a bad config (names the field).
