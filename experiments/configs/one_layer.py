@@ -35,10 +35,7 @@ def get_config(scale: str = "quick") -> ConfigDict:
     # largest class frequency: eta_GD = gd_lr_times_pmax_inv / p_max (linear stability needs
     # eta p_max <~ 1, paper B, arXiv 2602.05725; docs/science.md). Muon moves every correct logit by ~eta per step, SignGD
     # (decoupled) by eta on the correct logit and -eta on each wrong one, hence eta/2 for it.
-    c.lr = ConfigDict()
-    c.lr.gd_times_pmax_inv = 0.5
-    c.lr.signgd = 0.025
-    c.lr.muon = 0.05
+    c.lr = ConfigDict({"gd_times_pmax_inv": 0.5, "signgd": 0.025, "muon": 0.05})
     # Thresholds of the verdicts (stated in the report): a path is "balanced" when its
     # largest gap stays below `balanced`, "imbalanced" when it exceeds `imbalanced`.
     c.balanced = 0.2
