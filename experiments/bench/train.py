@@ -285,15 +285,10 @@ def bench_engine(quick: bool) -> dict:
     outside = [x["outside_ratio"] for x in rows]
     print(f"engine/bare tokens/s: median {np.median(ratios):.3f} by the records, "
           f"{np.median(outside):.3f} timed from outside (goal >= 0.97)")  # fmt: skip
-    return {
-        "config": "experiments/configs/lm.py (quick): d=128, 2 layers, batch 16x128, muon",
-        "steps": steps,
-        "log_every": log_every,
-        "rounds": rows,
-        "ratio_median": float(np.median(ratios)),
-        "outside_ratio_median": float(np.median(outside)),
-        "goal": ">= 0.97",
-    }
+    return {"config": "experiments/configs/lm.py (quick): d=128, 2 layers, batch 16x128, muon",
+            "steps": steps, "log_every": log_every, "rounds": rows,
+            "ratio_median": float(np.median(ratios)),
+            "outside_ratio_median": float(np.median(outside)), "goal": ">= 0.97"}  # fmt: skip
 
 
 # ----------------------------------------------------------------------------- scan, dtype
@@ -326,13 +321,8 @@ def _compare_steps(variants: dict, reps: int) -> dict:
         compile_s = time.perf_counter() - t0
         state, m = compiled(state, tokens)  # warm
         jax.block_until_ready(m["loss"])
-        runs[name] = {
-            "fn": compiled,
-            "state": state,
-            "tokens": tokens,
-            "compile_s": compile_s,
-            "times": [],
-        }
+        runs[name] = {"fn": compiled, "state": state, "tokens": tokens, "compile_s": compile_s,
+                      "times": []}  # fmt: skip
         print(f"  {name}: compiled in {compile_s:.1f} s")
     for _ in range(reps):
         for r in runs.values():
@@ -373,17 +363,9 @@ def bench_scan(quick: bool) -> dict:
         f"scan: compile {compile_x:.2f}x faster scanned (goal >= 4); step time "
         f"scanned/per-layer {step_ratio:.3f} (goal within 5%)"
     )
-    return {
-        "preset": preset,
-        "n_layers": mc.n_layers,
-        "batch": batch,
-        "seq": seq,
-        "reps": reps,
-        "optimizer": "adam",
-        **res,
-        "compile_speedup": compile_x,
-        "step_ratio_scanned_over_per_layer": step_ratio,
-    }
+    return {"preset": preset, "n_layers": mc.n_layers, "batch": batch, "seq": seq, "reps": reps,
+            "optimizer": "adam", **res, "compile_speedup": compile_x,
+            "step_ratio_scanned_over_per_layer": step_ratio}  # fmt: skip
 
 
 def bench_dtype(args, batch: int, reps: int) -> dict:
@@ -397,15 +379,8 @@ def bench_dtype(args, batch: int, reps: int) -> dict:
     )
     ratio = res["bfloat16"]["step_ms_median"] / res["float32"]["step_ms_median"]
     print(f"dtype: step time bfloat16/float32 {ratio:.3f}")
-    return {
-        "preset": args.preset,
-        "batch": batch,
-        "seq": args.seq,
-        "reps": reps,
-        "optimizer": "adam",
-        **res,
-        "step_ratio_bf16_over_fp32": ratio,
-    }
+    return {"preset": args.preset, "batch": batch, "seq": args.seq, "reps": reps,
+            "optimizer": "adam", **res, "step_ratio_bf16_over_fp32": ratio}  # fmt: skip
 
 
 if __name__ == "__main__":
