@@ -224,10 +224,22 @@ def _orth_fn(options: dict) -> Callable:
     return options_from(options, preset_options("optax")).orth_fn
 
 
-def _timed(fn, *args) -> float:
-    t0 = time.perf_counter()
-    jax.block_until_ready(fn(*args))
-    return time.perf_counter() - t0
+def round_robin(timers: dict[str, tuple[Callable, tuple]], reps: int) -> dict[str, list[float]]:
+    """Seconds of ``reps`` calls of each ``fn(*args)``, interleaved (load hits all alike)."""
+    times: dict[str, list[float]] = {k: [] for k in timers}
+    for _ in range(reps):
+        for key, (fn, args) in timers.items():
+            t0 = time.perf_counter()
+            jax.block_until_ready(fn(*args))
+            times[key].append(time.perf_counter() - t0)
+    return times
+
+
+def timing(times: dict[str, list[float]], compile_s: dict[str, float], reps: int) -> dict:
+    """The timing fields of a benchmark row: medians and every run in ms, compile seconds."""
+    return {"reps": reps, "time_ms": {k: 1e3 * float(np.median(v)) for k, v in times.items()},
+            "time_ms_all": {k: [1e3 * t for t in v] for k, v in times.items()},
+            "compile_s": compile_s}  # fmt: skip
 
 
 def _ortho_errors(updates: dict, lr: float) -> np.ndarray:
@@ -279,10 +291,7 @@ def bench_tree(name: str, params: dict, reps: int, mm_n: int) -> dict[str, Any]:
     matmul = jax.jit(lambda x: x @ x)
     jax.block_until_ready(matmul(a))
     timers["matmul"] = (matmul, (a,))
-    times: dict[str, list[float]] = {k: [] for k in timers}
-    for _ in range(reps):
-        for key, (fn, args) in timers.items():
-            times[key].append(_timed(fn, *args))
+    times = round_robin(timers, reps)
     med = {k: float(np.median(v)) for k, v in times.items()}
     fastest = {k: float(np.min(v)) for k, v in times.items()}
     ref_mean, ref_max = errs["optax"].mean(), errs["optax"].max()
@@ -297,10 +306,7 @@ def bench_tree(name: str, params: dict, reps: int, mm_n: int) -> dict[str, Any]:
         "n_matrices": len(shapes),
         "n_params": int(sum(np.prod(s) for s in shapes)),
         "groups": {f"{k}x{l}": b for (k, l), b in sorted(groups.items())},
-        "reps": reps,
-        "time_ms": {k: 1e3 * v for k, v in med.items()},
-        "time_ms_all": {k: [1e3 * t for t in v] for k, v in times.items()},
-        "compile_s": compile_s,
+        **timing(times, compile_s, reps),
         "ratio": med["amemory"] / med["optax"],
         "ratio_contrib": med["contrib"] / med["optax"],
         "best": best,

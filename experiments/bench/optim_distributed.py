@@ -37,8 +37,7 @@ from amemory.optim._matrices import leaf_layouts
 from amemory.optim.distributed import OwnerLayout
 from amemory.train.parallel import fsdp_spec
 from amemory.train.planner import hlo_stats
-from experiments.bench import host_load, write_json
-from experiments.bench.optim import each_tree, gpt_tree, parse_trees, tree_parser
+from experiments.bench import host_load, optim, write_json
 
 LR = 0.02
 TREES = {"cpu": (256, 4, 1024), "gpt2-small": (768, 4, 3072)}  # (d_model, layers, d_ff)
@@ -106,12 +105,7 @@ def bench_tree(name: str, params: dict, n: int, reps: int) -> dict[str, Any]:
         state = tx.init(params)
         fns[key], args[key] = jax.jit(tx.update), (grads, state, params)
         jax.block_until_ready(fns[key](*args[key]))
-    times: dict[str, list[float]] = {k: [] for k in fns}
-    for _ in range(reps):
-        for key, fn in fns.items():
-            t0 = time.perf_counter()
-            jax.block_until_ready(fn(*args[key]))
-            times[key].append(time.perf_counter() - t0)
+    times = optim.round_robin({k: (fn, args[k]) for k, fn in fns.items()}, reps)
     med = {k: float(np.median(v)) for k, v in times.items()}
     p_bytes = sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(params))
     return {
@@ -120,10 +114,7 @@ def bench_tree(name: str, params: dict, n: int, reps: int) -> dict[str, Any]:
         "n_matrices": len(jax.tree.leaves(params)),
         "param_bytes": p_bytes,
         "grad_allreduce_bytes": 2 * (n - 1) * p_bytes,
-        "reps": reps,
-        "time_ms": {k: 1e3 * v for k, v in med.items()},
-        "time_ms_all": {k: [1e3 * t for t in v] for k, v in times.items()},
-        "compile_s": compile_s,
+        **optim.timing(times, compile_s, reps),
         "ratio_vs_optax": med["amemory-owner"] / med["optax"],
         "ratio_gspmd_vs_optax": med["amemory-gspmd"] / med["optax"],
         "ratio_owner_vs_gspmd": med["amemory-owner"] / med["amemory-gspmd"],
@@ -194,9 +185,9 @@ def _ensure_devices(n: int, argv: list[str], parser: Parser) -> int | None:
 
 def main(argv: list[str]) -> int:
     """Run the distributed benchmark; ``argv`` excludes the program name."""
-    parser = tree_parser("amemory bench optim", __doc__.split("\n")[0], TREES, 4)
+    parser = optim.tree_parser("amemory bench optim", __doc__.split("\n")[0], TREES, 4)
     parser.add_argument("--devices", type=int, required=True, help="mesh size (fake CPU devices)")
-    args, trees, reps = parse_trees(parser, argv, TREES)
+    args, trees, reps = optim.parse_trees(parser, argv, TREES)
     if args.devices < 2:
         parser.error(f"--devices must be >= 2, got {args.devices}")
     code = _ensure_devices(args.devices, argv, parser)
@@ -210,14 +201,14 @@ def main(argv: list[str]) -> int:
         f"load {load['load_average'][0]:.1f}"
     )
     results = []
-    for name, params, shape in each_tree(trees, TREES, args.gpt2_layers):
+    for name, params, shape in optim.each_tree(trees, TREES, args.gpt2_layers):
         r = bench_tree(name, params, n, reps)
         r["shape"] = shape
         _print_row(r)
         results.append(r)
     counts = [c for c in (2, 4, 8) if c <= n]
     d, layers, d_ff = TREES[trees[0]]
-    scale = scaling(gpt_tree(d, layers, d_ff), counts)
+    scale = scaling(optim.gpt_tree(d, layers, d_ff), counts)
     print(f"\nbytes per update vs devices ({trees[0]} tree, MB summed over devices):")
     print(
         f"  {'devices':>7s} {'owner':>8s} {'model':>8s} {'gspmd':>8s} {'optax':>8s} {'params':>8s}"
