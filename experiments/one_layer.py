@@ -320,22 +320,17 @@ def make_claims(metrics: dict, cfg: Any) -> list[common.Claim]:
         return all(v < bal for v in vals) if want_balanced else all(v > imb for v in vals)
 
     if "two_level" in metrics["priors"]:
-        g = gaps("two_level", "gd")
-        claims.append(
-            common.Claim(
-                "one_layer/gd_imbalanced", "A, Thm 5.3 / Fig. 4",
-                "GD learns head before tail: imbalanced (large gap Δ) for both embeddings",
-                "GD imbalanced", ours(g), decide(list(g.values()), False), test,
-            )
-        )  # fmt: skip
-        g = gaps("two_level", "muon")
-        claims.append(
-            common.Claim(
-                "one_layer/muon_balanced", "A, Thm 5.3-5.4 / Fig. 4",
-                "Muon learns all classes at the same rate: balanced for both embeddings",
-                "Muon balanced", ours(g), decide(list(g.values()), True), test,
-            )
-        )  # fmt: skip
+        for opt, key, paper, statement, paper_value, balanced in (
+            ("gd", "one_layer/gd_imbalanced", "A, Thm 5.3 / Fig. 4",
+             "GD learns head before tail: imbalanced (large gap Δ) for both embeddings",
+             "GD imbalanced", False),
+            ("muon", "one_layer/muon_balanced", "A, Thm 5.3-5.4 / Fig. 4",
+             "Muon learns all classes at the same rate: balanced for both embeddings",
+             "Muon balanced", True),
+        ):  # fmt: skip
+            g = gaps("two_level", opt)
+            verdict = decide(list(g.values()), balanced)
+            claims.append(common.Claim(key, paper, statement, paper_value, ours(g), verdict, test))
         g = gaps("two_level", "signgd")
         held = None
         if "decoupled" in g and "coupled" in g:
