@@ -93,6 +93,11 @@ class CorruptCheckpointError(RuntimeError):
     """A checkpoint step cannot be read back as saved (raised and caught inside restore)."""
 
 
+class CheckpointRefused(ValueError):
+    """The resume contract refused a checkpoint, or one that reads back intact cannot be
+    restored into this run; nothing was moved."""
+
+
 class Restored(NamedTuple):
     """What :meth:`Checkpointer.restore_intact` found.
 
@@ -102,6 +107,7 @@ class Restored(NamedTuple):
       extra: its JSON extras.
       skipped: ``[(path moved to, reason)]`` for each newer checkpoint that was rejected.
       data: this process's saved input position (Grain iterator state), or None.
+      notes: one-line warnings (no integrity record, leaves cast, optimizer state fresh).
     """
 
     step: int
@@ -109,6 +115,7 @@ class Restored(NamedTuple):
     extra: dict
     skipped: list
     data: bytes | None = None
+    notes: tuple = ()
 
 
 def _words(x: jax.Array) -> jax.Array:
@@ -288,37 +295,65 @@ class Checkpointer:
         with self._writing():
             self._manager.save(int(step), args=ocp.args.Composite(**items))
 
-    def check_compatible(self, step: int, target: state_lib.TrainState) -> None:
-        """Compare the saved leaves of ``step`` with ``target`` by name, shape and dtype.
+    def layout(self, step: int) -> dict[str, Any]:
+        """``{leaf name: array metadata (shape, dtype)}`` of ``step``, read without the arrays.
 
         Raises:
-          IncompatibleCheckpointError: (a ValueError) naming the first missing, extra or
-            mismatched leaf, with both shapes.
           CorruptCheckpointError: the array metadata cannot be read.
         """
-        meta = self._manager.item_metadata(step)["state"]
+        try:
+            meta = self._manager.item_metadata(step)["state"]
+        except Exception as e:  # noqa: BLE001 - a missing or unreadable _METADATA file
+            raise CorruptCheckpointError(_first_line(e)) from e
         saved = {m.name: m for m in jax.tree.leaves(meta) if hasattr(m, "shape")}
         if not saved:
             raise CorruptCheckpointError(f"no array metadata readable in {self.path(step)}")
-        want = leaf_names(target)
+        return saved
+
+    def check_compatible(
+        self, step: int, target: state_lib.TrainState, *, cast: bool = False,
+        fresh_opt_state: bool = False,
+    ) -> bool:  # fmt: skip
+        """Compare the saved leaves of ``step`` with ``target`` by name, shape and dtype.
+
+        Args:
+          cast: a dtype difference is allowed (the restored leaf is cast to the target's).
+          fresh_opt_state: differences under ``opt_state`` are allowed (the optimizer
+            state is not restored; see :meth:`restore_intact`).
+
+        Returns:
+          True when the optimizer state differs (and ``fresh_opt_state`` allowed it).
+
+        Raises:
+          IncompatibleCheckpointError: (a ValueError) naming the first missing, extra or
+            mismatched leaf, with both shapes or dtypes.
+          CorruptCheckpointError: the array metadata cannot be read.
+        """
+        saved, want = self.layout(step), leaf_names(target)
+        where = f"checkpoint {self.path(step)}"
+        problems = []
         for name, leaf in want.items():
             if name not in saved:
-                raise IncompatibleCheckpointError(
-                    f"checkpoint {self.path(step)} has no leaf {name!r} that the current "
-                    "model/optimizer needs (different config?)"
-                )
+                problems.append((name, f"{where} has no leaf {name!r} that the current "
+                                 "model/optimizer needs"))  # fmt: skip
+                continue
             s_shape, t_shape = tuple(saved[name].shape), tuple(np.shape(leaf))
             if s_shape != t_shape:
-                raise IncompatibleCheckpointError(
-                    f"checkpoint {self.path(step)}: leaf {name!r} has shape {s_shape}, "
-                    f"but the current model/optimizer expects {t_shape}"
-                )
-        extra = sorted(set(saved) - set(want))
-        if extra:
-            raise IncompatibleCheckpointError(
-                f"checkpoint {self.path(step)} has leaves the current model/optimizer lacks: "
-                f"{extra[:5]}"
-            )
+                problems.append((name, f"{where}: leaf {name!r} has shape {s_shape}, but the "
+                                 f"current model/optimizer expects {t_shape}"))  # fmt: skip
+            elif np.dtype(saved[name].dtype) != np.dtype(leaf.dtype) and not cast:
+                problems.append((name, f"{where}: leaf {name!r} was saved as "
+                                 f"{np.dtype(saved[name].dtype)}, the current model/optimizer "
+                                 f"has {np.dtype(leaf.dtype)}"))  # fmt: skip
+        for name in sorted(set(saved) - set(want)):
+            problems.append((name, f"{where} has leaf {name!r}, which the current "
+                             "model/optimizer lacks"))  # fmt: skip
+        in_opt = [p for p in problems if p[0].startswith("opt_state.")]
+        if fresh_opt_state and len(in_opt) == len(problems):
+            return bool(problems)
+        if problems:
+            raise IncompatibleCheckpointError(problems[0][1])
+        return False
 
     def extra(self, step: int) -> dict:
         """The JSON ``extra`` item of ``step`` (config, task_meta, ...), without the arrays."""
@@ -328,24 +363,44 @@ class Checkpointer:
         return dict(self._manager.restore(int(step), args=ocp.args.Composite(**items))["extra"])
 
     def restore(
-        self, step: int, target: state_lib.TrainState, *, data: bool = False
-    ) -> tuple[state_lib.TrainState, dict, bytes | None]:
-        """Restore ``step`` into the structure, shapes, dtypes and shardings of ``target``.
+        self, step: int, target: state_lib.TrainState, *, data: bool = False,
+        as_saved: bool = False,
+    ) -> tuple[Any, dict, bytes | None]:  # fmt: skip
+        """Restore ``step`` into the structure, shapes and shardings of ``target``.
+
+        Leaves come back in the dtype they were saved in (so that their digest can be
+        checked); :meth:`restore_intact` casts them to the target's where allowed.
 
         Args:
           step: checkpoint step to read.
           target: a ``TrainState`` of arrays or ``jax.ShapeDtypeStruct`` (``state.abstract``).
           data: also read this process's input position (saved by ``save(data=...)``).
+          as_saved: read the tree as stored (nested dicts, the saved shapes), placing
+            leaves that ``target`` has by name with its sharding and the rest like
+            ``target.step``; for a target whose optimizer state differs.
 
         Returns:
           ``(state, extra, data)``; ``data`` is the saved iterator state (bytes) or None.
 
         Raises:
-          ValueError: if a leaf's shape differs from the checkpoint's (names the leaf), or
-            ``data`` is requested from a checkpoint without it.
+          ValueError: ``data`` is requested from a checkpoint without it.
+          CorruptCheckpointError: the array metadata cannot be read.
         """
-        self.check_compatible(step, target)
-        abstract = state_lib.abstract(target)
+        saved = self.layout(step)
+        if as_saved:
+            meta = self._manager.item_metadata(step)["state"]
+            want, other = leaf_names(target), jax.tree.leaves(target.step)[0].sharding
+            abstract = jax.tree.map(
+                lambda m: jax.ShapeDtypeStruct(tuple(m.shape), m.dtype, sharding=getattr(
+                    want.get(m.name), "sharding", other)),
+                dict(meta), is_leaf=lambda m: hasattr(m, "shape") and hasattr(m, "dtype"),
+            )  # fmt: skip
+        else:
+            flat, treedef = jax.tree_util.tree_flatten(state_lib.abstract(target))
+            names = list(leaf_names(target))
+            abstract = jax.tree_util.tree_unflatten(treedef, [
+                jax.ShapeDtypeStruct(a.shape, saved[n].dtype, sharding=a.sharding)
+                for a, n in zip(flat, names, strict=True)])  # fmt: skip
         items = {"state": ocp.args.StandardRestore(abstract), "extra": ocp.args.JsonRestore()}
         holder = _InputState(None)
         if data and not _has_input_state(self.path(step)):
@@ -358,11 +413,12 @@ class Checkpointer:
         out = self._manager.restore(int(step), args=ocp.args.Composite(**items))
         return out["state"], dict(out["extra"]), holder.state
 
-    def verify(self, step: int, state: Any, extra: dict) -> None:
+    def verify(self, step: int, state: Any, extra: dict) -> bool:
         """Check a restored ``state`` against the digest saved in ``extra`` and for finiteness.
 
-        A checkpoint written before digests existed (no ``extra["integrity"]``) is only
-        checked for finiteness.
+        Returns:
+          True when the digest was checked; False for a checkpoint written before digests
+          existed (no ``extra["integrity"]``), which is only checked for finiteness.
 
         Raises:
           CorruptCheckpointError: naming the first leaf whose digest differs, or the
@@ -374,7 +430,7 @@ class Checkpointer:
             raise CorruptCheckpointError(f"non-finite values restored in {worst}")
         saved = (extra.get("integrity") or {}).get("leaves")
         if saved is None:
-            return
+            return False
         for name, want in saved.items():
             got = digest.get(name)
             if got != list(want):
@@ -382,6 +438,7 @@ class Checkpointer:
                     f"checksum mismatch in {name} (saved {want}, read {got}): the data on "
                     "disk changed after it was written"
                 )
+        return True
 
     def _reject(self, step: int, reason: str) -> pathlib.Path:
         """Move checkpoint ``step`` to ``<directory>-rejected/<step>[.n]`` with REASON.txt."""
@@ -404,42 +461,131 @@ class Checkpointer:
         self.wait()
         return [self._reject(s, reason) for s in steps if s in self.all_steps()]
 
-    def restore_intact(self, target: state_lib.TrainState, *, data: bool = False) -> Restored:
-        """Restore the newest checkpoint that reads back intact, rejecting newer broken ones.
+    def _read_checked(self, step: int, target: Any, data: bool, accept: Any, fresh: Any):
+        """One step of :meth:`restore_intact`: ``(state, extra, position, notes)``."""
+        extra = self.extra(step)  # unreadable JSON: damaged (the caller catches it)
+        try:
+            allowed = accept(step, extra) if accept is not None else {}
+        except ValueError as e:  # the resume contract: nothing is read or moved
+            raise CheckpointRefused(str(e)) from e
+        cast = any(k.endswith("dtype") for k in allowed)
+        reset = fresh is not None and any(k.startswith("optimizer.") for k in allowed)
+        reset = self.check_compatible(step, target, cast=cast, fresh_opt_state=reset)
+        try:
+            state, extra, position = self.restore(step, target, data=data, as_saved=reset)
+        except ValueError as e:
+            if str(e).startswith(f"checkpoint {self.path(step)} holds no input position"):
+                raise CorruptCheckpointError(str(e)) from e
+            raise
+        notes = [] if self.verify(step, state, extra) else [
+            f"checkpoint {step} has no integrity record (written before digests): its arrays "
+            "were checked for NaN/inf only"]  # fmt: skip
+        if reset:  # params, step and key from the checkpoint, a fresh optimizer state
+            init = fresh()
+            names = leaf_names(state)
+            params = jax.tree_util.tree_unflatten(
+                jax.tree.structure(target.params),
+                [names["params." + n] for n in leaf_names(target.params)],
+            )
+            step_arr = state["step"]
+            opt_state = jax.tree_util.tree_map_with_path(
+                lambda p, x: jax.device_put(x + (step_arr - x), x.sharding)
+                if _key_name(p[-1]) == "count" else x,
+                init.opt_state,
+            )  # fmt: skip
+            state = state_lib.TrainState(step_arr, params, opt_state, state["rng"])
+            notes.append(
+                f"the optimizer state of checkpoint {step} does not fit the changed optimizer: "
+                "parameters, step and key restored, optimizer state fresh (moments zero, "
+                "schedule counts at the checkpoint's step)"
+            )
+        casts = jax.tree.map(lambda x, t: x.dtype != t.dtype, state, target)
+        if any(jax.tree.leaves(casts)):
+            state = jax.tree.map(lambda x, t: x.astype(t.dtype), state, target)
+            notes.append(f"checkpoint {step}: leaves cast to this run's dtypes")
+        return state, extra, position, notes
 
-        From the newest step down: a step whose files fail to read (missing or
-        truncated data or metadata), whose digest differs from the one saved with it,
-        or whose arrays hold NaN/inf is moved to ``<directory>-rejected/`` (a
-        ``REASON.txt`` beside it) and the next older one is tried. A checkpoint that
-        reads fine but does not fit ``target`` is a configuration error, not damage.
+    def _diagnose(self, step: int) -> str | None:
+        """Re-read ``step`` as stored (no target: its own shapes and dtypes, one device) and
+        check its digest: the reason it is damaged, or None when it reads back intact."""
+        try:
+            meta = self._manager.item_metadata(step)["state"]
+            dev = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
+            target = jax.tree.map(
+                lambda m: jax.ShapeDtypeStruct(tuple(m.shape), m.dtype, sharding=dev),
+                dict(meta), is_leaf=lambda m: hasattr(m, "shape") and hasattr(m, "dtype"),
+            )  # fmt: skip
+            items = {"state": ocp.args.StandardRestore(target), "extra": ocp.args.JsonRestore()}
+            if _has_input_state(self.path(step)):
+                items["data"] = grain.checkpoint.CheckpointRestore(_InputState(None))
+            out = self._manager.restore(int(step), args=ocp.args.Composite(**items))
+            self.verify(step, out["state"], dict(out["extra"]))
+        except Exception as e:  # noqa: BLE001 - the plain read fails too: damage
+            return _first_line(e)
+        return None
+
+    def restore_intact(
+        self, target: state_lib.TrainState, *, data: bool = False, accept: Any = None,
+        fresh: Any = None,
+    ) -> Restored:  # fmt: skip
+        """Restore the newest checkpoint that reads back intact, rejecting newer damaged ones.
+
+        From the newest step down, each step is judged before its arrays are read: its
+        JSON extras are read and passed to ``accept`` (the caller's resume contract, which
+        may refuse), and its recorded tree structure, shapes and dtypes are compared with
+        ``target`` (:meth:`check_compatible`). A refusal or a mismatch raises and moves
+        nothing. Then the arrays are read in their saved dtypes and checked against the
+        digest saved with them. A step counts as damaged, and is moved to
+        ``<directory>-rejected/`` (a ``REASON.txt`` beside it) before the next older one is
+        tried, only when that is proven: its files fail to read (missing or truncated data
+        or metadata, unreadable JSON) also when re-read as stored, its digest differs, or
+        its arrays hold NaN/inf. A step that reads intact as stored but not into ``target``
+        is refused, not moved.
 
         Args:
           target: as :meth:`restore`.
           data: also read this process's input position (as :meth:`restore`); a
             checkpoint without one counts as damaged.
+          accept: ``(step, extra) -> {field: [old, new]}``: the config changes the caller
+            allows (raise ``ValueError`` to refuse). An allowed field ending in ``dtype``
+            lets leaves be cast to the target's dtype; an allowed ``optimizer.*`` field
+            lets the optimizer state differ, in which case parameters, step and key are
+            restored and the optimizer state comes from ``fresh`` (its ``count`` leaves
+            set to the checkpoint's step, so schedules continue).
+          fresh: ``() -> TrainState`` a freshly initialised state laid out like ``target``.
 
         Returns:
-          :class:`Restored` (step, state, extra, skipped, data).
+          :class:`Restored` (step, state, extra, skipped, data, notes).
 
         Raises:
-          ValueError: the newest readable checkpoint does not fit ``target`` (names the
-            leaf), or no checkpoint is intact (lists each one's reason).
+          ValueError: refused by ``accept``; the newest readable checkpoint does not fit
+            ``target`` (names the leaf) or reads intact but cannot be restored into it;
+            or no checkpoint is intact (lists each one's reason).
         """
         skipped: list[tuple[pathlib.Path, str]] = []
         for step in sorted(self.all_steps(), reverse=True):
             with _stderr_held() as replay:
                 try:
-                    state, extra, position = self.restore(step, target, data=data)
-                    self.verify(step, state, extra)
+                    state, extra, position, notes = self._read_checked(
+                        step, target, data, accept, fresh
+                    )
                     ok, reason = True, ""
-                except IncompatibleCheckpointError:
+                except (IncompatibleCheckpointError, CheckpointRefused):
                     replay[0] = True
-                    raise  # the checkpoint reads fine; the config does not fit it
-                except Exception as e:  # noqa: BLE001 - any read failure: this step is damaged
-                    ok, reason = False, _first_line(e)
+                    raise  # the checkpoint reads fine (or was not read); the config does not fit
+                except Exception as e:  # noqa: BLE001 - damaged only if a plain re-read says so
+                    ok, reason = False, (
+                        str(e) if isinstance(e, CorruptCheckpointError) else self._diagnose(step)
+                    )
+                    if reason is None:
+                        replay[0] = True
+                        raise CheckpointRefused(
+                            f"checkpoint {self.path(step)} reads back intact but cannot be "
+                            f"restored into this run ({_first_line(e)}); nothing was moved"
+                        ) from e
                 replay[0] = ok
             if _all_agree(ok):
-                return Restored(step, state, extra, skipped, position)
+                return Restored(step, state, extra, skipped, position, tuple(notes))
             reason = reason or "damaged on another process"
             skipped.append((self._reject(step, reason), reason))
         if skipped:

@@ -375,6 +375,21 @@ def check_resume(
     return allowed, free
 
 
+def check_meta(saved: dict, now: dict, where: Any) -> None:
+    """The fields that fix the parameter layout (``task.checkpoint_meta()``) must be equal.
+
+    Raises:
+      ValueError: naming the field, both values and the conversion to use.
+    """
+    for key, value in now.items():
+        if key in saved and saved[key] != value:
+            raise ValueError(
+                f"checkpoint {where} was written with config.{key}={saved[key]!r}, this run "
+                f"has {value!r}: the parameter layouts differ (convert with "
+                "amemory.models.transformer.stack_layers / unstack_layers)"
+            )
+
+
 # ----------------------------------------------------------------------------- the run guard
 
 
@@ -446,18 +461,40 @@ class RunGuard:
     # -- restore and the resume contract
 
     def restore(
-        self, ckpt: Any, target: Any, *, data: bool = False
-    ) -> tuple[int, Any, dict, bytes | None]:
-        """Newest intact checkpoint of ``ckpt`` into ``target``, checked against the contract.
+        self, ckpt: Any, target: Any, *, data: bool = False, meta: dict | None = None,
+        fresh: Any = None,
+    ) -> tuple[int, Any, dict, bytes | None]:  # fmt: skip
+        """Newest intact checkpoint of ``ckpt`` into ``target``, checked against the contract
+        before any array is read.
 
+        Each candidate's recorded config must pass :func:`check_resume` and its
+        ``task_meta`` (the fields that fix the parameter layout) must equal ``meta``;
+        ``Checkpointer.restore_intact`` then compares tree structure, shapes and dtypes.
         Returns ``(step, state, extra, input position or None)`` (``data``: also read the
         input position); damaged checkpoints are reported (stderr and a
-        ``checkpoint_rejected`` event) and the config changes recorded (``config_changed``).
+        ``checkpoint_rejected`` event), the config changes recorded (``config_changed``)
+        and warnings of the restore (``restore_note``) printed and logged.
+
+        Args:
+          meta: this run's ``task.checkpoint_meta()``.
+          fresh: ``() -> TrainState``, a fresh state (used when an allowed optimizer
+            change leaves the saved optimizer state unusable).
 
         Raises:
           ValueError: from ``Checkpointer.restore_intact`` or :func:`check_resume`.
         """
-        found = ckpt.restore_intact(target, data=data)
+        current = json.loads(self.config.to_json_best_effort())
+        changes: dict = {}
+
+        def accept(step: int, extra: dict) -> dict:
+            check_meta(extra.get("task_meta") or {}, meta or {}, ckpt.path(step))
+            changes["allowed"], changes["free"] = check_resume(
+                extra.get("config") or {}, current, step=step,
+                checkpoint=str(ckpt.path(step)), allow_changed=self.allow_changed,
+            )  # fmt: skip
+            return changes["allowed"]
+
+        found = ckpt.restore_intact(target, data=data, accept=accept, fresh=fresh)
         for moved, reason in found.skipped:
             if self.is_main:
                 _say(f"warning: checkpoint {moved.name} was damaged ({reason}); moved to {moved}")
@@ -467,12 +504,11 @@ class RunGuard:
                     {"event": "checkpoint_rejected", "checkpoint": str(moved), "reason": reason},
                 )
             )
-        saved = found.extra.get("config") or {}
-        current = json.loads(self.config.to_json_best_effort())
-        allowed, free = check_resume(
-            saved, current, step=found.step, checkpoint=str(ckpt.path(found.step)),
-            allow_changed=self.allow_changed,
-        )  # fmt: skip
+        for note in found.notes:
+            if self.is_main:
+                _say(f"warning: {note}")
+            self._pending.append((found.step, {"event": "restore_note", "note": note}))
+        allowed, free = changes["allowed"], changes["free"]
         if allowed or free:
             self._pending.append(
                 (found.step, {"event": "config_changed", "allowed": allowed, "bookkeeping": free})

@@ -160,16 +160,6 @@ def _per_seed(x: Any, multi: bool) -> Any:
     return a.item() if a.ndim == 0 else a.tolist()
 
 
-def _check_meta(saved: dict, now: dict, where: pathlib.Path) -> None:
-    for key, value in now.items():
-        if key in saved and saved[key] != value:
-            raise ValueError(
-                f"checkpoint {where} was written with config.{key}={saved[key]!r}, this run "
-                f"has {value!r}: the parameter layouts differ (convert with "
-                "amemory.models.transformer.stack_layers / unstack_layers)"
-            )
-
-
 # ----------------------------------------------------------------------------- train
 
 
@@ -277,14 +267,11 @@ def _run(
             )
         inputs = task.train_input()
         if latest is not None:
-            try:
-                saved_meta = ckpt.extra(latest).get("task_meta", {})
-            except Exception:  # noqa: BLE001 - damaged: restore_intact reports and skips it
-                saved_meta = {}
-            _check_meta(saved_meta, task.checkpoint_meta(), ckpt.path(latest))
             latest, restored, _, position = g.restore(
-                ckpt, engine.restore_target, data=inputs is not None
-            )
+                ckpt, engine.restore_target, data=inputs is not None,
+                meta=task.checkpoint_meta(),
+                fresh=lambda: engine.for_checkpoint(engine.init_state()),
+            )  # fmt: skip
             state = engine.from_checkpoint(restored)
             if inputs is not None:
                 inputs.set_state(position)
