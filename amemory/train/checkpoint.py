@@ -574,8 +574,9 @@ class Checkpointer:
                     replay[0] = True
                     raise  # the checkpoint reads fine (or was not read); the config does not fit
                 except Exception as e:  # noqa: BLE001 - damaged only if a plain re-read says so
-                    ok, reason = False, (
-                        str(e) if isinstance(e, CorruptCheckpointError) else self._diagnose(step)
+                    ok, reason = (
+                        False,
+                        (str(e) if isinstance(e, CorruptCheckpointError) else self._diagnose(step)),
                     )
                     if reason is None:
                         replay[0] = True
@@ -612,6 +613,15 @@ class Checkpointer:
             raise CheckpointWriteError(
                 f"cannot write a checkpoint in {self.directory}: {_first_line(e, tail=True)}"
             ) from e
+
+    def check_errors(self) -> None:
+        """Raise the error of a finished asynchronous save, if one failed (does not block).
+
+        Raises:
+          CheckpointWriteError: a save that finished in the background failed to write.
+        """
+        with self._writing():
+            self._manager.check_for_errors()
 
     def wait(self) -> None:
         """Block until pending asynchronous saves are on disk.

@@ -27,15 +27,18 @@ Guarantees (README, "Reliability"; tests in ``tests/test_train_guard.py``):
   (Orbax's ``CheckpointManager.reached_preemption``); all hosts save that step and
   stop. SIGINT keeps its default there (a KeyboardInterrupt; the newest checkpoint
   stays intact).
-* Workdir lock (:mod:`amemory.train.lock`): ``<workdir>/run.lock`` is held with
+* Workdir lock (:mod:`amemory.train.lock`): the workdir is held with
   ``fcntl.flock`` for the whole run by process 0 (the OS releases it if the process
   dies, so no stale lock survives a SIGKILL); a second run on the same directory
   fails at once with :class:`WorkdirBusyError` naming the holder's PID and host.
 * A checkpoint is "healthy" when a train record after it had a finite loss that the
   divergence test did not flag (resuming from it replays, bit for bit, to that
-  record). The non-finite and divergence stops name the newest healthy checkpoint
-  on disk, move the newer unconfirmed ones to ``checkpoints-rejected/`` so that
-  ``--resume`` continues from it, and never write a non-finite state.
+  record), or when the step that failed after it still had a finite loss the test
+  would not flag (only its gradient or update was not finite) and the train record
+  before was healthy (a step's loss is computed on the previous step's parameters).
+  The non-finite and divergence stops name the newest healthy checkpoint on disk, move
+  the newer unconfirmed ones to ``checkpoints-rejected/`` so that ``--resume``
+  continues from it, and never write a non-finite state.
 """
 
 from __future__ import annotations
@@ -246,6 +249,13 @@ class DivergenceMonitor:
         self.dead: np.ndarray | None = None
         self.since: np.ndarray | None = None
 
+    def high_loss(self, loss: Any) -> np.ndarray:
+        """Per seed: the *high* rule on ``loss`` against the records so far (False before any)."""
+        loss = np.atleast_1d(np.asarray(loss, np.float64))
+        if self.first is None:
+            return np.zeros(loss.shape, bool)
+        return (loss > self.loss_factor * self.best) & (loss > self.first)
+
     def observe(self, step: int, loss: Any, grad_norm: Any) -> tuple[bool, str | None]:
         """Take one train record; return ``(healthy, divergence message or None)``.
 
@@ -263,7 +273,7 @@ class DivergenceMonitor:
             self.since = np.full(loss.shape, step)
             high = np.zeros(loss.shape, bool)
         else:
-            high = (loss > self.loss_factor * self.best) & (loss > self.first)
+            high = self.high_loss(loss)
         dead = (gn == 0) & (loss > 0) if gn is not None else np.zeros(loss.shape, bool)
         streak_start = (self.high == 0) & (self.dead == 0)
         self.since = np.where(streak_start, step, self.since)
@@ -433,6 +443,7 @@ class RunGuard:
         self._log: Any = None
         self._ckpt: Any = None
         self.healthy_through: int | None = None  # newest step whose train record was healthy
+        self._last_record: int | None = None  # step of the newest train record
 
     # -- enter / leave
 
@@ -515,7 +526,33 @@ class RunGuard:
             )
         h = found.extra.get("healthy_through")
         self.healthy_through = int(h) if h is not None else None
+        self._last_record = found.step  # h == step: the record of the saved step was healthy
         return found.step, found.state, found.extra, found.data
+
+    def resume_without_checkpoint(self, ckpt: Any) -> None:
+        """``--resume`` found no checkpoint in ``ckpt``: start at step 0 with a one-line note
+        when the workdir records no training (the first launch of a preemptible job loop);
+        refuse when ``metrics.jsonl`` holds train records or checkpoints were moved aside,
+        since a fresh start would overwrite that log.
+
+        Raises:
+          ValueError: naming what the workdir holds (nothing is touched).
+        """
+        log = self.workdir / "metrics.jsonl"
+        rejected = ckpt.directory.with_name(ckpt.directory.name + "-rejected")
+        held = []
+        if log.is_file() and b'"kind": "train"' in log.read_bytes():
+            held.append(f"{log} records training steps")
+        if rejected.is_dir() and any(rejected.iterdir()):
+            held.append(f"{rejected} holds checkpoints moved aside")
+        if held:
+            raise ValueError(
+                f"--resume: no checkpoint in {ckpt.directory}, but {' and '.join(held)}; "
+                "starting again at step 0 would overwrite that log: move a checkpoint back, "
+                "move those files away, or choose another --workdir"
+            )
+        if self.is_main:
+            _say(f"note: --resume found no checkpoint in {ckpt.directory}; starting at step 0")
 
     def attach(self, ckpt: Any, log: Any) -> None:
         """Bind the run's Checkpointer and metrics log; write the events gathered so far."""
@@ -567,6 +604,19 @@ class RunGuard:
             self._log.write("event", step, **event)
         raise error(f"{what}; {where}")
 
+    def confirm_by_failed_step(self, step: int, loss: Any) -> None:
+        """A step failed with a non-finite gradient or update: when its ``loss`` (per seed,
+        computed on the parameters of ``step - 1``) is finite and not high, and the last
+        train record was healthy, checkpoints up to ``step - 1`` count as healthy."""
+        loss = np.atleast_1d(np.asarray(loss, np.float64))
+        if (
+            self.healthy_through is not None
+            and self.healthy_through == self._last_record
+            and np.all(np.isfinite(loss))
+            and not np.any(self.monitor.high_loss(loss))
+        ):
+            self.healthy_through = int(step)
+
     def check_finite(self, step: int, loss: Any) -> None:
         """Stop on a NaN/inf loss (any seed).
 
@@ -592,6 +642,7 @@ class RunGuard:
         """
         self.check_finite(step, loss)
         healthy, message = self.monitor.observe(step, loss, grad_norm)
+        self._last_record = int(step)
         if healthy:
             self.healthy_through = int(step)
         if message:
@@ -623,7 +674,13 @@ class RunGuard:
 
         Single process: a SIGTERM/SIGINT arrived. Several processes: JAX's preemption
         service reached its sync point at ``step`` on every host (the same step on all).
+
+        Raises:
+          CheckpointWriteError: an asynchronous save finished since the last step and
+            failed (reported at the step it is noticed, not at the next save).
         """
+        if self._ckpt is not None:
+            self._ckpt.check_errors()  # a background save that failed: report it now
         if self._signals.requested is not None:
             return True
         if self.processes > 1 and self._ckpt is not None:

@@ -1,11 +1,13 @@
 """The workdir lock: one live run per run directory.
 
-``<workdir>/run.lock`` is held with ``fcntl.flock`` for the whole run by the run's
-process 0 (``amemory.train.guard.RunGuard``). ``flock`` locks belong to the open
-file, so the kernel drops the lock when its holder exits or is killed (SIGKILL
-included): a lock never goes stale and there is nothing to clean up. The file
-records the holder's PID, host, start time and process count, so a second run on
-the same directory fails at once naming them. ``amemory train`` probes the lock
+The run directory itself is held with ``fcntl.flock`` for the whole run by the run's
+process 0 (``amemory.train.guard.RunGuard``): a lock on the directory, not on a file
+in it, so deleting or replacing ``run.lock`` under a live run lets no second run in.
+``flock`` locks belong to the open file description, so the kernel drops the lock
+when its holder exits or is killed (SIGKILL included): a lock never goes stale and
+there is nothing to clean up. ``<workdir>/run.lock`` records the holder's PID, host,
+start time and process count, so a second run on the same directory fails at once
+naming them. ``amemory train`` probes the lock
 before it even imports JAX (:func:`probe_workdir`), so that failure takes a
 fraction of a second.
 """
@@ -47,7 +49,8 @@ def busy_message(workdir: pathlib.Path, info: dict) -> str:
 
 
 class WorkdirLock:
-    """An exclusive ``fcntl.flock`` on ``<workdir>/run.lock`` for the life of a run.
+    """An exclusive ``fcntl.flock`` on the run directory for the life of a run; the
+    holder is described in ``<workdir>/run.lock``.
 
     ``flock`` locks belong to the open file, so the kernel drops the lock when the
     holder exits or is killed (SIGKILL included): a lock can never go stale. The
@@ -72,7 +75,7 @@ class WorkdirLock:
 
     def acquire(self) -> WorkdirLock:
         self.workdir.mkdir(parents=True, exist_ok=True)
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        fd = os.open(self.workdir, os.O_RDONLY | os.O_DIRECTORY)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -84,8 +87,11 @@ class WorkdirLock:
             "started": _dt.datetime.now().astimezone().isoformat(timespec="seconds"),
             "processes": self.processes,
         }
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, (json.dumps(info) + "\n").encode(), 0)
+        try:
+            self.path.write_text(json.dumps(info) + "\n")
+        except OSError:
+            os.close(fd)
+            raise
         self._fd = fd
         return self
 
@@ -108,14 +114,14 @@ def probe_workdir(workdir: str | os.PathLike) -> None:
     ``amemory train`` calls this first, so a second run on a busy directory fails in
     a fraction of a second. A multi-process holder is left to the full check in
     ``RunGuard`` (its other processes legitimately share the directory). Does
-    nothing when the directory or lock file does not exist.
+    nothing when the directory does not exist.
 
     Raises:
       WorkdirBusyError: as :class:`WorkdirLock`.
     """
     path = pathlib.Path(workdir).absolute() / LOCK_NAME
     try:
-        fd = os.open(path, os.O_RDONLY)
+        fd = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY)
     except OSError:
         return
     try:

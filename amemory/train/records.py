@@ -18,6 +18,7 @@ import json
 import math
 import numbers
 import pathlib
+import sys
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -70,6 +71,25 @@ def scalars(record: dict[str, Any], seeds: Sequence[int] | None) -> Iterator[tup
                     yield f"{tag}/seed_{s}", float(x)
 
 
+def _kept_lines(lines: list[bytes], keep_until: int) -> tuple[list[bytes], list[int]]:
+    """Lines of a metrics.jsonl to keep on resume (records with ``step <= keep_until``) and
+    the 1-based numbers of unreadable ones (not UTF-8, not a JSON object, no integer
+    ``step``: a line cut by a kill, or edited by hand)."""
+    kept, unreadable = [], []
+    for i, line in enumerate(lines, 1):
+        try:
+            rec = json.loads(line.decode("utf-8"))
+            step = rec["step"]
+            ok = isinstance(step, int) and not isinstance(step, bool)
+        except (UnicodeDecodeError, ValueError, TypeError, KeyError, IndexError):
+            ok = False
+        if not ok and line.strip():
+            unreadable.append(i)
+        elif ok and step <= keep_until:
+            kept.append(line)
+    return kept, unreadable
+
+
 class RunLog:
     """``metrics.jsonl`` + TensorBoard writer of one run (a no-op on processes other than 0).
 
@@ -92,23 +112,28 @@ class RunLog:
         self.path, self.enabled, self.seeds = workdir / "metrics.jsonl", enabled, seeds
         if not enabled:
             return
+        unreadable: list[int] = []
         if keep_until is None:
             self.path.write_text("")
         elif self.path.exists():
-            kept = []
-            for line in self.path.read_text().splitlines():
-                try:
-                    rec = json.loads(line)
-                except json.JSONDecodeError:
-                    continue  # a line cut by a kill
-                if int(rec.get("step", 0)) <= keep_until:
-                    kept.append(line)
-            atomic.write_text(self.path, "".join(line + "\n" for line in kept))
+            lines = self.path.read_bytes().splitlines()
+            kept, unreadable = _kept_lines(lines, keep_until)
+            if unreadable:
+                bad = self.path.with_name(self.path.name + ".unreadable")
+                old = bad.read_bytes() if bad.exists() else b""
+                atomic.write_bytes(bad, old + b"".join(lines[i - 1] + b"\n" for i in unreadable))
+                sys.stderr.write(
+                    f"amemory train: warning: {self.path}: {len(unreadable)} unreadable line(s) "
+                    f"(first: line {unreadable[0]}) moved to {bad}\n"
+                )
+            atomic.write_bytes(self.path, b"".join(line + b"\n" for line in kept))
         self._f = self.path.open("a")
         from tensorboardX import SummaryWriter
 
         purge = None if keep_until is None else keep_until + 1
         self._tb = SummaryWriter(logdir=str(workdir), purge_step=purge, flush_secs=30)
+        if unreadable:
+            self.write("event", keep_until, event="log_lines_unreadable", lines=unreadable)
 
     def write(self, kind: str, step: int, **fields: Any) -> dict[str, Any]:
         """Append one record (``kind``, ``step`` = optimizer steps completed, fields)."""
