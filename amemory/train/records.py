@@ -9,16 +9,23 @@ in multi-seed runs a per-seed list becomes one tag per seed, ``<tag>/seed_<seed>
 Lists that are not per-seed values (per-class losses) and strings stay in the jsonl only.
 
 On resume, records after the restored step are dropped from the jsonl, and TensorBoard is
-told to purge events from that step on (``purge_step``), so both show one history.
+told to purge events from that step on (``purge_step``), so both show one history; lines of
+the jsonl that do not read are moved to ``metrics.jsonl.unreadable`` with a warning.
+
+Events are written in the caller's thread (tensorboardX's ``EventsWriter``, not its
+``SummaryWriter``, whose writer thread prints a traceback on a full disk and then blocks
+the run on its full queue), so a failed write is one ``OSError`` naming the file.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import numbers
 import pathlib
 import sys
+import time
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -128,10 +135,15 @@ class RunLog:
                 )
             atomic.write_bytes(self.path, b"".join(line + b"\n" for line in kept))
         self._f = self.path.open("a")
-        from tensorboardX import SummaryWriter
+        from tensorboardX.event_file_writer import EventsWriter
+        from tensorboardX.proto.event_pb2 import Event, SessionLog
 
-        purge = None if keep_until is None else keep_until + 1
-        self._tb = SummaryWriter(logdir=str(workdir), purge_step=purge, flush_secs=30)
+        with self._naming("TensorBoard events in", workdir):
+            self._tb = EventsWriter(str(workdir / "events"))
+            if keep_until is not None:  # TensorBoard hides the older events from this step on
+                self._tb.write_event(Event(step=keep_until + 1, file_version="brain.Event:2"))
+                start = SessionLog(status=SessionLog.START)
+                self._tb.write_event(Event(step=keep_until + 1, session_log=start))
         if unreadable:
             self.write("event", keep_until, event="log_lines_unreadable", lines=unreadable)
 
@@ -140,14 +152,40 @@ class RunLog:
         rec = {"kind": kind, "step": int(step), **jsonable(fields)}
         if not self.enabled:
             return rec
-        self._f.write(json.dumps(rec) + "\n")
-        self._f.flush()
-        for tag, value in scalars(rec, self.seeds):
-            self._tb.add_scalar(tag, value, global_step=int(step))
+        with self._naming("", self.path):
+            self._f.write(json.dumps(rec) + "\n")
+            self._f.flush()
+        from tensorboardX.proto.event_pb2 import Event
+        from tensorboardX.summary import scalar
+
+        with self._naming("TensorBoard events in", self.path.parent):
+            now = time.time()
+            for tag, value in scalars(rec, self.seeds):
+                self._tb.write_event(
+                    Event(wall_time=now, step=int(step), summary=scalar(tag, value))
+                )
+            self._tb.flush()
         return rec
 
+    @staticmethod
+    @contextlib.contextmanager
+    def _naming(what: str, path: pathlib.Path):
+        """Re-raise a write error (a full disk) as one ``OSError`` naming ``path``."""
+        try:
+            yield
+        except OSError as e:
+            raise OSError(f"cannot write {what} {path}: {e}".replace("  ", " ")) from e
+
     def close(self) -> None:
-        """Flush and close both files."""
+        """Flush and close both files.
+
+        Raises:
+          OSError: the last write failed (names the file).
+        """
         if self.enabled:
-            self._f.close()
-            self._tb.close()
+            try:
+                with self._naming("", self.path):
+                    self._f.close()
+            finally:
+                with self._naming("TensorBoard events in", self.path.parent):
+                    self._tb.close()
