@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import numbers
 import pathlib
+import re
 from collections.abc import Sequence
 
 import numpy as np
@@ -49,6 +50,30 @@ def _check_kind(kind) -> str:
     return kind
 
 
+#: Runs of non-space characters longer than this are cut into pieces of this length for
+#: training only (BPE training time grows with the square of a pre-token's length: a
+#: 360 kB text without spaces took 107 s, cut into 1000-character pieces 1.9 s).
+LONGEST_TRAINING_RUN = 1000
+
+
+def _training_pieces(texts: Sequence[str]) -> list[str]:
+    """``texts`` as the tokenizer trainer sees them: unchanged, except that runs of more
+    than ``LONGEST_TRAINING_RUN`` non-space characters become separate pieces of that length."""
+    long_run = re.compile(rf"\S{{{LONGEST_TRAINING_RUN + 1},}}")
+    out = []
+    for text in texts:
+        last = 0
+        for m in long_run.finditer(text):
+            out.append(text[last : m.start()])
+            out += [
+                m[0][i : i + LONGEST_TRAINING_RUN]
+                for i in range(0, len(m[0]), LONGEST_TRAINING_RUN)
+            ]
+            last = m.end()
+        out.append(text[last:] if last else text)
+    return out
+
+
 def _train_tokenizer(kind: str, vocab_size: int, texts: Sequence[str]):
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
@@ -68,7 +93,7 @@ def _train_tokenizer(kind: str, vocab_size: int, texts: Sequence[str]):
         trainer = trainers.WordLevelTrainer(
             vocab_size=vocab_size, special_tokens=[UNK, EOT], show_progress=False
         )
-    tok.train_from_iterator(list(texts), trainer=trainer)
+    tok.train_from_iterator(_training_pieces(texts), trainer=trainer)
     return tok
 
 
