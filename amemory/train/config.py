@@ -303,7 +303,7 @@ INTERVALS: dict[str, tuple[float, float, bool, bool]] = {
     "optimizer.b2": (0.0, 1.0, True, False),
     "optimizer.momentum": (0.0, 1.0, True, False),
     "optimizer.signum_beta": (0.0, 1.0, True, False),
-    "optimizer.eps": (0.0, _INF, True, False),
+    "optimizer.eps": (0.0, _INF, False, False),  # 0: 0/0 = NaN on a zero gradient entry
     "optimizer.weight_decay": (0.0, _INF, True, False),
     "optimizer.grad_clip": (0.0, _INF, True, False),
     "schedule.final_fraction": (0.0, 1.0, True, True),
@@ -386,6 +386,7 @@ def validate(config: ConfigDict) -> None:
             f"config.model.moe.top_k={moe.top_k} must be <= config.model.moe.experts={moe.experts}"
         )
     validate_numbers(config)
+    check_consistent(config)
     present, roles = _get(config, "optimizer.muon_roles")
     if present and config.task == "lm":
         parse_roles(roles, "optimizer.muon_roles")
@@ -499,3 +500,33 @@ def format_config(config: ConfigDict, path: str | pathlib.Path | None = None) ->
 
     walk(config, "", "")
     return "\n".join(out)
+
+
+#: The config groups each ``config.task`` reads (a memory config has no ``model``/``data``).
+TASK_GROUPS = {"lm": ("model", "data"), "memory": ("memory",)}
+
+
+def check_consistent(config: ConfigDict) -> None:
+    """Checks across fields that ``validate_numbers`` cannot make one field at a time:
+    the task has the config groups it reads, and every real value that must be > 0 is
+    still a normal number in float32 (``optimizer.lr=1e-46`` rounds to 0: nothing trains).
+
+    Raises:
+      ValueError: naming the field, its value and what is allowed.
+    """
+    task = config.get("task")
+    missing = [g for g in TASK_GROUPS.get(task, ()) if g not in config]
+    if missing:
+        raise ValueError(
+            f"config.task={task!r} reads config groups {missing} that this config lacks; "
+            f"config.task must match the config file ({', '.join(TASK_GROUPS)}: "
+            "experiments/configs/lm.py, experiments/configs/memory.py)"
+        )
+    tiny = 1.1754943508222875e-38  # the smallest normal float32
+    for field, (lo, _, lo_in, _) in INTERVALS.items():
+        present, value = _get(config, field)
+        if present and lo == 0 and not lo_in and value is not None and 0 < value < tiny:
+            raise ValueError(
+                f"config.{field}={value!r} is 0 or subnormal in float32, the precision the "
+                f"optimizer computes in; must be >= {tiny:.4g}"
+            )
