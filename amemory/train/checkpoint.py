@@ -246,6 +246,7 @@ class Checkpointer:
 
     def __init__(self, directory: str | pathlib.Path, *, max_to_keep: int = 3, async_save=True):
         self.directory = pathlib.Path(directory).absolute()
+        self._unconfirmed = False  # an asynchronous save whose outcome is not yet known
         options = ocp.CheckpointManagerOptions(
             max_to_keep=max_to_keep, create=True, enable_async_checkpointing=async_save
         )
@@ -294,6 +295,7 @@ class Checkpointer:
             items["data"] = grain.checkpoint.CheckpointSave(_InputState(data))
         with self._writing():
             self._manager.save(int(step), args=ocp.args.Composite(**items))
+        self._unconfirmed = True
 
     def layout(self, step: int) -> dict[str, Any]:
         """``{leaf name: array metadata (shape, dtype)}`` of ``step``, read without the arrays.
@@ -620,8 +622,9 @@ class Checkpointer:
         Raises:
           CheckpointWriteError: a save that finished in the background failed to write.
         """
-        with self._writing():
-            self._manager.check_for_errors()
+        if self._unconfirmed and not self._manager.is_saving_in_progress():
+            self._unconfirmed = False
+            self.wait()  # finished: returns at once, raising the save's error if it failed
 
     def wait(self) -> None:
         """Block until pending asynchronous saves are on disk.
