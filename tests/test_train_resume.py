@@ -65,11 +65,15 @@ def test_dtype_mismatch_is_a_refusal_not_damage(saved):
 
 
 def test_a_failure_a_plain_reread_does_not_confirm_moves_nothing(saved, monkeypatch):
-    def fails(*args, **kwargs):
-        raise RuntimeError("device busy")
+    read = ckpt_lib._read_as_stored
+
+    def fails(manager, step, sharding=None):  # fails into the run's layout, reads plainly
+        if sharding is not None:
+            raise RuntimeError("device busy")
+        return read(manager, step)
 
     before = _tree(saved)
-    monkeypatch.setattr(ckpt_lib.Checkpointer, "restore", fails)
+    monkeypatch.setattr(ckpt_lib, "_read_as_stored", fails)
     c = ckpt_lib.Checkpointer(saved / "checkpoints")
     with pytest.raises(
         ValueError, match=r"/3 reads back intact but cannot be restored into this run "

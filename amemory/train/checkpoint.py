@@ -235,6 +235,13 @@ def _stderr_held():
                     os.write(2, data)
 
 
+_HANDLERS = {
+    "state": ocp.StandardCheckpointHandler(),
+    "extra": ocp.JsonCheckpointHandler(),
+    "data": grain.checkpoint.CheckpointHandler(),
+}
+
+
 class Checkpointer:
     """Orbax ``CheckpointManager`` for ``TrainState`` + JSON extras.
 
@@ -251,13 +258,7 @@ class Checkpointer:
             max_to_keep=max_to_keep, create=True, enable_async_checkpointing=async_save
         )
         self._manager = ocp.CheckpointManager(
-            self.directory,
-            options=options,
-            item_handlers={
-                "state": ocp.StandardCheckpointHandler(),
-                "extra": ocp.JsonCheckpointHandler(),
-                "data": grain.checkpoint.CheckpointHandler(),
-            },
+            self.directory, options=options, item_handlers=_HANDLERS
         )
 
     def latest_step(self) -> int | None:
@@ -297,64 +298,35 @@ class Checkpointer:
             self._manager.save(int(step), args=ocp.args.Composite(**items))
         self._unconfirmed = True
 
-    def layout(self, step: int) -> dict[str, Any]:
-        """``{leaf name: array metadata (shape, dtype)}`` of ``step``, read without the arrays.
-
-        Raises:
-          CorruptCheckpointError: the array metadata cannot be read.
-        """
-        try:
-            meta = self._manager.item_metadata(step)["state"]
-        except Exception as e:  # noqa: BLE001 - a missing or unreadable _METADATA file
-            raise CorruptCheckpointError(_first_line(e)) from e
-        saved = {m.name: m for m in jax.tree.leaves(meta) if hasattr(m, "shape")}
-        if not saved:
-            raise CorruptCheckpointError(f"no array metadata readable in {self.path(step)}")
-        return saved
-
-    def check_compatible(
-        self, step: int, target: state_lib.TrainState, *, cast: bool = False,
-        fresh_opt_state: bool = False,
-    ) -> bool:  # fmt: skip
-        """Compare the saved leaves of ``step`` with ``target`` by name, shape and dtype.
-
-        Args:
-          cast: a dtype difference is allowed (the restored leaf is cast to the target's).
-          fresh_opt_state: differences under ``opt_state`` are allowed (the optimizer
-            state is not restored; see :meth:`restore_intact`).
-
-        Returns:
-          True when the optimizer state differs (and ``fresh_opt_state`` allowed it).
+    def check_compatible(self, step: int, target: Any, *, cast=False, fresh_opt=False) -> bool:
+        """Compare the saved leaves of ``step`` with ``target`` by name, shape and dtype
+        (from the metadata, without reading arrays). ``cast`` allows dtype differences;
+        ``fresh_opt`` allows any difference under ``opt_state`` (then returns True).
 
         Raises:
           IncompatibleCheckpointError: (a ValueError) naming the first missing, extra or
             mismatched leaf, with both shapes or dtypes.
           CorruptCheckpointError: the array metadata cannot be read.
         """
-        saved, want = self.layout(step), leaf_names(target)
-        where = f"checkpoint {self.path(step)}"
-        problems = []
-        for name, leaf in want.items():
-            if name not in saved:
-                problems.append((name, f"{where} has no leaf {name!r} that the current "
-                                 "model/optimizer needs"))  # fmt: skip
-                continue
-            s_shape, t_shape = tuple(saved[name].shape), tuple(np.shape(leaf))
-            if s_shape != t_shape:
-                problems.append((name, f"{where}: leaf {name!r} has shape {s_shape}, but the "
-                                 f"current model/optimizer expects {t_shape}"))  # fmt: skip
-            elif np.dtype(saved[name].dtype) != np.dtype(leaf.dtype) and not cast:
-                problems.append((name, f"{where}: leaf {name!r} was saved as "
-                                 f"{np.dtype(saved[name].dtype)}, the current model/optimizer "
-                                 f"has {np.dtype(leaf.dtype)}"))  # fmt: skip
-        for name in sorted(set(saved) - set(want)):
-            problems.append((name, f"{where} has leaf {name!r}, which the current "
-                             "model/optimizer lacks"))  # fmt: skip
-        in_opt = [p for p in problems if p[0].startswith("opt_state.")]
-        if fresh_opt_state and len(in_opt) == len(problems):
+        saved, want = _layout(self._manager, step), leaf_names(target)
+        problems = []  # (leaf name, how it differs)
+        for n, leaf in want.items():
+            s, t_shape, t_dtype = saved.get(n), tuple(np.shape(leaf)), np.dtype(leaf.dtype)
+            if s is None:
+                problems.append((n, "is missing; the current model/optimizer needs it"))
+            elif tuple(s.shape) != t_shape:
+                problems.append((n, f"has shape {tuple(s.shape)}, but the current "
+                                 f"model/optimizer expects {t_shape}"))  # fmt: skip
+            elif np.dtype(s.dtype) != t_dtype and not cast:
+                problems.append((n, f"was saved as {np.dtype(s.dtype)}, the current "
+                                 f"model/optimizer has {t_dtype}"))  # fmt: skip
+        extra = sorted(set(saved) - set(want))
+        problems += [(n, "is not in the current model/optimizer") for n in extra]
+        if fresh_opt and all(n.startswith("opt_state.") for n, _ in problems):
             return bool(problems)
         if problems:
-            raise IncompatibleCheckpointError(problems[0][1])
+            n, how = problems[0]
+            raise IncompatibleCheckpointError(f"checkpoint {self.path(step)}: leaf {n!r} {how}")
         return False
 
     def extra(self, step: int) -> dict:
@@ -363,57 +335,6 @@ class Checkpointer:
         if _has_input_state(self.path(step)):  # read too, so Orbax does not warn about it
             items["data"] = grain.checkpoint.CheckpointRestore(_InputState(None))
         return dict(self._manager.restore(int(step), args=ocp.args.Composite(**items))["extra"])
-
-    def restore(
-        self, step: int, target: state_lib.TrainState, *, data: bool = False,
-        as_saved: bool = False,
-    ) -> tuple[Any, dict, bytes | None]:  # fmt: skip
-        """Restore ``step`` into the structure, shapes and shardings of ``target``.
-
-        Leaves come back in the dtype they were saved in (so that their digest can be
-        checked); :meth:`restore_intact` casts them to the target's where allowed.
-
-        Args:
-          step: checkpoint step to read.
-          target: a ``TrainState`` of arrays or ``jax.ShapeDtypeStruct`` (``state.abstract``).
-          data: also read this process's input position (saved by ``save(data=...)``).
-          as_saved: read the tree as stored (nested dicts, the saved shapes), placing
-            leaves that ``target`` has by name with its sharding and the rest like
-            ``target.step``; for a target whose optimizer state differs.
-
-        Returns:
-          ``(state, extra, data)``; ``data`` is the saved iterator state (bytes) or None.
-
-        Raises:
-          ValueError: ``data`` is requested from a checkpoint without it.
-          CorruptCheckpointError: the array metadata cannot be read.
-        """
-        saved = self.layout(step)
-        if as_saved:
-            meta = self._manager.item_metadata(step)["state"]
-            want, other = leaf_names(target), jax.tree.leaves(target.step)[0].sharding
-            abstract = jax.tree.map(
-                lambda m: jax.ShapeDtypeStruct(tuple(m.shape), m.dtype, sharding=getattr(
-                    want.get(m.name), "sharding", other)),
-                dict(meta), is_leaf=lambda m: hasattr(m, "shape") and hasattr(m, "dtype"),
-            )  # fmt: skip
-        else:
-            flat, treedef = jax.tree_util.tree_flatten(state_lib.abstract(target))
-            names = list(leaf_names(target))
-            abstract = jax.tree_util.tree_unflatten(treedef, [
-                jax.ShapeDtypeStruct(a.shape, saved[n].dtype, sharding=a.sharding)
-                for a, n in zip(flat, names, strict=True)])  # fmt: skip
-        items = {"state": ocp.args.StandardRestore(abstract), "extra": ocp.args.JsonRestore()}
-        holder = _InputState(None)
-        if data and not _has_input_state(self.path(step)):
-            raise ValueError(
-                f"checkpoint {self.path(step)} holds no input position (data/) for process "
-                f"{jax.process_index()} of {jax.process_count()}"
-            )
-        if _has_input_state(self.path(step)):
-            items["data"] = grain.checkpoint.CheckpointRestore(holder)
-        out = self._manager.restore(int(step), args=ocp.args.Composite(**items))
-        return out["state"], dict(out["extra"]), holder.state
 
     def verify(self, step: int, state: Any, extra: dict) -> bool:
         """Check a restored ``state`` against the digest saved in ``extra`` and for finiteness.
@@ -470,58 +391,42 @@ class Checkpointer:
             allowed = accept(step, extra) if accept is not None else {}
         except ValueError as e:  # the resume contract: nothing is read or moved
             raise CheckpointRefused(str(e)) from e
-        cast = any(k.endswith("dtype") for k in allowed)
         reset = fresh is not None and any(k.startswith("optimizer.") for k in allowed)
-        reset = self.check_compatible(step, target, cast=cast, fresh_opt_state=reset)
-        try:
-            state, extra, position = self.restore(step, target, data=data, as_saved=reset)
-        except ValueError as e:
-            if str(e).startswith(f"checkpoint {self.path(step)} holds no input position"):
-                raise CorruptCheckpointError(str(e)) from e
-            raise
+        cast = any(k.endswith("dtype") for k in allowed)
+        reset = self.check_compatible(step, target, cast=cast, fresh_opt=reset)
+        if data and not _has_input_state(self.path(step)):
+            raise CorruptCheckpointError(
+                f"no input position (data/) for process "
+                f"{jax.process_index()} of {jax.process_count()}"
+            )
+        shardings = {n: x.sharding for n, x in leaf_names(target).items()}
+        state, extra, position = _read_as_stored(self._manager, step, shardings.get)
         notes = [] if self.verify(step, state, extra) else [
             f"checkpoint {step} has no integrity record (written before digests): its arrays "
             "were checked for NaN/inf only"]  # fmt: skip
-        if reset:  # params, step and key from the checkpoint, a fresh optimizer state
-            init = fresh()
-            names = leaf_names(state)
-            params = jax.tree_util.tree_unflatten(
-                jax.tree.structure(target.params),
-                [names["params." + n] for n in leaf_names(target.params)],
-            )
-            step_arr = state["step"]
-            opt_state = jax.tree_util.tree_map_with_path(
-                lambda p, x: jax.device_put(x + (step_arr - x), x.sharding)
-                if _key_name(p[-1]) == "count" else x,
-                init.opt_state,
-            )  # fmt: skip
-            state = state_lib.TrainState(step_arr, params, opt_state, state["rng"])
+        source = leaf_names(state)
+        if reset:  # parameters, step and key from the checkpoint, a fresh optimizer state
+            count = source["step"]
+            for n, x in leaf_names(fresh().opt_state).items():
+                fresh_x = x + (count - x) if n.endswith(".count") else x  # schedules go on
+                source["opt_state." + n] = jax.device_put(fresh_x, x.sharding)
             notes.append(
                 f"the optimizer state of checkpoint {step} does not fit the changed optimizer: "
                 "parameters, step and key restored, optimizer state fresh (moments zero, "
                 "schedule counts at the checkpoint's step)"
             )
-        casts = jax.tree.map(lambda x, t: x.dtype != t.dtype, state, target)
-        if any(jax.tree.leaves(casts)):
-            state = jax.tree.map(lambda x, t: x.astype(t.dtype), state, target)
+        flat, treedef = jax.tree_util.tree_flatten(target)
+        leaves = [source[n] for n in leaf_names(target)]
+        if any(x.dtype != t.dtype for x, t in zip(leaves, flat, strict=True)):
+            leaves = [x.astype(t.dtype) for x, t in zip(leaves, flat, strict=True)]
             notes.append(f"checkpoint {step}: leaves cast to this run's dtypes")
-        return state, extra, position, notes
+        return jax.tree_util.tree_unflatten(treedef, leaves), extra, position, notes
 
     def _diagnose(self, step: int) -> str | None:
-        """Re-read ``step`` as stored (no target: its own shapes and dtypes, one device) and
-        check its digest: the reason it is damaged, or None when it reads back intact."""
+        """Re-read ``step`` as stored on one device and check its digest: the reason it is
+        damaged, or None when it reads back intact."""
         try:
-            meta = self._manager.item_metadata(step)["state"]
-            dev = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
-            target = jax.tree.map(
-                lambda m: jax.ShapeDtypeStruct(tuple(m.shape), m.dtype, sharding=dev),
-                dict(meta), is_leaf=lambda m: hasattr(m, "shape") and hasattr(m, "dtype"),
-            )  # fmt: skip
-            items = {"state": ocp.args.StandardRestore(target), "extra": ocp.args.JsonRestore()}
-            if _has_input_state(self.path(step)):
-                items["data"] = grain.checkpoint.CheckpointRestore(_InputState(None))
-            out = self._manager.restore(int(step), args=ocp.args.Composite(**items))
-            self.verify(step, out["state"], dict(out["extra"]))
+            self.verify(step, *_read_as_stored(self._manager, step)[:2])
         except Exception as e:  # noqa: BLE001 - the plain read fails too: damage
             return _first_line(e)
         return None
@@ -576,10 +481,9 @@ class Checkpointer:
                     replay[0] = True
                     raise  # the checkpoint reads fine (or was not read); the config does not fit
                 except Exception as e:  # noqa: BLE001 - damaged only if a plain re-read says so
-                    ok, reason = (
-                        False,
-                        (str(e) if isinstance(e, CorruptCheckpointError) else self._diagnose(step)),
-                    )
+                    ok = False
+                    corrupt = isinstance(e, CorruptCheckpointError)
+                    reason = str(e) if corrupt else self._diagnose(step)
                     if reason is None:
                         replay[0] = True
                         raise CheckpointRefused(
@@ -698,30 +602,48 @@ def load_params(directory: str | pathlib.Path, step: int | None = None) -> Any:
     Raises:
       ValueError: if the directory holds no checkpoint.
     """
-    manager = ocp.CheckpointManager(
-        pathlib.Path(directory).absolute(),
-        item_handlers={
-            "state": ocp.StandardCheckpointHandler(),
-            "extra": ocp.JsonCheckpointHandler(),
-            "data": grain.checkpoint.CheckpointHandler(),
-        },
-    )
+    manager = ocp.CheckpointManager(pathlib.Path(directory).absolute(), item_handlers=_HANDLERS)
     try:
         step = manager.latest_step() if step is None else step
         if step is None:
             raise ValueError(f"no checkpoint in {directory}")
-        meta = manager.item_metadata(step)["state"]
-        dev = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
-        target = jax.tree.map(
-            lambda m: jax.ShapeDtypeStruct(tuple(m.shape), m.dtype, sharding=dev),
-            dict(meta),
-            is_leaf=lambda m: hasattr(m, "shape") and hasattr(m, "dtype"),
-        )
-        items = {"state": ocp.args.StandardRestore(target)}
-        if _has_input_state(pathlib.Path(directory) / str(step)):  # read, so Orbax does not warn
-            items["data"] = grain.checkpoint.CheckpointRestore(_InputState(None))
-        items["extra"] = ocp.args.JsonRestore()
-        out = manager.restore(step, args=ocp.args.Composite(**items))
+        state = _read_as_stored(manager, step)[0]
     finally:
         manager.close()
-    return jax.tree.map(np.asarray, out["state"]["params"])
+    return jax.tree.map(np.asarray, state["params"])
+
+
+def _layout(manager: ocp.CheckpointManager, step: int) -> dict[str, Any]:
+    """``{leaf name: array metadata (shape, dtype)}`` of ``step``, read without the arrays.
+
+    Raises:
+      CorruptCheckpointError: the array metadata cannot be read.
+    """
+    try:
+        meta = manager.item_metadata(step)["state"]
+    except Exception as e:  # noqa: BLE001 - a missing or unreadable _METADATA file
+        raise CorruptCheckpointError(_first_line(e)) from e
+    saved = {m.name: m for m in jax.tree.leaves(meta) if hasattr(m, "shape")}
+    if not saved:
+        raise CorruptCheckpointError(f"no array metadata readable in step {step}")
+    return saved
+
+
+def _read_as_stored(manager: ocp.CheckpointManager, step: int, sharding: Any = None):
+    """``(state, extra, input position)`` of ``step`` with the stored tree (nested dicts),
+    shapes and dtypes; leaf ``name`` placed with ``sharding(name)``, else like the ``step``
+    leaf, else on the first local device."""
+    dev = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
+    where = sharding or (lambda name: None)
+    other = where("step") or dev
+    target = jax.tree.map(
+        lambda m: jax.ShapeDtypeStruct(tuple(m.shape), m.dtype, sharding=where(m.name) or other),
+        dict(manager.item_metadata(step)["state"]),
+        is_leaf=lambda m: hasattr(m, "shape") and hasattr(m, "dtype"),
+    )
+    holder = _InputState(None)
+    items = {"state": ocp.args.StandardRestore(target), "extra": ocp.args.JsonRestore()}
+    if _has_input_state(pathlib.Path(manager.directory) / str(step)):  # so Orbax does not warn
+        items["data"] = grain.checkpoint.CheckpointRestore(holder)
+    out = manager.restore(int(step), args=ocp.args.Composite(**items))
+    return out["state"], dict(out["extra"]), holder.state
