@@ -206,29 +206,26 @@ MANIFEST = "manifest.json"
 
 
 def _file_digest(path: pathlib.Path) -> dict:
-    h = hashlib.sha256()
     with path.open("rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return {"bytes": path.stat().st_size, "sha256": h.hexdigest()}
+        return {
+            "bytes": path.stat().st_size,
+            "sha256": hashlib.file_digest(f, "sha256").hexdigest(),
+        }
 
 
 def _cache_damage(d: pathlib.Path) -> str | None:
     """Why the cache files in ``d`` differ from their manifest (names the file), or None."""
-    if not (d / MANIFEST).is_file():
-        return f"no {MANIFEST} (an interrupted or older cache)"
     try:
         want = json.loads((d / MANIFEST).read_text())
-    except (OSError, ValueError) as e:
-        return f"{MANIFEST} unreadable: {e.__class__.__name__}"
-    for name in CACHED:
-        if not (d / name).is_file():
-            return f"{name} missing"
-        got, saved = _file_digest(d / name), want.get(name, {})
-        if got["bytes"] != saved.get("bytes"):
-            return f"{name} has {got['bytes']} bytes, the manifest says {saved.get('bytes')}"
-        if got["sha256"] != saved.get("sha256"):
-            return f"{name} differs from the SHA-256 digest in {MANIFEST}"
+        for name in CACHED:
+            got, saved = _file_digest(d / name), want[name]
+            if got != saved:
+                got, saved = (
+                    f"{x['bytes']} bytes, SHA-256 {x['sha256'][:12]}" for x in (got, saved)
+                )
+                return f"{name} has {got}, {MANIFEST} records {saved}"
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        return f"{type(e).__name__}: {e} (an interrupted or older cache)"
     return None
 
 

@@ -50,9 +50,8 @@ def _check_kind(kind) -> str:
     return kind
 
 
-#: Runs of non-space characters longer than this are cut into pieces of this length for
-#: training only (BPE training time grows with the square of a pre-token's length: a
-#: 360 kB text without spaces took 107 s, cut into 1000-character pieces 1.9 s).
+#: Longer runs of non-space characters are cut into pieces for training only (BPE
+#: training time grows with the square of a pre-token's length: a 360 kB word, 107 s).
 LONGEST_TRAINING_RUN = 1000
 
 

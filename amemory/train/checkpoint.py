@@ -20,13 +20,9 @@ process; Orbax writes each process's shards and the JSON once.
 Integrity. Orbax checks the index of each TensorStore shard (crc32c) but not the
 array bytes, so a flipped byte restores silently. ``save`` therefore stores, in
 ``extra["integrity"]``, a digest of every leaf computed on the device before the
-write (:func:`state_digest`: the sum and a position-weighted sum of the leaf's
-bit patterns as uint32, modulo 2**32, so any single changed word changes the
-sum; layout- and sharding-independent), and refuses to write a state with a
-non-finite value (:class:`NonFiniteStateError`). ``restore_intact`` walks the
-steps from the newest, skips one that fails to read, whose digest differs or
-whose arrays are not finite (moving it to ``<directory>-rejected/`` with a
-``REASON.txt``, and returning the reason), and restores the newest intact one.
+write (:func:`state_digest`), and refuses to write a state with a non-finite value
+(:class:`NonFiniteStateError`). ``restore_intact`` restores the newest step that fits
+the run and reads back intact, moving aside only steps whose damage is proven.
 """
 
 from __future__ import annotations
@@ -235,11 +231,12 @@ def _stderr_held():
                     os.write(2, data)
 
 
-_HANDLERS = {
-    "state": ocp.StandardCheckpointHandler(),
-    "extra": ocp.JsonCheckpointHandler(),
-    "data": grain.checkpoint.CheckpointHandler(),
-}
+def _handlers() -> dict:  # built per manager: handlers touch the JAX backend
+    return {
+        "state": ocp.StandardCheckpointHandler(),
+        "extra": ocp.JsonCheckpointHandler(),
+        "data": grain.checkpoint.CheckpointHandler(),
+    }
 
 
 class Checkpointer:
@@ -258,7 +255,7 @@ class Checkpointer:
             max_to_keep=max_to_keep, create=True, enable_async_checkpointing=async_save
         )
         self._manager = ocp.CheckpointManager(
-            self.directory, options=options, item_handlers=_HANDLERS
+            self.directory, options=options, item_handlers=_handlers()
         )
 
     def latest_step(self) -> int | None:
@@ -438,28 +435,21 @@ class Checkpointer:
         """Restore the newest checkpoint that reads back intact, rejecting newer damaged ones.
 
         From the newest step down, each step is judged before its arrays are read: its
-        JSON extras are read and passed to ``accept`` (the caller's resume contract, which
-        may refuse), and its recorded tree structure, shapes and dtypes are compared with
-        ``target`` (:meth:`check_compatible`). A refusal or a mismatch raises and moves
-        nothing. Then the arrays are read in their saved dtypes and checked against the
-        digest saved with them. A step counts as damaged, and is moved to
-        ``<directory>-rejected/`` (a ``REASON.txt`` beside it) before the next older one is
-        tried, only when that is proven: its files fail to read (missing or truncated data
-        or metadata, unreadable JSON) also when re-read as stored, its digest differs, or
-        its arrays hold NaN/inf. A step that reads intact as stored but not into ``target``
-        is refused, not moved.
+        JSON extras go to ``accept`` (the caller's resume contract) and its recorded tree,
+        shapes and dtypes are compared with ``target``; a refusal or mismatch raises and
+        moves nothing. The arrays are then read in their saved dtypes and checked against
+        their digest. A step is moved to ``<directory>-rejected/`` (with ``REASON.txt``) and
+        the next older one tried only when damage is proven: its files fail to read, also
+        when re-read as stored on one device, its digest differs, or it holds NaN/inf.
 
         Args:
-          target: as :meth:`restore`.
-          data: also read this process's input position (as :meth:`restore`); a
-            checkpoint without one counts as damaged.
-          accept: ``(step, extra) -> {field: [old, new]}``: the config changes the caller
-            allows (raise ``ValueError`` to refuse). An allowed field ending in ``dtype``
-            lets leaves be cast to the target's dtype; an allowed ``optimizer.*`` field
-            lets the optimizer state differ, in which case parameters, step and key are
-            restored and the optimizer state comes from ``fresh`` (its ``count`` leaves
-            set to the checkpoint's step, so schedules continue).
-          fresh: ``() -> TrainState`` a freshly initialised state laid out like ``target``.
+          target: ``TrainState`` of arrays or ``jax.ShapeDtypeStruct`` (with shardings).
+          data: also read this process's input position; a step without one is damaged.
+          accept: ``(step, extra) -> {field: [old, new]}``, the config changes allowed
+            (raise ``ValueError`` to refuse). An allowed ``*dtype`` field lets leaves be
+            cast; an allowed ``optimizer.*`` field lets the optimizer state differ: then
+            params, step and key are restored and the optimizer state comes from ``fresh()``
+            (a fresh ``TrainState``), its ``count`` leaves set to the step.
 
         Returns:
           :class:`Restored` (step, state, extra, skipped, data, notes).
@@ -602,7 +592,7 @@ def load_params(directory: str | pathlib.Path, step: int | None = None) -> Any:
     Raises:
       ValueError: if the directory holds no checkpoint.
     """
-    manager = ocp.CheckpointManager(pathlib.Path(directory).absolute(), item_handlers=_HANDLERS)
+    manager = ocp.CheckpointManager(pathlib.Path(directory).absolute(), item_handlers=_handlers())
     try:
         step = manager.latest_step() if step is None else step
         if step is None:

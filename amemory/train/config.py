@@ -507,25 +507,18 @@ TASK_GROUPS = {"lm": ("model", "data"), "memory": ("memory",)}
 
 
 def check_consistent(config: ConfigDict) -> None:
-    """Checks across fields that ``validate_numbers`` cannot make one field at a time:
-    the task has the config groups it reads, and every real value that must be > 0 is
-    still a normal number in float32 (``optimizer.lr=1e-46`` rounds to 0: nothing trains).
-
-    Raises:
-      ValueError: naming the field, its value and what is allowed.
-    """
-    task = config.get("task")
-    missing = [g for g in TASK_GROUPS.get(task, ()) if g not in config]
+    """The task has the config groups it reads, and each rate that must be > 0 is a normal
+    float32 (``lr=1e-46`` rounds to 0: nothing trains). Raises ValueError naming the field."""
+    missing = [g for g in TASK_GROUPS.get(config.get("task"), ()) if g not in config]
     if missing:
         raise ValueError(
-            f"config.task={task!r} reads config groups {missing} that this config lacks; "
-            f"config.task must match the config file ({', '.join(TASK_GROUPS)}: "
-            "experiments/configs/lm.py, experiments/configs/memory.py)"
+            f"config.task={config.task!r} reads config groups {missing} that this config "
+            f"lacks; it must match the config file ({', '.join(TASK_GROUPS)})"
         )
     tiny = 1.1754943508222875e-38  # the smallest normal float32
     for field, (lo, _, lo_in, _) in INTERVALS.items():
-        present, value = _get(config, field)
-        if present and lo == 0 and not lo_in and value is not None and 0 < value < tiny:
+        value = _get(config, field)[1]
+        if lo == 0 and not lo_in and isinstance(value, float) and 0 < value < tiny:
             raise ValueError(
                 f"config.{field}={value!r} is 0 or subnormal in float32, the precision the "
                 f"optimizer computes in; must be >= {tiny:.4g}"

@@ -250,7 +250,7 @@ class DivergenceMonitor:
         self.since: np.ndarray | None = None
 
     def high_loss(self, loss: Any) -> np.ndarray:
-        """Per seed: the *high* rule on ``loss`` against the records so far (False before any)."""
+        """Per seed: the *high* rule on ``loss`` (False before the first record)."""
         loss = np.atleast_1d(np.asarray(loss, np.float64))
         if self.first is None:
             return np.zeros(loss.shape, bool)
@@ -386,11 +386,7 @@ def check_resume(
 
 
 def check_meta(saved: dict, now: dict, where: Any) -> None:
-    """The fields that fix the parameter layout (``task.checkpoint_meta()``) must be equal.
-
-    Raises:
-      ValueError: naming the field, both values and the conversion to use.
-    """
+    """The layout fields (``task.checkpoint_meta()``) must be equal, else a ValueError."""
     for key, value in now.items():
         if key in saved and saved[key] != value:
             raise ValueError(
@@ -475,21 +471,14 @@ class RunGuard:
         self, ckpt: Any, target: Any, *, data: bool = False, meta: dict | None = None,
         fresh: Any = None,
     ) -> tuple[int, Any, dict, bytes | None]:  # fmt: skip
-        """Newest intact checkpoint of ``ckpt`` into ``target``, checked against the contract
-        before any array is read.
+        """Newest intact checkpoint of ``ckpt`` into ``target``; each candidate's config must
+        pass :func:`check_resume` and its ``task_meta`` equal ``meta`` (this run's) before
+        any array is read (``fresh``: as ``Checkpointer.restore_intact``).
 
-        Each candidate's recorded config must pass :func:`check_resume` and its
-        ``task_meta`` (the fields that fix the parameter layout) must equal ``meta``;
-        ``Checkpointer.restore_intact`` then compares tree structure, shapes and dtypes.
         Returns ``(step, state, extra, input position or None)`` (``data``: also read the
-        input position); damaged checkpoints are reported (stderr and a
-        ``checkpoint_rejected`` event), the config changes recorded (``config_changed``)
-        and warnings of the restore (``restore_note``) printed and logged.
-
-        Args:
-          meta: this run's ``task.checkpoint_meta()``.
-          fresh: ``() -> TrainState``, a fresh state (used when an allowed optimizer
-            change leaves the saved optimizer state unusable).
+        input position); damaged checkpoints (``checkpoint_rejected``), config changes
+        (``config_changed``) and restore warnings (``restore_note``) are reported on stderr
+        and as events.
 
         Raises:
           ValueError: from ``Checkpointer.restore_intact`` or :func:`check_resume`.
@@ -530,14 +519,9 @@ class RunGuard:
         return found.step, found.state, found.extra, found.data
 
     def resume_without_checkpoint(self, ckpt: Any) -> None:
-        """``--resume`` found no checkpoint in ``ckpt``: start at step 0 with a one-line note
-        when the workdir records no training (the first launch of a preemptible job loop);
-        refuse when ``metrics.jsonl`` holds train records or checkpoints were moved aside,
-        since a fresh start would overwrite that log.
-
-        Raises:
-          ValueError: naming what the workdir holds (nothing is touched).
-        """
+        """``--resume`` found no checkpoint: a one-line note when the workdir records no
+        training (a preemptible loop's first launch), else a ValueError naming what it
+        holds (train records, checkpoints moved aside), touching nothing."""
         log = self.workdir / "metrics.jsonl"
         rejected = ckpt.directory.with_name(ckpt.directory.name + "-rejected")
         held = []

@@ -19,7 +19,6 @@ the run on its full queue), so a failed write is one ``OSError`` naming the file
 
 from __future__ import annotations
 
-import contextlib
 import json
 import math
 import numbers
@@ -78,25 +77,6 @@ def scalars(record: dict[str, Any], seeds: Sequence[int] | None) -> Iterator[tup
                     yield f"{tag}/seed_{s}", float(x)
 
 
-def _kept_lines(lines: list[bytes], keep_until: int) -> tuple[list[bytes], list[int]]:
-    """Lines of a metrics.jsonl to keep on resume (records with ``step <= keep_until``) and
-    the 1-based numbers of unreadable ones (not UTF-8, not a JSON object, no integer
-    ``step``: a line cut by a kill, or edited by hand)."""
-    kept, unreadable = [], []
-    for i, line in enumerate(lines, 1):
-        try:
-            rec = json.loads(line.decode("utf-8"))
-            step = rec["step"]
-            ok = isinstance(step, int) and not isinstance(step, bool)
-        except (UnicodeDecodeError, ValueError, TypeError, KeyError, IndexError):
-            ok = False
-        if not ok and line.strip():
-            unreadable.append(i)
-        elif ok and step <= keep_until:
-            kept.append(line)
-    return kept, unreadable
-
-
 class RunLog:
     """``metrics.jsonl`` + TensorBoard writer of one run (a no-op on processes other than 0).
 
@@ -119,12 +99,21 @@ class RunLog:
         self.path, self.enabled, self.seeds = workdir / "metrics.jsonl", enabled, seeds
         if not enabled:
             return
-        unreadable: list[int] = []
+        unreadable: list[int] = []  # 1-based numbers of lines that do not read
         if keep_until is None:
             self.path.write_text("")
         elif self.path.exists():
-            lines = self.path.read_bytes().splitlines()
-            kept, unreadable = _kept_lines(lines, keep_until)
+            lines, kept = self.path.read_bytes().splitlines(), []
+            for i, line in enumerate(lines, 1):
+                try:  # a line cut by a kill or edited by hand: not UTF-8 JSON with an int step
+                    step = json.loads(line.decode("utf-8"))["step"]
+                    ok = isinstance(step, int) and not isinstance(step, bool)
+                except (ValueError, TypeError, KeyError, IndexError):
+                    ok = False
+                if ok and step <= keep_until:
+                    kept.append(line)
+                elif not ok and line.strip():
+                    unreadable.append(i)
             if unreadable:
                 bad = self.path.with_name(self.path.name + ".unreadable")
                 old = bad.read_bytes() if bad.exists() else b""
@@ -137,55 +126,40 @@ class RunLog:
         self._f = self.path.open("a")
         from tensorboardX.event_file_writer import EventsWriter
         from tensorboardX.proto.event_pb2 import Event, SessionLog
+        from tensorboardX.summary import scalar
 
-        with self._naming("TensorBoard events in", workdir):
-            self._tb = EventsWriter(str(workdir / "events"))
-            if keep_until is not None:  # TensorBoard hides the older events from this step on
-                self._tb.write_event(Event(step=keep_until + 1, file_version="brain.Event:2"))
-                start = SessionLog(status=SessionLog.START)
-                self._tb.write_event(Event(step=keep_until + 1, session_log=start))
+        self._event, self._scalar = Event, scalar
+        self._tb = EventsWriter(str(workdir / "events"))
+        if keep_until is not None:  # TensorBoard hides the older events from this step on
+            self._tb.write_event(Event(step=keep_until + 1, file_version="brain.Event:2"))
+            self._tb.write_event(Event(step=keep_until + 1, session_log=SessionLog(status=1)))
         if unreadable:
             self.write("event", keep_until, event="log_lines_unreadable", lines=unreadable)
 
     def write(self, kind: str, step: int, **fields: Any) -> dict[str, Any]:
-        """Append one record (``kind``, ``step`` = optimizer steps completed, fields)."""
+        """Append one record (``kind``, ``step`` = optimizer steps completed, fields).
+
+        Raises:
+          OSError: a file cannot be written (a full disk); names the TensorBoard directory.
+        """
         rec = {"kind": kind, "step": int(step), **jsonable(fields)}
         if not self.enabled:
             return rec
-        with self._naming("", self.path):
-            self._f.write(json.dumps(rec) + "\n")
-            self._f.flush()
-        from tensorboardX.proto.event_pb2 import Event
-        from tensorboardX.summary import scalar
-
-        with self._naming("TensorBoard events in", self.path.parent):
-            now = time.time()
+        self._f.write(json.dumps(rec) + "\n")
+        self._f.flush()
+        try:
             for tag, value in scalars(rec, self.seeds):
-                self._tb.write_event(
-                    Event(wall_time=now, step=int(step), summary=scalar(tag, value))
-                )
+                summary, now = self._scalar(tag, value), time.time()
+                self._tb.write_event(self._event(wall_time=now, step=int(step), summary=summary))
             self._tb.flush()
+        except OSError as e:
+            raise OSError(f"cannot write TensorBoard events in {self.path.parent}: {e}") from e
         return rec
 
-    @staticmethod
-    @contextlib.contextmanager
-    def _naming(what: str, path: pathlib.Path):
-        """Re-raise a write error (a full disk) as one ``OSError`` naming ``path``."""
-        try:
-            yield
-        except OSError as e:
-            raise OSError(f"cannot write {what} {path}: {e}".replace("  ", " ")) from e
-
     def close(self) -> None:
-        """Flush and close both files.
-
-        Raises:
-          OSError: the last write failed (names the file).
-        """
+        """Flush and close both files."""
         if self.enabled:
             try:
-                with self._naming("", self.path):
-                    self._f.close()
+                self._f.close()
             finally:
-                with self._naming("TensorBoard events in", self.path.parent):
-                    self._tb.close()
+                self._tb.close()
