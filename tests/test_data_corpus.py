@@ -320,7 +320,11 @@ def _out_of_vocabulary(path):  # a well-formed array whose ids reach past the vo
             _flip_last,
             r"val\.npy has (\d+) bytes, SHA-256 \w+, manifest\.json records \1 ",
         ),
-        ("manifest.json", lambda p: p.unlink(), r"FileNotFoundError: .*manifest\.json.*older cache"),
+        (
+            "manifest.json",
+            lambda p: p.unlink(),
+            r"FileNotFoundError: .*manifest\.json.*older cache",
+        ),
     ],
 )
 def test_damaged_corpus_cache_is_named_and_rebuilt(text_dir, capfd, name, damage, reason):
