@@ -456,6 +456,18 @@ def test_train_cached_retrains_an_unreadable_cache_entry(tmp_path, capfd):
 # ----------------------------------------------------------------------------- 7. validation
 
 
+def test_an_option_the_preset_sets_cannot_be_overridden():
+    from amemory.train.config import load_config
+
+    preset = "optimizer.preset=jordan"
+    for field in ["optimizer.ns_dtype=bfloat16", "optimizer.ns_steps=3", "optimizer.momentum=0.9"]:
+        name = field.split("=")[0]
+        with pytest.raises(ValueError, match=rf"config\.{name} has no effect with .*'jordan'"):
+            load_config(LM_CONFIG, [preset, field])
+    config = load_config(LM_CONFIG, [preset, "optimizer.weight_decay=0.1"])  # applies
+    assert config.optimizer.weight_decay == 0.1
+
+
 @pytest.mark.parametrize(
     "override, match",
     [

@@ -201,6 +201,7 @@ def load_config(path: str, overrides: Sequence[str] = ()) -> ConfigDict:
     config = module.get_config(arg) if arg else module.get_config()
     with_engine_defaults(config)
     apply_overrides(config, overrides)
+    check_preset_overrides(config, overrides)
     validate(config)
     config.lock()
     return config
@@ -522,4 +523,24 @@ def check_consistent(config: ConfigDict) -> None:
             raise ValueError(
                 f"config.{field}={value!r} is 0 or subnormal in float32, the precision the "
                 f"optimizer computes in; must be >= {tiny:.4g}"
+            )
+
+
+def check_preset_overrides(config: ConfigDict, overrides: Sequence[str]) -> None:
+    """Refuse a command-line override of an option that ``optimizer.preset`` sets: the
+    optimizer takes a preset's own options from the preset, so the override would be
+    ignored (``weight_decay`` is passed beside the preset and applies)."""
+    preset = _get(config, "optimizer.preset")[1]
+    if preset is None:
+        return
+    from amemory.optim.presets import PRESETS
+
+    for item in overrides:
+        field = item.split("=", 1)[0].strip()
+        opt = field.removeprefix("optimizer.").removeprefix(f"{config.optimizer.name}_")
+        if field.startswith("optimizer.") and opt in PRESETS[preset] and opt != "weight_decay":
+            raise ValueError(
+                f"config.{field} has no effect with config.optimizer.preset={preset!r}, which "
+                f"sets {opt}={PRESETS[preset][opt]!r}; drop the override, or set "
+                "optimizer.preset=None to choose the options one by one"
             )
