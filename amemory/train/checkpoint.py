@@ -511,11 +511,14 @@ class Checkpointer:
             ) from e
 
     def check_errors(self) -> None:
-        """Raise the error of a finished asynchronous save, if one failed (does not block).
+        """Raise the error of a finished asynchronous save, if one failed (does not block;
+        single-process runs).
 
         Raises:
           CheckpointWriteError: a save that finished in the background failed to write.
         """
+        if jax.process_count() > 1:  # hosts finish at different times: left to the next save
+            return
         if self._unconfirmed and not self._manager.is_saving_in_progress():
             self._unconfirmed = False
             self.wait()  # finished: returns at once, raising the save's error if it failed
