@@ -4,8 +4,8 @@ One :class:`RunGuard` wraps a training run (``amemory.train.loop.run``) and the 
 calls it at a few points; everything here works when the loop fetches metrics to
 the host only at log steps:
 
-  ``g.restore(ckpt, target)``        newest intact checkpoint (``Checkpointer.restore_intact``),
-                                     then the resume contract (``check_resume``)
+  ``g.restore(ckpt, target)``        newest intact checkpoint that passes the resume
+                                     contract (``check_resume``), judged before reading
   ``g.attach(ckpt, log)``            once metrics.jsonl is open: writes pending events
   ``g.check_finite(step, loss)``     wherever the loss reaches the host (NaN/inf -> stop)
   ``g.fail(error, step, what, ev)``  any other stop: names the newest healthy checkpoint
@@ -27,18 +27,14 @@ Guarantees (README, "Reliability"; tests in ``tests/test_train_guard.py``):
   (Orbax's ``CheckpointManager.reached_preemption``); all hosts save that step and
   stop. SIGINT keeps its default there (a KeyboardInterrupt; the newest checkpoint
   stays intact).
-* Workdir lock (:mod:`amemory.train.lock`): the workdir is held with
-  ``fcntl.flock`` for the whole run by process 0 (the OS releases it if the process
-  dies, so no stale lock survives a SIGKILL); a second run on the same directory
+* Workdir lock (:mod:`amemory.train.lock`): a second run on the same directory
   fails at once with :class:`WorkdirBusyError` naming the holder's PID and host.
 * A checkpoint is "healthy" when a train record after it had a finite loss that the
-  divergence test did not flag (resuming from it replays, bit for bit, to that
-  record), or when the step that failed after it still had a finite loss the test
-  would not flag (only its gradient or update was not finite) and the train record
-  before was healthy (a step's loss is computed on the previous step's parameters).
-  The non-finite and divergence stops name the newest healthy checkpoint on disk, move
-  the newer unconfirmed ones to ``checkpoints-rejected/`` so that ``--resume``
-  continues from it, and never write a non-finite state.
+  divergence test did not flag, or the step that failed after it had a finite loss the
+  test would not flag (a step's loss is computed on the previous step's parameters)
+  and the record before was healthy. The non-finite and divergence stops name the
+  newest healthy checkpoint, move newer ones to ``checkpoints-rejected/`` so that
+  ``--resume`` continues from it, and never write a non-finite state.
 """
 
 from __future__ import annotations

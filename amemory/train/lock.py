@@ -1,15 +1,10 @@
 """The workdir lock: one live run per run directory.
 
 The run directory itself is held with ``fcntl.flock`` for the whole run by the run's
-process 0 (``amemory.train.guard.RunGuard``): a lock on the directory, not on a file
-in it, so deleting or replacing ``run.lock`` under a live run lets no second run in.
-``flock`` locks belong to the open file description, so the kernel drops the lock
-when its holder exits or is killed (SIGKILL included): a lock never goes stale and
-there is nothing to clean up. ``<workdir>/run.lock`` records the holder's PID, host,
-start time and process count, so a second run on the same directory fails at once
-naming them. ``amemory train`` probes the lock
-before it even imports JAX (:func:`probe_workdir`), so that failure takes a
-fraction of a second.
+process 0 (``amemory.train.guard.RunGuard``), so deleting ``run.lock`` lets no second
+run in; ``run.lock`` records the holder's PID, host, start time and process count for
+the message a second run prints. ``amemory train`` probes the lock before it imports
+JAX (:func:`probe_workdir`), so that failure takes a fraction of a second.
 """
 
 from __future__ import annotations
@@ -49,14 +44,12 @@ def busy_message(workdir: pathlib.Path, info: dict) -> str:
 
 
 class WorkdirLock:
-    """An exclusive ``fcntl.flock`` on the run directory for the life of a run; the
-    holder is described in ``<workdir>/run.lock``.
+    """An exclusive ``fcntl.flock`` on the run directory for the life of a run.
 
     ``flock`` locks belong to the open file, so the kernel drops the lock when the
-    holder exits or is killed (SIGKILL included): a lock can never go stale. The
-    file keeps the holder's PID, host, start time and whether it is a multi-process
-    job, for the message another run prints. On network file systems ``flock`` is
-    as reliable as the file system's lock support (NFSv4 is; some FUSE mounts are not).
+    holder exits or is killed (SIGKILL included): a lock can never go stale. On network
+    file systems ``flock`` is as reliable as their lock support (NFSv4 is; some FUSE
+    mounts are not).
 
     Args:
       workdir: the run directory (created if missing).
