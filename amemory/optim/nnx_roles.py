@@ -47,6 +47,7 @@ from typing import Any
 import numpy as np
 
 from amemory.optim._paths import path_keys
+from amemory.optim.routing import Roles
 
 __all__ = ["nnx_matrix_axes", "nnx_role"]
 
@@ -69,8 +70,8 @@ def _unknown(keys: tuple, shape: Any) -> ValueError:
     )
 
 
-def nnx_role(path: Any, leaf: Any = None) -> str:
-    """The role (from ``amemory.optim.ROLES``) of a standard ``flax.nnx`` layer's parameter.
+def _nnx_role(path: Any, leaf: Any = None) -> str:
+    """The role (one of ``nnx_role.roles``) of a standard ``flax.nnx`` layer's parameter.
 
     Args:
       path: key path (tuple of keys or jax key entries, or ``"a/b/kernel"``).
@@ -97,6 +98,15 @@ def nnx_role(path: Any, leaf: Any = None) -> str:
     if name == "bias":
         return "bias"
     raise _unknown(keys, np.shape(leaf) if leaf is not None else None)
+
+
+#: :func:`_nnx_role` with its vocabulary (groups ``qk``, ``vo``, ``hidden``: every kernel
+#: but the head), an ``amemory.optim.routing.Roles``.
+nnx_role = Roles(
+    _nnx_role,
+    ("q", "k", "v", "o", "dense", "head", "embed", "norm", "bias"),
+    {"qk": ("q", "k"), "vo": ("v", "o"), "hidden": ("q", "k", "v", "o", "dense")},
+)
 
 
 def nnx_matrix_axes(path: Any, leaf: Any) -> tuple[Any, Any] | None:

@@ -28,65 +28,33 @@ from typing import Any
 
 __all__ = ["PRESETS", "preset_options"]
 
-_NS = {"orthogonalizer": "newton_schulz", "ns_coeffs": "jordan", "ns_steps": 5}
+_JORDAN: dict[str, Any] = {
+    "orthogonalizer": "newton_schulz",
+    "ns_coeffs": "jordan",
+    "ns_steps": 5,
+    "momentum": 0.95,
+    "momentum_form": "ema",
+    "nesterov": True,
+    "bias_correction": False,
+    "ns_eps": 1e-7,
+    "ns_dtype": "auto",
+    "shape_scale": "jordan",
+    "weight_decay": 0.0,
+}
 
+#: name -> options (every preset sets the same fields, so a preset defines them all).
 PRESETS: dict[str, dict[str, Any]] = {
-    "jordan": {
-        **_NS,
-        "momentum": 0.95,
-        "momentum_form": "ema",
-        "nesterov": True,
-        "bias_correction": False,
-        "ns_eps": 1e-7,
-        "ns_dtype": "auto",
-        "shape_scale": "jordan",
-        "weight_decay": 0.0,
-    },
-    "torch": {
-        **_NS,
-        "momentum": 0.95,
-        "momentum_form": "ema",
-        "nesterov": True,
-        "bias_correction": False,
-        "ns_eps": 1e-7,
-        "ns_dtype": "auto",
-        "shape_scale": "jordan",
-        "weight_decay": 0.1,
-    },
+    "jordan": _JORDAN,
+    "torch": {**_JORDAN, "weight_decay": 0.1},
     "moonlight": {
-        **_NS,
-        "momentum": 0.95,
+        **_JORDAN,
         "momentum_form": "sum",
-        "nesterov": True,
-        "bias_correction": False,
-        "ns_eps": 1e-7,
-        "ns_dtype": "auto",
         "shape_scale": "rms_match",
         "rms_scale": 0.2,
         "weight_decay": 0.1,
-    },
-    "optax": {
-        **_NS,
-        "momentum": 0.95,
-        "momentum_form": "ema",
-        "nesterov": True,
-        "bias_correction": True,
-        "ns_eps": 1e-8,
-        "ns_dtype": None,
-        "shape_scale": "jordan",
-        "weight_decay": 0.0,
-    },
-    "wang2025": {
-        **_NS,
-        "momentum": 0.95,
-        "momentum_form": "sum",
-        "nesterov": False,
-        "bias_correction": False,
-        "ns_eps": 1e-7,
-        "ns_dtype": "auto",
-        "shape_scale": "none",
-        "weight_decay": 0.0,
-    },
+    },  # fmt: skip
+    "optax": {**_JORDAN, "bias_correction": True, "ns_eps": 1e-8, "ns_dtype": None},
+    "wang2025": {**_JORDAN, "momentum_form": "sum", "nesterov": False, "shape_scale": "none"},
 }
 
 
