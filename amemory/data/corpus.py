@@ -25,16 +25,9 @@ text files / directories / globs, or nanoGPT-style uint16 ``.bin`` token files (
 FineWeb shards, memory-mapped). :mod:`amemory.data.sources` documents each, with the
 train/validation split and the offline ``AMEMORY_SHAKESPEARE`` option.
 
-Tokenizers (trained offline on the training split only, cached beside the corpus
-under ``<corpus cache>/<kind>-<vocab_size>/tokenizer.json`` together with the
-tokenized arrays):
-
-* ``"bpe"``: byte-level BPE (``tokenizers`` library, GPT-2 style byte alphabet, so
-  no unknown tokens); special token ``<|endoftext|>`` separates documents.
-* ``"word"``: word-level (``tokenizers`` WordLevel over the ``Whitespace``
-  pre-tokenizer, i.e. ``\\w+|[^\\w\\s]+``, case kept); the ``vocab_size - 2`` most
-  frequent words get ids, the rest map to ``<unk>`` (id 0). Its token frequencies
-  have a heavier tail than BPE's, for tail studies.
+Tokenizers: ``"bpe"`` (byte-level BPE) or ``"word"`` (word level, ``<unk>`` = id 0), trained
+on the training split only (:mod:`amemory.data.tokenizer`) and cached with the tokenized
+arrays and a manifest of their digests under ``<corpus cache>/<kind>-<vocab_size>/``.
 
 Layout: this module holds the tokenized :class:`Corpus` and :func:`prepare_corpus`
 and re-exports the public names of the modules that do the work, so
