@@ -381,17 +381,6 @@ def check_resume(
     return allowed, free
 
 
-def check_meta(saved: dict, now: dict, where: Any) -> None:
-    """The layout fields (``task.checkpoint_meta()``) must be equal, else a ValueError."""
-    for key, value in now.items():
-        if key in saved and saved[key] != value:
-            raise ValueError(
-                f"checkpoint {where} was written with config.{key}={saved[key]!r}, this run "
-                f"has {value!r}: the parameter layouts differ (convert with "
-                "amemory.models.transformer.stack_layers / unstack_layers)"
-            )
-
-
 # ----------------------------------------------------------------------------- the run guard
 
 
@@ -483,7 +472,14 @@ class RunGuard:
         changes: dict = {}
 
         def accept(step: int, extra: dict) -> dict:
-            check_meta(extra.get("task_meta") or {}, meta or {}, ckpt.path(step))
+            for key, value in (meta or {}).items():  # layout fields: a conversion, not a flag
+                saved = (extra.get("task_meta") or {}).get(key, value)
+                if saved != value:
+                    raise ValueError(
+                        f"checkpoint {ckpt.path(step)} was written with config.{key}={saved!r}, "
+                        f"this run has {value!r}: the parameter layouts differ (convert with "
+                        "amemory.models.transformer.stack_layers / unstack_layers)"
+                    )
             changes["allowed"], changes["free"] = check_resume(
                 extra.get("config") or {}, current, step=step,
                 checkpoint=str(ckpt.path(step)), allow_changed=self.allow_changed,
