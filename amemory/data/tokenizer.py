@@ -58,18 +58,14 @@ LONGEST_TRAINING_RUN = 1000
 def _training_pieces(texts: Sequence[str]) -> list[str]:
     """``texts`` as the tokenizer trainer sees them: unchanged, except that runs of more
     than ``LONGEST_TRAINING_RUN`` non-space characters become separate pieces of that length."""
-    long_run = re.compile(rf"\S{{{LONGEST_TRAINING_RUN + 1},}}")
+    long_run, n = re.compile(rf"\S{{{LONGEST_TRAINING_RUN + 1},}}"), LONGEST_TRAINING_RUN
     out = []
     for text in texts:
-        last = 0
+        pos = 0
         for m in long_run.finditer(text):
-            out.append(text[last : m.start()])
-            out += [
-                m[0][i : i + LONGEST_TRAINING_RUN]
-                for i in range(0, len(m[0]), LONGEST_TRAINING_RUN)
-            ]
-            last = m.end()
-        out.append(text[last:] if last else text)
+            out += [text[pos : m.start()], *(m[0][i : i + n] for i in range(0, len(m[0]), n))]
+            pos = m.end()
+        out.append(text[pos:])
     return out
 
 
