@@ -16,6 +16,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "train": ("amemory.train.cli", "train a transformer or associative memory from a config"),
     "check": ("theory_checks.cli", "numerically verify the papers' statements"),
     "reproduce": ("experiments.reproduce", "run the papers' experiments and write a report"),
+    "report": ("experiments.report", "the claims table and figures from the committed results"),
     "sample": ("amemory.train.sample", "generate text from a trained run (KV-cache decoding)"),
     "data": ("amemory.data.cli", "prepare corpora and print their statistics"),
     "bench": ("experiments.bench.cli", "benchmarks: optimizer update and train step"),
