@@ -95,16 +95,9 @@ class CheckpointRefused(ValueError):
 
 
 class Restored(NamedTuple):
-    """What :meth:`Checkpointer.restore_intact` found.
-
-    Attributes:
-      step: the step restored.
-      state: the restored ``TrainState``.
-      extra: its JSON extras.
-      skipped: ``[(path moved to, reason)]`` for each newer checkpoint that was rejected.
-      data: this process's saved input position (Grain iterator state), or None.
-      notes: one-line warnings (no integrity record, leaves cast, optimizer state fresh).
-    """
+    """What :meth:`Checkpointer.restore_intact` found: the step, its ``TrainState`` and JSON
+    extras, ``skipped`` ``[(path moved to, reason)]`` for newer rejected steps, ``data`` this
+    process's input position (or None), ``notes`` one-line warnings of the restore."""
 
     step: int
     state: state_lib.TrainState
@@ -296,15 +289,11 @@ class Checkpointer:
         self._unconfirmed = True
 
     def check_compatible(self, step: int, target: Any, *, cast=False, fresh_opt=False) -> bool:
-        """Compare the saved leaves of ``step`` with ``target`` by name, shape and dtype
-        (from the metadata, without reading arrays). ``cast`` allows dtype differences;
-        ``fresh_opt`` allows any difference under ``opt_state`` (then returns True).
-
-        Raises:
-          IncompatibleCheckpointError: (a ValueError) naming the first missing, extra or
-            mismatched leaf, with both shapes or dtypes.
-          CorruptCheckpointError: the array metadata cannot be read.
-        """
+        """Compare the saved leaves of ``step`` with ``target`` by name, shape and dtype, from
+        the metadata. ``cast`` allows dtype differences; ``fresh_opt`` any difference under
+        ``opt_state`` (then returns True). Raises ``IncompatibleCheckpointError`` (a
+        ValueError) naming the first differing leaf, ``CorruptCheckpointError`` when the
+        metadata does not read."""
         saved, want = _layout(self._manager, step), leaf_names(target)
         problems = []  # (leaf name, how it differs)
         for n, leaf in want.items():
@@ -334,11 +323,8 @@ class Checkpointer:
         return dict(self._manager.restore(int(step), args=ocp.args.Composite(**items))["extra"])
 
     def verify(self, step: int, state: Any, extra: dict) -> bool:
-        """Check a restored ``state`` against the digest saved in ``extra`` and for finiteness.
-
-        Returns:
-          True when the digest was checked; False for a checkpoint written before digests
-          existed (no ``extra["integrity"]``), which is only checked for finiteness.
+        """Check a restored ``state`` against the digest saved in ``extra`` and for finiteness;
+        False when ``extra`` holds no digest (written before digests: finiteness only).
 
         Raises:
           CorruptCheckpointError: naming the first leaf whose digest differs, or the
@@ -511,12 +497,8 @@ class Checkpointer:
             ) from e
 
     def check_errors(self) -> None:
-        """Raise the error of a finished asynchronous save, if one failed (does not block;
-        single-process runs).
-
-        Raises:
-          CheckpointWriteError: a save that finished in the background failed to write.
-        """
+        """Raise the ``CheckpointWriteError`` of a finished asynchronous save that failed
+        (does not block; single-process runs)."""
         if jax.process_count() > 1:  # hosts finish at different times: left to the next save
             return
         if self._unconfirmed and not self._manager.is_saving_in_progress():
@@ -607,11 +589,8 @@ def load_params(directory: str | pathlib.Path, step: int | None = None) -> Any:
 
 
 def _layout(manager: ocp.CheckpointManager, step: int) -> dict[str, Any]:
-    """``{leaf name: array metadata (shape, dtype)}`` of ``step``, read without the arrays.
-
-    Raises:
-      CorruptCheckpointError: the array metadata cannot be read.
-    """
+    """``{leaf name: array metadata (shape, dtype)}`` of ``step`` (CorruptCheckpointError
+    when it does not read)."""
     try:
         meta = manager.item_metadata(step)["state"]
     except Exception as e:  # noqa: BLE001 - a missing or unreadable _METADATA file

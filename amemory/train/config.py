@@ -476,9 +476,8 @@ def check_consistent(config: ConfigDict) -> None:
 
 
 def check_preset_overrides(config: ConfigDict, overrides: Sequence[str]) -> None:
-    """Refuse a command-line override of an option that ``optimizer.preset`` sets: the
-    optimizer takes a preset's own options from the preset, so the override would be
-    ignored (``weight_decay`` is passed beside the preset and applies)."""
+    """Refuse an override of an option ``optimizer.preset`` sets: it would be ignored
+    (``weight_decay`` is passed beside the preset and applies)."""
     preset = _get(config, "optimizer.preset")[1]
     if preset is None:
         return

@@ -584,13 +584,8 @@ class RunGuard:
         """A step failed with a non-finite gradient or update: when its ``loss`` (per seed,
         computed on the parameters of ``step - 1``) is finite and not high, and the last
         train record was healthy, checkpoints up to ``step - 1`` count as healthy."""
-        loss = np.atleast_1d(np.asarray(loss, np.float64))
-        if (
-            self.healthy_through is not None
-            and self.healthy_through == self._last_record
-            and np.all(np.isfinite(loss))
-            and not np.any(self.monitor.high_loss(loss))
-        ):
+        ok = np.all(np.isfinite(loss)) and not np.any(self.monitor.high_loss(loss))
+        if ok and self.healthy_through is not None and self.healthy_through == self._last_record:
             self.healthy_through = int(step)
 
     def check_finite(self, step: int, loss: Any) -> None:

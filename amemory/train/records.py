@@ -137,11 +137,8 @@ class RunLog:
             self.write("event", keep_until, event="log_lines_unreadable", lines=unreadable)
 
     def write(self, kind: str, step: int, **fields: Any) -> dict[str, Any]:
-        """Append one record (``kind``, ``step`` = optimizer steps completed, fields).
-
-        Raises:
-          OSError: a file cannot be written (a full disk); names the TensorBoard directory.
-        """
+        """Append one record (``kind``, ``step`` = optimizer steps completed, fields); an
+        OSError (a full disk) names the file it could not write."""
         rec = {"kind": kind, "step": int(step), **jsonable(fields)}
         if not self.enabled:
             return rec
