@@ -49,7 +49,7 @@ import numpy as np
 from amemory.optim._paths import path_keys
 from amemory.optim.routing import Roles
 
-__all__ = ["nnx_matrix_axes", "nnx_role"]
+__all__ = ["nnx_matrix_axes", "nnx_per_head_matrix_axes", "nnx_role"]
 
 _ATTENTION = {"query": "q", "key": "k", "value": "v", "out": "o"}
 _HEADS = ("head", "lm_head")
@@ -134,3 +134,11 @@ def nnx_matrix_axes(path: Any, leaf: Any) -> tuple[Any, Any] | None:
     if ndim == 3 and parent == "out":
         return ((0, 1), 2)
     return None
+
+
+def nnx_per_head_matrix_axes(path: Any, leaf: Any) -> tuple[Any, Any] | None:
+    """:func:`nnx_matrix_axes` with ``MultiHeadAttention`` kernels per head (the head axis
+    ``H`` a batch axis): ``(0, 2)`` for ``[d, H, d_h]``, ``(1, 2)`` for ``out`` ``[H, d_h,
+    d]``; Kimi K3's per-head Muon (arXiv 2607.24653, Sec. 2.5)."""
+    axes = nnx_matrix_axes(path, leaf)
+    return {(0, (1, 2)): (0, 2), ((0, 1), 2): (1, 2)}.get(axes, axes)
