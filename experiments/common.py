@@ -496,7 +496,8 @@ def train_cached(cfg: Any, cache_dir: str | os.PathLike, label: str) -> dict[str
     found = _read_cached(workdir)
     cached = found is not None
     if not cached:
-        summary = train(cfg, workdir, resume=workdir.exists())
+        # a run killed before its first checkpoint starts again (a cache, not user work)
+        summary = train(cfg, workdir, resume=any((workdir / "checkpoints").glob("[0-9]*")))
         found = summary, read_jsonl(workdir / "metrics.jsonl")
     return {"summary": found[0], "records": found[1], "workdir": str(workdir),
             "cached": cached, "label": label}  # fmt: skip
