@@ -299,7 +299,7 @@ class MuonOptions:
           ValueError: a leaf that is not a matrix (names path and shape).
         """
         leaves, treedef, layouts = leaf_layouts(params, self.matrix_axes)
-        mu = treedef.unflatten([jnp.zeros(np.shape(x), self.mu_dtype or _dtype(x)) for x in leaves])
+        mu = treedef.unflatten([jnp.zeros_like(x, self.mu_dtype or _dtype(x)) for x in leaves])
         diag = None
         if self.diagnostics:
             zeros = [jnp.zeros([], jnp.float32) for _ in leaves]

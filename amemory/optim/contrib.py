@@ -35,6 +35,7 @@ from amemory.optim._chain import weight_decay as _decay
 from amemory.optim._matrices import layout_of, leaf_layouts
 from amemory.optim._muon_core import MuonOptions, shape_scale_factor
 from amemory.optim._paths import path_keys
+from amemory.optim.distributed import auto_sharded
 from amemory.optim.orthogonalize import COEFFICIENT_SETS, PRECONDITIONINGS, newton_schulz
 
 __all__ = [
@@ -250,7 +251,7 @@ def scale_by_muon(
         out, _ = o.finish(step, step.mats)
         return out, MuonState(count=step.count, mu=step.mu, ns_coeffs=state.ns_coeffs)
 
-    return optax.GradientTransformation(init_fn, update_fn)
+    return auto_sharded(optax.GradientTransformation(init_fn, update_fn))
 
 
 def scale_by_shape(

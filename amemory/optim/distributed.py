@@ -55,14 +55,16 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax.sharding import Mesh, NamedSharding
+import optax
+from jax.sharding import AxisType, Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from amemory.optim._matrices import check_ns_mesh, leaf_layouts
+from amemory.optim._matrices import EXPLICIT_SPECS, check_ns_mesh, leaf_layouts
 from amemory.optim.orthogonalize import orthogonality_error
 
 __all__ = [
     "DISTRIBUTED_MODES",
+    "auto_sharded",
     "Group",
     "OwnerLayout",
     "OwnerStacks",
@@ -75,6 +77,8 @@ __all__ = [
 #: layout of Newton-Schulz to XLA's partitioner; ``"auto"``: owner iff ``ns_mesh`` is set
 #: and its mesh has more than one device.
 DISTRIBUTED_MODES = ("auto", "gspmd", "owner")
+
+Auto = AxisType.Auto
 
 #: Group kinds (how a stack reaches its owners), as written in the start event.
 KINDS = ("all_to_all", "gather", "in_place")
@@ -116,12 +120,6 @@ class Group:
         return self.k if self.tall[0] else self.l
 
 
-def _leaf_split_axis(shape: tuple[int, ...], s: int) -> int | None:
-    """The FSDP convention: the largest axis divisible by ``s`` (ties: first), or None."""
-    cands = [i for i, d in enumerate(shape) if d % s == 0 and d >= s]
-    return max(cands, key=lambda i: (shape[i], -i)) if cands and s > 1 else None
-
-
 @dataclasses.dataclass(frozen=True)
 class OwnerLayout:
     """The owner layout on ``mesh``, with parameters split over ``split_axes``.
@@ -154,6 +152,23 @@ class OwnerLayout:
 
     # ------------------------------------------------------------------ plan
 
+    def _split(self, lay: Any) -> tuple[int | None, int | None]:
+        """``(leaf axis split over split_axes, the wide stack dim (1|2) it splits or None)``.
+
+        An ``Explicit`` sharding names the axis; otherwise the FSDP convention applies (the
+        largest axis divisible by ``s``, ties to the first) and the stack dim is chosen in
+        :meth:`plan`. The axis splits a matrix dim into whole blocks when it is the first
+        of the layout's ``in`` (fan_in) or ``out`` axes.
+        """
+        s, nb, tall = self.s, len(lay.batch_shape), lay.fan_in > lay.fan_out
+        if lay.spec is None:
+            cands = [i for i, d in enumerate(lay.shape) if d % s == 0 and d >= s]
+            return (max(cands, key=lambda i: (lay.shape[i], -i)) if cands and s > 1 else None), None
+        names = [(e,) if isinstance(e, str) else tuple(e or ()) for e in lay.spec]
+        ax = next((i for i, e in enumerate(names) if e == self.split_axes), None)
+        first = {lay.perm[nb]: 2 if tall else 1, lay.perm[nb + len(lay.in_shape)]: 1 if tall else 2}
+        return ax, first.get(ax)
+
     def plan(self, layouts: Sequence[Any], *, batch_leaves: bool, by_orientation: bool):
         """Group the leaves (``_matrices.Layout`` objects, shapes only) into stacks.
 
@@ -172,7 +187,7 @@ class OwnerLayout:
         for i, lay in enumerate(layouts):
             tall = lay.fan_in > lay.fan_out
             k, l = (lay.fan_out, lay.fan_in) if tall else (lay.fan_in, lay.fan_out)
-            ax = _leaf_split_axis(lay.shape, s)
+            ax, want = self._split(lay)
             if ax is not None and lay.batch_shape and lay.perm[0] == ax and lay.batch % n == 0:
                 in_place.append(
                     Group(f"leaf{i}", "in_place", (i,), (tall,), (lay.batch,), k, l, None,
@@ -182,7 +197,7 @@ class OwnerLayout:
             if not batch_leaves:
                 key: Any = (i,)
             else:
-                key = (k, l, tall) if by_orientation else (k, l)
+                key = (k, l, tall, want) if by_orientation else (k, l, None, want)
             keyed.setdefault(key, []).append(i)
         groups = []
         for key, members in keyed.items():
@@ -193,10 +208,13 @@ class OwnerLayout:
             size = sum(counts)
             split = [d for d, dim in ((2, l), (1, k)) if s > 1 and dim % s == 0]
             split_dim = max(split, key=lambda d: ((l if d == 2 else k), -d)) if split else None
+            want = self._split(lays[0])[1] if len(key) == 1 else key[3]
+            split_dim = want if want in split else split_dim  # as the Explicit type says
             if len(key) == 1:
                 name = f"leaf{key[0]}"
             else:
-                name = f"{k}x{l}" + ("" if len(key) == 2 else ("_t" if key[2] else "_w"))
+                name = f"{k}x{l}" + {None: "", True: "_t", False: "_w"}[key[2]]
+                name += {None: "", 1: "_r", 2: "_c"}[key[3]]
             groups.append(
                 Group(name, "all_to_all" if split_dim else "gather", tuple(members), talls,
                       counts, k, l, split_dim, size, -(-size // n) * n)
@@ -375,7 +393,7 @@ class OwnerLayout:
             v_spec = P(*owned, *([None] * (v.ndim - 1)))
             fn = jax.shard_map(
                 lambda a, b, body=body: _fill(body(a, b)),
-                mesh=self.mesh,
+                mesh=self.mesh.update(axis_types=(Auto,) * len(self.mesh.axis_names)),
                 in_specs=(spec, v_spec),
                 out_specs=(spec, v_spec, err_spec),
                 check_vma=False,
@@ -414,6 +432,54 @@ class OwnerLayout:
 def _fill(res):
     y, v, err = res
     return y, v, (jnp.zeros((), jnp.float32) if err is None else err)
+
+
+# --------------------------------------------------------------------------- explicit axes
+
+
+def _explicit_mesh(tree: Any) -> tuple[Any, tuple[str, ...]]:
+    """The mesh in effect (context, else the leaves' types) and its ``Explicit`` axes."""
+    mesh = jax.sharding.get_abstract_mesh()
+    if mesh.empty:  # jit of explicitly sharded arrays without jax.set_mesh
+        meshes = (getattr(jax.typeof(x).sharding, "mesh", None) for x in jax.tree.leaves(tree))
+        mesh = next((m for m in meshes if m is not None and not m.empty), mesh)
+    if mesh.empty:
+        return mesh, ()
+    types = dict(zip(mesh.axis_names, mesh.axis_types, strict=True))
+    return mesh, tuple(a for a in mesh.axis_names if types[a] == AxisType.Explicit)
+
+
+def auto_sharded(tx: optax.GradientTransformation) -> optax.GradientTransformation:
+    """``tx`` with its update run on ``Auto`` mesh axes, for parameters with ``Explicit`` ones.
+
+    Under ``Explicit`` axes (``jax.make_mesh``'s default since JAX 0.7) every reshape and
+    matmul must state its output sharding; Muon reshapes leaves into matrix stacks and
+    contracts over their (possibly sharded) axes. The wrapper leaves the update's
+    sharding to XLA's partitioner (``jax.sharding.auto_axes``, which the owner layout
+    then overrides with its ``shard_map``) and gives every output the input's sharding
+    (updates like the gradients, new state like the old): the same numbers as the
+    unsharded update. Meshes with only ``Auto`` axes, or none, call ``tx`` unchanged.
+    """
+
+    def update_fn(updates, state, params=None):
+        mesh, explicit = _explicit_mesh((updates, state, params))
+        if not explicit:
+            return tx.update(updates, state, params)
+
+        def spec(x):
+            sh = jax.typeof(x).sharding
+            return NamedSharding(mesh, sh.spec if isinstance(sh, NamedSharding) else P())
+
+        out = jax.tree.map(spec, (updates, state))
+        token = EXPLICIT_SPECS.set(tuple(spec(x).spec for x in jax.tree.leaves(updates)))
+        try:  # the owner layout plans from the specs (the types inside no longer name them)
+            return jax.sharding.auto_axes(tx.update, axes=explicit, out_sharding=out)(
+                updates, state, params
+            )
+        finally:
+            EXPLICIT_SPECS.reset(token)
+
+    return optax.GradientTransformation(tx.init, update_fn)
 
 
 # --------------------------------------------------------------------------- resolution

@@ -69,6 +69,7 @@ from amemory.optim._muon_core import (
     with_options,
 )
 from amemory.optim.diagnostics import collect_diagnostics  # noqa: F401  (old import path)
+from amemory.optim.distributed import auto_sharded
 from amemory.optim.normuon import NorMuonState, normuon, scale_by_normuon
 from amemory.optim.presets import preset_options
 
@@ -169,7 +170,7 @@ def muon_direction(opts: MuonOptions) -> optax.GradientTransformation:
         out, diag = opts.finish(step, step.mats)
         return out, MuonState(count=step.count, mu=step.mu, diagnostics=diag)
 
-    return optax.GradientTransformation(init_fn, update_fn)
+    return auto_sharded(optax.GradientTransformation(init_fn, update_fn))
 
 
 @with_options(unset_defaults=True)

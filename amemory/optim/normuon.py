@@ -29,7 +29,7 @@ import optax
 
 from amemory.optim._chain import decoupled
 from amemory.optim._muon_core import MuonOptions, check_unit_interval, with_options
-from amemory.optim.distributed import OwnerStacks
+from amemory.optim.distributed import OwnerStacks, auto_sharded
 
 __all__ = [
     "AdaMuonState",
@@ -145,7 +145,7 @@ def _moment_transform(opts: MuonOptions, beta2: Any, eps: Any, per_neuron: bool,
         )
         return out, new_state
 
-    return optax.GradientTransformation(init_fn, update_fn)
+    return auto_sharded(optax.GradientTransformation(init_fn, update_fn))
 
 
 @with_options()
