@@ -72,7 +72,7 @@ def test_sharded_update_equals_unsharded(row):
     tx = TRANSFORMS[name](matrix_axes=axes, **({} if name == "contrib" else kw))
     sharding = NamedSharding(mesh, spec)
     params = jax.device_put(jnp.zeros(shape), sharding)
-    with jax.set_mesh(mesh) if row % 2 else contextlib.nullcontext():  # with and without a context mesh
+    with jax.set_mesh(mesh) if row % 2 else contextlib.nullcontext():  # with/without context
         state = tx.init(params)
         u1, u2, state = jax.jit(_two_updates, static_argnums=0)(
             tx, jax.device_put(g1, sharding), jax.device_put(g2, sharding), state
@@ -80,7 +80,7 @@ def test_sharded_update_equals_unsharded(row):
     for got, want in zip((u1, u2), ref, strict=True):
         np.testing.assert_allclose(np.asarray(got), np.asarray(want), atol=2e-6, rtol=0)
     if E in types:  # outputs keep the input shardings (types name the Explicit axes only)
-        typed = P(*[e if e and dict(zip(names, types))[e] == E else None for e in spec])
+        typed = P(*[e if e and dict(zip(names, types, strict=True))[e] == E else None for e in spec])
         assert jax.typeof(u2).sharding.spec == typed
         mu = state.mu if hasattr(state, "mu") else state[0].mu
         assert jax.typeof(mu).sharding.spec == typed
