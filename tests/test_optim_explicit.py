@@ -80,7 +80,8 @@ def test_sharded_update_equals_unsharded(row):
     for got, want in zip((u1, u2), ref, strict=True):
         np.testing.assert_allclose(np.asarray(got), np.asarray(want), atol=2e-6, rtol=0)
     if E in types:  # outputs keep the input shardings (types name the Explicit axes only)
-        typed = P(*[e if e and dict(zip(names, types, strict=True))[e] == E else None for e in spec])
+        kinds = dict(zip(names, types, strict=True))
+        typed = P(*[e if e and kinds[e] == E else None for e in spec])
         assert jax.typeof(u2).sharding.spec == typed
         mu = state.mu if hasattr(state, "mu") else state[0].mu
         assert jax.typeof(mu).sharding.spec == typed
