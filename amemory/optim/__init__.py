@@ -48,7 +48,7 @@ from amemory.optim.muon import (
     scale_by_muon,
     shape_scale_factor,
 )
-from amemory.optim.nnx_roles import nnx_matrix_axes, nnx_role
+from amemory.optim.nnx_roles import HEAD_NAMES, NnxLayers, nnx_layers, nnx_matrix_axes, nnx_role
 from amemory.optim.normuon import (
     AdaMuonState,
     NorMuonState,
@@ -97,6 +97,7 @@ __all__ = [
     "COEFFICIENT_SETS",
     "DISTRIBUTED_MODES",
     "GROUPS",
+    "HEAD_NAMES",
     "MOMENTUM_FORMS",
     "NORMS",
     "NS_METHODS",
@@ -111,6 +112,7 @@ __all__ = [
     "AdaMuonState",
     "MuonOptions",
     "MuonState",
+    "NnxLayers",
     "NorMuonState",
     "OwnerStacks",
     "RoutingRow",
@@ -124,6 +126,7 @@ __all__ = [
     "label_params",
     "muon",
     "newton_schulz",
+    "nnx_layers",
     "nnx_matrix_axes",
     "nnx_role",
     "norm_ball_lmo",

@@ -276,6 +276,7 @@ def make_orth_fn(opts: Any) -> Callable[[jax.Array], jax.Array]:
         coeffs=opts.ns_coeffs,
         steps=opts.steps,
         eps=opts.ns_eps,
+        eps_mode=opts.ns_eps_mode,
         dtype=_resolve_dtype(opts.ns_dtype),
         method=opts.ns_method,
         preconditioning=opts.preconditioning,

@@ -57,6 +57,7 @@ from amemory.optim.distributed import (
 )
 from amemory.optim.orthogonalize import (
     NORMS,
+    NS_EPS_MODES,
     NS_METHODS,
     PRECONDITIONINGS,
     coefficient_table,
@@ -161,7 +162,9 @@ class MuonOptions:
       orthogonalizer: ``"newton_schulz"`` or ``"polar"`` (exact, SVD; float64 under x64).
       ns_coeffs: ``"jordan"``, ``"polar_express"``, ``"dion"`` or an array ``[steps, 3]``.
       ns_steps: NS steps; ``None``: 5, or the length of an array ``ns_coeffs``. Static.
-      ns_eps: added to the norm before NS (1e-7 Keller/torch, 1e-8 optax).
+      ns_eps: guards the norm division before NS (1e-7 Keller/torch, 1e-8 optax).
+      ns_eps_mode: ``"add"`` (``||U|| + eps``: Keller, optax) or ``"clamp"``
+        (``max(||U||, eps)``: torch.optim.Muon, scale-invariant).
       ns_dtype: NS compute dtype: ``None`` (momentum's dtype, at least fp32), a dtype or
         its name (``"bfloat16"``), or ``"auto"`` (bf16 on GPU/TPU, fp32 on CPU).
       ns_method: ``"auto"`` (the Gram form when ``fan_max >= 2 fan_min``, except
@@ -208,6 +211,7 @@ class MuonOptions:
     ns_coeffs: Any = "jordan"
     ns_steps: int | None = None
     ns_eps: Any = 1e-7
+    ns_eps_mode: str = "add"
     ns_dtype: Any = None
     ns_method: str = "auto"
     preconditioning: str = "frobenius"
@@ -229,6 +233,7 @@ class MuonOptions:
         _check_choice("norm", self.norm, NORMS)
         _check_choice("orthogonalizer", self.orthogonalizer, ORTHOGONALIZERS)
         _check_choice("ns_method", self.ns_method, NS_METHODS)
+        _check_choice("ns_eps_mode", self.ns_eps_mode, NS_EPS_MODES)
         _check_choice("preconditioning", self.preconditioning, PRECONDITIONINGS)
         _check_choice("nuclear_scale", self.nuclear_scale, NUCLEAR_SCALES)
         _check_choice("shape_scale", self.shape_scale, SHAPE_SCALES)
