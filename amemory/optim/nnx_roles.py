@@ -216,7 +216,7 @@ def nnx_layers(model: Any, *, heads: tuple[str, ...] | None = None) -> NnxLayers
             attention.add(path)
         if not isinstance(getattr(mod, "kernel", None), nnx.Param):
             continue
-        ndim, name = np.ndim(mod.kernel), "/".join(map(str, path)) + "/kernel"
+        ndim, name = np.ndim(mod.kernel), "/".join(map(str, path + ("kernel",)))
         if isinstance(mod, nnx.Conv | nnx.ConvTranspose):
             axes = (tuple(range(ndim - 1)), ndim - 1)
         elif isinstance(mod, nnx.LinearGeneral):
