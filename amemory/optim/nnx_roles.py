@@ -100,71 +100,58 @@ def _classify(keys: tuple, shape: tuple) -> tuple[str, Any]:
     )
 
 
-def nnx_role(path: Any, leaf: Any = None) -> str:
-    """The role (from ``amemory.optim.ROLES``) of a standard ``flax.nnx`` parameter, by path.
-
-    Args:
-      path: key path (tuple of keys or jax key entries, or ``"a/b/kernel"``).
-      leaf: the parameter (its shape tells 2-D kernels from attention kernels).
-
-    Returns:
-      ``"q"``, ``"k"``, ``"v"``, ``"o"``, ``"head"``, ``"dense"``, ``"embed"``, ``"norm"``
-      or ``"bias"`` (module table). A 2-D kernel at the model top that is not named as a
-      head (:data:`HEAD_NAMES`) is ``"dense"`` with a warning (once per leaf): the path
-      cannot tell whether it computes the logits.
-
-    Raises:
-      ValueError: a parameter outside the table, or a kernel whose matrix the path cannot
-        tell (names it; :func:`nnx_layers` reads the layer instead).
-    """
-    keys = _keys(path)
-    role = _classify(keys, tuple(np.shape(leaf)) if leaf is not None else (0, 0))[0]
-    if role == "dense" and len(keys) == 2:
-        warnings.warn(
-            f"nnx_role: {'/'.join(map(str, keys))!r} is a kernel at the model top labelled "
-            f"'dense' (Muon); if it computes the logits, name its layer one of {HEAD_NAMES} "
-            "or use optim.nnx_layers(model), which finds the output layer",
-            stacklevel=2,
-        )
-    return role
-
-
-def nnx_matrix_axes(path: Any, leaf: Any) -> tuple[Any, Any] | None:
-    """``matrix_axes`` for Muon on standard ``flax.nnx`` kernels, by path (module table).
-
-    Returns:
-      ``(0, 1)`` for 2-D kernels, ``(0, (1, 2))`` for ``MultiHeadAttention``
-      ``query|key|value`` kernels ``[d, H, d_h]``, ``((0, 1), 2)`` for its ``out`` kernel
-      ``[H, d_h, d]``; None for embeddings, norms and biases.
-
-    Raises:
-      ValueError: as :func:`nnx_role`.
-    """
-    return _classify(_keys(path), tuple(np.shape(leaf)))[1]
-
-
 @dataclasses.dataclass(frozen=True)
 class NnxLayers:
-    """Roles and matrix axes of one model's parameters, read from its layers.
+    """Roles and matrix axes of a model's parameters (module table), from its layers.
 
-    ``kernels`` maps ``"path/to/kernel"`` to ``(role, (in_axes, out_axes))``; every other
-    parameter is classified by its path (:func:`nnx_role`'s table).
+    ``kernels`` maps ``"path/to/kernel"`` to ``(role, (in_axes, out_axes))`` as read by
+    :func:`nnx_layers`; any other parameter is classified from its path and shape.
     """
 
     kernels: dict[str, tuple[str, Any]]
 
-    def _lookup(self, path: Any, leaf: Any) -> tuple[str, Any]:
+    def role(self, path: Any, leaf: Any = None) -> str:
+        """``role_fn`` for ``optim.routed``: ``"q"``, ``"k"``, ``"v"``, ``"o"``, ``"head"``,
+        ``"dense"``, ``"embed"``, ``"norm"`` or ``"bias"``.
+
+        ``path`` is a key path or ``"a/b/kernel"``; ``leaf`` the parameter (its shape).
+        From a path alone a 2-D kernel at the model top not named in :data:`HEAD_NAMES`
+        is ``"dense"`` with a warning (once per leaf): the path cannot tell whether it
+        computes the logits.
+
+        Raises:
+          ValueError: a parameter outside the table, or a kernel whose matrix its path
+            cannot tell (Conv, LinearGeneral, Einsum; names it, points to nnx_layers).
+        """
         keys = _keys(path)
+        role, _ = self._lookup(keys, leaf if leaf is not None else np.zeros((0, 0)))
+        name = "/".join(map(str, keys))
+        if role == "dense" and len(keys) == 2 and name not in self.kernels:
+            warnings.warn(
+                f"nnx_role: {name!r} is a kernel at the model top labelled 'dense' (Muon); "
+                f"if it computes the logits, name its layer one of {HEAD_NAMES} or use "
+                "optim.nnx_layers(model), which finds the output layer",
+                stacklevel=2,
+            )
+        return role
+
+    def matrix_axes(self, path: Any, leaf: Any) -> tuple[Any, Any] | None:
+        """``matrix_axes`` for Muon: a kernel's ``(in_axes, out_axes)``, else None.
+
+        Raises:
+          ValueError: as :meth:`role`.
+        """
+        return self._lookup(_keys(path), leaf)[1]
+
+    def _lookup(self, keys: tuple, leaf: Any) -> tuple[str, Any]:
         hit = self.kernels.get("/".join(map(str, keys)))
         return hit if hit is not None else _classify(keys, tuple(np.shape(leaf)))
 
-    def role(self, path: Any, leaf: Any = None) -> str:
-        """``role_fn`` for ``optim.routed``: the parameter's role (module table)."""
-        return self._lookup(path, leaf if leaf is not None else np.zeros((0, 0)))[0]
 
-    def matrix_axes(self, path: Any, leaf: Any) -> tuple[Any, Any] | None:
-        """``matrix_axes`` for Muon: the kernel's ``(in_axes, out_axes)``, else None."""
-        return self._lookup(path, leaf)[1]
+#: The module table read from a path alone (no model): enough for Linear ``(0, 1)``,
+#: MultiHeadAttention (``(0, (1, 2))`` for ``query|key|value`` ``[d, H, d_h]``,
+#: ``((0, 1), 2)`` for ``out`` ``[H, d_h, d]``), Embed, norms and biases.
+nnx_role, nnx_matrix_axes = NnxLayers({}).role, NnxLayers({}).matrix_axes
 
 
 def _einsum_axes(spec: str, ndim: int) -> tuple[Any, Any] | None:
