@@ -332,6 +332,12 @@ def test_output_layer_is_found_or_named_in_a_warning():
         )
     with pytest.raises(ValueError, match=r"heads: 'nope' .*'layers/0/linear'"):
         optim.nnx_layers(gemma, heads=("nope",))
+    named = nnx.Module()  # by name: head/lm_head at any depth, the other names at the top
+    named.classifier, named.sub = nnx.Linear(4, 3, rngs=nnx.Rngs(0)), nnx.Module()
+    named.sub.lm_head, named.sub.logits = (nnx.Linear(4, 3, rngs=nnx.Rngs(0)) for _ in "ab")
+    roles = {k: r for k, (r, _) in optim.nnx_layers(named).kernels.items()}
+    assert roles == {"classifier/kernel": "head", "sub/lm_head/kernel": "head",
+                     "sub/logits/kernel": "dense"}  # fmt: skip
     # by path alone: names only, a warning for other kernels at the top, no guessing
     assert optim.nnx_role(("output_layer", "kernel"), jnp.zeros((4, 3))) == "head"
     with pytest.warns(UserWarning, match=r"'linear2/kernel' is a kernel at the model top"):

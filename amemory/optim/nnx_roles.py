@@ -1,44 +1,28 @@
 """Roles and matrix axes of models built from standard ``flax.nnx`` layers (foreign models).
 
-amemory's own transformer names a role in every parameter path
-(``amemory.models.role_of``). For any other ``flax.nnx`` model, :func:`nnx_layers` reads
-each layer once and gives a ``role`` function (for ``optim.routed``) and a
-``matrix_axes`` function (for Muon) that agree by construction: a kernel whose role is
-``dense``, ``head`` or ``q|k|v|o`` always has a matrix ``(fan_in, fan_out)``, any other
-leaf has none.
+amemory's own transformer names a role in every parameter path (``models.role_of``).
+For any other ``flax.nnx`` model :func:`nnx_layers` reads each layer once and gives a
+``role`` function (for ``optim.routed``) and a ``matrix_axes`` function (for Muon) that
+agree: a kernel with role ``dense``, ``head`` or ``q|k|v|o`` has a matrix
+``(fan_in, fan_out)``, nothing else does. Kernels: ``Linear`` ``[in, out]``;
+``LinearGeneral`` ``[*batch, *in, *out]``; ``Einsum`` from its string (kernel axes summed
+over are ``fan_in``, axes it adds to the output ``fan_out``, axes in input, kernel and
+output are batch axes: ``"BTD,NDH->BTNH"`` ``[N, D, H]`` is ``(D, N*H)``,
+``"EBD,EDF->EBF"`` is E matrices ``(D, F)``); ``Conv``/``ConvTranspose`` ``[*k, c_in,
+c_out]`` is ``(prod(k) * c_in, c_out)`` (Keller Jordan's CIFAR-10 speedruns);
+``MultiHeadAttention`` ``query|key|value`` ``[d, H, d_h]`` are ``q|k|v`` ``(d, H*d_h)``,
+``out`` ``[H, d_h, d]`` is ``o`` ``(H*d_h, d)``. ``Embed`` ``embedding`` is ``embed``, any
+``scale`` ``norm`` and any ``bias`` ``bias`` (a LayerNorm's too), none a matrix; any other
+parameter is a ``ValueError`` naming it.
 
-==========================================  ==========  ===================================
-layer, parameter ``[shape]``                role        matrix (fan_in, fan_out)
-==========================================  ==========  ===================================
-``Linear`` ``kernel [in, out]``             dense       ``(in, out)``
-``LinearGeneral`` ``[*batch, *in, *out]``   dense       ``(in..., out...)``; batch axes
-``Einsum`` ``kernel`` (e.g. ``"BTD,NDH->    dense       axes of the kernel summed over
-BTNH"`` ``[N, D, H]``)                                  (in the input, not the output) x
-                                                        axes it adds to the output;
-                                                        axes in input, kernel and output
-                                                        are batch axes (experts)
-``Conv``/``ConvTranspose`` ``[*k, c_in,     dense       ``(k... * c_in, c_out)`` (Keller
-c_out]``                                                Jordan's CIFAR-10 speedruns)
-``MultiHeadAttention`` ``query|key|value``  q, k, v, o  as ``LinearGeneral``: ``(d,
-``[d, H, d_h]``, ``out [H, d_h, d]``                    H*d_h)``, ``(H*d_h, d)``
-the model's output layer (below)            head        as its layer
-``Embed`` ``embedding [V, d]``              embed       none
-any ``scale`` (LayerNorm, RMSNorm, ...)     norm        none
-any ``bias``                                bias        none
-==========================================  ==========  ===================================
-
-The output layer (logits; Muon's authors route it to Adam with the embeddings) is the
-``Linear``/``LinearGeneral``/``Einsum`` defined last among the model's own attributes, or
-a kernel under one of :data:`HEAD_NAMES` at the model top (``head``/``lm_head`` at any
-depth), or the layers named by ``heads=``. When none is found (the logits come from a
-submodule, or from a tied embedding), a warning names the kernel defined last, which
-goes to Muon, and how to route it. A ``LayerNorm``'s ``bias`` is labelled ``bias``, not
-``norm``: both usually go to Adam. Any other parameter is a ``ValueError`` naming it.
-
-:func:`nnx_role` / :func:`nnx_matrix_axes` read the same table from a path alone (no
-model): enough for ``Linear``, ``MultiHeadAttention``, ``Embed`` and norms; a kernel whose
-matrix the path cannot tell (Conv, LinearGeneral, Einsum) is a ``ValueError`` pointing
-to :func:`nnx_layers`.
+The output layer (logits: Muon's authors route it to Adam with the embeddings) gets role
+``head``: the ``Linear``/``LinearGeneral``/``Einsum`` defined last among the model's own
+attributes, or one under :data:`HEAD_NAMES` at the top (``head``/``lm_head`` anywhere), or
+those named by ``heads=``. When none is found (logits from a submodule or a tied
+embedding) a warning names the kernel defined last, which goes to Muon, and how to route
+it. :func:`nnx_role` / :func:`nnx_matrix_axes` read the table from a path alone: enough
+for Linear, MultiHeadAttention, Embed and norms; a kernel whose matrix a path cannot tell
+is a ``ValueError`` pointing to :func:`nnx_layers`.
 
 Example::
 
@@ -193,7 +177,8 @@ def nnx_layers(model: Any, *, heads: tuple[str, ...] | None = None) -> NnxLayers
       ``matrix_axes``.
 
     Raises:
-      ValueError: ``heads`` names a layer without a kernel (lists the layers that have one).
+      ValueError: ``heads`` names a layer without a kernel (lists those with one); an
+        Einsum kernel with no axis summed over or added to the output (no matrix).
     """
     from flax import nnx  # only here: amemory.optim imports no Flax at module level
 
@@ -224,14 +209,12 @@ def nnx_layers(model: Any, *, heads: tuple[str, ...] | None = None) -> NnxLayers
         kernels[name] = (_ATTENTION.get(path[-1], "dense") if attn else "dense", axes)
         order.append((path, mod))
     if heads is None:
-        named = [
-            p for p, _ in order if p[-1] in HEAD_NAMES[:2] or (len(p) == 1 and p[0] in HEAD_NAMES)
-        ]
+        named = [p for p, _ in order if p and p[-1] in HEAD_NAMES[: 2 if len(p) > 1 else None]]
         top = [
             p for p, m in order if len(p) == 1 and not isinstance(m, nnx.Conv | nnx.ConvTranspose)
         ]
         heads = tuple("/".join(map(str, p)) for p in (named or top[-1:]))
-        if not heads and order:
+        if not heads and order and order[-1][0]:  # (a bare layer is no model)
             last = "/".join(map(str, order[-1][0]))
             warnings.warn(
                 f"nnx_layers: no output layer at the model top (a Linear, LinearGeneral or "
