@@ -191,7 +191,8 @@ def run(
     Raises:
       ValueError: unknown architecture, or "dense" missing (the baseline).
     """
-    from amemory.train.config import parse_roles
+    from amemory.models.roles import role_of
+    from amemory.optim import parse_roles
 
     archs = tuple(cfg.architectures)
     for a in archs:
@@ -224,7 +225,7 @@ def run(
             _, params, mc, _ = models[arch]
             tokens = int(cfg.base.data.batch_size) * int(cfg.base.data.seq_len)
             for name, r in by_opt.items():
-                roles = parse_roles(r["summary"]["muon_roles"]) if name != "adam" else ()
+                roles = parse_roles(r["summary"]["muon_roles"], role_of) if name != "adam" else ()
                 costs = model_costs(mc, params, roles)
                 step_flops = costs["flops_per_token"] * tokens + costs["ns_flops_per_step"]
                 steps, loss = common.eval_series(r["records"], "loss")

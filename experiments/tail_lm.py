@@ -43,11 +43,12 @@ def run_config(
     ``optimizer == "adam"`` trains every parameter with Adam at ``lr`` (``adam_lr`` unused).
 
     Raises:
-      ValueError: if ``optimizer`` is not one of adam, muon, normuon, signgd, signum, sgd.
+      ValueError: if ``optimizer`` is not in ``amemory.train.optimizers.names()``.
     """
-    allowed = ("adam", "muon", "normuon", "signgd", "signum", "sgd")
-    if optimizer not in allowed:
-        raise ValueError(f"optimizer must be one of {allowed}, got {optimizer!r}")
+    from amemory.train.optimizers import names  # "adam" and amemory.optim.OPTIMIZERS
+
+    if optimizer not in names():
+        raise ValueError(f"optimizer must be one of {names()}, got {optimizer!r}")
     c = ConfigDict(base.to_dict())
     c.optimizer.name = optimizer
     if optimizer == "adam":

@@ -239,7 +239,7 @@ def test_roles_of_new_parameters_and_scanned_paths():
     by_role = {r.role: r.transform for r in table}
     assert by_role["router"] == "rest" and by_role["expert_w_in"] == "hidden"
     assert by_role["kv_down"] == by_role["v_up"] == "hidden"
-    qk, vo, ffn = (set(optim.parse_spec(g)) for g in ("qk", "vo", "ffn"))
+    qk, vo, ffn = (set(optim.parse_spec(g, T.role_of)) for g in ("qk", "vo", "ffn"))
     assert {"q_down", "kv_down", "k_up", "k_rope"} <= qk and {"v_up", "o"} <= vo
     assert {"expert_w_out", "shared_w_in"} <= ffn and "router" not in qk | vo | ffn
 

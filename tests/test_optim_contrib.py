@@ -35,6 +35,9 @@ OptaxMuonTest = _swapped(
     "from optax.contrib import _muon\n",
     "from amemory.optim import contrib as _muon\n",
 ).MuonTest
+for _name in dir(OptaxMuonTest):  # optax's private helper _compute_muon_reshape is not API
+    if _name.startswith("test_reshape_inverse"):
+        setattr(OptaxMuonTest, _name, None)  # not collected
 
 # optax/contrib/_common_test.py: keep the rows whose parameters name the Muon optimizer.
 _common = _swapped(

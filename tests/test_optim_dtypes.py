@@ -35,7 +35,7 @@ OPTIMIZERS = {
     "signum": (lambda: optim.signum(1e-3), True),
     "contrib_muon": (lambda: optim.contrib.muon(0.02), True),
     "routed": (
-        lambda: optim.routed({"hidden": optim.muon(0.02), "rest": optax.adamw(1e-3)}, _role),
+        lambda: optim.routed({"dense": optim.muon(0.02), "rest": optax.adamw(1e-3)}, _role),
         True,
     ),
 }

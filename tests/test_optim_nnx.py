@@ -305,9 +305,11 @@ def test_every_standard_layer_has_a_role_and_a_matching_matrix():
     assert {k: v for k, v in got.items() if not k.endswith("bias")} == EXPECTED
     assert {v for k, v in got.items() if k.endswith("bias")} == {("bias", None)}
     # the layouts Muon builds from them: conv [3, 3, 2, 4] -> (18, 4), experts -> 3 x (5, 4)
-    lay = optim._matrices.layout_of(model.conv.kernel[...], layers.matrix_axes, ("conv", "kernel"))
+    lay = optim._matrices.matrix_layout(
+        model.conv.kernel[...], layers.matrix_axes, ("conv", "kernel")
+    )
     assert (lay.batch, lay.fan_in, lay.fan_out) == (1, 18, 4)
-    lay = optim._matrices.layout_of(
+    lay = optim._matrices.matrix_layout(
         model.experts.kernel[...], layers.matrix_axes, ("experts", "kernel")
     )
     assert (lay.batch, lay.fan_in, lay.fan_out) == (3, 5, 4)

@@ -7,9 +7,9 @@ import numpy as np
 import optax
 import pytest
 
+from amemory.models.roles import GROUPS, ROLES
 from amemory.optim import (
-    GROUPS,
-    ROLES,
+    Roles,
     collect_diagnostics,
     label_params,
     muon,
@@ -32,7 +32,7 @@ PARAMS = {
 }
 
 
-def role_fn(path, leaf):
+def _role(path, leaf):
     if path[0] in ("embed", "head"):
         return path[0]
     if path[-1] == "scale":
@@ -40,14 +40,17 @@ def role_fn(path, leaf):
     return path[-2]
 
 
+role_fn = Roles(_role, ROLES, GROUPS)  # the transformer's vocabulary
+
+
 def test_groups_and_specs():
     assert set(GROUPS["hidden"]) == set(GROUPS["qk"] + GROUPS["vo"] + GROUPS["ffn"] + ("dense",))
-    assert parse_spec("vo+ffn")[:6] == ("v", "o", "v_up", "w_in", "w_gate", "w_out")
-    assert parse_spec("v+w_in+v") == ("v", "w_in")
+    assert parse_spec("vo+ffn", role_fn)[:6] == ("v", "o", "v_up", "w_in", "w_gate", "w_out")
+    assert parse_spec("v+w_in+v", role_fn) == ("v", "w_in")
     assert "router" in ROLES and not any("router" in g for g in GROUPS.values())
-    assert set(parse_spec("hidden")) <= set(ROLES)
+    assert set(parse_spec("hidden", role_fn)) <= set(ROLES)
     with pytest.raises(ValueError, match=r"unknown role or group 'mlp'.*'w_in'"):
-        parse_spec("vo+mlp")
+        parse_spec("vo+mlp", role_fn)
 
 
 def test_routing_table_and_labels():
@@ -62,7 +65,7 @@ def test_routing_table_and_labels():
     assert len(rows) == len(jax.tree.leaves(PARAMS))
     labels = label_params(PARAMS, role_fn)
     assert labels["layers"][0]["attn"]["k"]["kernel"] == "k"
-    one_arg = label_params(PARAMS, lambda path: role_fn(path, None))  # role_of(path) style
+    one_arg = label_params(PARAMS, lambda path: _role(path, None))  # role_of(path) style
     assert one_arg == labels
 
 
@@ -72,7 +75,7 @@ def test_unclaimed_and_double_claimed_roles_raise():
     with pytest.raises(ValueError, match=r"role 'v' is claimed by two rules.*'vo'.*'hidden'"):
         routed({"vo": muon(0.02), "hidden": muon(0.02), "rest": optax.adam(1e-3)}, role_fn)
     with pytest.raises(ValueError, match="allowed roles"):
-        label_params(PARAMS, lambda p, x: "mlp")
+        label_params(PARAMS, Roles(lambda p, x: "mlp", ROLES, GROUPS))
 
 
 def test_routed_updates_equal_separate_transforms():

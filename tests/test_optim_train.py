@@ -72,8 +72,7 @@ def test_optim_functions_decouple_weight_decay():
 
 def test_allowed_names_come_from_the_registries():
     choices = C.optimizer_choices()
-    assert choices["optimizer.name"] == ("adam", *optimizers.MATRIX_PARTS)
-    assert set(optimizers.MATRIX_PARTS) == set(optim.OPTIMIZERS) | {"sgd"}
+    assert choices["optimizer.name"] == ("adam", *optim.OPTIMIZERS)
     assert choices["optimizer.preset"] == (None, *optim.PRESETS)
     assert choices["optimizer.shape_scale"] == optim.SHAPE_SCALES
     assert choices["optimizer.orthogonalizer"] == optim.ORTHOGONALIZERS
@@ -85,3 +84,19 @@ def test_allowed_names_come_from_the_registries():
         assert np.isfinite(np.asarray(u["w"])).all() and u["w"].shape == (4, 6)
     with pytest.raises(ValueError, match=r"optimizer.name='lion'; allowed values: \('adam'"):
         C.load_config(LM_CONFIG, ["optimizer.name=lion"])
+
+
+def test_an_optimizer_added_as_one_row_trains_through_the_config(monkeypatch):
+    """CONTRIBUTING.md's recipe: one row of optim.OPTIMIZERS makes a name the train config
+    accepts, with its default learning rate. Reference: theta - lr sign(g) in numpy."""
+    toy = optim.OptimizerInfo(
+        lambda lr, *, weight_decay: optim.decoupled(optax.scale_by_sign(), lr, weight_decay),
+        default_lr=0.25,
+    )
+    monkeypatch.setitem(optim.OPTIMIZERS, "toy_sign", toy)
+    overrides = ["optimizer.name=toy_sign", "optimizer.muon_roles=q", "schedule.warmup_steps=0"]
+    c = C.load_config(LM_CONFIG, [*overrides, "schedule.name=constant"])
+    g = np.asarray([[2.0, -3.0], [0.5, 0.0]], np.float32)
+    built = optimizers.build(c, {"w": jnp.zeros((2, 2))}, {"w": "q"})
+    u, _ = built.tx.update({"w": jnp.asarray(g)}, built.tx.init({"w": jnp.zeros((2, 2))}))
+    np.testing.assert_allclose(u["w"], -0.25 * np.sign(g))

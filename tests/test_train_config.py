@@ -63,10 +63,14 @@ def test_seeds_with_pmap_rejected():
 
 
 def test_parse_roles_groups():
-    assert C.parse_roles("vo+ffn")[:6] == ("v", "o", "v_up", "w_in", "w_gate", "w_out")
-    assert C.parse_roles("qk+q")[:2] == ("q", "k") and "kv_down" in C.parse_roles("qk")
-    assert C.parse_roles("v+w_in") == ("v", "w_in")
-    assert C.parse_roles("none") == ()
+    from amemory.models.roles import role_of
+    from amemory.optim import parse_roles
+
+    assert parse_roles("vo+ffn", role_of)[:6] == ("v", "o", "v_up", "w_in", "w_gate", "w_out")
+    assert parse_roles("qk+q", role_of)[:2] == ("q", "k")
+    assert "kv_down" in parse_roles("qk", role_of)
+    assert parse_roles("v+w_in", role_of) == ("v", "w_in")
+    assert parse_roles("none", role_of) == ()
 
 
 def test_schedules_closed_form():
@@ -91,7 +95,7 @@ def test_muon_on_non_matrix_rejected_before_compile():
     roles = {"w": "q", "s": "norm"}
     with pytest.raises(ValueError, match=r"routes s \(role 'norm', shape \(4,\)\) to muon"):
         optimizers.build(c, params, roles)
-    built = optimizers.build(c, params, {"w": "q", "s": "norm"}, matrix_roles=("q",))
+    built = optimizers.build(c, params, {"w": "q", "s": "norm"}, muon_roles=("q",))
     assert [r[3] for r in built.table] == ["adam", "muon"]  # leaves in key order: s, w
     # Stacked (scanned) layout: a norm scale [L, D] is 2-D but not a matrix.
     from amemory.models.roles import matrix_axes
@@ -105,7 +109,7 @@ def test_muon_on_non_matrix_rejected_before_compile():
     roles = {"layers": {"attn": {"q": {"kernel": "q"}}, "attn_norm": {"scale": "norm"}}}
     with pytest.raises(ValueError, match=r"routes layers/attn_norm/scale \(role 'norm', shape"):
         optimizers.build(c, stacked, roles, matrix_axes=matrix_axes)
-    ok = optimizers.build(c, stacked, roles, matrix_roles=("q",), matrix_axes=matrix_axes)
+    ok = optimizers.build(c, stacked, roles, muon_roles=("q",), matrix_axes=matrix_axes)
     assert [r[3] for r in ok.table] == ["muon", "adam"]
 
 

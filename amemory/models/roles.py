@@ -1,7 +1,7 @@
 """Parameter roles of :mod:`amemory.models.transformer`, read from parameter paths.
 
-Every trainable parameter has one role from :data:`ROLES` (defined once, in
-``amemory.optim.routing``):
+Every trainable parameter has one role from :data:`ROLES` (the vocabulary, defined once,
+here; :data:`GROUPS` names sets of roles for routing specs):
 
 * ``q, k, v, o``: multi-head attention kernels; ``w_in, w_gate, w_out``: dense FFN kernels;
 * ``q_down, q_up, q_rope, kv_down, k_up, v_up, k_rope`` (and ``q``, ``o``): multi-head
@@ -13,8 +13,9 @@ Every trainable parameter has one role from :data:`ROLES` (defined once, in
 
 Paths are matched on their module names, never on the layer index: ``layers/3/attn/v/kernel``
 and a scanned layout ``layers/attn/v/kernel`` (leaves with a leading layer axis) both read
-``v``. :func:`role_of` is directly a ``role_fn`` for ``amemory.optim.routing``; a path it
-cannot classify is a ValueError, never a silent default.
+``v``. :data:`role_of` is a ``amemory.optim.routing.Roles`` (the classifier with this
+vocabulary), directly a ``role_fn`` for ``amemory.optim.routed``; a path it cannot classify
+is a ValueError, never a silent default.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from typing import Any
 import jax
 import numpy as np
 
-from amemory.optim import GROUPS, ROLES, path_keys
+from amemory.optim import Roles, path_keys
 
 __all__ = [
     "ATTN_ROLES",
@@ -32,12 +33,44 @@ __all__ = [
     "HIDDEN_ROLES",
     "MLA_ROLES",
     "MOE_ROLES",
+    "GROUPS",
     "ROLES",
     "matrix_axes",
     "param_roles",
     "role_of",
 ]
 
+# Adding a role is one line; adding a group is one entry of GROUPS.
+ROLES: tuple[str, ...] = (
+    "q",  # attention query kernel
+    "k",  # attention key kernel
+    "v",  # attention value kernel
+    "o",  # attention output kernel
+    "w_in",  # FFN input (up) kernel
+    "w_gate",  # FFN gate kernel (gated FFNs)
+    "w_out",  # FFN output (down) kernel
+    "dense",  # a Linear kernel whose place the path does not tell (foreign models)
+    "embed",  # token / position embedding table
+    "head",  # untied output (LM head) kernel
+    "norm",  # scale (and bias) of a normalisation layer
+    "bias",  # bias of a Linear layer
+    # multi-head latent attention (DeepSeek-V2, arXiv 2405.04434)
+    "q_down",
+    "q_up",
+    "q_rope",
+    "kv_down",
+    "k_up",
+    "v_up",
+    "k_rope",
+    # mixture of experts: router, routed experts (stacked [E, ...]), shared experts
+    "router",
+    "expert_w_in",
+    "expert_w_gate",
+    "expert_w_out",
+    "shared_w_in",
+    "shared_w_gate",
+    "shared_w_out",
+)
 ATTN_ROLES = ("q", "k", "v", "o")
 MLA_ROLES = ("q", "q_down", "q_up", "q_rope", "kv_down", "k_up", "v_up", "k_rope", "o")
 FFN_ROLES = ("w_in", "w_gate", "w_out")
@@ -45,8 +78,19 @@ MOE_ROLES = ("router",) + tuple(f"expert_{r}" for r in FFN_ROLES)
 MOE_ROLES += tuple(f"shared_{r}" for r in FFN_ROLES)
 # Matrices of the blocks (every role but embeddings, head, norms, biases and the router).
 HIDDEN_ROLES = tuple(dict.fromkeys(ATTN_ROLES + MLA_ROLES + FFN_ROLES + MOE_ROLES[1:]))
-assert set(ATTN_ROLES + MLA_ROLES + FFN_ROLES + MOE_ROLES) <= set(ROLES)
-assert set(GROUPS["hidden"]) >= set(ATTN_ROLES + MLA_ROLES + FFN_ROLES)
+_QK = ("q", "k", "q_down", "q_up", "q_rope", "kv_down", "k_up", "k_rope")
+_VO = ("v", "o", "v_up")
+_FFN = FFN_ROLES + MOE_ROLES[1:]
+# qk: query/key paths (MLA's kv_down feeds keys and values; it is counted with qk);
+# vo: value/output; ffn: dense, routed-expert and shared-expert FFN matrices; hidden:
+# all of them. The MoE router is in no group: it goes to the "rest" rule (Adam).
+GROUPS: dict[str, tuple[str, ...]] = {
+    "qk": _QK,
+    "vo": _VO,
+    "ffn": _FFN,
+    "hidden": _QK + _VO + _FFN + ("dense",),
+    "none": (),
+}
 _NORM_MODULES = ("attn_norm", "mlp_norm", "final_norm", "q_norm", "k_norm")
 _EMBED_MODULES = ("embed", "pos_embed")
 # Block-level paths (after "layers/<i>/" or "layers/") -> role of the kernel; the
@@ -78,7 +122,7 @@ def _normalise_path(path: Any) -> tuple[str | int, ...]:
     return tuple(_key_name(p) for p in path_keys(tuple(path)))
 
 
-def role_of(path: Any, leaf: Any = None) -> str:
+def _role_of(path: Any, leaf: Any = None) -> str:
     """The role of a parameter from its path.
 
     Args:
@@ -121,6 +165,9 @@ def role_of(path: Any, leaf: Any = None) -> str:
     if block[:-1] in _KERNELS and leaf == "bias" and block[-2] != "router":
         return "bias"
     raise bad
+
+
+role_of = Roles(_role_of, ROLES, GROUPS)
 
 
 def param_roles(params: Any) -> Any:

@@ -17,7 +17,7 @@ Design choices (Wang et al., arXiv 2509.26030, experiments; docs/peers.md, "Rout
   ``w_in``/``w_gate``/``w_out`` (SwiGLU), so an optimizer router and a spectrum logger see
   exactly one matrix per role and layer.
 * Parameter paths read as roles, e.g. ``layers/3/attn/v/kernel`` -> ``"v"``. Every leaf
-  has exactly one role of ``amemory.optim.ROLES`` (:mod:`amemory.models.roles`);
+  has exactly one role of ``amemory.models.roles.ROLES`` (:mod:`amemory.models.roles`);
   :func:`role_of` raises ``ValueError`` on anything else, never guessing.
 * Kernel layout is Flax's ``[d_in, d_out]`` (``y = x @ kernel``). Analysis helpers return
   the mathematical ``[d_out, d_in]`` (``y = W x``) form, i.e. ``kernel.T``.

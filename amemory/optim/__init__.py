@@ -16,9 +16,10 @@ Imports nothing of amemory outside this package (and nothing of Flax).
   (``muon(..., ns_mesh=(mesh, "fsdp"))``: whole matrices per device, all-to-all in and
   out, no collective inside Newton-Schulz), ``describe_layout``,
   ``owner_state_shardings``.
-- ``routing``: the role vocabulary (``ROLES``, ``GROUPS``) and roles -> transforms
-  (``routed``, ``label_params``, ``routing_table``); ``nnx_roles``: roles and matrix
-  axes of standard ``flax.nnx`` layers for foreign models.
+- ``routing``: roles -> transforms (``routed``, ``label_params``, ``routing_table``),
+  model-agnostic: a ``Roles`` role function carries its model's vocabulary
+  (``amemory.models.roles``); ``nnx_roles``: roles and matrix axes of standard
+  ``flax.nnx`` layers for foreign models.
 - ``presets``: peer-faithful Muon settings (``muon(lr, preset=NAME)``).
 - ``diagnostics``: ``collect_diagnostics`` (orthogonality error, update RMS).
 - private: ``_muon_core`` (options and the shared update path), ``_matrices`` (leaves as
@@ -27,9 +28,22 @@ Imports nothing of amemory outside this package (and nothing of Flax).
   normalisation; ``path_keys``/``path_str`` are public).
 """
 
+from collections.abc import Callable
+from typing import NamedTuple
+
+import optax
+
 from amemory.optim import contrib
-from amemory.optim._chain import decoupled
-from amemory.optim._muon_core import MuonOptions
+from amemory.optim._chain import decoupled, sgd
+from amemory.optim._matrices import matrix_layout
+from amemory.optim._muon_core import (
+    MOMENTUM_FORMS,
+    NUCLEAR_SCALES,
+    ORTHOGONALIZERS,
+    SHAPE_SCALES,
+    MuonOptions,
+    shape_scale_factor,
+)
 from amemory.optim._paths import path_keys, path_str
 from amemory.optim.diagnostics import collect_diagnostics
 from amemory.optim.distributed import (
@@ -38,16 +52,7 @@ from amemory.optim.distributed import (
     describe_layout,
     owner_state_shardings,
 )
-from amemory.optim.muon import (
-    MOMENTUM_FORMS,
-    NUCLEAR_SCALES,
-    ORTHOGONALIZERS,
-    SHAPE_SCALES,
-    MuonState,
-    muon,
-    scale_by_muon,
-    shape_scale_factor,
-)
+from amemory.optim.muon import MuonState, muon, scale_by_muon
 from amemory.optim.nnx_roles import HEAD_NAMES, NnxLayers, nnx_layers, nnx_matrix_axes, nnx_role
 from amemory.optim.normuon import (
     AdaMuonState,
@@ -71,43 +76,60 @@ from amemory.optim.orthogonalize import (
 )
 from amemory.optim.presets import PRESETS, preset_options
 from amemory.optim.routing import (
-    GROUPS,
     REST,
-    ROLES,
+    Roles,
     RoutingRow,
     format_routing_table,
     label_params,
+    parse_roles,
     parse_spec,
     routed,
     routing_table,
 )
 from amemory.optim.sign import signgd, signum
 
-#: The optimizers of this package by name: name -> ``factory(learning_rate, *, weight_decay,
-#: weight_decay_mask, ...)``. ``amemory.train`` derives its allowed optimizer names from it.
-OPTIMIZERS = {
-    "muon": muon,
-    "normuon": normuon,
-    "adamuon": adamuon,
-    "signgd": signgd,
-    "signum": signum,
+
+class OptimizerInfo(NamedTuple):
+    """One row of :data:`OPTIMIZERS`."""
+
+    factory: Callable[..., optax.GradientTransformation]  # (lr, *, weight_decay, **options)
+    default_lr: float  # a starting peak learning rate, not a tuned optimum
+    orthogonalizes: bool = False  # matrix leaves only; takes matrix_axes, ns_mesh, diagnostics
+    normalizes: bool = False  # a second moment after orthogonalising (owner stacks by orientation)
+    options: tuple[str, ...] = ()  # keyword options a run config passes (amemory.train)
+
+
+_MUON_OPTIONS = ("momentum", "nesterov", "orthogonalizer", "ns_steps", "ns_dtype")
+
+#: The optimizers by name. ``amemory.train`` derives its allowed names, default learning
+#: rates and orthogonalising set from it; adding an optimizer is one row. Default learning
+#: rates: Muon Keller Jordan's 0.02 (shape_scale "jordan"); AdaMuon an Adam-like step (its
+#: update RMS is 0.2, as Adam's); SignGD/Signum an Adam-like per-entry step; SGD a
+#: heavy-ball step for a pre-norm transformer.
+OPTIMIZERS: dict[str, OptimizerInfo] = {
+    "muon": OptimizerInfo(muon, 0.02, True, False, ("preset", *_MUON_OPTIONS, "shape_scale")),
+    "normuon": OptimizerInfo(normuon, 0.02, True, True, (*_MUON_OPTIONS, "shape_scale")),
+    "adamuon": OptimizerInfo(adamuon, 3e-3, True, True, _MUON_OPTIONS),
+    "signgd": OptimizerInfo(signgd, 1e-3),
+    "signum": OptimizerInfo(signum, 1e-3, options=("beta",)),
+    "sgd": OptimizerInfo(sgd, 0.05, options=("momentum", "nesterov")),
 }
 
 __all__ = [
     "COEFFICIENT_SETS",
     "DISTRIBUTED_MODES",
-    "GROUPS",
     "HEAD_NAMES",
     "MOMENTUM_FORMS",
     "NORMS",
     "NS_METHODS",
     "NUCLEAR_SCALES",
     "OPTIMIZERS",
+    "OptimizerInfo",
     "ORTHOGONALIZERS",
     "PRECONDITIONINGS",
     "PRESETS",
     "REST",
-    "ROLES",
+    "Roles",
     "SHAPE_SCALES",
     "AdaMuonState",
     "MuonOptions",
@@ -124,6 +146,7 @@ __all__ = [
     "describe_layout",
     "format_routing_table",
     "label_params",
+    "matrix_layout",
     "muon",
     "newton_schulz",
     "nnx_layers",
@@ -133,6 +156,7 @@ __all__ = [
     "normuon",
     "orthogonality_error",
     "owner_state_shardings",
+    "parse_roles",
     "parse_spec",
     "path_keys",
     "path_str",
@@ -143,6 +167,7 @@ __all__ = [
     "scale_by_adamuon",
     "scale_by_muon",
     "scale_by_normuon",
+    "sgd",
     "shape_scale_factor",
     "signgd",
     "signum",

@@ -19,7 +19,7 @@ from typing import Any
 import jax
 import optax
 
-__all__ = ["decoupled", "weight_decay"]
+__all__ = ["decoupled", "sgd", "weight_decay"]
 
 
 def weight_decay(wd: Any, mask: Any = None) -> optax.GradientTransformation:
@@ -68,3 +68,21 @@ def decoupled(
         weight_decay(wd, weight_decay_mask),
         optax.scale_by_learning_rate(learning_rate),
     )
+
+
+def sgd(
+    learning_rate: optax.ScalarOrSchedule,
+    *,
+    momentum: Any = 0.9,
+    nesterov: bool = False,
+    weight_decay: Any = 0.0,
+    weight_decay_mask: Any = None,
+) -> optax.GradientTransformation:
+    """Heavy-ball SGD with decoupled decay: ``m <- momentum m + g``, ``u = m`` (Nesterov:
+    ``u = g + momentum m``), ``theta <- theta - lr (u + wd theta)``; ``optax.sgd``'s direction.
+
+    Raises:
+      ValueError: a negative Python-number ``weight_decay``.
+    """
+    direction = optax.trace(momentum, nesterov) if momentum != 0 else optax.identity()
+    return decoupled(direction, learning_rate, weight_decay, weight_decay_mask)

@@ -6,14 +6,13 @@ Three pieces shared by the Muon family (``muon``, ``normuon``, ``contrib``):
   ``[batch, fan_in, fan_out]`` under the ``matrix_axes`` rule documented in
   :mod:`amemory.optim.muon` (2-D leaves default to ``(0, 1)``; other axes are batch
   axes; a leaf that is not a matrix raises ``ValueError`` naming its path and shape).
-- Grouping. :func:`orthogonalize_groups` transposes tall matrices to wide, groups the
-  stacks by ``(rows, cols, dtype)`` and orthogonalises each group with ONE batched call,
-  so ``[256, 1024]`` and ``[1024, 256]`` leaves share a group. The result is the same
-  as per-leaf calls (orthogonalisation commutes with transposition and acts on each
-  matrix of a batch independently).
-- Kernel. :func:`make_orth_fn` builds the orthogonaliser (Newton-Schulz or exact
-  polar); :func:`check_ns_mesh` validates the mesh option. Where the matrices sit on a
-  device mesh is decided in :mod:`amemory.optim.distributed` (owner layout).
+- Grouping. :func:`group_stacks` groups the stacks by wide shape ``(rows, cols)``
+  (tall matrices transposed, so ``[256, 1024]`` and ``[1024, 256]`` leaves share a
+  group), for both placements.
+- :func:`orthogonalize`: the direction of every leaf (the one dispatcher: owner layout of
+  :mod:`amemory.optim.distributed`, batched Newton-Schulz / polar, norm-ball LMO), one
+  batched call per group. The result is the same as per-leaf calls (orthogonalisation
+  commutes with transposition and acts on each matrix of a batch independently).
 
 Sources: Jordan (2024) https://kellerjordan.github.io/posts/muon/ (NS on the wide
 side).
@@ -32,18 +31,19 @@ import jax.numpy as jnp
 import numpy as np
 
 from amemory.optim._paths import path_keys, path_str
-from amemory.optim.orthogonalize import newton_schulz, orthogonality_error, polar
+from amemory.optim.orthogonalize import norm_ball_lmo, orthogonality_error
 
 __all__ = [
     "Axes",
     "Layout",
     "MatrixAxes",
     "check_ns_mesh",
-    "layout_of",
     "leaf_layouts",
-    "make_orth_fn",
-    "orthogonalize_groups",
-    "orthogonalize_with_errors",
+    "matrix_layout",
+    "group_stacks",
+    "nuclear_scaled",
+    "orthogonalize",
+    "wide",
 ]
 
 #: The ``PartitionSpec`` of each leaf (flattening order) of the update being traced, set by
@@ -157,7 +157,7 @@ def _layout(path: tuple, x: Any, matrix_axes: MatrixAxes, spec: tuple = ()) -> L
     )
 
 
-def layout_of(x: Any, matrix_axes: MatrixAxes, path: tuple = ()) -> Layout:
+def matrix_layout(x: Any, matrix_axes: MatrixAxes, path: tuple = ()) -> Layout:
     """The :class:`Layout` of one array ``x`` under ``matrix_axes`` (see :func:`leaf_layouts`).
 
     Raises:
@@ -190,49 +190,108 @@ def leaf_layouts(tree: Any, matrix_axes: MatrixAxes) -> tuple[list[Any], Any, li
 # --------------------------------------------------------------------------- grouping
 
 
-def orthogonalize_groups(
-    mats: list[jax.Array], orth_fn: Callable[[jax.Array], jax.Array], batch_leaves: bool
-) -> list[jax.Array]:
-    """Orthogonalise a list of ``[b_i, p_i, q_i]`` stacks, batching same-shape ones.
-
-    Tall stacks (``p > q``) are transposed to wide before grouping and back after.
-    With ``batch_leaves=False`` every stack is its own group (one call per leaf).
-    """
-    groups: dict[tuple, list[tuple[int, bool, jax.Array]]] = {}
-    for i, m in enumerate(mats):
-        tall = m.shape[1] > m.shape[2]
-        w = jnp.swapaxes(m, 1, 2) if tall else m  # wide: [b, k, l], k <= l
-        key = (w.shape[1], w.shape[2], w.dtype) if batch_leaves else (i,)
-        groups.setdefault(key, []).append((i, tall, w))
-    out: list[Any] = [None] * len(mats)
-    for members in groups.values():
-        if len(members) == 1:
-            parts = [orth_fn(members[0][2])]
-        else:
-            stacked = jnp.concatenate([w for _, _, w in members], axis=0)
-            res = orth_fn(stacked)
-            splits = np.cumsum([w.shape[0] for _, _, w in members])[:-1]
-            parts = jnp.split(res, splits, axis=0)
-        for (i, tall, _), p in zip(members, parts, strict=True):
-            out[i] = jnp.swapaxes(p, 1, 2) if tall else p
-    return out
+def wide(m: jax.Array, tall: bool) -> jax.Array:
+    """``[b, p, q]`` -> ``[b, q, p]`` when ``tall`` (its own inverse)."""
+    return jnp.swapaxes(m, 1, 2) if tall else m
 
 
-def orthogonalize_with_errors(
-    mats: list[jax.Array], orth_fn: Callable, batch_leaves: bool, diagnostics: bool
-) -> tuple[list[jax.Array], list[jax.Array] | None]:
-    """:func:`orthogonalize_groups`, plus each stack's mean orthogonality error.
+def group_stacks(
+    layouts: Sequence[Layout],
+    *,
+    batch_leaves: bool,
+    by_orientation: bool = False,
+    dtypes: Sequence[Any] | None = None,
+) -> dict[tuple, list[int]]:
+    """Group the leaves' matrix stacks for batched orthogonalisation: the one place where
+    tall matrices join wide ones.
 
     Returns:
-      ``(orthogonalised stacks, errors)``; ``errors[i]`` is the ``[]`` float32 mean over
-      the batch of ``orthogonalize.orthogonality_error``, or ``errors is None`` when
-      ``diagnostics`` is False.
+      ``{(rows, cols[, tall]): [leaf index, ...]}`` in leaf order, with ``rows <= cols``
+      the wide shape; ``tall`` is in the key with ``by_orientation`` (a second moment per
+      output neuron needs one orientation per stack), then the dtype when ``dtypes`` is
+      given; ``batch_leaves=False``: one group per leaf, keyed ``(index,)``.
     """
-    orth = orthogonalize_groups(mats, orth_fn, batch_leaves)
-    errs = None
-    if diagnostics:
-        errs = [jnp.mean(orthogonality_error(o)).astype(jnp.float32) for o in orth]
-    return orth, errs
+    groups: dict[tuple, list[int]] = {}
+    for i, lay in enumerate(layouts):
+        rows, cols = sorted((lay.fan_in, lay.fan_out))
+        key = (rows, cols, lay.fan_in > lay.fan_out) if by_orientation else (rows, cols)
+        key += (dtypes[i],) if dtypes is not None else ()
+        groups.setdefault(key if batch_leaves else (i,), []).append(i)
+    return groups
+
+
+def orthogonalize(
+    mats: list[jax.Array],
+    layouts: Sequence[Layout],
+    opts: Any,
+    post: Any = None,
+    post_state: Any = None,
+) -> tuple[list[jax.Array], list[jax.Array] | None, Any]:
+    """The direction of every leaf: the LMO of ``opts.norm``'s ball, batched by shape.
+
+    ``norm="spectral"`` orthogonalises (Newton-Schulz or polar, ``opts.orth_fn``) in the
+    owner layout when ``opts.layout`` is set (``distributed``), else one batched call per
+    group of :func:`group_stacks`; other norms are elementwise. Then the nuclear scaling
+    (``opts.nuclear_scale``) and the optional ``post`` step (NorMuon / AdaMuon's
+    normalisation: ``post(o [b, fan_in, fan_out], v, tall=False) -> (o', v')`` with
+    ``v = post_state[i]``; in the owner layout it runs on each matrix's owner, with
+    ``post_state`` an ``OwnerStacks``).
+
+    Args:
+      mats: one ``[b_i, fan_in_i, fan_out_i]`` stack per leaf (``Layout.to_matrix``).
+      layouts: the leaves' :class:`Layout` (same order).
+      opts: a ``MuonOptions``.
+
+    Returns:
+      ``(directions per leaf [b, fan_in, fan_out], per-leaf [] float32 orthogonality error
+      before scaling or None without ``opts.diagnostics``, new post state or None)``.
+
+    Raises:
+      ValueError: ``nuclear_scale="leaf"`` with ``post`` in the owner layout.
+    """
+    nuclear, new_post = opts.nuclear_scale, None
+    if opts.layout is not None:
+        if post is not None and nuclear == "leaf":
+            raise ValueError(
+                "nuclear_scale='leaf' cannot be combined with NorMuon/AdaMuon in the "
+                "owner layout; use nuclear_scale='matrix' or distributed='gspmd'"
+            )
+        orth, errs, new_post = opts.layout.orthogonalize(mats, layouts, opts, post, post_state)
+        nuclear = "leaf" if nuclear == "leaf" else "none"  # "matrix" ran on the owners
+        post = None
+    elif opts.norm == "spectral":
+        orth: list[Any] = [None] * len(mats)
+        dtypes = [m.dtype for m in mats]
+        groups = group_stacks(layouts, batch_leaves=opts.batch_leaves, dtypes=dtypes)
+        for members in groups.values():
+            tall = [mats[i].shape[1] > mats[i].shape[2] for i in members]
+            w = [wide(mats[i], t) for i, t in zip(members, tall, strict=True)]
+            o = opts.orth_fn(jnp.concatenate(w))
+            parts = jnp.split(o, np.cumsum([x.shape[0] for x in w])[:-1])
+            for i, t, p in zip(members, tall, parts, strict=True):
+                orth[i] = wide(p, t)
+        errs = _errors(orth) if opts.diagnostics else None
+    else:
+        orth = [norm_ball_lmo(u, opts.norm, eps=opts.ns_eps) for u in mats]
+        errs = _errors(orth) if opts.diagnostics else None
+    if nuclear != "none":
+        orth = [nuclear_scaled(u, o, nuclear) for u, o in zip(mats, orth, strict=True)]
+    if post is not None:
+        pairs = [post(o, v, False) for o, v in zip(orth, post_state, strict=True)]
+        orth, new_post = [o for o, _ in pairs], [v for _, v in pairs]
+    return orth, errs, new_post
+
+
+def _errors(mats: list[jax.Array]) -> list[jax.Array]:
+    return [jnp.mean(orthogonality_error(o)).astype(jnp.float32) for o in mats]
+
+
+def nuclear_scaled(u: jax.Array, o: jax.Array, mode: str) -> jax.Array:
+    """``O <U, O>`` per matrix (``"matrix"``) or leaf (``"leaf"``); ``<A, B> = sum conj(A) B``."""
+    ip = jnp.sum(jnp.conj(u).astype(o.dtype) * o, axis=(-2, -1), keepdims=True)  # [b, 1, 1]
+    if mode == "leaf":
+        ip = jnp.sum(ip, axis=0, keepdims=True)
+    return o * ip
 
 
 # --------------------------------------------------------------------------- kernel
@@ -259,31 +318,3 @@ def _resolve_dtype(ns_dtype: Any) -> Any:
     if isinstance(ns_dtype, str) and ns_dtype == "auto":
         return None if jax.default_backend() == "cpu" else jnp.bfloat16
     return ns_dtype
-
-
-def make_orth_fn(opts: Any) -> Callable[[jax.Array], jax.Array]:
-    """The ``[b, k, l] -> [b, k, l]`` orthogonaliser chosen by ``opts`` (a ``MuonOptions``).
-
-    ``orthogonalizer="polar"``: exact ``orthogonalize.polar``; otherwise
-    ``orthogonalize.newton_schulz`` with the options' coefficients, steps, eps, method,
-    pre-conditioning, Gram restarts and dtype (``"auto"``: bf16 off CPU, fp32 on CPU).
-    The options are validated by ``MuonOptions``. Placement on a mesh is
-    :mod:`amemory.optim.distributed`'s job.
-    """
-    if opts.orthogonalizer == "polar":
-        return polar
-    kw = dict(
-        coeffs=opts.ns_coeffs,
-        steps=opts.steps,
-        eps=opts.ns_eps,
-        eps_mode=opts.ns_eps_mode,
-        dtype=_resolve_dtype(opts.ns_dtype),
-        method=opts.ns_method,
-        preconditioning=opts.preconditioning,
-        gram_restarts=opts.gram_restarts,
-    )
-
-    def orth(x):
-        return newton_schulz(x, **kw)
-
-    return orth

@@ -1,23 +1,16 @@
-"""The update path shared by the Muon family, and its one frozen options object.
+"""The Muon family's options object and the steps its ``update_fn`` s are written with.
 
-:class:`MuonOptions` holds every option of the family once (its fields, defaults,
-allowed values and validation); the public factories (``scale_by_muon``, ``muon``,
+:class:`MuonOptions` holds every option of the family once (fields, defaults, allowed
+values, validation); the public factories (``scale_by_muon``, ``muon``,
 ``scale_by_normuon``, ``normuon``, ``scale_by_adamuon``, ``adamuon``) take its fields as
 keyword arguments through :func:`with_options`, which writes them into each factory's
 signature (so ``inspect.signature``, ``help`` and ``optax.inject_hyperparams`` see them).
 Adding an option is one field here.
 
-Per matrix leaf every member runs the same steps, and differs only between the
-direction and the shape scaling (NorMuon / AdaMuon normalise by a second moment there):
-
-    1. validate options (:class:`MuonOptions`, before any compilation);
-    2. momentum and the Nesterov look-ahead ``U`` (:func:`momentum_update`), optionally
-       ``U <- sign(U)`` (``presign``, AdaMuon);
-    3. the direction ``O``: the LMO of the chosen norm ball (``norm``): for
-       ``"spectral"`` ``O = orth(U)`` for all leaves, batched by shape (``_matrices``);
-       then the PolarGrad scaling ``O <- <U, O> O`` (``nuclear_scale``);
-    4. ``update = O * shape_scale_factor(...)`` cast to the gradient dtype, plus the
-       optional diagnostics (orthogonality error, update RMS) (:meth:`MuonOptions.finish`).
+Each ``update_fn`` of the family reads, as optax's ``scale_by_muon`` does:
+:func:`momentum` (and the Nesterov look-ahead), ``_matrices.orthogonalize`` (the
+direction: owner layout, batched NS / polar, or a norm-ball LMO), its own normalisation
+(NorMuon / AdaMuon), :func:`scale` (shape scaling, back to the leaves' shapes and dtypes).
 
 Sources: Jordan (2024) https://kellerjordan.github.io/posts/muon/ ; Liu et al., arXiv
 2502.16982 (Moonlight); optax 0.2.8 ``optax.contrib.muon``; Wang et al., arXiv 2509.26030;
@@ -33,36 +26,28 @@ import functools
 import inspect
 import math
 from collections.abc import Callable, Sequence
-from typing import Any, NamedTuple
+from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
-import optax
 
 from amemory.optim._matrices import (
     Layout,
     MatrixAxes,
+    _resolve_dtype,
     check_ns_mesh,
     leaf_layouts,
-    make_orth_fn,
-    orthogonalize_with_errors,
 )
-from amemory.optim.distributed import (
-    DISTRIBUTED_MODES,
-    OwnerLayout,
-    OwnerStacks,
-    Post,
-    resolve_layout,
-)
+from amemory.optim.distributed import DISTRIBUTED_MODES, OwnerLayout, resolve_layout
 from amemory.optim.orthogonalize import (
     NORMS,
     NS_EPS_MODES,
     NS_METHODS,
     PRECONDITIONINGS,
     coefficient_table,
-    norm_ball_lmo,
-    orthogonality_error,
+    newton_schulz,
+    polar,
 )
 
 __all__ = [
@@ -72,9 +57,10 @@ __all__ = [
     "SHAPE_SCALES",
     "UNSET",
     "MuonOptions",
-    "Orthogonalized",
     "check_unit_interval",
-    "momentum_update",
+    "init_state",
+    "momentum",
+    "scale",
     "shape_scale_factor",
     "with_options",
 ]
@@ -280,8 +266,16 @@ class MuonOptions:
 
     @functools.cached_property
     def orth_fn(self) -> Callable[[jax.Array], jax.Array]:
-        """The ``[b, k, l] -> [b, k, l]`` orthogonaliser of ``norm="spectral"``."""
-        return make_orth_fn(self)
+        """The ``[b, k, l] -> [b, k, l]`` orthogonaliser of ``norm="spectral"``: exact
+        ``polar``, or ``newton_schulz`` with these options (``ns_dtype="auto"``: bf16 off
+        CPU, fp32 on CPU)."""
+        if self.orthogonalizer == "polar":
+            return polar
+        return functools.partial(
+            newton_schulz, coeffs=self.ns_coeffs, steps=self.steps, eps=self.ns_eps,
+            eps_mode=self.ns_eps_mode, dtype=_resolve_dtype(self.ns_dtype), method=self.ns_method,
+            preconditioning=self.preconditioning, gram_restarts=self.gram_restarts,
+        )  # fmt: skip
 
     @functools.cached_property
     def layout(self) -> OwnerLayout | None:
@@ -290,164 +284,89 @@ class MuonOptions:
             return None
         return resolve_layout(self.distributed, self.ns_mesh)
 
-    # ------------------------------------------------------------------- update path
 
-    def init_fields(self, params: Any) -> tuple[list[Layout], Any, dict[str, Any]]:
-        """Validate every leaf and make the state fields shared by the family.
+# --------------------------------------------------------------------------- steps
 
-        Returns:
-          ``(layouts, treedef, fields)`` with ``fields`` = ``count`` ([] int32 zero),
-          ``mu`` (zeros like ``params`` in ``mu_dtype``) and ``diagnostics`` (None, or
-          ``{"ortho_error", "update_rms"}`` trees of [] float32 zeros).
 
-        Raises:
-          ValueError: a leaf that is not a matrix (names path and shape).
-        """
-        leaves, treedef, layouts = leaf_layouts(params, self.matrix_axes)
-        mu = treedef.unflatten([jnp.zeros_like(x, self.mu_dtype or _dtype(x)) for x in leaves])
-        diag = None
-        if self.diagnostics:
-            zeros = [jnp.zeros([], jnp.float32) for _ in leaves]
-            diag = {"ortho_error": treedef.unflatten(zeros), "update_rms": treedef.unflatten(zeros)}
-        return layouts, treedef, {"count": jnp.zeros([], jnp.int32), "mu": mu, "diagnostics": diag}
+def init_state(params: Any, opts: MuonOptions) -> tuple[list[Layout], Any, dict[str, Any]]:
+    """Validate every leaf and make the state fields shared by the family.
 
-    def direction(
-        self,
-        updates: Any,
-        mu: Any,
-        count: jax.Array,
-        post: Post | None = None,
-        post_state: OwnerStacks | None = None,
-    ) -> Orthogonalized:
-        """Steps 2-3: momentum (compute dtype >= fp32), then the batched direction.
+    Returns:
+      ``(layouts, treedef, fields)`` with ``fields`` = ``count`` ([] int32 zero), ``mu``
+      (zeros like ``params`` in ``mu_dtype``) and ``diagnostics`` (None, or
+      ``{"ortho_error", "update_rms"}`` trees of [] float32 zeros).
 
-        With an owner layout (:attr:`layout`), ``post``/``post_state`` (see
-        ``distributed.OwnerLayout.orthogonalize``) run on each matrix's owner right after
-        orthogonalisation (and the ``"matrix"`` nuclear scaling); without one they are
-        not used (the caller applies its own step to the returned directions).
-
-        Raises:
-          ValueError: ``nuclear_scale="leaf"`` with a ``post`` hook in the owner layout
-            (a leaf's matrices may have different owners).
-        """
-        g_leaves, treedef, layouts = leaf_layouts(updates, self.matrix_axes)
-        m_leaves = treedef.flatten_up_to(mu)
-        count_inc = optax.safe_increment(count)
-        new_m, mats_u = [], []
-        for g, m, lay in zip(g_leaves, m_leaves, layouts, strict=True):
-            cdtype = jnp.promote_types(jnp.promote_types(g.dtype, m.dtype), jnp.float32)
-            m_new, u = momentum_update(
-                g.astype(cdtype), m.astype(cdtype), count_inc, self.momentum,
-                self.momentum_form, self.nesterov, self.bias_correction,
-            )  # fmt: skip
-            new_m.append(m_new.astype(m.dtype))
-            mats_u.append(lay.to_matrix(jnp.sign(u) if self.presign else u))
-        new_post, nuclear = None, self.nuclear_scale
-        if self.layout is not None:
-            if post is not None and nuclear == "leaf":
-                raise ValueError(
-                    "nuclear_scale='leaf' cannot be combined with NorMuon/AdaMuon in the "
-                    "owner layout; use nuclear_scale='matrix' or distributed='gspmd'"
-                )
-            rescale = None
-            if nuclear == "matrix":  # on the owner, before the post hook
-                rescale, nuclear = functools.partial(_nuclear, mode="matrix"), "none"
-            orth, errs, new_post = self.layout.orthogonalize(
-                mats_u, layouts, self.orth_fn, batch_leaves=self.batch_leaves, post=post,
-                post_state=post_state, rescale=rescale, diagnostics=self.diagnostics,
-            )  # fmt: skip
-        elif self.norm == "spectral":
-            orth, errs = orthogonalize_with_errors(
-                mats_u, self.orth_fn, self.batch_leaves, self.diagnostics
-            )
-        else:
-            orth = [norm_ball_lmo(u, self.norm, eps=self.ns_eps) for u in mats_u]
-            errs = _errors(orth) if self.diagnostics else None
-        if nuclear != "none":
-            orth = [_nuclear(u, o, nuclear) for u, o in zip(mats_u, orth, strict=True)]
-        return Orthogonalized(
-            count=count_inc,
-            mu=treedef.unflatten(new_m),
-            mats=orth,
-            errors=errs,
-            post_state=new_post,
-            grads=g_leaves,
-            layouts=layouts,
-            treedef=treedef,
-        )
-
-    def finish(
-        self, step: Orthogonalized, mats: list[jax.Array]
-    ) -> tuple[Any, dict[str, Any] | None]:
-        """Step 4: shape-scale ``mats`` (``[batch, fan_in, fan_out]`` per leaf) into updates.
-
-        Returns:
-          ``(updates tree in the gradients' shapes and dtypes, diagnostics or None)``.
-        """
-        out = []
-        for o, g, lay in zip(mats, step.grads, step.layouts, strict=True):
-            scale = shape_scale_factor(self.shape_scale, lay.fan_in, lay.fan_out, self.rms_scale)
-            out.append((lay.from_matrix(o) * scale).astype(g.dtype))
-        diag = None
-        if self.diagnostics:
-            rms = [jnp.sqrt(jnp.mean(jnp.abs(x.astype(jnp.float32)) ** 2)) for x in out]
-            diag = {
-                "ortho_error": step.treedef.unflatten(step.errors),
-                "update_rms": step.treedef.unflatten(rms),
-            }
-        return step.treedef.unflatten(out), diag
+    Raises:
+      ValueError: a leaf that is not a matrix (names path and shape).
+    """
+    leaves, treedef, layouts = leaf_layouts(params, opts.matrix_axes)
+    mu = treedef.unflatten([jnp.zeros_like(x, opts.mu_dtype or _dtype(x)) for x in leaves])
+    diag = None
+    if opts.diagnostics:
+        zeros = treedef.unflatten([jnp.zeros([], jnp.float32) for _ in leaves])
+        diag = {"ortho_error": zeros, "update_rms": zeros}
+    return layouts, treedef, {"count": jnp.zeros([], jnp.int32), "mu": mu, "diagnostics": diag}
 
 
 def _dtype(x: Any) -> Any:
     return x.dtype if hasattr(x, "dtype") else jnp.asarray(x).dtype
 
 
-def _errors(mats: list[jax.Array]) -> list[jax.Array]:
-    return [jnp.mean(orthogonality_error(o)).astype(jnp.float32) for o in mats]
+def momentum(
+    grads: list[jax.Array], mu: list[jax.Array], count: jax.Array, opts: MuonOptions
+) -> tuple[list[jax.Array], list[jax.Array]]:
+    """Momentum and the matrix to orthogonalise, per leaf (compute dtype >= fp32).
 
+    ``count`` is the incremented step count. The formulas are in
+    :func:`amemory.optim.scale_by_muon`'s docstring; bias corrections are computed in the
+    real dtype of ``g`` (complex parameters work). ``presign``: ``U <- sign(U)``.
 
-def _nuclear(u: jax.Array, o: jax.Array, mode: str) -> jax.Array:
-    """``O <U, O>`` per matrix (``"matrix"``) or leaf (``"leaf"``); ``<A, B> = sum conj(A) B``."""
-    ip = jnp.sum(jnp.conj(u).astype(o.dtype) * o, axis=(-2, -1), keepdims=True)  # [b, 1, 1]
-    if mode == "leaf":
-        ip = jnp.sum(ip, axis=0, keepdims=True)
-    return o * ip
-
-
-class Orthogonalized(NamedTuple):
-    """One update's state after step 3 (see module doc), input to :meth:`MuonOptions.finish`."""
-
-    count: jax.Array  # [] int32, incremented
-    mu: Any  # new momentum tree (state dtype)
-    mats: list[jax.Array]  # direction per leaf, [batch, fan_in, fan_out]
-    errors: list[jax.Array] | None  # [] float32 orthogonality error per leaf, or None
-    post_state: OwnerStacks | None  # owner layout with a post hook: its new state, else None
-    grads: list[jax.Array]  # gradient leaves (for the output dtype)
-    layouts: list[Layout]
-    treedef: Any
-
-
-def momentum_update(g, m, count_inc, beta, form, nesterov, bias_correction):
-    """Return (new momentum, matrix to orthogonalise), both in the compute dtype.
-
-    The formulas are listed in :func:`amemory.optim.scale_by_muon`'s docstring. Bias
-    corrections are computed in the real dtype of ``g`` (complex parameters work).
+    Returns:
+      ``(new momentum per leaf in its state dtype, U per leaf in the compute dtype)``.
     """
-    if form == "ema":
-        m_new = beta * m + (1.0 - beta) * g
-    else:
-        m_new = beta * m + g
-    if bias_correction:  # optax.contrib.muon: Adam-style bias correction, NAdam Nesterov
-        t = count_inc.astype(jnp.real(g).dtype)
-        if nesterov:
-            u = beta * m_new / (1.0 - beta ** (t + 1)) + (1.0 - beta) * g / (1.0 - beta**t)
+    beta, ema = opts.momentum, opts.momentum_form == "ema"
+    new_mu, us = [], []
+    for g, m in zip(grads, mu, strict=True):
+        cdtype = jnp.promote_types(jnp.promote_types(g.dtype, m.dtype), jnp.float32)
+        g, m_old = g.astype(cdtype), m.astype(cdtype)
+        m_new = beta * m_old + (1.0 - beta) * g if ema else beta * m_old + g
+        if opts.bias_correction:  # optax.contrib.muon: Adam-style correction, NAdam Nesterov
+            t = count.astype(jnp.real(g).dtype)
+            if opts.nesterov:
+                u = beta * m_new / (1.0 - beta ** (t + 1)) + (1.0 - beta) * g / (1.0 - beta**t)
+            else:
+                u = m_new / (1.0 - beta**t)
+        elif opts.nesterov:
+            u = beta * m_new + (1.0 - beta) * g if ema else g + beta * m_new
         else:
-            u = m_new / (1.0 - beta**t)
-    elif nesterov:
-        u = beta * m_new + (1.0 - beta) * g if form == "ema" else g + beta * m_new
-    else:
-        u = m_new
-    return m_new, u
+            u = m_new
+        new_mu.append(m_new.astype(m.dtype))
+        us.append(jnp.sign(u) if opts.presign else u)
+    return new_mu, us
+
+
+def scale(
+    mats: list[jax.Array],
+    grads: list[jax.Array],
+    layouts: list[Layout],
+    opts: MuonOptions,
+    errors: list[jax.Array] | None,
+    treedef: Any,
+) -> tuple[Any, dict[str, Any] | None]:
+    """Shape-scale the directions ``[batch, fan_in, fan_out]`` back into updates.
+
+    Returns:
+      ``(updates tree in the gradients' shapes and dtypes, diagnostics or None)``.
+    """
+    out = []
+    for o, g, lay in zip(mats, grads, layouts, strict=True):
+        factor = shape_scale_factor(opts.shape_scale, lay.fan_in, lay.fan_out, opts.rms_scale)
+        out.append((lay.from_matrix(o) * factor).astype(g.dtype))
+    diag = None
+    if opts.diagnostics:
+        rms = [jnp.sqrt(jnp.mean(jnp.abs(x.astype(jnp.float32)) ** 2)) for x in out]
+        diag = {"ortho_error": treedef.unflatten(errors), "update_rms": treedef.unflatten(rms)}
+    return treedef.unflatten(out), diag
 
 
 # --------------------------------------------------------------------------- signatures

@@ -32,8 +32,14 @@ import optax
 from optax.contrib import MuonDimensionNumbers, MuonState
 
 from amemory.optim._chain import weight_decay as _decay
-from amemory.optim._matrices import layout_of, leaf_layouts
-from amemory.optim._muon_core import MuonOptions, shape_scale_factor
+from amemory.optim._matrices import leaf_layouts, matrix_layout, orthogonalize
+from amemory.optim._muon_core import (
+    MuonOptions,
+    init_state,
+    momentum,
+    scale,
+    shape_scale_factor,
+)
 from amemory.optim._paths import path_keys
 from amemory.optim.distributed import auto_sharded
 from amemory.optim.orthogonalize import COEFFICIENT_SETS, PRECONDITIONINGS, newton_schulz
@@ -64,16 +70,6 @@ def _is_spec(x: Any) -> bool:
 
 def _axes(dims: MuonDimensionNumbers) -> tuple[Any, Any]:
     return dims.reduction_axis, dims.output_axis
-
-
-def _compute_muon_reshape(x: jax.Array, dim_nums: MuonDimensionNumbers):
-    """``(reshape_fn, inverse_fn)``: ``x`` <-> ``[batch, reduction, output]`` (optax's helper).
-
-    Raises:
-      ValueError: ``x.ndim < 2`` or overlapping axes.
-    """
-    lay = layout_of(x, _axes(dim_nums))
-    return lay.to_matrix, lay.from_matrix
 
 
 def _resolve_table(ns_coeffs: Any, ns_steps: Any) -> tuple[np.ndarray | jax.Array, int]:
@@ -141,16 +137,9 @@ def orthogonalize_via_newton_schulz(
     r"""Orthogonalize ``x`` via Newton-Schulz (``optax.contrib.orthogonalize_via_newton_schulz``).
 
     Runs ``amemory.optim.newton_schulz`` on the ``[batch, reduction, output]`` view of
-    ``x`` (all batch matrices in one call; Gram form for aspect ratio >= 2).
-
-    Args:
-      x: a matrix, or any array with ``dimension_numbers``; real or complex.
-      ns_coeffs: ``(3,)`` (repeated ``ns_steps`` times) or ``(n, 3)`` (``n`` steps).
-      ns_steps: number of steps for ``(3,)`` coefficients; static.
-      preconditioning: ``"frobenius"``, ``"spectral"``, ``"aol"`` or ``"schatten"``.
-      eps: added to the norm before dividing.
-      dimension_numbers: which axes are the reduction (fan-in) and output axes; the
-        others are batch axes.
+    ``x`` (all batch matrices in one call; Gram form for aspect ratio >= 2). Arguments as
+    optax's: ``ns_coeffs`` ``(3,)`` (repeated ``ns_steps`` times) or ``(n, 3)``;
+    ``dimension_numbers`` names the reduction (fan-in) and output axes of a non-2-D ``x``.
 
     Returns:
       The orthogonalised array, same shape and dtype as ``x``.
@@ -170,7 +159,7 @@ def orthogonalize_via_newton_schulz(
         )
     dims = MuonDimensionNumbers(0, 1) if x.ndim == 2 else dimension_numbers
     table, steps = _resolve_table(ns_coeffs, ns_steps)
-    lay = layout_of(x, _axes(dims))
+    lay = matrix_layout(x, _axes(dims))
     o = newton_schulz(
         lay.to_matrix(x),
         coeffs=table,
@@ -199,19 +188,7 @@ def scale_by_muon(
     ``M <- beta M + (1 - beta) G``; with Nesterov ``U = beta M / (1 - beta^(t+1)) +
     (1 - beta) G / (1 - beta^t)``, else ``U = M / (1 - beta^t)``; ``O = NS(U)``; with
     ``adaptive``, ``O <- <U, O> O`` summed over the leaf (arXiv 2409.20325). No shape
-    scaling (that is :func:`scale_by_shape`).
-
-    Args:
-      ns_coeffs: ``(3,)``, ``(n, 3)``, or (in :func:`muon` only) a preset string.
-      ns_steps: NS steps for ``(3,)`` coefficients; static.
-      beta: momentum decay (may be injected).
-      eps: added to the norm before NS (may be injected).
-      mu_dtype: momentum dtype (``None``: the parameters').
-      nesterov: Nesterov momentum.
-      adaptive: scale by the dual norm ``<U, O>``.
-      preconditioning: ``"frobenius"``, ``"spectral"``, ``"aol"`` or ``"schatten"``.
-      weight_dimension_numbers: ``MuonDimensionNumbers`` tree (or callable returning one)
-        naming each leaf's reduction and output axes; ``None`` means 2-D leaves.
+    scaling (that is :func:`scale_by_shape`). Arguments as optax's.
 
     Returns:
       ``optax.GradientTransformation`` with state ``MuonState(count, mu, ns_coeffs)``.
@@ -241,15 +218,18 @@ def scale_by_muon(
         return dataclasses.replace(opts, matrix_axes=_axes_fn(dims))
 
     def init_fn(params):
-        _, _, fields = with_axes(params).init_fields(params)  # validates every leaf
+        fields = init_state(params, with_axes(params))[2]  # validates every leaf
         return MuonState(count=fields["count"], mu=fields["mu"], ns_coeffs=jnp.asarray(table))
 
     def update_fn(updates, state, params=None):
         del params
         o = with_axes(updates)
-        step = o.direction(updates, state.mu, state.count)
-        out, _ = o.finish(step, step.mats)
-        return out, MuonState(count=step.count, mu=step.mu, ns_coeffs=state.ns_coeffs)
+        grads, treedef, layouts = leaf_layouts(updates, o.matrix_axes)
+        count = optax.safe_increment(state.count)
+        mu, u = momentum(grads, treedef.flatten_up_to(state.mu), count, o)
+        mats = [lay.to_matrix(x) for x, lay in zip(u, layouts, strict=True)]
+        out, _ = scale(orthogonalize(mats, layouts, o)[0], grads, layouts, o, None, treedef)
+        return out, MuonState(count=count, mu=treedef.unflatten(mu), ns_coeffs=state.ns_coeffs)
 
     return auto_sharded(optax.GradientTransformation(init_fn, update_fn))
 
@@ -312,26 +292,7 @@ def muon(
     leaf gets ``optax.adamw`` with the ``adam_*`` arguments (``eps``, ``mu_dtype`` and
     ``nesterov`` shared), as in optax. The state is optax's: ``PartitionState`` with
     ``"muon"`` (``(MuonState, EmptyState, weight-decay state, lr state)``) and ``"adam"``.
-
-    Args:
-      learning_rate: float or optax schedule.
-      ns_coeffs: ``(3,)``, ``(n, 3)`` or a preset ``"standard"`` / ``"dion"``.
-      ns_steps: NS steps for ``(3,)`` coefficients (ignored for a table); static.
-      beta: momentum decay.
-      eps: NS normalisation epsilon, also Adam's ``eps``.
-      weight_decay: decoupled weight decay of the Muon leaves (multiplied by lr).
-      weight_decay_mask: optax mask for that decay.
-      mu_dtype: momentum dtype of both parts.
-      nesterov: Nesterov momentum (both parts).
-      adaptive: scale each update by ``<U, O>`` (dual norm).
-      preconditioning: ``"frobenius"``, ``"spectral"``, ``"aol"`` or ``"schatten"``.
-      adam_b1, adam_b2, adam_eps_root, adam_weight_decay: Adam's parameters.
-      adam_learning_rate: Adam's learning rate (``None``: ``learning_rate``).
-      muon_weight_dimension_numbers: tree of ``MuonDimensionNumbers`` (``None`` entries
-        go to Adam; may be a prefix tree) or a callable ``params -> tree``; ``None``:
-        every 2-D leaf is a Muon matrix.
-      consistent_rms: ``None`` (scale ``sqrt(max(1, fan_out/fan_in))``) or ``r``
-        (scale ``r sqrt(max(fan_in, fan_out))``).
+    Arguments as optax's (``ns_coeffs`` may also be ``"standard"`` or ``"dion"``).
 
     Returns:
       ``optax.GradientTransformation``.

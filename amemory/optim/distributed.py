@@ -59,7 +59,14 @@ import optax
 from jax.sharding import AxisType, Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from amemory.optim._matrices import EXPLICIT_SPECS, check_ns_mesh, leaf_layouts
+from amemory.optim._matrices import (
+    EXPLICIT_SPECS,
+    check_ns_mesh,
+    group_stacks,
+    leaf_layouts,
+    nuclear_scaled,
+    wide,
+)
 from amemory.optim.orthogonalize import orthogonality_error
 
 __all__ = [
@@ -108,8 +115,8 @@ class Group:
     members: tuple[int, ...]  # leaf indices, in stack order
     tall: tuple[bool, ...]  # per member: transposed to wide
     counts: tuple[int, ...]  # per member: matrices (product of batch axes)
-    k: int  # rows of the wide matrices, k <= l
-    l: int
+    rows: int  # of the wide matrices, rows <= cols
+    cols: int
     split_dim: int | None  # all_to_all: 1 (rows) or 2 (columns) of [B, k, l]
     size: int  # B, matrices in the stack
     padded: int  # B_pad (== B for "in_place")
@@ -117,7 +124,7 @@ class Group:
     @property
     def width(self) -> int:
         """Output neurons (fan_out) per matrix; the stack is orientation-uniform when used."""
-        return self.k if self.tall[0] else self.l
+        return self.rows if self.tall[0] else self.cols
 
 
 @dataclasses.dataclass(frozen=True)
@@ -136,19 +143,19 @@ class OwnerLayout:
         return tuple(a for a in self.mesh.axis_names if a not in self.split_axes)
 
     @property
-    def n(self) -> int:
-        """Owners: every device of the mesh."""
+    def n_devices(self) -> int:
+        """Owners: every device of the mesh (``n`` in the module doc)."""
         return int(self.mesh.size)
 
     @property
-    def s(self) -> int:
-        """Ways each parameter matrix is split (product of the split axes' sizes)."""
+    def n_splits(self) -> int:
+        """Ways each parameter matrix is split (product of the split axes' sizes; ``s``)."""
         return math.prod(self.mesh.shape[a] for a in self.split_axes)
 
     @property
-    def r(self) -> int:
-        """Copies of each parameter shard (product of the replica axes' sizes)."""
-        return self.n // self.s
+    def n_replicas(self) -> int:
+        """Copies of each parameter shard (product of the replica axes' sizes; ``r``)."""
+        return self.n_devices // self.n_splits
 
     # ------------------------------------------------------------------ plan
 
@@ -160,7 +167,7 @@ class OwnerLayout:
         :meth:`plan`. The axis splits a matrix dim into whole blocks when it is the first
         of the layout's ``in`` (fan_in) or ``out`` axes.
         """
-        s, nb, tall = self.s, len(lay.batch_shape), lay.fan_in > lay.fan_out
+        s, nb, tall = self.n_splits, len(lay.batch_shape), lay.fan_in > lay.fan_out
         if lay.spec is None:
             cands = [i for i, d in enumerate(lay.shape) if d % s == 0 and d >= s]
             return (max(cands, key=lambda i: (lay.shape[i], -i)) if cands and s > 1 else None), None
@@ -172,68 +179,56 @@ class OwnerLayout:
     def plan(self, layouts: Sequence[Any], *, batch_leaves: bool, by_orientation: bool):
         """Group the leaves (``_matrices.Layout`` objects, shapes only) into stacks.
 
-        Groups are keyed by the wide shape ``(k, l)``, plus the orientation when
-        ``by_orientation`` (NorMuon normalises output neurons, which are rows of a
-        transposed matrix); ``batch_leaves=False`` gives one group per leaf. A leaf
-        split along its outermost batch axis with ``n`` dividing its batch is its own
-        ``"in_place"`` group.
+        Groups are ``_matrices.group_stacks``' (keyed by the wide shape, plus the
+        orientation with ``by_orientation``); a leaf split along its outermost batch axis
+        with ``n_devices`` dividing its batch is its own ``"in_place"`` group.
 
         Returns:
           a tuple of :class:`Group`, deterministic in the leaf order.
         """
-        s, n = self.s, self.n
-        keyed: dict[Any, list[int]] = {}
-        in_place: list[Group] = []
+        n, s = self.n_devices, self.n_splits
+        in_place, rest = [], {}  # rest: by the stack dim an Explicit sharding splits
         for i, lay in enumerate(layouts):
-            tall = lay.fan_in > lay.fan_out
-            k, l = (lay.fan_out, lay.fan_in) if tall else (lay.fan_in, lay.fan_out)
             ax, want = self._split(lay)
-            if ax is not None and lay.batch_shape and lay.perm[0] == ax and lay.batch % n == 0:
-                in_place.append(
-                    Group(f"leaf{i}", "in_place", (i,), (tall,), (lay.batch,), k, l, None,
-                          lay.batch, lay.batch)
-                )  # fmt: skip
-                continue
-            if not batch_leaves:
-                key: Any = (i,)
+            split_batch = ax is not None and lay.batch_shape and lay.perm[0] == ax
+            if split_batch and lay.batch % n == 0:
+                in_place.append(i)
             else:
-                key = (k, l, tall, want) if by_orientation else (k, l, None, want)
-            keyed.setdefault(key, []).append(i)
-        groups = []
-        for key, members in keyed.items():
+                rest.setdefault(want, []).append(i)
+        groups, entries = [], []
+        for want, idx in rest.items():
+            keyed = group_stacks(
+                [layouts[i] for i in idx], batch_leaves=batch_leaves, by_orientation=by_orientation
+            )
+            entries += [(key, want, [idx[m] for m in local]) for key, local in keyed.items()]
+        for key, want, members in entries + [(None, None, [i]) for i in in_place]:
             lays = [layouts[i] for i in members]
             talls = tuple(lay.fan_in > lay.fan_out for lay in lays)
-            k, l = sorted((lays[0].fan_in, lays[0].fan_out))
+            rows, cols = sorted((lays[0].fan_in, lays[0].fan_out))
             counts = tuple(lay.batch for lay in lays)
             size = sum(counts)
-            split = [d for d, dim in ((2, l), (1, k)) if s > 1 and dim % s == 0]
-            split_dim = max(split, key=lambda d: ((l if d == 2 else k), -d)) if split else None
-            want = self._split(lays[0])[1] if len(key) == 1 else key[3]
-            split_dim = want if want in split else split_dim  # as the Explicit type says
-            if len(key) == 1:
-                name = f"leaf{key[0]}"
+            if key is None:
+                kind, split_dim, padded = "in_place", None, size
             else:
-                name = f"{k}x{l}" + {None: "", True: "_t", False: "_w"}[key[2]]
-                name += {None: "", 1: "_r", 2: "_c"}[key[3]]
+                split = {d: dim for d, dim in ((1, rows), (2, cols)) if s > 1 and dim % s == 0}
+                split_dim = max(split, key=split.get) if split else None  # larger; ties: rows
+                split_dim = want if want in split else split_dim  # as the Explicit type says
+                kind, padded = ("all_to_all" if split_dim else "gather"), -(-size // n) * n
+            if key is None or not batch_leaves:
+                name = f"leaf{members[0]}"
+            else:
+                name = f"{rows}x{cols}" + ("" if len(key) == 2 else ("_t" if key[2] else "_w"))
+                name += {None: "", 1: "_r", 2: "_c"}[want]
+            members = tuple(members)
             groups.append(
-                Group(name, "all_to_all" if split_dim else "gather", tuple(members), talls,
-                      counts, k, l, split_dim, size, -(-size // n) * n)
-            )  # fmt: skip
-        return tuple(groups) + tuple(in_place)
-
-    def collectives(self, group: Group) -> dict[str, int]:
-        """Collectives one update issues for ``group`` (the design's prediction)."""
-        n, r = self.n, self.r
-        if group.kind == "all_to_all":
-            return {"all-to-all": 2, "all-gather": int(r > 1)}
-        if group.kind == "gather":
-            return {"all-to-all": 0, "all-gather": int(n > 1)}
-        return {"all-to-all": 0, "all-gather": int(r > 1)}
+                Group(name, kind, members, talls, counts, rows, cols, split_dim, size, padded)
+            )
+        return tuple(groups)
 
     def bytes_moved(self, group: Group, itemsize: int = 4) -> float:
         """Bytes sent per update for ``group``, summed over devices (module doc's model)."""
-        e = group.padded * group.k * group.l * itemsize
-        n, r, s = self.n, self.r, self.s
+        e = group.padded * group.rows * group.cols * itemsize
+        n, r, s = self.n_devices, self.n_replicas, self.n_splits
         if group.kind == "all_to_all":
             return e * (2 * (s - 1) / s + (r - 1))
         if group.kind == "gather":
@@ -244,28 +239,18 @@ class OwnerLayout:
 
     def _coords(self) -> list[tuple[int, int]]:
         """``(i, j)`` (replica index, split index) of each device, in mesh order."""
+
+        def flat(at: dict, axes: tuple[str, ...]) -> int:
+            sizes = [self.mesh.shape[a] for a in axes]
+            return int(np.ravel_multi_index([at[a] for a in axes], sizes))
+
         names = self.mesh.axis_names
-        shape = self.mesh.devices.shape
-        out = []
-        for idx in np.ndindex(*shape):
-            at = dict(zip(names, idx, strict=True))
-            i = int(
-                np.ravel_multi_index(
-                    [at[a] for a in self.replica_axes],
-                    [self.mesh.shape[a] for a in self.replica_axes],
-                )
-            )
-            j = int(
-                np.ravel_multi_index(
-                    [at[a] for a in self.split_axes], [self.mesh.shape[a] for a in self.split_axes]
-                )
-            )
-            out.append((i, j))  # fmt: skip
-        return out
+        ats = [dict(zip(names, idx, strict=True)) for idx in np.ndindex(self.mesh.devices.shape)]
+        return [(flat(at, self.replica_axes), flat(at, self.split_axes)) for at in ats]
 
     def held(self, group: Group) -> np.ndarray:
         """``[n, c]`` int: stack index of the matrix each device holds at each owner slot."""
-        n, s = self.n, self.s
+        n, s = self.n_devices, self.n_splits
         c = group.padded // n
         t = np.arange(c)
         rows = []
@@ -276,23 +261,20 @@ class OwnerLayout:
                 rows.append(t * n + i * s + j)
         return np.asarray(rows)
 
-    def _group_fn(
-        self, g: Group, orth_fn: Callable, post: Post | None, rescale: Callable | None,
-        diagnostics: bool,
-    ):  # fmt: skip
+    def _group_fn(self, g: Group, opts: Any, post: Post | None):
         """The ``shard_map`` body for group ``g``: ``(x, v) -> (y, v', err)``."""
-        n, r, s = self.n, self.r, self.s
+        n, r, s = self.n_devices, self.n_replicas, self.n_splits
         rep, spl = self.replica_axes, self.split_axes
         c = g.padded // n
-        tall = g.tall[0]
+        k, l = g.rows, g.cols  # noqa: E741
 
         def core(w, v):  # w: [c, k, l] whole matrices owned here
-            o = orth_fn(w)
-            err = orthogonality_error(o).astype(jnp.float32) if diagnostics else None
-            if rescale is not None:
-                o = rescale(w, o)
+            o = opts.orth_fn(w)
+            err = orthogonality_error(o).astype(jnp.float32) if opts.diagnostics else None
+            if opts.nuclear_scale == "matrix":
+                o = nuclear_scaled(w, o, "matrix")
             if post is not None:
-                o, v = post(o, v, tall)
+                o, v = post(o, v, g.tall[0])
             return o, v, err
 
         def take(x, index_axes, size, axis):  # my slice of a replicated axis
@@ -307,30 +289,30 @@ class OwnerLayout:
             x = take(x.reshape(c, r, s, kk, ll), rep, r, 1)  # [c, s, k', l']
             x = jax.lax.all_to_all(x, spl, 1, 1)  # axis 1: which block of my matrices
             if g.split_dim == 1:
-                w = x.reshape(c, g.k, g.l)
+                w = x.reshape(c, k, l)
             else:
-                w = jnp.moveaxis(x, 1, 2).reshape(c, g.k, g.l)
+                w = jnp.moveaxis(x, 1, 2).reshape(c, k, l)
             o, v, err = core(w, v)
             if g.split_dim == 1:
-                y = o.reshape(c, s, kk, g.l)
+                y = o.reshape(c, s, kk, l)
             else:
-                y = jnp.moveaxis(o.reshape(c, g.k, s, ll), 2, 1)
+                y = jnp.moveaxis(o.reshape(c, k, s, ll), 2, 1)
             y = jax.lax.all_to_all(y, spl, 1, 1)  # axis 1: whose matrix (split index)
             y = jax.lax.all_gather(y, rep, axis=1) if r > 1 else y[:, None]
             return y.reshape(g.padded, kk, ll), v, err
 
         def gather(x, v):  # local x [B_pad, k, l], the same on every device
             owners = rep + spl
-            w = take(x.reshape(c, n, g.k, g.l), owners, n, 1)
+            w = take(x.reshape(c, n, k, l), owners, n, 1)
             o, v, err = core(w, v)
             y = jax.lax.all_gather(o, owners, axis=1) if n > 1 else o[:, None]
-            return y.reshape(g.padded, g.k, g.l), v, err
+            return y.reshape(g.padded, k, l), v, err
 
         def in_place(x, v):  # local x [B/s, k, l]: my split-axis block of the batch
-            w = take(x.reshape(r, c, g.k, g.l), rep, r, 0)
+            w = take(x.reshape(r, c, k, l), rep, r, 0)
             o, v, err = core(w, v)
             y = jax.lax.all_gather(o, rep, axis=0) if r > 1 else o[None]
-            return y.reshape(g.size // s, g.k, g.l), v, err
+            return y.reshape(g.size // s, k, l), v, err
 
         body = {"all_to_all": a2a, "gather": gather, "in_place": in_place}[g.kind]
         if g.kind == "all_to_all":
@@ -346,71 +328,49 @@ class OwnerLayout:
         self,
         mats: list[jax.Array],
         layouts: Sequence[Any],
-        orth_fn: Callable[[jax.Array], jax.Array],
-        *,
-        batch_leaves: bool,
+        opts: Any,
         post: Post | None = None,
         post_state: OwnerStacks | None = None,
-        rescale: Callable[[jax.Array, jax.Array], jax.Array] | None = None,
-        diagnostics: bool = False,
     ) -> tuple[list[jax.Array], list[jax.Array] | None, OwnerStacks | None]:
         """Orthogonalise every ``[b_i, fan_in_i, fan_out_i]`` stack in the owner layout.
 
-        Args:
-          mats: one stack per leaf, leaf orientation (``Layout.to_matrix``).
-          layouts: the leaves' ``_matrices.Layout`` (same order).
-          orth_fn: ``[c, k, l] -> [c, k, l]`` orthogonaliser (``k <= l``), run by owners.
-          batch_leaves: one stack per wide shape (True) or per leaf (False).
-          post: optional ``(o [c, k, l], v [c, ...], tall) -> (o', v')`` run by the owner
-            after ``orth_fn`` with its rows of ``post_state`` (NorMuon's per-neuron
-            second moment); groups are then split by orientation.
-          post_state: :class:`OwnerStacks` from :meth:`init_state`, needed with ``post``.
-          rescale: optional ``(u [c, k, l], o [c, k, l]) -> o'`` run by the owner between
-            ``orth_fn`` and ``post`` (a per-matrix scaling that needs the whole input).
-          diagnostics: also return each leaf's mean ``orthogonality_error`` (before ``post``).
+        Each owner runs ``opts.orth_fn`` on its ``[c, rows, cols]`` share, then the
+        ``"matrix"`` nuclear scaling, then ``post(o, v, tall) -> (o', v')`` with its rows
+        of ``post_state`` (NorMuon / AdaMuon's second moment; groups are then split by
+        orientation). See ``_matrices.orthogonalize`` (the caller).
 
         Returns:
-          ``(orthogonalised stacks in leaf orientation, errors or None, new post_state)``.
+          ``(orthogonalised stacks in leaf orientation, per-leaf errors (before ``post``)
+          or None, new post_state or None)``.
         """
-        groups = self.plan(layouts, batch_leaves=batch_leaves, by_orientation=post is not None)
+        groups = self.plan(layouts, batch_leaves=opts.batch_leaves, by_orientation=post is not None)
         out: list[Any] = [None] * len(mats)
         errs: list[Any] = [None] * len(mats)
         new_state: dict[str, jax.Array] = {}
         for g in groups:
-            wide = [
-                jnp.swapaxes(mats[i], 1, 2) if t else mats[i]
-                for i, t in zip(g.members, g.tall, strict=True)
-            ]
-            x = jnp.concatenate(wide, axis=0) if len(wide) > 1 else wide[0]
-            if g.padded > g.size:
-                x = jnp.concatenate([x, jnp.zeros((g.padded - g.size,) + x.shape[1:], x.dtype)])
-            body, spec, owned = self._group_fn(g, orth_fn, post, rescale, diagnostics)
-            if post is not None:
-                v = post_state.stacks[g.name]
-            else:
-                v = jnp.zeros((g.padded, 0), jnp.float32)  # placeholder, owner layout
-            err_spec = owned if diagnostics else P()
+            x = jnp.concatenate([wide(mats[i], t) for i, t in zip(g.members, g.tall, strict=True)])
+            x = jnp.concatenate([x, jnp.zeros((g.padded - g.size,) + x.shape[1:], x.dtype)])
+            body, spec, owned = self._group_fn(g, opts, post)
+            v = post_state.stacks[g.name] if post else jnp.zeros((g.padded, 0), jnp.float32)
             v_spec = P(*owned, *([None] * (v.ndim - 1)))
             fn = jax.shard_map(
                 lambda a, b, body=body: _fill(body(a, b)),
                 mesh=self.mesh.update(axis_types=(Auto,) * len(self.mesh.axis_names)),
                 in_specs=(spec, v_spec),
-                out_specs=(spec, v_spec, err_spec),
+                out_specs=(spec, v_spec, owned if opts.diagnostics else P()),
                 check_vma=False,
             )
             y, v, e = fn(x, v)
-            if post is not None:
-                new_state[g.name] = v
-            y = y[: g.size] if g.padded > g.size else y
-            parts = jnp.split(y, np.cumsum(g.counts)[:-1], axis=0) if len(g.members) > 1 else [y]
+            new_state[g.name] = v
+            parts = jnp.split(y[: g.size], np.cumsum(g.counts)[:-1])
             for i, t, p in zip(g.members, g.tall, parts, strict=True):
-                out[i] = (jnp.swapaxes(p, 1, 2) if t else p).astype(mats[i].dtype)
-            if diagnostics:
+                out[i] = wide(p, t).astype(mats[i].dtype)
+            if opts.diagnostics:
                 by_matrix = jnp.zeros((g.padded,), jnp.float32).at[self.held(g).ravel()].set(e)
                 starts = np.concatenate([[0], np.cumsum(g.counts)])
                 for m, i in enumerate(g.members):
                     errs[i] = jnp.mean(by_matrix[starts[m] : starts[m + 1]])
-        return out, (errs if diagnostics else None), (OwnerStacks(new_state) if post else None)
+        return out, (errs if opts.diagnostics else None), (OwnerStacks(new_state) if post else None)
 
     def init_state(
         self,
@@ -568,22 +528,22 @@ def describe_layout(
     check_ns_mesh(ns_mesh)
     layout = resolve_layout(distributed, ns_mesh)
     _, _, layouts = leaf_layouts(params, matrix_axes)
-    if layout is None:  # XLA places NS; groups as in _matrices.orthogonalize_groups
-        rows: dict[Any, dict[str, Any]] = {}
-        for i, lay in enumerate(layouts):
-            k, l = sorted((lay.fan_in, lay.fan_out))
-            key = (k, l) if batch_leaves else (i,)
-            name = f"{k}x{l}" if batch_leaves else f"leaf{i}"
-            row = rows.setdefault(key, {"group": name, "layout": "gspmd", "shape": [k, l]})
-            row.update(split=None, leaves=row.get("leaves", []) + [lay.path])
-            row["matrices"] = row.get("matrices", 0) + lay.batch
-            row["padded"] = row["matrices"]
-        return list(rows.values())
+    if layout is None:  # XLA places NS; the groups of _matrices.orthogonalize
+        groups = group_stacks(layouts, batch_leaves=batch_leaves)
+        return [
+            {"group": f"{key[0]}x{key[1]}" if batch_leaves else f"leaf{key[0]}",
+             "layout": "gspmd", "shape": sorted((layouts[m[0]].fan_in, layouts[m[0]].fan_out)),
+             "matrices": sum(layouts[i].batch for i in m),
+             "padded": sum(layouts[i].batch for i in m), "split": None,
+             "leaves": [layouts[i].path for i in m]}
+            for key, m in groups.items()
+        ]  # fmt: skip
     groups = layout.plan(layouts, batch_leaves=batch_leaves, by_orientation=by_orientation)
     split = {1: "rows", 2: "columns", None: None}
     return [
-        {"group": g.name, "layout": f"owner/{g.kind}", "shape": [g.k, g.l], "matrices": g.size,
-         "padded": g.padded, "split": "batch" if g.kind == "in_place" else split[g.split_dim],
+        {"group": g.name, "layout": f"owner/{g.kind}", "shape": [g.rows, g.cols],
+         "matrices": g.size, "padded": g.padded,
+         "split": "batch" if g.kind == "in_place" else split[g.split_dim],
          "leaves": [layouts[i].path for i in g.members]}
         for g in groups
     ]  # fmt: skip

@@ -27,21 +27,17 @@ routing (``amemory.optim.routing``) decides which leaves reach it.
 
 Speed. Inside ``update`` leaves are grouped by matrix shape (tall matrices are
 transposed to wide first, so ``[256, 1024]`` and ``[1024, 256]`` share a group)
-and each group is orthogonalised by ONE batched call. Groups with
-``fan_max >= 2 fan_min`` use the Gram form of Newton-Schulz
-(``orthogonalize.newton_schulz(method="gram")``, restarted after the second step below
-32-bit precision) in every compute dtype but bfloat16 (where one restart was measured
-not to be enough). Under
-sharded ``jit``, ``ns_mesh=(mesh, axis)`` selects the owner layout of
-``amemory.optim.distributed``: every device orthogonalises a share of whole matrices (one
-all-to-all there and one back per stack) instead of all-reducing inside every NS step of
-a sharded matrix.
+and each group is orthogonalised by ONE batched call (``_matrices.orthogonalize``).
+Groups with ``fan_max >= 2 fan_min`` use the Gram form of Newton-Schulz outside bfloat16
+(``orthogonalize.newton_schulz(method="auto")``). Under sharded ``jit``,
+``ns_mesh=(mesh, axis)`` selects the owner layout of ``amemory.optim.distributed``:
+every device orthogonalises a share of whole matrices (one all-to-all there and one back
+per stack) instead of all-reducing inside every NS step of a sharded matrix.
 
-Layout. This module holds the public Muon API (:class:`MuonState`,
-:func:`scale_by_muon`, :func:`muon`); the options and the update path the family
-shares are in ``amemory.optim._muon_core``; leaf-to-matrix layouts and shape grouping
-in ``amemory.optim._matrices``; the placement on a device mesh in
-``amemory.optim.distributed``.
+Layout. The update reads ``momentum -> orthogonalize -> scale``
+(``amemory.optim._muon_core``: options and steps; ``_matrices``: leaves as matrix
+stacks, grouping and the orthogonalisation dispatcher; ``distributed``: the owner
+layout).
 
 Sources: Jordan (2024) https://kellerjordan.github.io/posts/muon/ ; Liu et al.,
 "Muon is Scalable for LLM Training" (Moonlight), arXiv 2502.16982; optax
@@ -57,39 +53,19 @@ import jax
 import optax
 
 from amemory.optim._chain import decoupled
-from amemory.optim._matrices import Axes, MatrixAxes
+from amemory.optim._matrices import leaf_layouts, orthogonalize
 from amemory.optim._muon_core import (
-    MOMENTUM_FORMS,
-    NUCLEAR_SCALES,
-    ORTHOGONALIZERS,
-    SHAPE_SCALES,
     MuonOptions,
+    init_state,
+    momentum,
     options_from,
-    shape_scale_factor,
+    scale,
     with_options,
 )
-from amemory.optim.diagnostics import collect_diagnostics  # noqa: F401  (old import path)
 from amemory.optim.distributed import auto_sharded
-from amemory.optim.normuon import NorMuonState, normuon, scale_by_normuon
 from amemory.optim.presets import preset_options
 
-__all__ = [
-    "MOMENTUM_FORMS",
-    "NUCLEAR_SCALES",
-    "ORTHOGONALIZERS",
-    "SHAPE_SCALES",
-    "Axes",
-    "MatrixAxes",
-    "MuonOptions",
-    "MuonState",
-    "NorMuonState",
-    "muon",
-    "muon_direction",
-    "normuon",
-    "scale_by_muon",
-    "scale_by_normuon",
-    "shape_scale_factor",
-]
+__all__ = ["MuonState", "muon", "muon_direction", "scale_by_muon"]
 
 
 class MuonState(NamedTuple):
@@ -161,14 +137,17 @@ def muon_direction(opts: MuonOptions) -> optax.GradientTransformation:
     """:func:`scale_by_muon` from a validated :class:`MuonOptions` (state :class:`MuonState`)."""
 
     def init_fn(params):
-        _, _, fields = opts.init_fields(params)  # validates every leaf
-        return MuonState(**fields)
+        return MuonState(**init_state(params, opts)[2])  # validates every leaf
 
     def update_fn(updates, state, params=None):
         del params
-        step = opts.direction(updates, state.mu, state.count)
-        out, diag = opts.finish(step, step.mats)
-        return out, MuonState(count=step.count, mu=step.mu, diagnostics=diag)
+        grads, treedef, layouts = leaf_layouts(updates, opts.matrix_axes)
+        count = optax.safe_increment(state.count)
+        mu, u = momentum(grads, treedef.flatten_up_to(state.mu), count, opts)
+        mats = [lay.to_matrix(x) for x, lay in zip(u, layouts, strict=True)]
+        o, errors, _ = orthogonalize(mats, layouts, opts)
+        out, diag = scale(o, grads, layouts, opts, errors, treedef)
+        return out, MuonState(count=count, mu=treedef.unflatten(mu), diagnostics=diag)
 
     return auto_sharded(optax.GradientTransformation(init_fn, update_fn))
 

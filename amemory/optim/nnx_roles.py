@@ -49,10 +49,17 @@ from typing import Any
 import numpy as np
 
 from amemory.optim._paths import path_keys
+from amemory.optim.routing import Roles
 
 __all__ = ["HEAD_NAMES", "NnxLayers", "nnx_layers", "nnx_matrix_axes", "nnx_role"]
 
 _ATTENTION = {"query": "q", "key": "k", "value": "v", "out": "o"}
+#: The roles this module gives, and the groups a routing spec may name (``hidden``: every
+#: kernel but the head).
+_VOCAB = (
+    ("q", "k", "v", "o", "dense", "head", "embed", "norm", "bias"),
+    {"qk": ("q", "k"), "vo": ("v", "o"), "hidden": ("q", "k", "v", "o", "dense")},
+)
 #: Layer names of a model's output layer at the model top (``head``/``lm_head`` anywhere).
 HEAD_NAMES = ("head", "lm_head", "output_layer", "classifier", "logits", "out_proj")
 
@@ -94,8 +101,14 @@ class NnxLayers:
 
     kernels: dict[str, tuple[str, Any]]
 
-    def role(self, path: Any, leaf: Any = None) -> str:
-        """``role_fn`` for ``optim.routed``: ``"q"``, ``"k"``, ``"v"``, ``"o"``, ``"head"``,
+    @property
+    def role(self) -> Roles:
+        """``role_fn`` for ``optim.routed`` (an ``optim.routing.Roles`` with the vocabulary:
+        roles ``q k v o dense head embed norm bias``, groups ``qk``, ``vo``, ``hidden``)."""
+        return Roles(self._role, *_VOCAB)
+
+    def _role(self, path: Any, leaf: Any = None) -> str:
+        """The role of one parameter: ``"q"``, ``"k"``, ``"v"``, ``"o"``, ``"head"``,
         ``"dense"``, ``"embed"``, ``"norm"`` or ``"bias"``.
 
         ``path`` is a key path or ``"a/b/kernel"``; ``leaf`` the parameter (its shape).
@@ -123,7 +136,7 @@ class NnxLayers:
         """``matrix_axes`` for Muon: a kernel's ``(in_axes, out_axes)``, else None.
 
         Raises:
-          ValueError: as :meth:`role`.
+          ValueError: as :meth:`_role`.
         """
         return self._lookup(_keys(path), leaf)[1]
 

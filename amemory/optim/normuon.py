@@ -28,7 +28,15 @@ import jax.numpy as jnp
 import optax
 
 from amemory.optim._chain import decoupled
-from amemory.optim._muon_core import MuonOptions, check_unit_interval, with_options
+from amemory.optim._matrices import leaf_layouts, orthogonalize
+from amemory.optim._muon_core import (
+    MuonOptions,
+    check_unit_interval,
+    init_state,
+    momentum,
+    scale,
+    with_options,
+)
 from amemory.optim.distributed import OwnerStacks, auto_sharded
 
 __all__ = [
@@ -73,77 +81,75 @@ def _frobenius(o: jax.Array) -> jax.Array:
     return jnp.sqrt(jnp.sum(_abs2(o), axis=(1, 2), keepdims=True))
 
 
-def _normalize(
-    o: jax.Array, v: jax.Array, beta2: Any, eps: Any, per_neuron: bool
-) -> tuple[jax.Array, jax.Array]:
-    """Second-moment normalisation of one stack ``o [b, fan_in, fan_out]`` with state ``v``.
+def _per_neuron(beta2: Any, eps: Any):
+    """NorMuon's normalisation ``(o [b, fan_in, fan_out], v, tall) -> (o', v' [b, fan_out])``
+    (a wide owner-layout stack of tall matrices, ``tall``, is transposed around it)."""
 
-    Returns ``(o', v')`` with ``o'`` ``[b, fan_in, fan_out]`` (at least fp32) and ``v'``
-    ``[b, fan_out]`` (``per_neuron``) or ``[b, fan_in, fan_out]``. NorMuon (per neuron)
-    restores ``||o||_F``; AdaMuon (per entry) sets it to ``sqrt(min(fan_in, fan_out))``.
-    """
-    o = o.astype(jnp.promote_types(o.dtype, jnp.float32))
-    sq = _abs2(o)
-    fresh = jnp.mean(sq, axis=1) if per_neuron else sq
-    v = beta2 * v.reshape(fresh.shape).astype(sq.dtype) + (1.0 - beta2) * fresh
-    scale = jnp.sqrt(v)[:, None, :] if per_neuron else jnp.sqrt(v)
-    o2 = o / (scale + eps)
-    target = _frobenius(o) if per_neuron else jnp.sqrt(float(min(o.shape[1:])))
-    return o2 * (target / (_frobenius(o2) + eps)), v
+    def normalize(o, v, tall):
+        x = jnp.swapaxes(o, 1, 2) if tall else o
+        x = x.astype(jnp.promote_types(x.dtype, jnp.float32))
+        v2 = beta2 * v.reshape(x.shape[0], -1).astype(x.dtype) + (1 - beta2) * jnp.mean(
+            _abs2(x), axis=1
+        )
+        x2 = x / (jnp.sqrt(v2)[:, None, :] + eps)
+        x2 = x2 * (_frobenius(x) / (_frobenius(x2) + eps))  # keep ||O||_F
+        return (jnp.swapaxes(x2, 1, 2) if tall else x2).astype(o.dtype), v2.astype(v.dtype)
+
+    return normalize
 
 
-def _moment_transform(opts: MuonOptions, beta2: Any, eps: Any, per_neuron: bool, state_cls):
+def _per_entry(beta2: Any, eps: Any):
+    """AdaMuon's normalisation ``(o [b, p, q], v, tall) -> (o', v' [b, p, q])`` (any
+    orientation: it is entrywise, then sets ``||o'||_F = sqrt(min(p, q))``)."""
+
+    def normalize(o, v, tall):
+        del tall
+        x = o.astype(jnp.promote_types(o.dtype, jnp.float32))
+        v2 = beta2 * v.reshape(x.shape).astype(x.dtype) + (1 - beta2) * _abs2(x)
+        x2 = x / (jnp.sqrt(v2) + eps)
+        x2 = x2 * (jnp.sqrt(float(min(x.shape[1:]))) / (_frobenius(x2) + eps))
+        return x2.astype(o.dtype), v2.astype(v.dtype)
+
+    return normalize
+
+
+def _moment_transform(opts: MuonOptions, beta2: Any, normalize, nu_shape, owner_shape, state_cls):
+    """The update of NorMuon / AdaMuon: Muon's steps with ``normalize`` between the
+    orthogonalisation and the shape scaling; the second moment has ``nu_shape(layout)``
+    per leaf, or ``owner_shape(group)`` per stack in the owner layout."""
     check_unit_interval("beta2", beta2)
 
-    def nu_shape(lay):
-        return lay.batch_shape + ((lay.fan_out,) if per_neuron else (lay.fan_in, lay.fan_out))
-
     def init_fn(params):
-        layouts, treedef, fields = opts.init_fields(params)
+        layouts, treedef, fields = init_state(params, opts)
         leaves = treedef.flatten_up_to(params)
+        dtype = jnp.result_type(jnp.float32, *[x.dtype for x in leaves])
         if opts.layout is not None:  # the second moment lives with each matrix's owner
-            dtype = jnp.result_type(jnp.float32, *[x.dtype for x in leaves])
-            shape = (lambda g: (g.width,)) if per_neuron else (lambda g: (g.k, g.l))
             nu = opts.layout.init_state(
-                layouts, batch_leaves=opts.batch_leaves, shape=shape, dtype=dtype
+                layouts, batch_leaves=opts.batch_leaves, shape=owner_shape, dtype=dtype
             )
-            return state_cls(nu=nu, **fields)
-        nu = treedef.unflatten(
-            [
-                jnp.zeros(nu_shape(lay), jnp.promote_types(x.dtype, jnp.float32))
-                for lay, x in zip(layouts, leaves, strict=True)
-            ]
-        )
+        else:
+            nu = treedef.unflatten(
+                [
+                    jnp.zeros(nu_shape(lay), jnp.promote_types(x.dtype, jnp.float32))
+                    for lay, x in zip(layouts, leaves, strict=True)
+                ]
+            )
         return state_cls(nu=nu, **fields)
-
-    def post(o, v, tall):  # owner layout: o [c, k, l] wide (k <= l), v its owner state rows
-        if not per_neuron:  # per entry: the orientation does not matter
-            o2, v2 = _normalize(o, v, beta2, eps, False)
-            return o2.astype(o.dtype), v2.astype(v.dtype)
-        x = jnp.swapaxes(o, 1, 2) if tall else o  # [c, fan_in, fan_out]
-        x, v2 = _normalize(x, v, beta2, eps, True)
-        return (jnp.swapaxes(x, 1, 2) if tall else x).astype(o.dtype), v2.astype(v.dtype)
 
     def update_fn(updates, state, params=None):
         del params
-        if opts.layout is not None:
-            step = opts.direction(updates, state.mu, state.count, post, state.nu)
-            out, diag = opts.finish(step, step.mats)
-            return out, state_cls(
-                count=step.count, mu=step.mu, nu=step.post_state, diagnostics=diag
-            )
-        step = opts.direction(updates, state.mu, state.count)
-        v_leaves = step.treedef.flatten_up_to(state.nu)
-        mats, new_v = [], []
-        for o, v, lay in zip(step.mats, v_leaves, step.layouts, strict=True):
-            o2, v2 = _normalize(o, v, beta2, eps, per_neuron)
-            mats.append(o2)
-            new_v.append(v2.reshape(nu_shape(lay)).astype(v.dtype))
-        out, diag = opts.finish(step, mats)
-        new_state = state_cls(
-            count=step.count, mu=step.mu, nu=step.treedef.unflatten(new_v), diagnostics=diag
-        )
-        return out, new_state
+        grads, treedef, layouts = leaf_layouts(updates, opts.matrix_axes)
+        count = optax.safe_increment(state.count)
+        mu, u = momentum(grads, treedef.flatten_up_to(state.mu), count, opts)
+        mats = [lay.to_matrix(x) for x, lay in zip(u, layouts, strict=True)]
+        nu = state.nu if opts.layout is not None else treedef.flatten_up_to(state.nu)
+        o, errors, new_nu = orthogonalize(mats, layouts, opts, normalize, nu)
+        if opts.layout is None:
+            new_nu = [v.reshape(w.shape) for v, w in zip(new_nu, nu, strict=True)]
+            new_nu = treedef.unflatten(new_nu)
+        out, diag = scale(o, grads, layouts, opts, errors, treedef)
+        mu = treedef.unflatten(mu)
+        return out, state_cls(count=count, mu=mu, nu=new_nu, diagnostics=diag)
 
     return auto_sharded(optax.GradientTransformation(init_fn, update_fn))
 
@@ -178,7 +184,10 @@ def scale_by_normuon(
     References:
       Li et al., "NorMuon: Making Muon more efficient and scalable", arXiv 2510.05491.
     """
-    return _moment_transform(MuonOptions(**options), beta2, normuon_eps, True, NorMuonState)
+    return _moment_transform(
+        MuonOptions(**options), beta2, _per_neuron(beta2, normuon_eps),
+        lambda lay: lay.batch_shape + (lay.fan_out,), lambda g: (g.width,), NorMuonState,
+    )  # fmt: skip
 
 
 @with_options()
@@ -255,7 +264,11 @@ def scale_by_adamuon(
     """
     opts = MuonOptions(**options)
     b2 = opts.momentum if beta2 is None else beta2
-    return _moment_transform(opts, b2, adamuon_eps, False, AdaMuonState)
+    return _moment_transform(
+        opts, b2, _per_entry(b2, adamuon_eps),
+        lambda lay: lay.batch_shape + (lay.fan_in, lay.fan_out), lambda g: (g.rows, g.cols),
+        AdaMuonState,
+    )  # fmt: skip
 
 
 @with_options(defaults=_ADAMUON_DEFAULTS)

@@ -237,18 +237,14 @@ def newton_schulz(
         Z)``; at a restart ``X <- Q X``, ``R <- X X^H``, ``Q <- I``, which removes the
         error ``R`` accumulates in low precision (where ``R`` is also re-symmetrised
         each step). ``"auto"``: ``"gram"`` when ``l >= 2k`` and the compute dtype is
-        not bfloat16, else ``"direct"``. Measured (64 x 256, singular values over 2
-        decades, Polar Express x5, error ``orthogonality_error``): float16 direct 0.170,
-        Gram with the restart 0.178, without it 0.48; bfloat16 direct 0.18, Gram with
-        one restart 0.83 (9.1 over 4 decades), so bfloat16 keeps the direct form unless
-        asked.
+        not bfloat16 (where one restart does not keep it accurate: docs/peers.md),
+        else ``"direct"``.
       preconditioning: ``"frobenius"``, ``"spectral"``, ``"aol"`` or ``"schatten"``.
       gram_restarts: step indices (0-based) before which the Gram form restarts.
         ``None``: Dao-AILab's ``(2,)`` (a restart after the second step) when the compute
         dtype has fewer than 32 bits, ``()`` otherwise: the restart stabilises low
         precision and costs two ``k x k x l`` matmuls (27% of the Gram form's FLOPs at
-        ``l = 4k``, 5 steps), while in float32 the Gram form without it was measured as
-        accurate as the direct form (the case above and over 4 decades: equal errors).
+        ``l = 4k``, 5 steps); in float32 the Gram form is as accurate without it.
 
     Returns:
       ``[..., m, n]`` array of ``x.dtype``.
@@ -269,7 +265,7 @@ def newton_schulz(
     table, factor = coefficient_table(coeffs, steps)
     cdtype = _compute_dtype(x, dtype)
     k, l = sorted(x.shape[-2:])
-    if method == "auto":  # Gram form where it saves FLOPs and was measured stable
+    if method == "auto":  # Gram form where it saves FLOPs and stays accurate
         method = "gram" if l >= 2 * k and jnp.dtype(cdtype) != jnp.bfloat16 else "direct"
     if gram_restarts is None:
         gram_restarts = (2,) if jnp.finfo(cdtype).bits < 32 else ()

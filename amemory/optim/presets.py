@@ -13,8 +13,8 @@ references were never run on CPU); pass ``ns_dtype=jnp.bfloat16`` to force it.
 
 - jordan: EMA (lerp) 0.95, Nesterov, jordan x5 eps 1e-7, scale jordan, wd 0.
   Source: github.com/KellerJordan/Muon.
-- torch: as jordan with wd 0.1 and the norm clamped at eps, ``max(||U||, eps)``
-  (torch.optim.Muon defaults, adjust_lr "original").
+- torch: as jordan with wd 0.1 and the norm clamped, ``max(||U||, eps)`` (torch.optim.Muon
+  defaults, adjust_lr "original").
 - moonlight: sum momentum 0.95, Nesterov U = G + mu M, jordan x5 eps 1e-7,
   scale rms_match 0.2, wd 0.1. Source: arXiv 2502.16982 (Moonlight).
 - optax: EMA 0.95 with bias correction, NAdam-form Nesterov, jordan x5 eps 1e-8
@@ -29,66 +29,34 @@ from typing import Any
 
 __all__ = ["PRESETS", "preset_options"]
 
-_NS = {"orthogonalizer": "newton_schulz", "ns_coeffs": "jordan", "ns_steps": 5}
+_JORDAN: dict[str, Any] = {
+    "orthogonalizer": "newton_schulz",
+    "ns_coeffs": "jordan",
+    "ns_steps": 5,
+    "momentum": 0.95,
+    "momentum_form": "ema",
+    "nesterov": True,
+    "bias_correction": False,
+    "ns_eps": 1e-7,
+    "ns_eps_mode": "add",
+    "ns_dtype": "auto",
+    "shape_scale": "jordan",
+    "weight_decay": 0.0,
+}
 
+#: name -> options (every preset sets the same fields, so a preset defines them all).
 PRESETS: dict[str, dict[str, Any]] = {
-    "jordan": {
-        **_NS,
-        "momentum": 0.95,
-        "momentum_form": "ema",
-        "nesterov": True,
-        "bias_correction": False,
-        "ns_eps": 1e-7,
-        "ns_dtype": "auto",
-        "shape_scale": "jordan",
-        "weight_decay": 0.0,
-    },
-    "torch": {
-        **_NS,
-        "momentum": 0.95,
-        "momentum_form": "ema",
-        "nesterov": True,
-        "bias_correction": False,
-        "ns_eps": 1e-7,
-        "ns_eps_mode": "clamp",
-        "ns_dtype": "auto",
-        "shape_scale": "jordan",
-        "weight_decay": 0.1,
-    },
+    "jordan": _JORDAN,
+    "torch": {**_JORDAN, "weight_decay": 0.1, "ns_eps_mode": "clamp"},
     "moonlight": {
-        **_NS,
-        "momentum": 0.95,
+        **_JORDAN,
         "momentum_form": "sum",
-        "nesterov": True,
-        "bias_correction": False,
-        "ns_eps": 1e-7,
-        "ns_dtype": "auto",
         "shape_scale": "rms_match",
         "rms_scale": 0.2,
         "weight_decay": 0.1,
-    },
-    "optax": {
-        **_NS,
-        "momentum": 0.95,
-        "momentum_form": "ema",
-        "nesterov": True,
-        "bias_correction": True,
-        "ns_eps": 1e-8,
-        "ns_dtype": None,
-        "shape_scale": "jordan",
-        "weight_decay": 0.0,
-    },
-    "wang2025": {
-        **_NS,
-        "momentum": 0.95,
-        "momentum_form": "sum",
-        "nesterov": False,
-        "bias_correction": False,
-        "ns_eps": 1e-7,
-        "ns_dtype": "auto",
-        "shape_scale": "none",
-        "weight_decay": 0.0,
-    },
+    },  # fmt: skip
+    "optax": {**_JORDAN, "bias_correction": True, "ns_eps": 1e-8, "ns_dtype": None},
+    "wang2025": {**_JORDAN, "momentum_form": "sum", "nesterov": False, "shape_scale": "none"},
 }
 
 

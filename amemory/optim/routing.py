@@ -1,26 +1,29 @@
 """Route parameters to transformations by role (built on ``optax.partition``).
 
-Every trainable parameter has one role from :data:`ROLES`; a ``role_fn(path,
-leaf) -> role`` supplies it (a one-argument ``role_fn(path)`` such as
-``amemory.models.transformer.role_of`` is accepted too; ``path`` is a tuple of
-``str``/``int`` keys such as ``("layers", 3, "attn", "v", "kernel")``, normalised by
+Every trainable parameter has one role; a ``role_fn(path, leaf) -> role`` supplies it (a
+one-argument ``role_fn(path)`` is accepted too; ``path`` is a tuple of ``str``/``int``
+keys such as ``("layers", 3, "attn", "v", "kernel")``, normalised by
 ``amemory.optim._paths.path_keys``: the trailing ``value`` key of an ``nnx.Variable`` is
 dropped, so ``flax.nnx.Optimizer`` gives the same path at ``init`` and ``update``).
 A rule set maps role specs to transformations::
 
     routed({"vo+ffn": muon(0.02), "rest": optax.adam(3e-4)}, role_fn)
 
-A spec is a role, a group from :data:`GROUPS`, or several joined with ``+``;
-``"rest"`` claims every role no other rule claims. A parameter whose role no
-rule claims, or a role claimed by two rules, is a ``ValueError`` listing the
-roles: nothing is ever routed by a silent default.
+A spec is a role, a group, or several joined with ``+``; ``"none"`` names no role;
+``"rest"`` claims every role no other rule claims. The vocabulary (roles and groups) is
+the model's, not this module's: a :class:`Roles` role function carries it
+(``amemory.models.roles.role_of``, ``amemory.optim.nnx_role``), and specs and roles are
+checked against it; with a plain function a role is any string and a rule that claims no
+parameter is an error. A parameter whose role no rule claims, or a role claimed by two
+rules, is a ``ValueError`` listing the roles: nothing is ever routed by a silent default.
 
 Source: Wang et al. 2025 (arXiv 2509.26030) Sec. 6 component ablation (Muon on Q, K,
-V, O, W_in, W_out, W_gate, the rest Adam), whose roles this vocabulary names.
+V, O, W_in, W_out, W_gate, the rest Adam).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 from collections.abc import Callable, Mapping
 from typing import Any, NamedTuple
@@ -32,121 +35,19 @@ import optax
 from amemory.optim._paths import path_keys, path_str
 
 __all__ = [
-    "GROUPS",
     "REST",
-    "ROLES",
+    "Roles",
     "RoutingRow",
     "format_routing_table",
     "label_params",
+    "parse_roles",
     "parse_spec",
     "routed",
     "routing_table",
 ]
 
-# The role vocabulary, defined here once (amemory.models.roles classifies paths into it).
-# Adding a role is one line; adding a group is one entry of GROUPS.
-ROLES: tuple[str, ...] = (
-    "q",  # attention query kernel
-    "k",  # attention key kernel
-    "v",  # attention value kernel
-    "o",  # attention output kernel
-    "w_in",  # FFN input (up) kernel
-    "w_gate",  # FFN gate kernel (gated FFNs)
-    "w_out",  # FFN output (down) kernel
-    "dense",  # a Linear kernel whose place the path does not tell (foreign models)
-    "embed",  # token / position embedding table
-    "head",  # untied output (LM head) kernel
-    "norm",  # scale (and bias) of a normalisation layer
-    "bias",  # bias of a Linear layer
-    # multi-head latent attention (DeepSeek-V2, arXiv 2405.04434)
-    "q_down",
-    "q_up",
-    "q_rope",
-    "kv_down",
-    "k_up",
-    "v_up",
-    "k_rope",
-    # mixture of experts: router, routed experts (stacked [E, ...]), shared experts
-    "router",
-    "expert_w_in",
-    "expert_w_gate",
-    "expert_w_out",
-    "shared_w_in",
-    "shared_w_gate",
-    "shared_w_out",
-)
-_QK = ("q", "k", "q_down", "q_up", "q_rope", "kv_down", "k_up", "k_rope")
-_VO = ("v", "o", "v_up")
-_FFN = ("w_in", "w_gate", "w_out", "expert_w_in", "expert_w_gate", "expert_w_out",
-        "shared_w_in", "shared_w_gate", "shared_w_out")  # fmt: skip
-# qk: query/key paths (MLA's kv_down feeds keys and values; it is counted with qk);
-# vo: value/output; ffn: dense, routed-expert and shared-expert FFN matrices; hidden:
-# all of them. The MoE router is in no group: it goes to the "rest" rule (Adam).
-GROUPS: dict[str, tuple[str, ...]] = {
-    "qk": _QK,
-    "vo": _VO,
-    "ffn": _FFN,
-    "hidden": _QK + _VO + _FFN + ("dense",),
-    "none": (),
-}
 REST = "rest"
-
-RoleFn = Callable[[tuple, Any], str]
-
-
-class RoutingRow(NamedTuple):
-    """One row of :func:`routing_table`."""
-
-    path: str  # "layers/0/attn/q/kernel"
-    shape: tuple[int, ...]
-    role: str
-    transform: str  # the rule key that claims the role
-
-
-def parse_spec(spec: str) -> tuple[str, ...]:
-    """Roles named by a spec: ``"vo+ffn" -> ("v", "o", "w_in", "w_gate", "w_out")``.
-
-    ``"none"`` names no role. ``"rest"`` is not a spec (see :func:`routed`).
-
-    Raises:
-      ValueError: an unknown token (lists roles and groups).
-    """
-    if not isinstance(spec, str) or not spec:
-        raise ValueError(f"a routing spec must be a non-empty string, got {spec!r}")
-    roles: list[str] = []
-    for token in spec.split("+"):
-        token = token.strip()
-        if token in GROUPS:
-            roles.extend(GROUPS[token])
-        elif token in ROLES:
-            roles.append(token)
-        else:
-            raise ValueError(
-                f"unknown role or group {token!r} in spec {spec!r}; roles: {list(ROLES)}; "
-                f"groups: {sorted(GROUPS)}; joined with '+', plus {REST!r}"
-            )
-    return tuple(dict.fromkeys(roles))
-
-
-def _claims(rules: Mapping[str, Any]) -> dict[str, str]:
-    """role -> rule key, with ``rest`` expanded; raises on double claims."""
-    if not isinstance(rules, Mapping) or not rules:
-        raise ValueError(f"rules must be a non-empty dict spec -> transform, got {rules!r}")
-    owner: dict[str, str] = {}
-    for key in rules:
-        if key == REST:
-            continue
-        for role in parse_spec(key):
-            if role in owner:
-                raise ValueError(
-                    f"role {role!r} is claimed by two rules, {owner[role]!r} and {key!r}; "
-                    f"each of the roles {list(ROLES)} may be claimed at most once"
-                )
-            owner[role] = key
-    if REST in rules:
-        for role in ROLES:
-            owner.setdefault(role, REST)
-    return owner
+NONE = "none"
 
 
 def _arity_one(fn: Callable) -> bool:
@@ -159,16 +60,117 @@ def _arity_one(fn: Callable) -> bool:
     return len(positional) == 1 and not varargs
 
 
+@dataclasses.dataclass(frozen=True)
+class Roles:
+    """A role function with its vocabulary; call it as ``roles(path, leaf=None) -> role``.
+
+    Attributes:
+      fn: ``fn(path)`` or ``fn(path, leaf)`` -> a role in ``roles``.
+      roles: every role ``fn`` may return.
+      groups: group name -> roles, usable in specs (``"none"`` is always ``()``).
+    """
+
+    fn: Callable[..., str]
+    roles: tuple[str, ...]
+    groups: Mapping[str, tuple[str, ...]]
+
+    def __call__(self, path: Any, leaf: Any = None) -> str:
+        return self.fn(path) if _arity_one(self.fn) else self.fn(path, leaf)
+
+
+RoleFn = Callable[[tuple, Any], str] | Roles
+
+
+class RoutingRow(NamedTuple):
+    """One row of :func:`routing_table`."""
+
+    path: str  # "layers/0/attn/q/kernel"
+    shape: tuple[int, ...]
+    role: str
+    transform: str  # the rule key that claims the role
+
+
+def parse_spec(spec: str, vocab: Roles | None = None) -> tuple[str, ...]:
+    """Roles named by a spec: ``"vo+ffn" -> ("v", "o", "w_in", "w_gate", "w_out")``.
+
+    Groups are ``vocab.groups``; without ``vocab`` every token is a role. ``"none"``
+    names no role. ``"rest"`` is not a spec (see :func:`routed`).
+
+    Raises:
+      ValueError: a token outside ``vocab`` (lists roles and groups).
+    """
+    if not isinstance(spec, str) or not spec:
+        raise ValueError(f"a routing spec must be a non-empty string, got {spec!r}")
+    groups = {NONE: (), **(vocab.groups if vocab else {})}
+    roles: list[str] = []
+    for token in spec.split("+"):
+        token = token.strip()
+        if token in groups:
+            roles.extend(groups[token])
+        elif vocab is None or token in vocab.roles:
+            roles.append(token)
+        else:
+            raise ValueError(
+                f"unknown role or group {token!r} in spec {spec!r}; roles: {list(vocab.roles)}; "
+                f"groups: {sorted(groups)}; joined with '+', plus {REST!r}"
+            )
+    return tuple(dict.fromkeys(roles))
+
+
+def parse_roles(spec: str, vocab: Roles, field: str = "optimizer.muon_roles") -> tuple[str, ...]:
+    """Expand a config role spec like ``"vo+ffn"`` into a tuple of roles of ``vocab``.
+
+    As :func:`parse_spec`; a config spec may also name ``"all"`` (every role of ``vocab``).
+
+    Raises:
+      ValueError: naming ``field``, the unknown name and the allowed roles and groups,
+        on an unknown name or a non-string spec.
+    """
+    if not isinstance(spec, str) or not spec:
+        raise ValueError(f"{field}={spec!r}: expected a role spec string like 'vo+ffn'")
+    tokens = [t.strip() for t in spec.split("+")]
+    known = (*vocab.roles, *vocab.groups, NONE, "all")
+    bad = [t for t in tokens if t not in known]
+    if bad:
+        raise ValueError(
+            f"{field}={spec!r}: unknown role or group {bad[0]!r}; allowed roles "
+            f"{vocab.roles}, groups {(*vocab.groups, 'all')} (join with '+')"
+        )
+    if "all" in tokens:
+        return tuple(vocab.roles)
+    return parse_spec("+".join(tokens), vocab)
+
+
+def _claims(rules: Mapping[str, Any], vocab: Roles | None) -> dict[str, str]:
+    """role -> rule key (``rest`` not expanded); raises on double claims."""
+    if not isinstance(rules, Mapping) or not rules:
+        raise ValueError(f"rules must be a non-empty dict spec -> transform, got {rules!r}")
+    owner: dict[str, str] = {}
+    for key in rules:
+        if key == REST:
+            continue
+        for role in parse_spec(key, vocab):
+            if role in owner:
+                raise ValueError(
+                    f"role {role!r} is claimed by two rules, {owner[role]!r} and {key!r}; "
+                    "each role may be claimed at most once"
+                )
+            owner[role] = key
+    return owner
+
+
 def _roles(params: Any, role_fn: RoleFn) -> tuple[list, list, Any, list[str]]:
     leaves_with_path, treedef = jax.tree_util.tree_flatten_with_path(params)
-    one = _arity_one(role_fn)
+    vocab = role_fn if isinstance(role_fn, Roles) else None
+    call = role_fn if vocab or not _arity_one(role_fn) else (lambda p, x: role_fn(p))
     roles = []
     for path, leaf in leaves_with_path:
-        role = role_fn(path_keys(path)) if one else role_fn(path_keys(path), leaf)
-        if role not in ROLES:
+        role = call(path_keys(path), leaf)
+        if not isinstance(role, str) or (vocab is not None and role not in vocab.roles):
+            allowed = list(vocab.roles) if vocab is not None else "a string"
             raise ValueError(
                 f"role_fn gave role {role!r} for parameter {path_str(path)!r}; "
-                f"allowed roles: {list(ROLES)}"
+                f"allowed roles: {allowed}"
             )
         roles.append(role)
     paths = [p for p, _ in leaves_with_path]
@@ -181,26 +183,23 @@ def label_params(params: Any, role_fn: RoleFn) -> Any:
 
     Args:
       params: parameter pytree (arrays or ``jax.ShapeDtypeStruct``).
-      role_fn: ``(path keys tuple, leaf) -> role`` in :data:`ROLES`.
+      role_fn: ``(path keys tuple, leaf) -> role``, or a :class:`Roles`.
 
     Raises:
-      ValueError: a role outside :data:`ROLES` (names the parameter).
+      ValueError: a role outside the vocabulary of a :class:`Roles` (names the parameter).
     """
     _, _, treedef, roles = _roles(params, role_fn)
     return treedef.unflatten(roles)
 
 
-def _labels(params: Any, rules: Mapping[str, Any], role_fn: RoleFn) -> tuple[list, Any]:
-    labels, treedef, _ = _labels_and_paths(params, rules, role_fn)
-    return labels, treedef
-
-
 def _labels_and_paths(params, rules, role_fn):
-    owner = _claims(rules)
+    vocab = role_fn if isinstance(role_fn, Roles) else None
+    owner = _claims(rules, vocab)
     paths, leaves, treedef, roles = _roles(params, role_fn)
+    labels = [owner.get(r, REST if REST in rules else None) for r in roles]
     unclaimed: dict[str, str] = {}
-    for path, role in zip(paths, roles, strict=True):
-        if role not in owner:
+    for path, role, label in zip(paths, roles, labels, strict=True):
+        if label is None:
             unclaimed.setdefault(role, path_str(path))
     if unclaimed:
         detail = ", ".join(f"{r!r} (e.g. {p!r})" for r, p in unclaimed.items())
@@ -208,7 +207,18 @@ def _labels_and_paths(params, rules, role_fn):
             f"no rule claims the role(s) {detail}; rules {list(rules)} claim "
             f"{sorted(owner)}; add them to a rule or add a {REST!r} rule"
         )
-    return [owner[r] for r in roles], treedef, paths
+    return labels, treedef, paths, leaves, roles
+
+
+def _check_claimed(rules, labels, roles, role_fn) -> None:
+    """Without a vocabulary, a typo in a spec would route to "rest" silently: raise."""
+    idle = [k for k in rules if k not in (REST, NONE) and k not in labels]
+    if idle and not isinstance(role_fn, Roles):
+        raise ValueError(
+            f"rule(s) {idle} claim no parameter (roles present: {sorted(set(roles))}); "
+            "role_fn has no vocabulary to check specs against: pass an "
+            "amemory.optim.routing.Roles"
+        )
 
 
 def routed(
@@ -218,7 +228,8 @@ def routed(
 
     Args:
       rules: ``{spec: transform}``; specs as in :func:`parse_spec`, or ``"rest"``.
-      role_fn: ``(path keys tuple, leaf) -> role``.
+      role_fn: ``(path keys tuple, leaf) -> role``, or a :class:`Roles` (whose vocabulary
+        checks the specs and roles).
 
     Returns:
       ``optax.GradientTransformation`` whose state is ``optax.partition``'s.
@@ -228,20 +239,21 @@ def routed(
         parameter whose role no rule claims (at ``init``, before compilation), or a
         parameter that ``role_fn`` labels differently at ``update`` than at ``init``
         (names it; ``role_fn`` sees the same normalised path at both, nnx ``value``
-        keys removed, so only a ``role_fn`` that depends on more than the path can).
+        keys removed, so only a ``role_fn`` that depends on more than the path can);
+        with a plain ``role_fn``, a rule that claims no parameter (at ``init``).
 
     Example:
       >>> import jax.numpy as jnp, optax
       >>> role = lambda path, leaf: "norm" if path[-1] == "scale" else "q"
-      >>> tx = routed({"qk": optax.sgd(0.1), "rest": optax.adam(1e-3)}, role)
+      >>> tx = routed({"q": optax.sgd(0.1), "rest": optax.adam(1e-3)}, role)
       >>> state = tx.init({"q": jnp.zeros((2, 2)), "scale": jnp.ones(2)})
     """
-    _claims(rules)  # validate early
+    _claims(rules, role_fn if isinstance(role_fn, Roles) else None)  # validate early
     transforms = dict(rules)
     first_labels: dict[tuple, tuple[str, ...]] = {}  # (paths, shapes) -> labels of the 1st call
 
     def param_labels(params):
-        labels, treedef, paths = _labels_and_paths(params, rules, role_fn)
+        labels, treedef, paths, _, roles = _labels_and_paths(params, rules, role_fn)
         names = tuple(path_str(p) for p in paths)
         key = (names, tuple(tuple(np.shape(x)) for x in treedef.flatten_up_to(params)))
         seen = first_labels.setdefault(key, tuple(labels))
@@ -252,6 +264,7 @@ def routed(
                     "(optax.partition would mix the two transforms' states); make role_fn a "
                     "function of the path alone (amemory.optim normalises nnx paths)"
                 )
+        _check_claimed(rules, labels, roles, role_fn)
         return treedef.unflatten(labels)
 
     return optax.partition(transforms, param_labels)
@@ -263,8 +276,8 @@ def routing_table(params: Any, rules: Mapping[str, Any], role_fn: RoleFn) -> lis
     Raises:
       ValueError: as :func:`routed`.
     """
-    labels, _ = _labels(params, rules, role_fn)
-    paths, leaves, _, roles = _roles(params, role_fn)
+    labels, _, paths, leaves, roles = _labels_and_paths(params, rules, role_fn)
+    _check_claimed(rules, labels, roles, role_fn)
     return [
         RoutingRow(path_str(p), tuple(int(d) for d in np.shape(x)), r, lab)
         for p, x, r, lab in zip(paths, leaves, roles, labels, strict=True)

@@ -49,30 +49,16 @@ ENGINE_DEFAULTS: dict[str, tuple[Any, str]] = {
 }
 
 # Enumerated fields: dotted name -> allowed values (checked when the field exists). The
-# optimizer fields are derived from their registries by optimizer_choices().
+# fields of registries (optimizer, schedule, task, memory) are derived by optimizer_choices().
 CHOICES: dict[str, tuple] = {
-    "task": ("lm", "memory"),
     "scale": ("quick", "full"),
-    "schedule.name": ("constant", "cosine", "linear", "wsd"),
     "parallel.mode": ("single", "pmap", "sharded"),
     "parallel.cpu_collectives": ("gloo", "mpi"),
     "data.kind": ("corpus", "biographies"),
     "data.tokenizer": ("bpe", "word"),
-    "model.preset": ("tiny", "small", "gpt2-small", "nanogpt-160m"),
-    "model.ffn": (None, "gelu", "swiglu"),
-    "model.norm": (None, "layernorm", "rmsnorm"),
-    "model.position": (None, "rope", "learned"),
     "model.dtype": ("float32", "bfloat16"),
     "model.param_dtype": ("float32", "bfloat16"),
     "optimizer.ns_dtype": ("auto", "float32", "bfloat16"),
-    "memory.embeddings": (
-        "decoupled",
-        "coupled_rotation",
-        "random_orthonormal",
-        "gaussian",
-        "coherent",
-    ),
-    "prior.kind": ("two_level", "power_law", "hierarchical"),
 }
 
 # Fields that accept None ("keep the preset's value" / "auto-detect").
@@ -118,61 +104,35 @@ MINIMUMS: dict[str, int] = {
     "memory.K": 2,
     "batch_size": 0,
     "divergence.patience": 1,
-    "model.mla.q_rank": 0,
-    "model.moe.experts": 0,
-    "model.moe.top_k": 1,
-    "model.moe.shared": 0,
 }
-# Integer fields that may be None (keep the default) but are >= 1 when set.
-POSITIVE_OR_NONE = ("model.mla.kv_rank", "model.mla.rope_dim", "model.moe.d_expert")
 
 
 def optimizer_choices() -> dict[str, tuple]:
     """Allowed values of the optimizer fields, read from their registries (one place each).
 
-    ``optimizer.name`` from ``amemory.train.optimizers.NAMES`` (``amemory.optim.OPTIMIZERS``
-    plus optax's Adam and SGD); ``optimizer.preset`` from ``amemory.optim.PRESETS``;
+    ``optimizer.name`` from ``amemory.train.optimizers.names()`` ("adam" and
+    ``amemory.optim.OPTIMIZERS``); ``optimizer.preset`` from ``amemory.optim.PRESETS``;
     ``optimizer.orthogonalizer`` and ``optimizer.shape_scale`` from
-    ``amemory.optim.ORTHOGONALIZERS`` / ``SHAPE_SCALES``. Imported lazily (jax).
+    ``amemory.optim.ORTHOGONALIZERS`` / ``SHAPE_SCALES``; ``task`` from
+    ``amemory.train.tasks.TASKS``; ``schedule.name`` from ``amemory.train.optimizers.
+    SCHEDULES``; ``memory.embeddings`` / ``prior.kind`` from ``amemory.train.memory_task``.
+    Imported lazily (jax).
     """
     from amemory import optim
-    from amemory.train.optimizers import NAMES
+    from amemory.train.memory_task import EMBEDDINGS, PRIORS
+    from amemory.train.optimizers import SCHEDULES, names
+    from amemory.train.tasks import TASKS
 
     return {
-        "optimizer.name": NAMES,
+        "task": TASKS,
+        "memory.embeddings": EMBEDDINGS,
+        "prior.kind": PRIORS,
+        "schedule.name": tuple(SCHEDULES),
+        "optimizer.name": names(),
         "optimizer.orthogonalizer": optim.ORTHOGONALIZERS,
         "optimizer.shape_scale": optim.SHAPE_SCALES,
         "optimizer.preset": (None, *optim.PRESETS),
     }
-
-
-def parse_roles(spec: str, field: str = "optimizer.muon_roles") -> tuple[str, ...]:
-    """Expand a role spec like ``"vo+ffn"`` or ``"q+w_out"`` into a tuple of roles.
-
-    The roles and groups are those of ``amemory.optim.routing`` (``parse_spec``); a
-    config spec may also name ``"all"`` (every role in ``amemory.optim.ROLES``).
-
-    Raises:
-      ValueError: naming ``field``, the unknown name and the allowed roles and groups,
-        on an unknown name or a non-string spec.
-    """
-    from amemory.optim import routing  # lazy: keeps config loading free of jax imports
-
-    if not isinstance(spec, str) or not spec:
-        raise ValueError(f"{field}={spec!r}: expected a role spec string like 'vo+ffn'")
-    tokens = [t.strip() for t in spec.split("+")]
-    rest = [t for t in tokens if t != "all"]
-    other = "+".join(rest)
-    try:
-        roles = routing.parse_spec(other) if rest else ()
-    except ValueError:
-        known = (*routing.ROLES, *routing.GROUPS)
-        bad = next((t for t in other.split("+") if t.strip() not in known), other)
-        raise ValueError(
-            f"{field}={spec!r}: unknown role or group {bad.strip()!r}; allowed roles "
-            f"{routing.ROLES}, groups {(*routing.GROUPS, 'all')} (join with '+')"
-        ) from None
-    return tuple(routing.ROLES) if "all" in tokens else roles
 
 
 def load_config(path: str, overrides: Sequence[str] = ()) -> ConfigDict:
@@ -308,9 +268,7 @@ INTERVALS: dict[str, tuple[float, float, bool, bool]] = {
     "optimizer.grad_clip": (0.0, _INF, True, False),
     "schedule.final_fraction": (0.0, 1.0, True, True),
     "schedule.decay_fraction": (0.0, 1.0, True, True),
-    "model.dropout": (0.0, 1.0, True, False),
     "memory.coherence": (0.0, 1.0, True, False),
-    "model.moe.capacity_factor": (0.0, _INF, True, False),
     "model.moe.lb_coef": (0.0, _INF, True, False),
     "divergence.loss_factor": (1.0, _INF, False, False),
 }
@@ -361,6 +319,9 @@ def validate(config: ConfigDict) -> None:
     Raises:
       ValueError: naming the field and the allowed values.
     """
+    from amemory.models.roles import role_of  # lazy, as every registry: loading imports no jax
+    from amemory.optim import routing
+
     for field, allowed in {**CHOICES, **optimizer_choices()}.items():
         present, value = _get(config, field)
         if present and value not in allowed:
@@ -369,29 +330,13 @@ def validate(config: ConfigDict) -> None:
         present, value = _get(config, field)
         if present and (not isinstance(value, int) or isinstance(value, bool) or value < lo):
             raise ValueError(f"config.{field}={value!r}; must be an integer >= {lo}")
-    for field in POSITIVE_OR_NONE:
-        present, value = _get(config, field)
-        if present and value is not None and (isinstance(value, bool) or value < 1):
-            raise ValueError(f"config.{field}={value!r}; must be None or an integer >= 1")
-    present, value = _get(config, "model.attention")
-    if present:
-        from amemory.models.attention import ATTENTIONS  # the registry (imports jax)
-
-        if value not in ATTENTIONS:
-            allowed = tuple(ATTENTIONS)
-            raise ValueError(f"config.model.attention={value!r}; allowed values: {allowed}")
-    present, moe = _get(config, "model.moe")
-    if present and moe.experts and moe.top_k > moe.experts:
-        raise ValueError(
-            f"config.model.moe.top_k={moe.top_k} must be <= config.model.moe.experts={moe.experts}"
-        )
     validate_numbers(config)
     present, roles = _get(config, "optimizer.muon_roles")
     if present and config.task == "lm":
-        parse_roles(roles, "optimizer.muon_roles")
+        routing.parse_roles(roles, role_of, "optimizer.muon_roles")
     present, roles = _get(config, "spectrum_roles")
     if present and config.task == "lm":
-        parse_roles(roles, "spectrum_roles")
+        routing.parse_roles(roles, role_of, "spectrum_roles")
     present, policy = _get(config, "model.remat_policy")
     if present:
         from amemory.models.scan import REMAT_POLICIES  # lazy: imports flax
@@ -400,6 +345,10 @@ def validate(config: ConfigDict) -> None:
             raise ValueError(
                 f"config.model.remat_policy={policy!r}; allowed values: {REMAT_POLICIES}"
             )
+    if "model" in config:  # the model's own config validates its fields, translated once
+        from amemory.train.tasks import model_config
+
+        model_config(config, vocab_size=2)
     prof = tuple(config.get("profile_steps", ()))
     if prof and not (
         len(prof) == 2

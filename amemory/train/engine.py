@@ -74,7 +74,7 @@ def make_train_step(
             sq = sum(jnp.sum(jnp.square(u)) for u in us)
             metrics[f"update_rms/{r}"] = jnp.sqrt(sq / sum(u.size for u in us))
         if diagnostics:
-            from amemory.optim.muon import collect_diagnostics
+            from amemory.optim import collect_diagnostics
 
             metrics.update(collect_diagnostics(opt_state))
         return TrainState(state.step + 1, params, opt_state, rng), metrics

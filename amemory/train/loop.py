@@ -126,22 +126,6 @@ class _Feed:
         return self.queue[0][0]
 
 
-def _routing_rows(table: list, matrix_axes, muon: bool) -> list:
-    """Routing rows + a ``matrices`` column: how Muon sees each leaf it orthogonalises."""
-    out = []
-    for path, shape, role, tx in table:
-        cell = ""
-        if muon and tx not in ("adam",):
-            axes = matrix_axes(tuple(path.split("/")), None)
-            if axes is not None:
-                nd = len(shape)
-                mat = sorted(a % nd for a in axes)
-                batch = int(np.prod([d for i, d in enumerate(shape) if i not in mat]))
-                cell = f"{batch} x ({shape[mat[0]]}, {shape[mat[1]]})"
-        out.append([path, shape, role, tx, cell])
-    return out
-
-
 def _routes(table: list) -> str:
     """One line of the routing table: ``routing: q,k,v,o -> muon; embed,norm -> adam``."""
     by_tx: dict[str, list[str]] = {}
@@ -254,11 +238,11 @@ def _run(
     abstract_params = jax.eval_shape(task.init_params, jax.random.PRNGKey(0))
     roles = task.roles(abstract_params)
     opt = optimizers.build(
-        config, abstract_params, roles, matrix_roles=task.matrix_roles,
+        config, abstract_params, roles, muon_roles=task.muon_roles,
         matrix_axes=task.matrix_axes, mesh=place.mesh if place.mode == "sharded" else None,
     )  # fmt: skip
     muon = config.optimizer.name in optimizers.MUON_LIKE
-    table = _routing_rows(opt.table, task.matrix_axes, muon)
+    table = opt.table
     engine = engine_lib.Engine(
         place, task, opt, roles, keys, multi, bool(config.optimizer.diagnostics) and muon
     )

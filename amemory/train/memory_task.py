@@ -9,7 +9,11 @@ import jax.numpy as jnp
 import numpy as np
 
 from amemory.train import parallel
-from amemory.train.tasks import check_batch
+
+#: ``config.memory.embeddings`` values (``amemory.models.memory`` builders).
+EMBEDDINGS = ("decoupled", "coupled_rotation", "random_orthonormal", "gaussian", "coherent")
+#: ``config.prior.kind`` values (``amemory.data.frequencies`` priors).
+PRIORS = ("two_level", "power_law", "hierarchical")
 
 
 class MemoryTask:
@@ -26,7 +30,7 @@ class MemoryTask:
     """
 
     kind = "memory"
-    matrix_roles = ("w_out",)
+    muon_roles = ("w_out",)
 
     def __init__(self, config: Any, place: parallel.Placement):
         from amemory.data import frequencies as F
@@ -37,21 +41,19 @@ class MemoryTask:
         K = int(mc.K)
         d = int(mc.d) if mc.d is not None else K
         key = jax.random.PRNGKey(int(mc.embedding_seed))
-        builders = {
-            "decoupled": lambda: M.decoupled(K),
-            "coupled_rotation": lambda: M.coupled_rotation(K),
-            "random_orthonormal": lambda: M.random_orthonormal(K, d, key),
-            "gaussian": lambda: M.gaussian(K, d, key),
-            "coherent": lambda: M.coherent(K, d, float(mc.coherence), key),
-        }
         emb = mc.embeddings
-        if emb not in builders:
-            raise ValueError(f"config.memory.embeddings={emb!r}; allowed values: {tuple(builders)}")
+        if emb not in EMBEDDINGS:
+            raise ValueError(f"config.memory.embeddings={emb!r}; allowed values: {EMBEDDINGS}")
         if emb in ("decoupled", "coupled_rotation") and d != K:
             raise ValueError(f"config.memory.d={d} must equal memory.K={K} for embeddings={emb!r}")
         if emb == "coupled_rotation" and K % 3:
             raise ValueError(f"config.memory.K={K} must be divisible by 3 for coupled_rotation")
-        E, Et = builders[emb]()
+        if emb in ("decoupled", "coupled_rotation"):
+            E, Et = getattr(M, emb)(K)
+        elif emb == "coherent":
+            E, Et = M.coherent(K, d, float(mc.coherence), key)
+        else:
+            E, Et = getattr(M, emb)(K, d, key)
         self.E, self.Et, self.K, self.d = jnp.asarray(E), jnp.asarray(Et), K, d
         if pc.kind == "two_level":
             self.prior = F.two_level(K, float(pc.alpha), float(pc.beta))
@@ -65,10 +67,7 @@ class MemoryTask:
                     raise ValueError(f"config.prior.groups={M_} must divide memory.K={K}")
                 self.prior = F.hierarchical(M_, K // M_, float(pc.exponent))
             else:
-                raise ValueError(
-                    f"config.prior.kind={pc.kind!r}; allowed: ('two_level', 'power_law', "
-                    "'hierarchical')"
-                )
+                raise ValueError(f"config.prior.kind={pc.kind!r}; allowed values: {PRIORS}")
             n_head = max(1, int(round(float(pc.head_fraction) * K)))
             order = np.argsort(-self.prior, kind="stable")
             self.head = np.zeros(K, bool)
@@ -78,7 +77,7 @@ class MemoryTask:
         self.batch_size = int(config.batch_size)
         self._sample = None
         if self.batch_size:
-            check_batch(self.batch_size, place.data_shards, "batch_size")
+            parallel.check_batch(self.batch_size, place.data_shards, "batch_size")
             rows = self.batch_size // place.data_shards if place.mode == "pmap" else self.batch_size
             self._sample = memory_tasks.make_sampler(self.prior, rows, self.noise)
         self._eval_fn = None
@@ -90,7 +89,7 @@ class MemoryTask:
         return {"W": jnp.zeros((self.d, self.d), jnp.float32)}
 
     def roles(self, params: Any) -> Any:
-        # A role from amemory.optim.ROLES, so the optim routing resolves it: W [d_out, d_in]
+        # A role from amemory.models.roles.ROLES, so the optim routing resolves it: W [d_out, d_in]
         # maps a key embedding into the space the output embeddings Et read, the place of an
         # FFN output matrix. Metrics: update_rms/w_out; the spectrum stays "spectrum/W".
         return jax.tree.map(lambda _: "w_out", params)

@@ -51,6 +51,15 @@ def initialize_distributed(pcfg: Any) -> None:
     )
 
 
+def check_batch(batch_size: int, data_shards: int, field: str) -> None:
+    """Raise ValueError unless ``batch_size`` splits evenly over the data shards."""
+    if batch_size % data_shards:
+        raise ValueError(
+            f"config.{field}={batch_size} must be divisible by the {data_shards} data shards "
+            "(devices) of this parallel mode"
+        )
+
+
 def make_mesh(fsdp: int = 1, devices: list | None = None) -> Mesh:
     """Mesh with axes ``("data", "fsdp")``, shape ``(n // fsdp, fsdp)`` (Auto axis types).
 

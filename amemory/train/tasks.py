@@ -22,8 +22,9 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from amemory.models.roles import role_of
+from amemory.optim.routing import parse_roles
 from amemory.train import parallel
-from amemory.train.config import parse_roles
 
 
 class Task(Protocol):
@@ -32,19 +33,19 @@ class Task(Protocol):
     Attributes:
       kind: name written to records and the summary (``"lm"``, ``"biographies"``, ...).
       tokens_per_step: global tokens (LM) or queries (memory) consumed per step.
-      matrix_roles: roles trained by ``optimizer.name``; None = ``optimizer.muon_roles``.
+      muon_roles: roles trained by ``optimizer.name``; None = ``optimizer.muon_roles``.
     """
 
     kind: str
     tokens_per_step: int
-    matrix_roles: tuple[str, ...] | None
+    muon_roles: tuple[str, ...] | None
 
     def init_params(self, key: jax.Array) -> Any:
         """One seed's parameters from a raw key ``[2] uint32`` (traceable; no host work)."""
         ...
 
     def roles(self, params: Any) -> Any:
-        """Same-structure tree of role strings (``amemory.optim.ROLES``)."""
+        """Same-structure tree of role strings (``amemory.models.roles.ROLES``)."""
         ...
 
     def matrix_axes(self, path: Any, leaf: Any) -> tuple[Any, Any] | None:
@@ -78,13 +79,9 @@ class Task(Protocol):
         ...
 
 
-def check_batch(batch_size: int, data_shards: int, field: str) -> None:
-    """Raise ValueError unless ``batch_size`` splits evenly over the data shards."""
-    if batch_size % data_shards:
-        raise ValueError(
-            f"config.{field}={batch_size} must be divisible by the {data_shards} data shards "
-            "(devices) of this parallel mode"
-        )
+#: ``config.task`` values: "lm" (LMTask, or BiographyTask for ``data.kind="biographies"``),
+#: "memory" (MemoryTask).
+TASKS = ("lm", "memory")
 
 
 def build(config: Any, place: parallel.Placement) -> Task:
@@ -106,43 +103,27 @@ def build(config: Any, place: parallel.Placement) -> Task:
 
 
 def model_config(config: Any, vocab_size: int, max_len: int | None = None):
-    """``TransformerConfig`` from ``config.model`` (preset + non-None overrides).
+    """``TransformerConfig`` from ``config.model``, translated once: the preset, then every
+    field that is not None (``mla`` / ``moe`` as ``MLAConfig`` / ``MoEConfig``;
+    ``moe.lb_coef`` is the loss's). ``max_len`` defaults to ``config.data.seq_len``.
 
-    ``max_len`` defaults to ``config.data.seq_len``.
+    Raises:
+      ValueError: a field ``TransformerConfig`` rejects, re-raised naming ``config.model``.
     """
     from amemory.models import transformer
 
-    m = config.model
-    over = {
-        k: m[k]
-        for k in ("d_model", "n_layers", "n_heads", "d_ff", "ffn", "norm", "position", "qk_norm",
-                  "tied_head")
-        if m[k] is not None
-    }  # fmt: skip
-    moe = m.moe
-    return transformer.preset(
-        m.preset,
-        vocab_size=int(vocab_size),
-        max_len=int(max_len if max_len is not None else config.data.seq_len),
-        dropout=float(m.dropout),
-        remat=bool(m.remat),
-        remat_policy=m.get("remat_policy", "nothing_saveable"),
-        scan_layers=bool(m.get("scan_layers", False)),
-        dtype=m.dtype,
-        param_dtype=m.param_dtype,
-        attention=m.attention,
-        mla=transformer.MLAConfig(
-            kv_rank=m.mla.kv_rank, rope_dim=m.mla.rope_dim, q_rank=int(m.mla.q_rank)
-        ),
-        moe=transformer.MoEConfig(
-            experts=int(moe.experts),
-            top_k=int(moe.top_k),
-            shared=int(moe.shared),
-            d_expert=moe.d_expert,
-            capacity_factor=float(moe.capacity_factor),
-        ),
-        **over,
-    )
+    m = config.model.to_dict()
+    mla, moe = m.pop("mla"), m.pop("moe")
+    moe.pop("lb_coef", None)
+    over = {k: v for k, v in m.items() if v is not None and k != "preset"}
+    max_len = int(max_len if max_len is not None else config.data.seq_len)
+    try:
+        return transformer.preset(
+            m["preset"], vocab_size=int(vocab_size), max_len=max_len,
+            mla=transformer.MLAConfig(**mla), moe=transformer.MoEConfig(**moe), **over,
+        )  # fmt: skip
+    except (TypeError, ValueError) as e:
+        raise ValueError(f"config.model: {e}") from None
 
 
 def _lm_loss(graphdef, params, tokens, targets, mask, rng, dropout: bool, lb_coef: float):
@@ -174,7 +155,7 @@ def _lm_loss(graphdef, params, tokens, targets, mask, rng, dropout: bool, lb_coe
 class _Transformer:
     """Shared transformer pieces of LMTask and BiographyTask."""
 
-    matrix_roles = None  # config.optimizer.muon_roles
+    muon_roles = None  # config.optimizer.muon_roles
 
     def _setup_model(self, config: Any, vocab_size: int, max_len: int | None = None) -> None:
         from amemory.models import transformer
@@ -183,7 +164,7 @@ class _Transformer:
         self.graphdef = transformer._graphdef(self.model_config)
         self.dropout = float(config.model.dropout) > 0
         self.lb_coef = float(config.model.moe.lb_coef)
-        self.spectrum_roles = parse_roles(config.spectrum_roles, "spectrum_roles")
+        self.spectrum_roles = parse_roles(config.spectrum_roles, role_of, "spectrum_roles")
 
     def init_params(self, key: jax.Array) -> Any:
         from amemory.models import transformer
@@ -238,7 +219,7 @@ class LMTask(_Transformer):
         from amemory.data import corpus as C
 
         d = config.data
-        check_batch(int(d.batch_size), place.data_shards, "data.batch_size")
+        parallel.check_batch(int(d.batch_size), place.data_shards, "data.batch_size")
         self.data = C.prepare_corpus(d.corpus, tokenizer=d.tokenizer, vocab_size=int(d.vocab_size))
         self._setup_model(config, self.data.vocab_size)
         self.batch_size, self.seq_len = int(d.batch_size), int(d.seq_len)
@@ -315,7 +296,7 @@ class BiographyTask(_Transformer):
         from amemory.data import biographies as B
 
         d = config.data
-        check_batch(int(d.batch_size), place.data_shards, "data.batch_size")
+        parallel.check_batch(int(d.batch_size), place.data_shards, "data.batch_size")
         bc = d.biographies
         self.data = B.make_biographies(B.BiographyConfig(m=int(bc.m), seed=int(bc.seed)))
         self.eval_set = self.data.eval.per_group(int(bc.eval_per_group), seed=int(bc.seed))

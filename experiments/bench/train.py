@@ -337,7 +337,7 @@ def bench_engine(quick: bool) -> dict:
     params = jax.eval_shape(task.init_params, jax.random.PRNGKey(0))
     roles = task.roles(params)
     opt = optimizers.build(
-        cfg, params, roles, matrix_roles=task.matrix_roles, matrix_axes=task.matrix_axes
+        cfg, params, roles, muon_roles=task.muon_roles, matrix_axes=task.matrix_axes
     )
     eng = engine_lib.Engine(place, task, opt, roles, jax.random.PRNGKey(0), False, True)
     it = task.train_input()

@@ -109,7 +109,7 @@ def get_config(scale: str = "quick") -> ConfigDict:
 
     # ---- optimizer (amemory.optim; resolved in amemory.train.optimizers) ---------
     c.optimizer = ConfigDict()
-    c.optimizer.name = "muon"  # "adam" | "muon" | "normuon" | "signgd" | "signum" | "sgd"
+    c.optimizer.name = "muon"  # "adam" or a name of amemory.optim.OPTIMIZERS
     # Roles given to optimizer.name; every other parameter (embed, head, norm,
     # bias, router, and unlisted matrices) is trained by Adam. Roles/groups: q k v o
     # w_in w_gate w_out embed head norm bias (MLA: q_down q_up q_rope kv_down k_up v_up
@@ -118,15 +118,15 @@ def get_config(scale: str = "quick") -> ConfigDict:
     # "adam". The MoE router is in no group (Adam unless named).
     c.optimizer.muon_roles = "hidden"
     # peak learning rate of optimizer.name on its roles; None = that optimizer's default
-    # (amemory.train.optimizers.DEFAULT_LR: muon/normuon 0.02, signgd/signum 1e-3, sgd 0.05)
+    # (amemory.optim.OPTIMIZERS[name].default_lr)
     c.optimizer.lr = config_dict.placeholder(float)
     # peak learning rate of Adam (the "rest" roles, or everything for "adam")
     c.optimizer.adam_lr = 3e-3
     c.optimizer.b1 = 0.9  # Adam beta1 (paper A, arXiv 2509.26030, uses 0.8)
     c.optimizer.b2 = 0.95  # Adam beta2
     c.optimizer.eps = 1e-8  # Adam epsilon
-    c.optimizer.momentum = 0.95  # Muon/NorMuon momentum mu; SGD heavy-ball momentum (0 = plain GD)
-    c.optimizer.nesterov = True  # Nesterov momentum for Muon/NorMuon/SGD
+    c.optimizer.momentum = 0.95  # Muon-family momentum mu; SGD heavy-ball momentum (0 = plain GD)
+    c.optimizer.nesterov = True  # Nesterov momentum for the Muon family and SGD
     c.optimizer.signum_beta = 0.9  # Signum momentum (EMA) before the sign
     # Muon preset: None | "jordan" | "moonlight" | "torch" | "optax" | "wang2025". A preset
     # sets momentum, nesterov, orthogonalizer, ns_steps and shape_scale as its peer does

@@ -63,7 +63,7 @@ def get_config(scale: str = "quick") -> ConfigDict:
 
     # ---- optimizer (amemory.optim) -----------------------------------------------
     c.optimizer = ConfigDict()
-    c.optimizer.name = "muon"  # "adam" | "muon" | "normuon" | "signgd" | "signum" | "sgd" (sgd with momentum 0 = GD)
+    c.optimizer.name = "muon"  # "adam" or a name of amemory.optim.OPTIMIZERS (sgd, momentum 0 = GD)
     c.optimizer.muon_roles = "all"  # the memory has one matrix W; kept for schema parity with lm.py
     # learning rate eta of optimizer.name (Muon: W <- W - eta msgn(grad)); 0.1 keeps the
     # quick run's 50 Muon steps short of convergence. GD ("sgd") needs a step of order K
