@@ -28,11 +28,13 @@ JAX, MaxText moves a matrix's sharding onto a stack axis with one all-to-all):
    stays in place: each owner orthogonalises its own matrices, and only an
    ``all_gather`` over replica axes (if any) follows.
 
-Which axis a leaf is split along is not visible at trace time under Auto mesh axes, so
-the layout follows the FSDP convention of ``amemory.train``: a leaf is split along its
-largest axis divisible by ``s`` (ties to the first axis); a stack along its larger matrix
-axis divisible by ``s`` (ties to rows). A leaf split differently still gets the exact
-update; XLA then reshards it at the ``shard_map`` boundary (more traffic).
+Under ``Explicit`` mesh axes a leaf's type names the axis it is split along and the layout
+follows it (:func:`auto_sharded` runs the update itself on ``Auto`` axes). Under ``Auto``
+axes it is not visible at trace time, so the layout follows the FSDP convention of
+``amemory.train``: a leaf is split along its largest axis divisible by ``s`` (ties to the
+first axis); a stack along its larger matrix axis divisible by ``s`` (ties to rows). A
+leaf split differently still gets the exact update; XLA then reshards it at the
+``shard_map`` boundary (more traffic).
 
 Communication per update (bytes summed over devices, element size ``e``, ``E_g`` the
 padded element count of stack ``g``): ``e * sum_g [2 (s-1)/s + (r-1)] E_g`` for split
