@@ -38,8 +38,8 @@ def _grad(shape, seed=0):
 def test_newton_schulz_runs_under_every_parallel_layout():
     """DeepSpeed #8442: with ZeRO stage 0 (plain data parallel) Muon ran no Newton-Schulz.
     Here every layout (one device, GSPMD on split parameters, the owner layout on a
-    data-parallel mesh with replicated parameters and on an FSDP mesh, Explicit axes)
-    returns the polar factor of the gradient."""
+    data-parallel mesh with replicated parameters and on an FSDP mesh, Explicit axes,
+    pmap) returns the polar factor of the gradient."""
     g = _grad((24, 40))
     want = -_polar(g)
     dp = jax.make_mesh((4, 1), ("data", "fsdp"), axis_types=(AxisType.Auto,) * 2)
@@ -61,6 +61,9 @@ def test_newton_schulz_runs_under_every_parallel_layout():
         got = jax.jit(lambda a, tx=tx: tx.update(a, tx.init(a), a)[0])(gs)
         np.testing.assert_allclose(np.asarray(got), want, atol=2e-5, err_msg=name)
         assert np.abs(np.asarray(got) - np.asarray(-g)).max() > 0.5  # not the raw gradient
+    tx = optim.muon(1.0, **EXACT)  # pmap: one replica per device, as DDP / ZeRO-0
+    got = jax.pmap(lambda a: tx.update(a, tx.init(a), a)[0])(jnp.stack([g] * 4))
+    np.testing.assert_allclose(np.asarray(got), np.stack([want] * 4), atol=2e-5)
 
 
 def test_owner_layout_orthogonalises_the_whole_matrix_not_each_shard():
