@@ -163,18 +163,13 @@ def _einsum_axes(spec: str, ndim: int) -> tuple[Any, Any] | None:
 
 
 def _in_order(node: Any, path: tuple, nnx: Any):
-    """``(path, module)`` of every module under ``node``, in definition order."""
-    if isinstance(node, nnx.Module) and not isinstance(node, nnx.List):
+    """``(path, module)`` of every module under ``node`` (``nnx.List``/``nnx.Dict``
+    included: Flax 0.12 stores containers of modules only so), in definition order."""
+    if isinstance(node, nnx.Module):
         yield path, node
-        items = [(k, v) for k, v in vars(node).items() if not k.startswith("_")]
-    elif isinstance(node, list | tuple | nnx.List):
-        items = list(enumerate(node))
-    elif isinstance(node, dict):
-        items = list(node.items())
-    else:
-        return
-    for key, child in items:
-        yield from _in_order(child, path + (key,), nnx)
+        for key, child in vars(node).items():
+            if not key.startswith("_"):
+                yield from _in_order(child, path + (key,), nnx)
 
 
 def nnx_layers(model: Any, *, heads: tuple[str, ...] | None = None) -> NnxLayers:
