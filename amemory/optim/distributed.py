@@ -414,13 +414,21 @@ def _explicit_mesh(tree: Any) -> tuple[Any, tuple[str, ...]]:
 def auto_sharded(tx: optax.GradientTransformation) -> optax.GradientTransformation:
     """``tx`` with its update run on ``Auto`` mesh axes, for parameters with ``Explicit`` ones.
 
-    Under ``Explicit`` axes (``jax.make_mesh``'s default since JAX 0.7) every reshape and
+    Under ``Explicit`` axes (``jax.make_mesh``'s default in JAX 0.10) every reshape and
     matmul must state its output sharding; Muon reshapes leaves into matrix stacks and
     contracts over their (possibly sharded) axes. The wrapper leaves the update's
     sharding to XLA's partitioner (``jax.sharding.auto_axes``, which the owner layout
     then overrides with its ``shard_map``) and gives every output the input's sharding
     (updates like the gradients, new state like the old): the same numbers as the
     unsharded update. Meshes with only ``Auto`` axes, or none, call ``tx`` unchanged.
+
+    Args:
+      tx: a transform whose update returns a state of the same structure as it gets.
+
+    Returns:
+      ``tx`` with the same ``init`` and the wrapped ``update``.
+
+    Source: JAX's explicit-sharding guide ("Explicit sharding", ``jax.sharding.auto_axes``).
     """
 
     def update_fn(updates, state, params=None):
