@@ -5,7 +5,7 @@ Subpackages:
   amemory.optim     pure Optax transformations (Muon family, SignGD, role routing)
   amemory.models    one-layer associative memory and a Flax NNX decoder
   amemory.data      heavy-tailed priors, memory tasks, biographies, real text corpora
-  amemory.train     training engine (single device, pmap, sharded jit, multi-host)
+  amemory.train     training engine (one jit over a device mesh, multi-host; launch plans)
   amemory.analysis  spectrum, balance and scaling metrics, plots
 """
 

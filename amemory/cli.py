@@ -8,7 +8,9 @@ cheap (no jax import until a subcommand runs).
 from __future__ import annotations
 
 import argparse
+import glob
 import importlib
+import os
 import sys
 
 # name -> (module with main(argv), one-line help)
@@ -16,6 +18,8 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "train": ("amemory.train.cli", "train a transformer or associative memory from a config"),
     "check": ("theory_checks.cli", "numerically verify the papers' statements"),
     "reproduce": ("experiments.reproduce", "run the papers' experiments and write a report"),
+    "report": ("experiments.report", "the claims table and figures from the committed results"),
+    "plan": ("amemory.train.planner", "compile the train step for TPU topologies, from any host"),
     "sample": ("amemory.train.sample", "generate text from a trained run (KV-cache decoding)"),
     "data": ("amemory.data.cli", "prepare corpora and print their statistics"),
     "bench": ("experiments.bench.cli", "benchmarks: optimizer update and train step"),
@@ -45,8 +49,22 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _cpu_unless_accelerator() -> None:
+    """Keep JAX off accelerator runtimes on a host without accelerators when libtpu or the
+    CUDA plugin is installed (JAX would try them and print their warnings):
+    ``JAX_PLATFORMS=cpu`` unless it is set or a TPU / NVIDIA device is visible. ``amemory
+    plan`` still reaches the TPU and GPU compilers (a topology loads them itself)."""
+    if os.environ.get("JAX_PLATFORMS"):
+        return
+    if not any(importlib.util.find_spec(m) for m in ("libtpu", "jax_cuda12_plugin")):
+        return
+    if not any(glob.glob(p) for p in ("/dev/accel*", "/dev/vfio/*", "/dev/nvidia[0-9]*")):
+        os.environ["JAX_PLATFORMS"] = "cpu"
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    _cpu_unless_accelerator()
     parser = build_parser()
     # Split at the subcommand: everything after it belongs to the subcommand's own parser.
     split = next((i for i, a in enumerate(argv) if not a.startswith("-")), len(argv))

@@ -18,26 +18,22 @@ Student-t interval against the claim's threshold (held / not held / undecided,
 from __future__ import annotations
 
 import math
-import sys
-from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
 from ml_collections import ConfigDict
 
 from amemory.analysis import plots, stats
-from experiments import common, tail_lm
+from experiments import common
 from experiments.configs.ablation import PAPER_TABLE
-
-NAME = "ablation"
 
 
 def subset_config(base: ConfigDict, subset: str, muon_lr: float, adam_lr: float) -> ConfigDict:
     """Run config with Muon on ``subset`` ("none" = all Adam, "all" = every hidden matrix)."""
     if subset == "none":
-        return tail_lm.run_config(base, "adam", adam_lr, adam_lr)
+        return common.run_config(base, "adam", adam_lr, adam_lr)
     roles = "hidden" if subset == "all" else subset
-    return tail_lm.run_config(base, "muon", muon_lr, adam_lr, roles)
+    return common.run_config(base, "muon", muon_lr, adam_lr, roles)
 
 
 def gain_share(l_none: Any, l_subset: Any, l_all: Any) -> Any:
@@ -59,20 +55,8 @@ def paper_shares(ffn: str) -> dict[str, float]:
     return {s: gain_share(t["none"], v, t["all"]) for s, v in t.items()}
 
 
-def n_units(cfg: ConfigDict) -> int:
-    """Training runs (the LR sweeps of Adam and Muon, then one multi-seed run per subset/FFN)."""
-    sweeps = len(cfg.lr_grid.adam) + len(cfg.lr_grid.muon)
-    return sweeps + len(cfg.subsets) * len(cfg.ffn_kinds)
-
-
-def run(
-    cfg: ConfigDict,
-    out_dir: Any,
-    *,
-    progress: Callable[[str], None] | None = None,
-    cache_dir: Any = None,
-) -> dict[str, Any]:
-    """Run the ablation; writes result.json and figures. See the module docstring.
+def run(cfg: ConfigDict, stage: common.Stage) -> dict[str, Any]:
+    """Run the ablation (see the module docstring); figures under ``stage.out_dir``.
 
     Raises:
       ValueError: for an unknown subset or FFN kind (before any training).
@@ -84,50 +68,46 @@ def run(
     bad = [f for f in cfg.ffn_kinds if f not in ("gelu", "swiglu")]
     if bad:
         raise ValueError(f"ablation config field 'ffn_kinds': unknown {bad}; allowed gelu, swiglu")
-    out_dir = common.make_run_dir(out_dir, NAME)
-    cache_dir = cache_dir or out_dir / "train_runs"
-    with common.Timer() as timer:
-        chosen, _, tables = tail_lm.choose_lrs(
-            cfg, cache_dir, progress=progress, optimizers=("adam", "muon")
-        )
-        losses: dict[str, dict[str, np.ndarray]] = {}
-        for ffn in cfg.ffn_kinds:
-            base = ConfigDict(cfg.base.to_dict())
-            if not (ffn == "gelu" and base.model.ffn in (None, "gelu")):
-                base.model.ffn = ffn  # gelu on the default base stays identical to tail_lm's
-            losses[ffn] = {}
-            for subset in cfg.subsets:
-                rc = subset_config(base, subset, chosen["muon"], chosen["adam"])
-                r = common.train_cached(
-                    common.seeded(rc, cfg.seeds), cache_dir, f"ablation-{ffn}-{subset}-seeds"
-                )
-                losses[ffn][subset] = common.final_eval_seeds(r)
-                if progress:
-                    progress(f"{ffn} {subset}")
-        shares = {
-            ffn: {
-                s: gain_share(v.get("none", math.nan), x, v.get("all", math.nan))
-                for s, x in v.items()
-            }
-            for ffn, v in losses.items()
-        }
-        metrics = {
-            "chosen_lr": chosen, "lr_sweep": tables, "val_loss": losses, "share": shares,
-            "seeds": list(cfg.seeds),
-        }  # fmt: skip
-        figures = []
-        for ffn in cfg.ffn_kinds:
-            p = plots.plot_bars(
-                {s: shares[ffn][s] for s in cfg.subsets},
-                out_dir / "figures" / f"ablation_share_{ffn}.png",
-                ylabel="share of Muon's gain",
-                title=f"Muon on subset, Adam elsewhere ({ffn} FFN), 95% seed intervals",
-                reference=paper_shares(ffn),
+    out_dir, cache_dir, progress = stage.out_dir, stage.cache_dir, stage.progress
+    chosen, _, tables = common.choose_lrs(
+        cfg, cache_dir, progress=progress, optimizers=("adam", "muon")
+    )
+    losses: dict[str, dict[str, np.ndarray]] = {}
+    for ffn in cfg.ffn_kinds:
+        base = ConfigDict(cfg.base.to_dict())
+        if not (ffn == "gelu" and base.model.ffn in (None, "gelu")):
+            base.model.ffn = ffn  # gelu on the default base stays identical to tail_lm's
+        losses[ffn] = {}
+        for subset in cfg.subsets:
+            rc = subset_config(base, subset, chosen["muon"], chosen["adam"])
+            r = common.train_cached(
+                common.seeded(rc, cfg.seeds), cache_dir, f"ablation-{ffn}-{subset}-seeds"
             )
-            figures.append(str(p.relative_to(out_dir)))
-        metrics["report_md"] = report_md(cfg, metrics)
-        claims = make_claims(cfg, metrics)
-    return common.finish(NAME, cfg, out_dir, timer, metrics=metrics, figures=figures, claims=claims)
+            losses[ffn][subset] = common.final_eval_seeds(r)
+            progress(f"{ffn} {subset}")
+    shares = {
+        ffn: {
+            s: gain_share(v.get("none", math.nan), x, v.get("all", math.nan)) for s, x in v.items()
+        }
+        for ffn, v in losses.items()
+    }
+    metrics = {
+        "chosen_lr": chosen, "lr_sweep": tables, "val_loss": losses, "share": shares,
+        "seeds": list(cfg.seeds),
+    }  # fmt: skip
+    figures = []
+    for ffn in cfg.ffn_kinds:
+        p = plots.plot_bars(
+            {s: shares[ffn][s] for s in cfg.subsets},
+            out_dir / "figures" / f"ablation_share_{ffn}.png",
+            ylabel="share of Muon's gain",
+            title=f"Muon on subset, Adam elsewhere ({ffn} FFN), 95% seed intervals",
+            reference=paper_shares(ffn),
+        )
+        figures.append(str(p.relative_to(out_dir)))
+    metrics["report_md"] = report_md(cfg, metrics)
+    claims = make_claims(cfg, metrics)
+    return {"metrics": metrics, "figures": figures, "claims": claims}
 
 
 def report_md(cfg: ConfigDict, m: dict[str, Any]) -> str:
@@ -193,10 +173,9 @@ def make_claims(cfg: ConfigDict, m: dict[str, Any]) -> list[common.Claim]:
     return claims
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m experiments.ablation --scale quick --out DIR``."""
-    return common.experiment_main(NAME, run, argv, description=__doc__.splitlines()[0])
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+EXPERIMENT = common.Experiment(
+    "ablation", run, default=True,  # units: the LR sweeps, then a run per subset and FFN
+    units=lambda c: len(c.lr_grid.adam) + len(c.lr_grid.muon) + len(c.subsets) * len(c.ffn_kinds),
+    reduced={"subsets": ("none", "qk", "vo+ffn", "all"), "ffn_kinds": ("gelu",)},
+    headline=("ablation/vo_ffn_share", "ablation/qk_share"),
+)  # fmt: skip

@@ -30,18 +30,15 @@ from __future__ import annotations
 
 import math
 import statistics
-import sys
 import time
-from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
 from ml_collections import ConfigDict
 
 from amemory.analysis import plots
-from experiments import common, tail_lm
+from experiments import common
 
-NAME = "arch"
 OPTIMIZERS = ("adam", "muon")
 SEED = "seed (arXiv 2509.24406), abstract"
 # The seed's numbers and our decision thresholds (80% of the effect).
@@ -62,7 +59,7 @@ def run_config(cfg: ConfigDict, arch: str, optimizer: str, muon_roles: str = "hi
             f"arch config field 'architectures': unknown {arch!r}; allowed {ARCHITECTURES}"
         )
     lr = cfg.lr.adam if optimizer == "adam" else cfg.lr.muon
-    c = tail_lm.run_config(cfg.base, optimizer, lr, cfg.lr.adam, muon_roles)
+    c = common.run_config(cfg.base, optimizer, lr, cfg.lr.adam, muon_roles)
     if "mla" in arch:
         c.model.attention = "mla"
         for k in ("kv_rank", "rope_dim", "q_rank"):
@@ -172,21 +169,10 @@ def decode_measurements(cfg: ConfigDict, models: dict[str, tuple]) -> dict[str, 
     return out
 
 
-def run(
-    cfg: ConfigDict,
-    out_dir: Any,
-    *,
-    progress: Callable[[str], None] | None = None,
-    cache_dir: Any = None,
-) -> dict[str, Any]:
-    """Run the experiment; writes result.json and figures into ``out_dir``.
+def run(cfg: ConfigDict, stage: common.Stage) -> dict[str, Any]:
+    """Train every cell and measure decoding; progress after each run and the decoding.
 
-    Args:
-      cfg: from ``experiments/configs/arch.py``.
-      out_dir: run directory.
-      progress: callback after each training run and after the decoding measurements.
-      cache_dir: where training runs live (default ``out_dir/train_runs``); shared
-        between stages by ``amemory reproduce`` (dense runs equal tail_lm's).
+    The dense cells' runs are tail_lm's (same configs, shared through ``stage.cache_dir``).
 
     Raises:
       ValueError: unknown architecture, or "dense" missing (the baseline).
@@ -199,58 +185,51 @@ def run(
         run_config(cfg, a, "adam")  # validates the names before any training
     if "dense" not in archs:
         raise ValueError("arch config field 'architectures' must include 'dense' (the baseline)")
-    out_dir = common.make_run_dir(out_dir, NAME)
-    cache_dir = cache_dir or out_dir / "train_runs"
-    with common.Timer() as timer:
-        runs: dict[str, dict[str, Any]] = {}
-        cells = [(a, o, "hidden") for a in archs for o in OPTIMIZERS]
-        if "mla_moe" in archs:
-            cells += [("mla_moe", "muon", roles) for roles in cfg.partial]
-        for arch, opt, roles in cells:
-            name = opt if roles == "hidden" or opt == "adam" else f"muon_{roles}"
-            rc = run_config(cfg, arch, opt, roles)
-            lr = rc.optimizer.lr
-            runs.setdefault(arch, {})[name] = common.train_cached(
-                rc, cache_dir, f"arch-{arch}-{name}-lr{lr:g}"
-            )
-            if progress:
-                progress(f"{arch} {name}")
-        models = load_models({a: runs[a]["muon"]["workdir"] for a in archs})
-        dec = decode_measurements(cfg, models)
-        if progress:
-            progress("decoding")
-        target = common.final_eval(runs["dense"]["adam"])
-        cellm: dict[str, dict[str, Any]] = {}
-        for arch, by_opt in runs.items():
-            _, params, mc, _ = models[arch]
-            tokens = int(cfg.base.data.batch_size) * int(cfg.base.data.seq_len)
-            for name, r in by_opt.items():
-                roles = parse_roles(r["summary"]["muon_roles"], role_of) if name != "adam" else ()
-                costs = model_costs(mc, params, roles)
-                step_flops = costs["flops_per_token"] * tokens + costs["ns_flops_per_step"]
-                steps, loss = common.eval_series(r["records"], "loss")
-                own = common.final_eval(by_opt["adam"])
-                s_dense = common.steps_to_reach(steps, loss, target)
-                s_own = common.steps_to_reach(steps, loss, own)
-                cellm[f"{arch}/{name}"] = {
-                    "arch": arch, "optimizer": name, "workdir": r["workdir"],
-                    **costs, "flops_per_step": step_flops,
-                    "final_val_loss": common.final_eval(r),
-                    "perplexity": math.exp(common.final_eval(r)),
-                    "eval_steps": steps, "val_loss": loss, "total_steps": float(steps[-1]),
-                    "steps_to_dense_adam": s_dense, "flops_to_dense_adam": s_dense * step_flops,
-                    "steps_to_own_adam": s_own, "flops_to_own_adam": s_own * step_flops,
-                    "wall_s": r["summary"].get("wall_s"),
-                }  # fmt: skip
-        metrics = {"target_loss": target, "lr": cfg.lr.to_dict(), "lr_source": cfg.lr_source,
-                   "cells": cellm, "decode": dec}  # fmt: skip
-        figures = make_figures(cfg, metrics, out_dir)
-        metrics["report_md"] = report_md(cfg, metrics)
-        claims = make_claims(cfg, metrics)
-    return common.finish(
-        NAME, cfg, out_dir, timer, metrics=metrics, figures=figures, claims=claims,
-        notes=make_notes(cellm),
-    )  # fmt: skip
+    out_dir, cache_dir, progress = stage.out_dir, stage.cache_dir, stage.progress
+    runs: dict[str, dict[str, Any]] = {}
+    cells = [(a, o, "hidden") for a in archs for o in OPTIMIZERS]
+    if "mla_moe" in archs:
+        cells += [("mla_moe", "muon", roles) for roles in cfg.partial]
+    for arch, opt, roles in cells:
+        name = opt if roles == "hidden" or opt == "adam" else f"muon_{roles}"
+        rc = run_config(cfg, arch, opt, roles)
+        lr = rc.optimizer.lr
+        runs.setdefault(arch, {})[name] = common.train_cached(
+            rc, cache_dir, f"arch-{arch}-{name}-lr{lr:g}"
+        )
+        progress(f"{arch} {name}")
+    models = load_models({a: runs[a]["muon"]["workdir"] for a in archs})
+    dec = decode_measurements(cfg, models)
+    progress("decoding")
+    target = common.final_eval(runs["dense"]["adam"])
+    cellm: dict[str, dict[str, Any]] = {}
+    for arch, by_opt in runs.items():
+        _, params, mc, _ = models[arch]
+        tokens = int(cfg.base.data.batch_size) * int(cfg.base.data.seq_len)
+        for name, r in by_opt.items():
+            roles = parse_roles(r["summary"]["muon_roles"], role_of) if name != "adam" else ()
+            costs = model_costs(mc, params, roles)
+            step_flops = costs["flops_per_token"] * tokens + costs["ns_flops_per_step"]
+            steps, loss = common.eval_series(r["records"], "loss")
+            own = common.final_eval(by_opt["adam"])
+            s_dense = common.steps_to_reach(steps, loss, target)
+            s_own = common.steps_to_reach(steps, loss, own)
+            cellm[f"{arch}/{name}"] = {
+                "arch": arch, "optimizer": name, "workdir": r["workdir"],
+                **costs, "flops_per_step": step_flops,
+                "final_val_loss": common.final_eval(r),
+                "perplexity": math.exp(common.final_eval(r)),
+                "eval_steps": steps, "val_loss": loss, "total_steps": float(steps[-1]),
+                "steps_to_dense_adam": s_dense, "flops_to_dense_adam": s_dense * step_flops,
+                "steps_to_own_adam": s_own, "flops_to_own_adam": s_own * step_flops,
+                "wall_s": r["summary"].get("wall_s"),
+            }  # fmt: skip
+    metrics = {"target_loss": target, "lr": cfg.lr.to_dict(), "lr_source": cfg.lr_source,
+               "cells": cellm, "decode": dec}  # fmt: skip
+    figures = make_figures(cfg, metrics, out_dir)
+    metrics["report_md"] = report_md(cfg, metrics)
+    claims = make_claims(cfg, metrics)
+    return {"metrics": metrics, "figures": figures, "claims": claims, "notes": make_notes(cellm)}
 
 
 def make_notes(cells: dict[str, dict[str, Any]]) -> list[str]:
@@ -449,10 +428,4 @@ def make_claims(cfg: ConfigDict, m: dict[str, Any]) -> list[common.Claim]:
     return claims
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m experiments.arch --scale quick --out DIR``."""
-    return common.experiment_main(NAME, run, argv, description=__doc__.splitlines()[0])
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+EXPERIMENT = common.Experiment("arch", run, units=n_units, lr_from="tail_lm")

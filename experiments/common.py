@@ -1,39 +1,188 @@
-"""Shared plumbing for the experiments: run directories, JSON, claims, configs, LR grids.
+"""Shared plumbing for the experiments: the registry, run directories, JSON, claims, configs.
 
-Every experiment module ``experiments/<name>.py`` exposes
+Every experiment module ``experiments/<name>.py`` declares ``EXPERIMENT =
+Experiment(name, run, ...)`` (:class:`Experiment`), and its config module
+``experiments/configs/<name>.py`` a ``get_config(scale)``. ``run(config, stage)`` runs
+the experiment described by the ``ml_collections.ConfigDict`` ``config``, writes its
+figures into ``stage.out_dir / "figures"``, trains through ``stage.cache_dir`` and
+returns ``{"metrics", "figures", "claims"[, "notes"]}``; :meth:`Experiment.__call__`
+times it and writes the standard result dict (:func:`result_dict`) as ``result.json``.
+``amemory reproduce`` and ``python -m experiments <name>`` find experiments through
+:func:`experiments` (nothing else lists them).
 
-* ``run(config, out_dir, *, progress=None) -> dict``: runs the experiment described by
-  the ``ml_collections.ConfigDict`` ``config`` (from ``experiments/configs/<name>.py``),
-  writes ``result.json`` and ``figures/*.png`` into ``out_dir`` and returns the result
-  dict (see :func:`result_dict`);
-* ``main(argv) -> int``: ``python -m experiments.<name> --scale quick --out DIR``.
-
-The result dict always holds ``name``, ``scale``, ``wall_s``, ``figures`` (paths
-relative to ``out_dir``), ``claims`` (list of :class:`Claim` as dicts) and an
-experiment-specific ``metrics`` dict. ``amemory reproduce`` reads only these keys.
+The result dict always holds ``name``, ``scale``, ``wall_s``, ``cpu_s``, ``load``,
+``figures`` (paths relative to the stage directory), ``claims`` (list of :class:`Claim`
+as dicts), ``notes``, ``config`` and an experiment-specific ``metrics`` dict.
 """
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import datetime as _dt
+import functools
 import hashlib
 import importlib
 import json
 import math
 import os
 import pathlib
+import pkgutil
+import resource
 import sys
 import time
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import numpy as np
+from ml_collections import ConfigDict
 
 from amemory import atomic
+from experiments.configs import SCALES
 
-SCALES = ("quick", "full")
+REPO = pathlib.Path(__file__).resolve().parent.parent
+
+
+@dataclasses.dataclass(frozen=True)
+class Stage:
+    """Where a running experiment writes, and whom it tells about progress.
+
+    Attributes:
+      out_dir: the stage directory (exists, with ``figures/``).
+      cache_dir: where training runs live (:func:`train_cached`); ``amemory reproduce``
+        shares it between stages, so identical runs are trained once.
+      progress: called with a short label after each unit of work (:attr:`Experiment.units`).
+    """
+
+    out_dir: pathlib.Path
+    cache_dir: pathlib.Path
+    progress: Callable[[str], None] = lambda label: None
+
+    def figure(self, path: os.PathLike | str) -> str:
+        """``path`` (a figure under ``out_dir``) relative to ``out_dir``, for ``figures``."""
+        return str(pathlib.Path(path).relative_to(self.out_dir))
+
+
+@dataclasses.dataclass(frozen=True)
+class Experiment:
+    """One experiment of ``amemory reproduce`` (declared as ``EXPERIMENT`` in its module).
+
+    Attributes:
+      name: the stage name; its config is ``experiments/configs/<name>.py``.
+      run: ``run(config, stage: Stage) -> {"metrics", "figures", "claims"[, "notes"]}``.
+      units: ``units(config) -> int``, the calls to ``stage.progress`` (the progress bar).
+      default: whether ``amemory reproduce`` runs it without ``--only``.
+      reduced: dotted-field overrides of the default run (not applied with ``--only``).
+      lr_from: in the default run, take this stage's chosen learning rates
+        (``metrics["chosen_lr"]`` into the fields ``lr.<optimizer>``) instead of a grid.
+      headline: claim keys shown first in the report, in this order.
+      get_config: ``get_config(scale)``; default ``experiments/configs/<name>.py``'s.
+      sources: glob patterns (relative to the repository) of the files that make this
+        stage's code version besides its module, its config, this file and ``amemory/``.
+    """
+
+    name: str
+    run: Callable[[Any, Stage], dict[str, Any]]
+    units: Callable[[Any], int] = lambda cfg: 1
+    default: bool = False
+    reduced: dict[str, Any] = dataclasses.field(default_factory=dict)
+    lr_from: str = ""
+    headline: tuple[str, ...] = ()
+    get_config: Callable[[str], Any] | None = None
+    sources: tuple[str, ...] = ()
+
+    def config(self, scale: str = "quick") -> Any:
+        """The experiment's config at ``scale``.
+
+        Raises:
+          ValueError: if ``scale`` is not one of :data:`SCALES`.
+        """
+        if scale not in SCALES:
+            raise ValueError(f"scale must be one of {SCALES}, got {scale!r}")
+        if self.get_config is not None:
+            return self.get_config(scale)
+        return importlib.import_module(f"experiments.configs.{self.name}").get_config(scale)
+
+    def code_version(self) -> str:
+        """12-hex-digit hash of this stage's source files (see :attr:`sources`)."""
+        module = importlib.import_module(self.run.__module__)
+        files = [pathlib.Path(module.__file__), REPO / "experiments" / "common.py"]
+        files += [REPO / "experiments" / "configs" / f"{self.name}.py"]
+        files += [f for pattern in self.sources for f in sorted(REPO.glob(pattern))]
+        return source_hash([f for f in files if f.is_file()], amemory_version())
+
+    def __call__(self, cfg: Any, out_dir: os.PathLike | str, *, progress=None, cache_dir=None):
+        """Run the experiment into ``out_dir``; write and return the result dict.
+
+        ``cache_dir`` defaults to ``out_dir/train_runs``. The result records the wall and
+        CPU seconds of this process (and its finished children) and the load average
+        (1 minute) at the start and the end, so a reader can judge the timings.
+        """
+        out = pathlib.Path(out_dir)
+        (out / "figures").mkdir(parents=True, exist_ok=True)
+        cache = pathlib.Path(cache_dir or out / "train_runs")
+        stage = Stage(out, cache, progress or (lambda label: None))
+        load0, cpu0, t0 = os.getloadavg()[0], cpu_seconds(), time.perf_counter()
+        found = self.run(cfg, stage)
+        result = result_dict(
+            self.name, cfg.scale, wall_s=time.perf_counter() - t0, config=cfg,
+            **{k: v for k, v in found.items() if k in ("metrics", "figures", "claims", "notes")},
+        )  # fmt: skip
+        result["cpu_s"] = cpu_seconds() - cpu0
+        result["load"] = {"start": load0, "end": os.getloadavg()[0]}
+        save_json(out / "result.json", result)
+        return result
+
+
+@functools.cache
+def experiments() -> dict[str, Experiment]:
+    """Every ``EXPERIMENT`` declared by a module of the ``experiments`` package, by name.
+
+    Ordered by name, except that a stage taking another's learning rates (``lr_from``)
+    comes after every stage that does not.
+
+    Raises:
+      ValueError: if two modules declare the same name.
+    """
+    import experiments as package
+
+    found: dict[str, Experiment] = {}
+    for info in pkgutil.iter_modules(package.__path__):
+        if info.ispkg or info.name.startswith("_"):
+            continue
+        exp = getattr(importlib.import_module(f"experiments.{info.name}"), "EXPERIMENT", None)
+        if exp is not None:
+            if exp.name in found:
+                raise ValueError(f"experiment name {exp.name!r} declared twice")
+            found[exp.name] = exp
+    return dict(sorted(found.items(), key=lambda kv: (bool(kv[1].lr_from), kv[0])))
+
+
+def source_hash(files: Iterable[os.PathLike | str], *extra: str) -> str:
+    """12-hex-digit SHA-256 of the files' bytes (in the given order) and ``extra`` strings."""
+    h = hashlib.sha256()
+    for f in files:
+        h.update(pathlib.Path(f).read_bytes())
+    for e in extra:
+        h.update(e.encode())
+    return h.hexdigest()[:12]
+
+
+@functools.cache
+def amemory_version() -> str:
+    """12-hex-digit hash of the ``amemory`` package's source files (the code that trains)."""
+    files = sorted((REPO / "amemory").rglob("*.py"))
+    return source_hash(files, *(f.relative_to(REPO).as_posix() for f in files))
+
+
+def cpu_seconds() -> float:
+    """CPU seconds (user + system) of this process and its finished children so far.
+
+    A stage's CPU time divided by the core count estimates its wall time on an idle
+    machine (the report's budget figure) even when other jobs share the cores.
+    """
+    own = resource.getrusage(resource.RUSAGE_SELF)
+    kids = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + kids.ru_utime + kids.ru_stime
 
 
 @dataclasses.dataclass
@@ -176,29 +325,6 @@ def timestamp() -> str:
     return _dt.datetime.now(_dt.UTC).strftime("%Y%m%d-%H%M%S")
 
 
-def make_run_dir(out: str | os.PathLike | None, name: str) -> pathlib.Path:
-    """Create and return the run directory: ``out`` if given, else ``runs/<name>-<ts>``."""
-    path = pathlib.Path(out) if out else pathlib.Path("runs") / f"{name}-{timestamp()}"
-    path.mkdir(parents=True, exist_ok=True)
-    (path / "figures").mkdir(exist_ok=True)
-    return path
-
-
-def load_config(name: str, scale: str = "quick"):
-    """Load ``experiments/configs/<name>.py`` and return ``get_config(scale)``.
-
-    Raises:
-      ValueError: if ``scale`` is not one of :data:`SCALES` or the config module is missing.
-    """
-    if scale not in SCALES:
-        raise ValueError(f"scale must be one of {SCALES}, got {scale!r}")
-    try:
-        module = importlib.import_module(f"experiments.configs.{name}")
-    except ModuleNotFoundError as e:
-        raise ValueError(f"no config experiments/configs/{name}.py ({e})") from e
-    return module.get_config(scale)
-
-
 def config_hash(cfg: Any) -> str:
     """Stable 12-hex-digit hash of a (ConfigDict or dict) config, for run caching."""
     d = cfg.to_dict() if hasattr(cfg, "to_dict") else cfg
@@ -223,94 +349,63 @@ def result_dict(
         "scale": scale,
         "wall_s": float(wall_s),
         "figures": list(figures),
-        "claims": [c.as_dict() for c in claims],
+        "claims": [c.as_dict() if isinstance(c, Claim) else dict(c) for c in claims],
         "metrics": metrics,
         "notes": list(notes),
         "config": (config.to_dict() if hasattr(config, "to_dict") else config),
     }
 
 
-def finish(
-    name: str,
-    config: Any,
-    out_dir: str | os.PathLike,
-    timer: Timer,
-    *,
-    metrics: dict[str, Any],
-    figures: Sequence[str],
-    claims: Iterable[Claim],
-    notes: Sequence[str] = (),
-) -> dict[str, Any]:
-    """Build the result dict (:func:`result_dict`), write ``out_dir/result.json``, return it.
-
-    ``config.scale`` gives the scale and ``timer.seconds`` the wall time.
-    """
-    result = result_dict(
-        name, config.scale, metrics=metrics, figures=figures, claims=claims,
-        wall_s=timer.seconds, config=config, notes=notes,
-    )  # fmt: skip
-    save_json(pathlib.Path(out_dir) / "result.json", result)
-    return result
-
-
-def experiment_main(
-    name: str,
-    run_fn: Callable[..., dict[str, Any]],
-    argv: Sequence[str] | None,
-    *,
-    description: str,
-) -> int:
-    """Common ``main`` for ``python -m experiments.<name> [--scale] [--out] [--set k=v]``.
-
-    ``--set a.b=value`` overrides a config field (value parsed as JSON when possible).
-    Prints a one-line summary per claim and the run directory.
-    """
-    parser = argparse.ArgumentParser(prog=f"python -m experiments.{name}", description=description)
-    parser.add_argument("--scale", default="quick", choices=SCALES, help="quick (CPU) or full")
-    parser.add_argument("--out", default=None, help="run directory (default runs/<name>-<ts>)")
-    parser.add_argument(
-        "--set",
-        action="append",
-        default=[],
-        metavar="FIELD=VALUE",
-        help="override a config field, e.g. --set steps=50 (repeatable)",
-    )
-    args = parser.parse_args(list(sys.argv[1:] if argv is None else argv))
-    cfg = load_config(name, args.scale)
-    for item in args.set:
-        apply_override(cfg, item)
-    out = make_run_dir(args.out, name)
-    result = run_fn(cfg, out)
-    print(format_summary(result))
-    print(f"run dir: {out}")
-    return 0
-
-
-def apply_override(cfg: Any, item: str) -> None:
-    """Apply ``"a.b.c=value"`` to a ConfigDict (value parsed as JSON, else kept as str).
+def parse_set(item: str) -> tuple[str, Any]:
+    """``"a.b=value"`` (a ``--set`` argument) as ``("a.b", value)``, the value parsed as JSON.
 
     Raises:
-      ValueError: if ``item`` has no ``=`` or the field does not exist.
+      ValueError: if ``item`` has no ``=``.
     """
     if "=" not in item:
         raise ValueError(f"--set expects FIELD=VALUE, got {item!r}")
     key, raw = item.split("=", 1)
     try:
-        value = json.loads(raw)
+        return key, json.loads(raw)
     except json.JSONDecodeError:
-        value = raw
-    parts = key.split(".")
+        return key, raw
+
+
+def has_field(cfg: Any, key: str) -> bool:
+    """Whether the ConfigDict ``cfg`` has the dotted field ``key``."""
     node = cfg
-    for p in parts[:-1]:
-        if p not in node:
-            raise ValueError(f"unknown config field {key!r}")
-        node = node[p]
-    if parts[-1] not in node:
-        raise ValueError(f"unknown config field {key!r}; fields here: {sorted(node.keys())}")
-    old = node[parts[-1]]
+    for part in key.split("."):
+        if not hasattr(node, "keys") or part not in node:
+            return False
+        node = node[part]
+    return True
+
+
+def apply_override(cfg: Any, key: str, value: Any) -> None:
+    """Set the dotted field ``key`` of the ConfigDict ``cfg`` to ``value``.
+
+    A list given for a tuple field becomes a tuple (JSON has no tuples).
+
+    Raises:
+      ValueError: if the field does not exist (naming the fields there), or ``value``
+        has a type the field does not accept (ConfigDict's type check).
+    """
+    *parents, leaf = key.split(".")
+    node = cfg
+    for i, part in enumerate(parents):
+        if not hasattr(node, "keys") or part not in node:
+            raise ValueError(f"unknown config field {'.'.join(parents[: i + 1])!r}")
+        node = node[part]
+    if not hasattr(node, "keys") or leaf not in node:
+        fields = sorted(node.keys()) if hasattr(node, "keys") else []
+        raise ValueError(f"unknown config field {key!r}; fields here: {fields}")
+    old = node[leaf]
     if isinstance(old, tuple | list) and isinstance(value, list):
         value = type(old)(value)
-    node[parts[-1]] = value
+    try:
+        node[leaf] = value
+    except TypeError as e:
+        raise ValueError(f"config field {key!r}: {e}") from None
 
 
 def format_summary(result: dict[str, Any]) -> str:
@@ -321,18 +416,6 @@ def format_summary(result: dict[str, Any]) -> str:
             f"  {verdict(c['held']):10s} {c['key']}: ours {c['ours']} | paper {c['paper_value']}"
         )
     return "\n".join(lines)
-
-
-class Timer:
-    """Context manager measuring wall seconds: ``with Timer() as t: ...; t.seconds``."""
-
-    def __enter__(self) -> Timer:
-        self.start = time.perf_counter()
-        self.seconds = 0.0
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.seconds = time.perf_counter() - self.start
 
 
 def nanmin(values: Iterable[float]) -> float:
@@ -363,9 +446,10 @@ _NON_SEMANTIC = ("progress",)
 
 
 def _semantic_hash(cfg: Any) -> str:
+    """The cache key of a training run: its config and the code that trains it."""
     d = cfg.to_dict() if hasattr(cfg, "to_dict") else dict(cfg)
     d = {k: v for k, v in d.items() if k not in _NON_SEMANTIC}
-    return config_hash(d)
+    return config_hash({"config": d, "amemory": amemory_version()})
 
 
 def _read_cached(workdir: pathlib.Path) -> tuple[dict[str, Any], list] | None:
@@ -373,7 +457,7 @@ def _read_cached(workdir: pathlib.Path) -> tuple[dict[str, Any], list] | None:
 
     An unreadable entry (a summary.json or metrics.jsonl cut short by an older,
     non-atomic writer, or damaged on disk) is treated as missing: the run is trained
-    again, and a line on stderr says so.
+    again from scratch, and a line on stderr says so.
     """
     path = workdir / "summary.json"
     if not path.exists():
@@ -385,16 +469,21 @@ def _read_cached(workdir: pathlib.Path) -> tuple[dict[str, Any], list] | None:
         return summary, read_jsonl(workdir / "metrics.jsonl")
     except (OSError, ValueError) as e:  # json.JSONDecodeError and UnicodeDecodeError included
         sys.stderr.write(f"amemory: cached run {workdir} is unreadable ({e}); training it again\n")
+        import shutil
+
+        shutil.rmtree(workdir)
         return None
 
 
 def train_cached(cfg: Any, cache_dir: str | os.PathLike, label: str) -> dict[str, Any]:
     """Train ``cfg`` with :func:`amemory.train.train`, reusing an identical earlier run.
 
-    The run directory is ``cache_dir/<label>-<hash of cfg>``; when it already holds a
-    readable ``summary.json`` (same config, same machine) the run is not repeated (an
-    unreadable one is retrained, with a line on stderr). This lets
-    stages share runs (the ablation's "none" and "all" are tail_lm's Adam and Muon).
+    The run directory is ``cache_dir/<label>-<hash>``, the hash of the config and of the
+    ``amemory`` sources (:func:`amemory_version`: a code change retrains). When it holds
+    a readable ``summary.json`` the run is not repeated (an unreadable one is retrained
+    from scratch, with a line on stderr); when it holds an unfinished run (stopped by
+    SIGTERM, or killed), training resumes from its newest checkpoint. This lets stages
+    share runs (the ablation's "none" and "all" are tail_lm's Adam and Muon).
 
     Returns:
       {"summary": train's summary dict, "records": metrics.jsonl rows, "workdir": path,
@@ -402,33 +491,22 @@ def train_cached(cfg: Any, cache_dir: str | os.PathLike, label: str) -> dict[str
 
     Raises:
       ValueError: from :func:`amemory.train.train` on a bad config.
+      amemory.train.RunInterrupted: on SIGTERM/SIGINT (the step was saved).
     """
     from amemory.train import train
 
     h = _semantic_hash(cfg)
     workdir = pathlib.Path(cache_dir) / f"{label}-{h}"
-    if not (workdir / "summary.json").exists():  # same config under another label?
+    if not workdir.exists():  # same config under another label?
         same = sorted(pathlib.Path(cache_dir).glob(f"*-{h}/summary.json"))
-        if same:
-            workdir = same[0].parent
+        workdir = same[0].parent if same else workdir
     found = _read_cached(workdir)
     cached = found is not None
-    if cached:
-        summary, records = found
-    else:
-        if workdir.exists():  # an interrupted earlier attempt, or an unreadable one: start clean
-            import shutil
-
-            shutil.rmtree(workdir)
-        summary = train(cfg, workdir)
-        records = read_jsonl(workdir / "metrics.jsonl")
-    return {
-        "summary": summary,
-        "records": records,
-        "workdir": str(workdir),
-        "cached": cached,
-        "label": label,
-    }
+    if not cached:
+        summary = train(cfg, workdir, resume=workdir.exists())
+        found = summary, read_jsonl(workdir / "metrics.jsonl")
+    return {"summary": found[0], "records": found[1], "workdir": str(workdir),
+            "cached": cached, "label": label}  # fmt: skip
 
 
 def seeded(run_cfg: Any, seeds: Sequence[int]) -> Any:
@@ -438,8 +516,6 @@ def seeded(run_cfg: Any, seeds: Sequence[int]) -> Any:
     the data order is ``run_cfg.seed``'s for every seed (seeds differ in initialisation).
     An empty ``seeds`` keeps the single-seed run.
     """
-    from ml_collections import ConfigDict
-
     c = ConfigDict(run_cfg.to_dict())
     c.seeds = tuple(int(s) for s in seeds)
     return c
@@ -547,3 +623,146 @@ def lr_sweep(
         for i, lr in enumerate(grid)
     ]
     return float(grid[best]), runs[best], rows
+
+
+# ------------------------------------------------------------------ language-model runs
+
+
+def run_config(
+    base: ConfigDict, optimizer: str, lr: float, adam_lr: float, muon_roles: str = "hidden"
+) -> ConfigDict:
+    """A copy of ``base`` training ``optimizer`` at ``lr`` on ``muon_roles``, Adam elsewhere.
+
+    ``optimizer == "adam"`` trains every parameter with Adam at ``lr`` (``adam_lr`` unused).
+
+    Raises:
+      ValueError: if ``optimizer`` is not in ``amemory.train.optimizers.names()``.
+    """
+    from amemory.train.optimizers import names  # "adam" and amemory.optim.OPTIMIZERS
+
+    if optimizer not in names():
+        raise ValueError(f"optimizer must be one of {names()}, got {optimizer!r}")
+    c = ConfigDict(base.to_dict())
+    c.optimizer.name = optimizer
+    if optimizer == "adam":
+        c.optimizer.adam_lr = float(lr)
+        c.optimizer.lr = float(lr)
+        c.optimizer.muon_roles = "none"
+    else:
+        c.optimizer.lr = float(lr)
+        c.optimizer.adam_lr = float(adam_lr)
+        c.optimizer.muon_roles = muon_roles
+    return c
+
+
+def choose_lrs(
+    cfg: ConfigDict,
+    cache_dir: Any,
+    *,
+    progress: Callable[[str], None] | None = None,
+    optimizers: Sequence[str] | None = None,
+    score: Callable[[dict[str, Any]], float] | None = None,
+) -> tuple[dict[str, float], dict[str, Any], dict[str, list]]:
+    """Grid-search each optimizer's learning rate (Adam first) on ``cfg.base``.
+
+    ``score(run)`` (lower wins) replaces the final validation loss, as in :func:`lr_sweep`
+    (e.g. :func:`final_train_loss` on biographies).
+
+    Returns:
+      (chosen lr per optimizer, chosen run per optimizer (train_cached results),
+      sweep table rows per optimizer).
+    """
+    optimizers = tuple(optimizers or cfg.optimizers)
+    chosen: dict[str, float] = {}
+    runs: dict[str, Any] = {}
+    tables: dict[str, list] = {}
+    adam_lr, adam_run, rows = lr_sweep(
+        lambda lr: run_config(cfg.base, "adam", lr, lr),
+        cfg.lr_grid.adam,
+        cache_dir,
+        "lm-adam",
+        progress=progress,
+        score=score,
+    )
+    chosen["adam"], runs["adam"], tables["adam"] = adam_lr, adam_run, rows
+    for opt in optimizers:
+        if opt == "adam":
+            continue
+        lr, r, rows = lr_sweep(
+            lambda lr, opt=opt: run_config(cfg.base, opt, lr, adam_lr, cfg.muon_roles),
+            cfg.lr_grid[opt],
+            cache_dir,
+            f"lm-{opt}-{cfg.muon_roles}",
+            progress=progress,
+            score=score,
+        )
+        chosen[opt], runs[opt], tables[opt] = lr, r, rows
+    return chosen, runs, tables
+
+
+def seeded_runs(
+    cfg: ConfigDict,
+    chosen: dict[str, float],
+    cache_dir: Any,
+    *,
+    progress: Callable[[str], None] | None = None,
+    optimizers: Sequence[str] | None = None,
+) -> dict[str, Any]:
+    """Train each optimizer at its chosen learning rate on the seeds ``cfg.seeds`` at once.
+
+    Returns optimizer -> :func:`train_cached` result (a multi-seed run; with an
+    empty ``cfg.seeds`` the single-seed run of ``base.seed``).
+    """
+    runs = {}
+    for opt in tuple(optimizers or cfg.optimizers):
+        rc = run_config(cfg.base, opt, chosen[opt], chosen["adam"], cfg.muon_roles)
+        label = "lm-adam" if opt == "adam" else f"lm-{opt}-{cfg.muon_roles}"
+        runs[opt] = train_cached(
+            seeded(rc, cfg.seeds), cache_dir, f"{label}-lr{chosen[opt]:g}-seeds"
+        )
+        if progress:
+            progress(f"{opt} seeds {tuple(cfg.seeds)}")
+    return runs
+
+
+def bucket_curves(run: dict[str, Any]) -> tuple[np.ndarray, np.ndarray, list[str]]:
+    """(eval steps [n], per-bucket val loss [n, n_buckets, seeds], bucket labels) of one run.
+
+    Buckets with no validation tokens (e.g. "unseen") are dropped. A single-seed run
+    has a seed axis of length 1.
+    """
+    labels = []
+    for r in run["records"]:
+        if r.get("kind") == "eval" and "bucket_labels" in r:
+            labels = list(r["bucket_labels"])
+    cols, keep = [], []
+    steps = np.zeros(0)
+    for b, lab in enumerate(labels):
+        steps, v = eval_series(run["records"], f"loss/bucket_{b}")
+        if v.size and np.isfinite(v).any():
+            cols.append(v.reshape(len(steps), -1))
+            keep.append(lab)
+    arr = np.stack(cols, axis=1) if cols else np.zeros((0, 0, 1))
+    return steps, arr, keep
+
+
+def final_spectrum(run: dict[str, Any]) -> dict[str, list[float]]:
+    """The last spectrum record's ``spectrum/<role>/<metric>`` values per seed of one run."""
+    last: dict[str, Any] = {}
+    for r in run["records"]:
+        if r.get("kind") == "spectrum":
+            last = {k: v for k, v in r.items() if k.startswith("spectrum/")}
+    return {k: np.atleast_1d(np.asarray(v, float)).tolist() for k, v in last.items()}
+
+
+def steps_to_target(steps: np.ndarray, loss: np.ndarray, target: np.ndarray) -> np.ndarray:
+    """``[seeds]`` first (interpolated) step at which seed s's loss reaches ``target[s]``.
+
+    Args:
+      steps: ``[n]`` eval steps; loss: ``[n, seeds]``; target: ``[seeds]`` (e.g. Adam's
+        final loss of the same seed). NaN where a seed never reaches its target.
+    """
+    loss = np.asarray(loss, float).reshape(len(steps), -1)
+    target = np.broadcast_to(np.asarray(target, float), loss.shape[1:])
+    return np.array([steps_to_reach(steps, loss[:, s], target[s])
+                     for s in range(loss.shape[1])])  # fmt: skip

@@ -12,22 +12,14 @@ matrix, the spread claim on the F interval of the ratio of seed variances.
 
 from __future__ import annotations
 
-import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 from ml_collections import ConfigDict
 
 from amemory.analysis import plots, stats
-from experiments import common, tail_lm
-
-NAME = "isotropy"
-
-
-def n_units(cfg: ConfigDict) -> int:
-    """One multi-seed training run per optimizer."""
-    return len(cfg.optimizers)
+from experiments import common
 
 
 def spectrum_series(records: Sequence[dict[str, Any]]) -> dict[str, tuple[np.ndarray, np.ndarray]]:
@@ -44,52 +36,43 @@ def spectrum_series(records: Sequence[dict[str, Any]]) -> dict[str, tuple[np.nda
     return out
 
 
-def run(
-    cfg: ConfigDict,
-    out_dir: Any,
-    *,
-    progress: Callable[[str], None] | None = None,
-    cache_dir: Any = None,
-) -> dict[str, Any]:
-    """Train each optimizer on all seeds at once; write result.json and figures."""
-    out_dir = common.make_run_dir(out_dir, NAME)
-    cache_dir = cache_dir or out_dir / "train_runs"
-    with common.Timer() as timer:
-        series = {}
-        for opt in cfg.optimizers:
-            rc = tail_lm.run_config(cfg.base, opt, cfg.lr[opt], cfg.lr.adam, cfg.matrix_roles)
-            r = common.train_cached(common.seeded(rc, cfg.seeds), cache_dir, f"iso-{opt}")
-            series[opt] = spectrum_series(r["records"])
-            if progress:
-                progress(opt)
-        summary: dict[str, Any] = {}
-        panels = {}
-        keys = sorted(set.intersection(*(set(s) for s in series.values())))
-        for k in keys:
-            _, role, metric = k.split("/", 2)
-            if metric not in cfg.metrics:
-                continue
-            panel = {}
-            for opt, s in series.items():
-                steps, v = s[k]  # (n, seeds)
-                panel[opt] = (steps, v)
-                summary.setdefault(k, {})[opt] = {
-                    "steps": steps, "values": v,
-                    "mean": np.nanmean(v, axis=1),
-                    "time_mean": np.nanmean(v, axis=0),  # (seeds,) average over logged steps
-                }  # fmt: skip
-            panels[f"{role} {metric}"] = panel
-        figures = []
-        if panels:
-            p = plots.plot_band_curves(panels, out_dir / "figures" / "isotropy.png", ncols=4)
-            figures.append(str(p.relative_to(out_dir)))
-        metrics = {
-            "series": summary, "seeds": list(cfg.seeds), "lr": dict(cfg.lr),
-            "lr_source": cfg.lr_source,
-        }  # fmt: skip
-        claims = make_claims(summary)
-        metrics["report_md"] = report_md(summary, metrics)
-    return common.finish(NAME, cfg, out_dir, timer, metrics=metrics, figures=figures, claims=claims)
+def run(cfg: ConfigDict, stage: common.Stage) -> dict[str, Any]:
+    """Train each optimizer on all seeds at once; figures under ``stage.out_dir``."""
+    out_dir, cache_dir, progress = stage.out_dir, stage.cache_dir, stage.progress
+    series = {}
+    for opt in cfg.optimizers:
+        rc = common.run_config(cfg.base, opt, cfg.lr[opt], cfg.lr.adam, cfg.muon_roles)
+        r = common.train_cached(common.seeded(rc, cfg.seeds), cache_dir, f"iso-{opt}")
+        series[opt] = spectrum_series(r["records"])
+        progress(opt)
+    summary: dict[str, Any] = {}
+    panels = {}
+    keys = sorted(set.intersection(*(set(s) for s in series.values())))
+    for k in keys:
+        _, role, metric = k.split("/", 2)
+        if metric not in cfg.metrics:
+            continue
+        panel = {}
+        for opt, s in series.items():
+            steps, v = s[k]  # (n, seeds)
+            panel[opt] = (steps, v)
+            summary.setdefault(k, {})[opt] = {
+                "steps": steps, "values": v,
+                "mean": np.nanmean(v, axis=1),
+                "time_mean": np.nanmean(v, axis=0),  # (seeds,) average over logged steps
+            }  # fmt: skip
+        panels[f"{role} {metric}"] = panel
+    figures = []
+    if panels:
+        p = plots.plot_band_curves(panels, out_dir / "figures" / "isotropy.png", ncols=4)
+        figures.append(str(p.relative_to(out_dir)))
+    metrics = {
+        "series": summary, "seeds": list(cfg.seeds), "lr": dict(cfg.lr),
+        "lr_source": cfg.lr_source,
+    }  # fmt: skip
+    claims = make_claims(summary)
+    metrics["report_md"] = report_md(summary, metrics)
+    return {"metrics": metrics, "figures": figures, "claims": claims}
 
 
 def report_md(summary: dict[str, Any], m: dict[str, Any]) -> str:
@@ -162,10 +145,6 @@ def make_claims(summary: dict[str, Any]) -> list[common.Claim]:
     ]  # fmt: skip
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m experiments.isotropy --scale quick --out DIR``."""
-    return common.experiment_main(NAME, run, argv, description=__doc__.splitlines()[0])
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+EXPERIMENT = common.Experiment(
+    "isotropy", run, units=lambda cfg: len(cfg.optimizers), default=True, lr_from="tail_lm"
+)

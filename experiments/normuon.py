@@ -21,98 +21,79 @@ not held / undecided, :mod:`amemory.analysis.stats`).
 
 from __future__ import annotations
 
-import sys
-from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
 from ml_collections import ConfigDict
 
 from amemory.analysis import plots
-from experiments import common, reference_lm, tail_lm
+from experiments import common, reference_lm
 
-NAME = "normuon"
 OPTIMIZERS = ("muon", "normuon")
 
 
 def _tail_cfg(cfg: ConfigDict) -> ConfigDict:
     return ConfigDict({
-        "base": cfg.base, "optimizers": ("adam",) + OPTIMIZERS, "matrix_roles": cfg.matrix_roles,
+        "base": cfg.base, "optimizers": ("adam",) + OPTIMIZERS, "muon_roles": cfg.muon_roles,
         "lr_grid": cfg.lr_grid.to_dict(), "seeds": tuple(cfg.seeds),
     })  # fmt: skip
 
 
-def n_units(cfg: ConfigDict) -> int:
-    """Training runs: three LR grids, two engine runs and two plain runs (multi-seed)."""
-    return sum(len(cfg.lr_grid[o]) for o in ("adam",) + OPTIMIZERS) + 2 * len(OPTIMIZERS)
-
-
-def run(
-    cfg: ConfigDict,
-    out_dir: Any,
-    *,
-    progress: Callable[[str], None] | None = None,
-    cache_dir: Any = None,
-) -> dict[str, Any]:
-    """Run the experiment; writes result.json and figures. See the module docstring.
+def run(cfg: ConfigDict, stage: common.Stage) -> dict[str, Any]:
+    """Run the experiment (see the module docstring); figures under ``stage.out_dir``.
 
     Raises:
       ValueError: if fewer than 2 seeds are configured (before training).
     """
     if len(cfg.seeds) < 2:
         raise ValueError(f"normuon config field 'seeds' needs >= 2 seeds, got {cfg.seeds}")
-    out_dir = common.make_run_dir(out_dir, NAME)
-    cache_dir = cache_dir or out_dir / "train_runs"
+    out_dir, cache_dir, progress = stage.out_dir, stage.cache_dir, stage.progress
     tl = _tail_cfg(cfg)
-    with common.Timer() as timer:
-        chosen, _, tables = tail_lm.choose_lrs(tl, cache_dir, progress=progress)
-        runs = tail_lm.seeded_runs(tl, chosen, cache_dir, progress=progress, optimizers=OPTIMIZERS)
-        metrics: dict[str, Any] = {
-            "chosen_lr": chosen,
-            "lr_sweep": tables,
-            "seeds": list(cfg.seeds),
+    chosen, _, tables = common.choose_lrs(tl, cache_dir, progress=progress)
+    runs = common.seeded_runs(tl, chosen, cache_dir, progress=progress, optimizers=OPTIMIZERS)
+    metrics: dict[str, Any] = {
+        "chosen_lr": chosen,
+        "lr_sweep": tables,
+        "seeds": list(cfg.seeds),
+    }
+    curves, cv = {}, {}
+    for opt in OPTIMIZERS:
+        steps, loss = common.eval_series(runs[opt]["records"], "loss")
+        curves[opt] = (steps, loss.reshape(len(steps), -1))
+        rc = common.run_config(cfg.base, opt, chosen[opt], chosen["adam"], cfg.muon_roles)
+        ref = reference_lm.cached_run(rc, opt, tuple(cfg.seeds), cache_dir)
+        cv[opt] = {
+            "steps": np.asarray(ref["cv_steps"], float),
+            "by_role": {r: np.asarray(v, float) for r, v in ref["neuron_cv"].items()},
+            "plain_final_loss": np.asarray(ref["val_loss"], float)[-1],
         }
-        curves, cv = {}, {}
-        for opt in OPTIMIZERS:
-            steps, loss = common.eval_series(runs[opt]["records"], "loss")
-            curves[opt] = (steps, loss.reshape(len(steps), -1))
-            rc = tail_lm.run_config(cfg.base, opt, chosen[opt], chosen["adam"], cfg.matrix_roles)
-            ref = reference_lm.cached_run(rc, opt, tuple(cfg.seeds), cache_dir)
-            cv[opt] = {
-                "steps": np.asarray(ref["cv_steps"], float),
-                "by_role": {r: np.asarray(v, float) for r, v in ref["neuron_cv"].items()},
-                "plain_final_loss": np.asarray(ref["val_loss"], float)[-1],
-            }
-            if progress:
-                progress(f"{opt} neuron norms")
-        for opt in OPTIMIZERS:
-            roles = cv[opt]["by_role"]
-            # (seeds,) averages over the logged steps (NaN: a step whose update was 0)
-            cv[opt]["time_mean"] = {r: np.nanmean(v, axis=0) for r, v in roles.items()}
-            cv[opt]["all"] = np.mean(list(cv[opt]["time_mean"].values()), axis=0)
-        metrics["val_loss"] = {o: c[1] for o, c in curves.items()}
-        metrics["eval_steps"] = curves["muon"][0]
-        metrics["final"] = {o: c[1][-1] for o, c in curves.items()}
-        metrics["neuron_cv"] = cv
-        figures = []
-        panels = {
-            f"{role} neuron-norm CV": {
-                o: (cv[o]["steps"], cv[o]["by_role"][role]) for o in OPTIMIZERS
-            }
-            for role in cv["muon"]["by_role"]
-        }
-        p = plots.plot_band_curves(panels, out_dir / "figures" / "normuon_neuron_cv.png", ncols=3)
-        figures.append(str(p.relative_to(out_dir)))
-        p = plots.plot_curves(
-            {o: curves[o] for o in OPTIMIZERS},
-            out_dir / "figures" / "normuon_val_loss.png",
-            xlabel="step", ylabel="validation loss (nats/token)",
-            title="NorMuon vs Muon (95% seed bands)",
-        )  # fmt: skip
-        figures.append(str(p.relative_to(out_dir)))
-        metrics["report_md"] = report_md(metrics)
-        claims = make_claims(metrics)
-    return common.finish(NAME, cfg, out_dir, timer, metrics=metrics, figures=figures, claims=claims)
+        progress(f"{opt} neuron norms")
+    for opt in OPTIMIZERS:
+        roles = cv[opt]["by_role"]
+        # (seeds,) averages over the logged steps (NaN: a step whose update was 0)
+        cv[opt]["time_mean"] = {r: np.nanmean(v, axis=0) for r, v in roles.items()}
+        cv[opt]["all"] = np.mean(list(cv[opt]["time_mean"].values()), axis=0)
+    metrics["val_loss"] = {o: c[1] for o, c in curves.items()}
+    metrics["eval_steps"] = curves["muon"][0]
+    metrics["final"] = {o: c[1][-1] for o, c in curves.items()}
+    metrics["neuron_cv"] = cv
+    figures = []
+    panels = {
+        f"{role} neuron-norm CV": {o: (cv[o]["steps"], cv[o]["by_role"][role]) for o in OPTIMIZERS}
+        for role in cv["muon"]["by_role"]
+    }
+    p = plots.plot_band_curves(panels, out_dir / "figures" / "normuon_neuron_cv.png", ncols=3)
+    figures.append(str(p.relative_to(out_dir)))
+    p = plots.plot_curves(
+        {o: curves[o] for o in OPTIMIZERS},
+        out_dir / "figures" / "normuon_val_loss.png",
+        xlabel="step", ylabel="validation loss (nats/token)",
+        title="NorMuon vs Muon (95% seed bands)",
+    )  # fmt: skip
+    figures.append(str(p.relative_to(out_dir)))
+    metrics["report_md"] = report_md(metrics)
+    claims = make_claims(metrics)
+    return {"metrics": metrics, "figures": figures, "claims": claims}
 
 
 def report_md(m: dict[str, Any]) -> str:
@@ -180,10 +161,11 @@ def make_claims(m: dict[str, Any]) -> list[common.Claim]:
     return claims
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m experiments.normuon --scale quick --out DIR``."""
-    return common.experiment_main(NAME, run, argv, description=__doc__.splitlines()[0])
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+EXPERIMENT = common.Experiment(
+    "normuon",
+    run,
+    units=lambda cfg: (
+        sum(len(cfg.lr_grid[o]) for o in ("adam",) + OPTIMIZERS) + 2 * len(OPTIMIZERS)
+    ),
+    sources=("experiments/reference_lm.py",),
+)

@@ -26,8 +26,7 @@ import collections
 import functools
 import math
 import re
-import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import jax
@@ -39,7 +38,6 @@ from amemory.data import frequencies
 from amemory.models import memory
 from experiments import common
 
-NAME = "one_layer"
 OPTIMIZERS = one_step.OPTIMIZERS
 EMBEDDINGS = ("decoupled", "coupled")
 PRIORS = ("two_level", "corpus")
@@ -236,27 +234,14 @@ def learning_rate(name: str, cfg: Any, prior: np.ndarray) -> float:
 # ----------------------------------------------------------------------------- experiment
 
 
-def n_units(cfg: Any) -> int:
-    """Units of work reported to ``progress``: one per (prior, embedding, optimizer)."""
-    return len(cfg.priors) * len(cfg.embeddings) * len(cfg.optimizers)
-
-
-def run(cfg: Any, out_dir: Any, *, progress: Callable[[str], None] | None = None) -> dict:
-    """Run the experiment; writes ``result.json`` and ``figures/one_layer_gap_vs_loss.png``.
-
-    Args:
-      cfg: ConfigDict from ``experiments/configs/one_layer.py``.
-      out_dir: run directory (created by the caller or here).
-      progress: optional callback receiving a short label after each unit of work.
-
-    Returns:
-      The standard result dict (experiments/common.py).
+def run(cfg: Any, stage: common.Stage) -> dict[str, Any]:
+    """Run the experiment; writes ``figures/one_layer_gap_vs_loss.png``; progress per unit.
 
     Raises:
       ValueError: on unknown prior / embedding / optimizer names, or K % 3 != 0 with
         coupled embeddings, before any compilation.
     """
-    out_dir = common.make_run_dir(out_dir, NAME)
+    out_dir, progress = stage.out_dir, stage.progress
     fields = (("priors", PRIORS), ("embeddings", EMBEDDINGS), ("optimizers", OPTIMIZERS))
     for field, allowed in fields:
         bad = [v for v in cfg[field] if v not in allowed]
@@ -264,66 +249,62 @@ def run(cfg: Any, out_dir: Any, *, progress: Callable[[str], None] | None = None
             raise ValueError(f"one_layer config field {field!r}: unknown {bad}; allowed {allowed}")
     if "coupled" in cfg.embeddings and cfg.K % 3:
         raise ValueError(f"one_layer config field 'K' must be divisible by 3, got {cfg.K}")
-    with common.Timer() as timer:
-        logit_grid = np.geomspace(0.05, cfg.one_step_max_logit, cfg.one_step_points)
-        metrics: dict[str, Any] = {"priors": {}, "runs": {}}
-        panels: dict[str, dict[str, tuple[np.ndarray, np.ndarray]]] = {}
-        notes: list[str] = []
-        for prior_kind in cfg.priors:
-            try:
-                prior_np, info = make_prior(prior_kind, cfg)
-            except (ImportError, OSError, ValueError, RuntimeError) as e:
-                notes.append(f"prior {prior_kind!r} skipped: {type(e).__name__}: {e}")
-                continue
-            metrics["priors"][prior_kind] = {
-                **info,
-                "p_max": float(prior_np.max()),
-                "p_min": float(prior_np.min()),
-            }
-            prior = jnp.asarray(prior_np, jnp.float32)
-            for emb in cfg.embeddings:
-                E, Et = embeddings(emb, cfg.K)
-                one_panel, many_panel = {}, {}
-                for opt in cfg.optimizers:
-                    sweep = one_step_sweep(opt, E, Et, prior, logit_grid)
-                    rho = one_step_rho(opt, E, Et, prior, cfg.eps)
-                    lr = learning_rate(opt, cfg, prior_np)
-                    traj = trajectory(opt, E, Et, prior, lr, cfg.steps)
-                    key = f"{prior_kind}/{emb}/{opt}"
-                    metrics["runs"][key] = {
-                        "one_step": sweep,
-                        "one_step_rho": rho,
-                        "one_step_max_gap": float(np.max(sweep["gap"])),
-                        "lr": lr,
-                        "many_steps": {k: v for k, v in traj.items() if k != "per_class_final"},
-                        "many_steps_max_gap": float(np.max(traj["gap"])),
-                        "final_loss": float(traj["loss"][-1]),
-                        "final_min_correct": float(traj["min_correct"][-1]),
-                    }
-                    one_panel[opt] = (sweep["loss"], sweep["gap"])
-                    many_panel[opt] = (traj["loss"], traj["gap"])
-                    if progress:
-                        progress(key)
-                label = "two-level" if prior_kind == "two_level" else "corpus words"
-                panels[f"{label}, {emb}: one step"] = one_panel
-                panels[f"{label}, {emb}: {cfg.steps} steps"] = many_panel
-        if "two_level" in metrics["priors"]:
-            metrics["gd_rho_closed_form"] = one_step.gd_one_step_rho(
-                frequencies.two_level(cfg.K, cfg.alpha, cfg.beta), cfg.eps
-            )
-        figures = []
-        if panels:
-            fig = plots.plot_gap_vs_loss(
-                panels,
-                out_dir / "figures" / "one_layer_gap_vs_loss.png",
-                ncols=4,
-                suptitle=f"gap Δ vs loss, K = {cfg.K} (paper A Fig. 4)",
-            )
-            figures.append(str(fig.relative_to(out_dir)))
-        claims = make_claims(metrics, cfg)
-    return common.finish(
-        NAME, cfg, out_dir, timer, metrics=metrics, figures=figures, claims=claims, notes=notes
-    )
+    logit_grid = np.geomspace(0.05, cfg.one_step_max_logit, cfg.one_step_points)
+    metrics: dict[str, Any] = {"priors": {}, "runs": {}}
+    panels: dict[str, dict[str, tuple[np.ndarray, np.ndarray]]] = {}
+    notes: list[str] = []
+    for prior_kind in cfg.priors:
+        try:
+            prior_np, info = make_prior(prior_kind, cfg)
+        except (ImportError, OSError, ValueError, RuntimeError) as e:
+            notes.append(f"prior {prior_kind!r} skipped: {type(e).__name__}: {e}")
+            continue
+        metrics["priors"][prior_kind] = {
+            **info,
+            "p_max": float(prior_np.max()),
+            "p_min": float(prior_np.min()),
+        }
+        prior = jnp.asarray(prior_np, jnp.float32)
+        for emb in cfg.embeddings:
+            E, Et = embeddings(emb, cfg.K)
+            one_panel, many_panel = {}, {}
+            for opt in cfg.optimizers:
+                sweep = one_step_sweep(opt, E, Et, prior, logit_grid)
+                rho = one_step_rho(opt, E, Et, prior, cfg.eps)
+                lr = learning_rate(opt, cfg, prior_np)
+                traj = trajectory(opt, E, Et, prior, lr, cfg.steps)
+                key = f"{prior_kind}/{emb}/{opt}"
+                metrics["runs"][key] = {
+                    "one_step": sweep,
+                    "one_step_rho": rho,
+                    "one_step_max_gap": float(np.max(sweep["gap"])),
+                    "lr": lr,
+                    "many_steps": {k: v for k, v in traj.items() if k != "per_class_final"},
+                    "many_steps_max_gap": float(np.max(traj["gap"])),
+                    "final_loss": float(traj["loss"][-1]),
+                    "final_min_correct": float(traj["min_correct"][-1]),
+                }
+                one_panel[opt] = (sweep["loss"], sweep["gap"])
+                many_panel[opt] = (traj["loss"], traj["gap"])
+                progress(key)
+            label = "two-level" if prior_kind == "two_level" else "corpus words"
+            panels[f"{label}, {emb}: one step"] = one_panel
+            panels[f"{label}, {emb}: {cfg.steps} steps"] = many_panel
+    if "two_level" in metrics["priors"]:
+        metrics["gd_rho_closed_form"] = one_step.gd_one_step_rho(
+            frequencies.two_level(cfg.K, cfg.alpha, cfg.beta), cfg.eps
+        )
+    figures = []
+    if panels:
+        fig = plots.plot_gap_vs_loss(
+            panels,
+            out_dir / "figures" / "one_layer_gap_vs_loss.png",
+            ncols=4,
+            suptitle=f"gap Δ vs loss, K = {cfg.K} (paper A Fig. 4)",
+        )
+        figures.append(str(fig.relative_to(out_dir)))
+    claims = make_claims(metrics, cfg)
+    return {"metrics": metrics, "figures": figures, "claims": claims, "notes": notes}
 
 
 def _max_gap(metrics: dict, key: str) -> float:
@@ -419,10 +400,9 @@ def make_claims(metrics: dict, cfg: Any) -> list[common.Claim]:
     return claims
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m experiments.one_layer --scale quick --out DIR``."""
-    return common.experiment_main(NAME, run, argv, description=__doc__.splitlines()[0])
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+EXPERIMENT = common.Experiment(
+    "one_layer",
+    run,
+    units=lambda cfg: len(cfg.priors) * len(cfg.embeddings) * len(cfg.optimizers),
+    default=True,
+)

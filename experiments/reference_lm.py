@@ -204,7 +204,8 @@ def run(cfg: Any, kind: str, seeds: tuple[int, ...], *, log_every: int = 10) -> 
 
 
 def cached_run(cfg: Any, kind: str, seeds: tuple[int, ...], cache_dir: Any) -> dict[str, Any]:
-    """:func:`run`, stored as JSON in ``cache_dir`` and reused for the same (config, kind, seeds).
+    """:func:`run`, stored as JSON in ``cache_dir`` and reused for the same (config, kind, seeds)
+    and the same code (this file and ``amemory/``).
 
     Returns the JSON form of :func:`run`'s dict (arrays as nested lists).
     """
@@ -212,7 +213,10 @@ def cached_run(cfg: Any, kind: str, seeds: tuple[int, ...], cache_dir: Any) -> d
 
     from experiments import common
 
-    key = common.config_hash({"cfg": cfg.to_dict(), "kind": kind, "seeds": list(seeds)})
+    code = common.source_hash([__file__], common.amemory_version())
+    key = common.config_hash(
+        {"cfg": cfg.to_dict(), "kind": kind, "seeds": list(seeds), "code": code}
+    )
     path = pathlib.Path(cache_dir) / f"reference-{kind}-{key}.json"
     if path.exists():
         return common.load_json(path)

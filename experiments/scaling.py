@@ -19,8 +19,7 @@ from __future__ import annotations
 
 import functools
 import math
-import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import Any
 
 import jax
@@ -32,9 +31,7 @@ from amemory.analysis import one_step, plots
 from amemory.analysis.scaling import fit_power_law
 from amemory.data import frequencies, memory_tasks
 from amemory.models import memory
-from experiments import common, tail_lm
-
-NAME = "scaling"
+from experiments import common
 
 
 def _loss(W: jax.Array, prior: jax.Array, noise: jax.Array) -> jax.Array:
@@ -102,8 +99,7 @@ def synthetic(cfg: ConfigDict, progress: Callable[[str], None] | None = None) ->
         res["muon_normalised"] = mu * (T / math.log(K)) ** 2
         res["gd_reference_slope"] = -(1 - 1 / beta)
         out["by_beta"][str(beta)] = res
-        if progress:
-            progress(f"synthetic beta={beta}")
+        progress(f"synthetic beta={beta}")
     return out
 
 
@@ -123,14 +119,14 @@ def envelope(
         base.schedule.warmup_steps = min(int(base.schedule.warmup_steps), max(1, b // 10))
         base.eval_every = max(1, min(int(base.eval_every), b))
         a_lr, a_run, _ = common.lr_sweep(
-            lambda lr, base=base: tail_lm.run_config(base, "adam", lr, lr),
+            lambda lr, base=base: common.run_config(base, "adam", lr, lr),
             cfg.lr_grid.adam, cache_dir, "lm-adam", progress=progress,
         )  # fmt: skip
         m_lr, m_run, _ = common.lr_sweep(
-            lambda lr, base=base, a_lr=a_lr: tail_lm.run_config(
-                base, "muon", lr, a_lr, cfg.matrix_roles
+            lambda lr, base=base, a_lr=a_lr: common.run_config(
+                base, "muon", lr, a_lr, cfg.muon_roles
             ),
-            cfg.lr_grid.muon, cache_dir, f"lm-muon-{cfg.matrix_roles}", progress=progress,
+            cfg.lr_grid.muon, cache_dir, f"lm-muon-{cfg.muon_roles}", progress=progress,
         )  # fmt: skip
         res["adam"].append(common.final_eval(a_run))
         res["muon"].append(common.final_eval(m_run))
@@ -146,14 +142,8 @@ def n_units(cfg: ConfigDict) -> int:
     return n
 
 
-def run(
-    cfg: ConfigDict,
-    out_dir: Any,
-    *,
-    progress: Callable[[str], None] | None = None,
-    cache_dir: Any = None,
-) -> dict[str, Any]:
-    """Run the selected parts; writes result.json and figures into ``out_dir``.
+def run(cfg: ConfigDict, stage: common.Stage) -> dict[str, Any]:
+    """Run the selected parts; figures under ``stage.out_dir``.
 
     Raises:
       ValueError: for an unknown part (allowed: synthetic, envelope).
@@ -163,39 +153,37 @@ def run(
         raise ValueError(
             f"scaling config field 'parts': unknown {bad}; allowed synthetic, envelope"
         )
-    out_dir = common.make_run_dir(out_dir, NAME)
-    cache_dir = cache_dir or out_dir / "train_runs"
+    out_dir, cache_dir, progress = stage.out_dir, stage.cache_dir, stage.progress
     metrics: dict[str, Any] = {}
     figures: list[str] = []
-    with common.Timer() as timer:
-        if "synthetic" in cfg.parts:
-            syn = synthetic(cfg, progress)
-            metrics["synthetic"] = syn
-            series, fits = {}, {}
-            for beta, r in syn["by_beta"].items():
-                for name in ("gd", "muon"):
-                    label = f"{name} β={beta}"
-                    ok = r[name] > 0
-                    series[label] = (syn["T"][ok], r[name][ok])
-                    if f"{name}_fit" in r:
-                        fits[label] = (r[f"{name}_fit"]["slope"], r[f"{name}_fit"]["intercept"])
-            p = plots.plot_scaling(
-                series, fits, out_dir / "figures" / "scaling_synthetic.png",
-                title=f"excess loss vs T, K = {syn['K']}, noise {cfg.noise}",
-            )  # fmt: skip
-            figures.append(str(p.relative_to(out_dir)))
-        if "envelope" in cfg.parts:
-            env = envelope(cfg, cache_dir, progress)
-            metrics["envelope"] = env
-            p = plots.plot_curves(
-                {o: (env["tokens"], env[o]) for o in ("adam", "muon")},
-                out_dir / "figures" / "scaling_envelope.png",
-                xlabel="training tokens", ylabel="min val loss over LR grid",
-                title="data-scaling envelope", logx=True,
-            )  # fmt: skip
-            figures.append(str(p.relative_to(out_dir)))
-        claims = make_claims(cfg, metrics)
-    return common.finish(NAME, cfg, out_dir, timer, metrics=metrics, figures=figures, claims=claims)
+    if "synthetic" in cfg.parts:
+        syn = synthetic(cfg, progress)
+        metrics["synthetic"] = syn
+        series, fits = {}, {}
+        for beta, r in syn["by_beta"].items():
+            for name in ("gd", "muon"):
+                label = f"{name} β={beta}"
+                ok = r[name] > 0
+                series[label] = (syn["T"][ok], r[name][ok])
+                if f"{name}_fit" in r:
+                    fits[label] = (r[f"{name}_fit"]["slope"], r[f"{name}_fit"]["intercept"])
+        p = plots.plot_scaling(
+            series, fits, out_dir / "figures" / "scaling_synthetic.png",
+            title=f"excess loss vs T, K = {syn['K']}, noise {cfg.noise}",
+        )  # fmt: skip
+        figures.append(str(p.relative_to(out_dir)))
+    if "envelope" in cfg.parts:
+        env = envelope(cfg, cache_dir, progress)
+        metrics["envelope"] = env
+        p = plots.plot_curves(
+            {o: (env["tokens"], env[o]) for o in ("adam", "muon")},
+            out_dir / "figures" / "scaling_envelope.png",
+            xlabel="training tokens", ylabel="min val loss over LR grid",
+            title="data-scaling envelope", logx=True,
+        )  # fmt: skip
+        figures.append(str(p.relative_to(out_dir)))
+    claims = make_claims(cfg, metrics)
+    return {"metrics": metrics, "figures": figures, "claims": claims}
 
 
 def make_claims(cfg: ConfigDict, m: dict[str, Any]) -> list[common.Claim]:
@@ -263,10 +251,4 @@ def make_claims(cfg: ConfigDict, m: dict[str, Any]) -> list[common.Claim]:
     return claims
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m experiments.scaling --scale quick --out DIR``."""
-    return common.experiment_main(NAME, run, argv, description=__doc__.splitlines()[0])
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+EXPERIMENT = common.Experiment("scaling", run, units=n_units)

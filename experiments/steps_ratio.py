@@ -27,17 +27,14 @@ the steps, i.e. the seed interval of the ratio lies below ``half_threshold``.
 
 from __future__ import annotations
 
-import sys
-from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
 from ml_collections import ConfigDict
 
 from amemory.analysis import plots
-from experiments import common, reference_lm, tail_lm
+from experiments import common, reference_lm
 
-NAME = "steps_ratio"
 AXES = ("width", "depth", "vocab")
 
 
@@ -116,18 +113,12 @@ def grid(cfg: ConfigDict, name: str) -> dict[str, tuple[float, ...]]:
 
 
 def _ratio(steps: np.ndarray, muon: np.ndarray, adam_final: np.ndarray, total: float):
-    reach = tail_lm.steps_to_target(steps, muon, adam_final)
+    reach = common.steps_to_target(steps, muon, adam_final)
     return reach / float(total)
 
 
-def run(
-    cfg: ConfigDict,
-    out_dir: Any,
-    *,
-    progress: Callable[[str], None] | None = None,
-    cache_dir: Any = None,
-) -> dict[str, Any]:
-    """Run the sweep; writes result.json and figures. See the module docstring.
+def run(cfg: ConfigDict, stage: common.Stage) -> dict[str, Any]:
+    """Run the sweep (see the module docstring); figures under ``stage.out_dir``.
 
     Raises:
       ValueError: for a ``test_size``, ``reference_sizes``, ``fixed_lr_sizes`` or
@@ -144,60 +135,57 @@ def run(
                          f"{list(points)}")  # fmt: skip
     if len(cfg.seeds) < 2:
         raise ValueError(f"steps_ratio config field 'seeds' needs >= 2 seeds, got {cfg.seeds}")
-    out_dir = common.make_run_dir(out_dir, NAME)
-    cache_dir = cache_dir or out_dir / "train_runs"
-    with common.Timer() as timer:
-        by_size: dict[str, Any] = {}
-        for name, point in points.items():
-            base = size_config(cfg.base, point)
-            tl = ConfigDict({
-                "base": base, "optimizers": ("adam", "muon"), "matrix_roles": "hidden",
-                "lr_grid": grid(cfg, name), "seeds": tuple(cfg.seeds),
-            })  # fmt: skip
-            if name in cfg.fixed_lr_sizes:
-                chosen, tables = {"adam": float(cfg.lr.adam), "muon": float(cfg.lr.muon)}, {}
-            else:
-                chosen, _, tables = tail_lm.choose_lrs(tl, cache_dir, progress=progress)
-            runs = tail_lm.seeded_runs(tl, chosen, cache_dir, progress=progress)
-            curves = {}
-            for opt, r in runs.items():
-                steps, loss = common.eval_series(r["records"], "loss")
-                curves[opt] = (steps, loss.reshape(len(steps), -1))
-            adam_final = curves["adam"][1][-1]
-            by_size[name] = {
-                **{k: point[k] for k in ("d_model", "n_layers", "vocab_size", "axes")},
-                "n_params": runs["adam"]["summary"].get("n_params"),
-                "chosen_lr": chosen, "lr_sweep": tables,
-                "lr_source": cfg.lr_source if name in cfg.fixed_lr_sizes else (
-                    "grid " + "; ".join(f"{o} {', '.join(f'{x:g}' for x in g)}"
-                                        for o, g in grid(cfg, name).items()) + " on seed 0"
-                ),
-                "eval_steps": curves["adam"][0],
-                "val_loss": {o: c[1] for o, c in curves.items()},
-                "final": {o: c[1][-1] for o, c in curves.items()},
-                "ratio": _ratio(*curves["muon"], adam_final, base.steps),
-            }  # fmt: skip
-            if name in cfg.reference_sizes:
-                by_size[name]["reference"] = reference_block(cfg, base, chosen, runs, cache_dir)
-                if progress:
-                    progress(f"{name} reference")
-        metrics: dict[str, Any] = {"sizes": by_size, "seeds": list(cfg.seeds)}
-        if cfg.budget_fractions:
-            metrics["budget"] = budget_block(cfg, points, by_size, cache_dir, progress)
-        if cfg.adam_betas:
-            metrics["adam_betas"] = betas_block(cfg, points, by_size, cache_dir, progress)
-        figures = [figure(cfg, by_size, out_dir)]
-        metrics["report_md"] = report_md(cfg, metrics)
-        claims = make_claims(cfg, metrics)
-    return common.finish(NAME, cfg, out_dir, timer, metrics=metrics, figures=figures, claims=claims)
+    out_dir, cache_dir, progress = stage.out_dir, stage.cache_dir, stage.progress
+    by_size: dict[str, Any] = {}
+    for name, point in points.items():
+        base = size_config(cfg.base, point)
+        tl = ConfigDict({
+            "base": base, "optimizers": ("adam", "muon"), "muon_roles": "hidden",
+            "lr_grid": grid(cfg, name), "seeds": tuple(cfg.seeds),
+        })  # fmt: skip
+        if name in cfg.fixed_lr_sizes:
+            chosen, tables = {"adam": float(cfg.lr.adam), "muon": float(cfg.lr.muon)}, {}
+        else:
+            chosen, _, tables = common.choose_lrs(tl, cache_dir, progress=progress)
+        runs = common.seeded_runs(tl, chosen, cache_dir, progress=progress)
+        curves = {}
+        for opt, r in runs.items():
+            steps, loss = common.eval_series(r["records"], "loss")
+            curves[opt] = (steps, loss.reshape(len(steps), -1))
+        adam_final = curves["adam"][1][-1]
+        by_size[name] = {
+            **{k: point[k] for k in ("d_model", "n_layers", "vocab_size", "axes")},
+            "n_params": runs["adam"]["summary"].get("n_params"),
+            "chosen_lr": chosen, "lr_sweep": tables,
+            "lr_source": cfg.lr_source if name in cfg.fixed_lr_sizes else (
+                "grid " + "; ".join(f"{o} {', '.join(f'{x:g}' for x in g)}"
+                                    for o, g in grid(cfg, name).items()) + " on seed 0"
+            ),
+            "eval_steps": curves["adam"][0],
+            "val_loss": {o: c[1] for o, c in curves.items()},
+            "final": {o: c[1][-1] for o, c in curves.items()},
+            "ratio": _ratio(*curves["muon"], adam_final, base.steps),
+        }  # fmt: skip
+        if name in cfg.reference_sizes:
+            by_size[name]["reference"] = reference_block(cfg, base, chosen, runs, cache_dir)
+            progress(f"{name} reference")
+    metrics: dict[str, Any] = {"sizes": by_size, "seeds": list(cfg.seeds)}
+    if cfg.budget_fractions:
+        metrics["budget"] = budget_block(cfg, points, by_size, cache_dir, progress)
+    if cfg.adam_betas:
+        metrics["adam_betas"] = betas_block(cfg, points, by_size, cache_dir, progress)
+    figures = [figure(cfg, by_size, out_dir)]
+    metrics["report_md"] = report_md(cfg, metrics)
+    claims = make_claims(cfg, metrics)
+    return {"metrics": metrics, "figures": figures, "claims": claims}
 
 
 def reference_block(
     cfg: ConfigDict, base: ConfigDict, chosen: dict[str, float], runs: dict[str, Any], cache_dir
 ) -> dict[str, Any]:
     """Plain optax + flax runs at one size beside the engine's: Adam match and optax's ratio."""
-    adam_cfg = tail_lm.run_config(base, "adam", chosen["adam"], chosen["adam"])
-    muon_cfg = tail_lm.run_config(base, "muon", chosen["muon"], chosen["adam"])
+    adam_cfg = common.run_config(base, "adam", chosen["adam"], chosen["adam"])
+    muon_cfg = common.run_config(base, "muon", chosen["muon"], chosen["adam"])
     ref_adam = reference_lm.cached_run(adam_cfg, "adam", tuple(cfg.seeds), cache_dir)
     ref_muon = reference_lm.cached_run(muon_cfg, "optax_muon", tuple(cfg.seeds), cache_dir)
     engine_adam = common.final_eval_seeds(runs["adam"])
@@ -229,14 +217,13 @@ def budget_block(cfg, points, by_size, cache_dir, progress) -> dict[str, Any]:
     finals = []
     fractions = sorted(float(f) for f in cfg.budget_fractions)
     for f in fractions:
-        c = tail_lm.run_config(base, "muon", chosen["muon"], chosen["adam"])
+        c = common.run_config(base, "muon", chosen["muon"], chosen["adam"])
         c.steps = max(2, int(round(f * base.steps)))
         c.schedule.warmup_steps = max(1, int(round(f * base.schedule.warmup_steps)))
         c.eval_every = max(1, int(round(f * base.eval_every)))
         r = common.train_cached(common.seeded(c, cfg.seeds), cache_dir, f"sr-budget-{f:g}")
         finals.append(common.final_eval_seeds(r))
-        if progress:
-            progress(f"muon budget {f:g}")
+        progress(f"muon budget {f:g}")
     finals.append(np.asarray(by_size[name]["final"]["muon"], float))
     fr = np.array(fractions + [1.0])
     finals = np.stack(finals)  # (k + 1, seeds)
@@ -257,13 +244,12 @@ def betas_block(cfg, points, by_size, cache_dir, progress) -> dict[str, Any]:
     steps, muon = np.asarray(v["eval_steps"], float), np.asarray(v["val_loss"]["muon"], float)
     out = {}
     for b1, b2 in cfg.adam_betas:
-        c = tail_lm.run_config(base, "adam", v["chosen_lr"]["adam"], v["chosen_lr"]["adam"])
+        c = common.run_config(base, "adam", v["chosen_lr"]["adam"], v["chosen_lr"]["adam"])
         c.optimizer.b1, c.optimizer.b2 = float(b1), float(b2)
         r = common.train_cached(common.seeded(c, cfg.seeds), cache_dir, f"sr-adam-b{b1:g}-{b2:g}")
         final = common.final_eval_seeds(r)
         out[f"{b1:g},{b2:g}"] = {"final": final, "ratio": _ratio(steps, muon, final, base.steps)}
-        if progress:
-            progress(f"adam betas {b1:g}, {b2:g}")
+        progress(f"adam betas {b1:g}, {b2:g}")
     return out
 
 
@@ -425,10 +411,6 @@ def make_claims(cfg: ConfigDict, m: dict[str, Any]) -> list[common.Claim]:
     return claims
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m experiments.steps_ratio --scale quick --out DIR``."""
-    return common.experiment_main(NAME, run, argv, description=__doc__.splitlines()[0])
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+EXPERIMENT = common.Experiment(
+    "steps_ratio", run, units=n_units, default=True, sources=("experiments/reference_lm.py",)
+)

@@ -22,8 +22,6 @@ the ``isotropy`` experiment's, on these runs).
 
 from __future__ import annotations
 
-import sys
-from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -32,223 +30,66 @@ from ml_collections import ConfigDict
 from amemory.analysis import plots
 from experiments import common
 
-NAME = "tail_lm"
 
+def run(cfg: ConfigDict, stage: common.Stage) -> dict[str, Any]:
+    """Choose the learning rates, train the seeds, compare per bucket (progress per run).
 
-def run_config(
-    base: ConfigDict, optimizer: str, lr: float, adam_lr: float, matrix_roles: str = "hidden"
-) -> ConfigDict:
-    """A copy of ``base`` training ``optimizer`` at ``lr`` on ``matrix_roles``, Adam elsewhere.
-
-    ``optimizer == "adam"`` trains every parameter with Adam at ``lr`` (``adam_lr`` unused).
-
-    Raises:
-      ValueError: if ``optimizer`` is not in ``amemory.train.optimizers.names()``.
+    ``metrics["chosen_lr"]`` holds the chosen learning rates (``lr_from`` of other stages).
     """
-    from amemory.train.optimizers import names  # "adam" and amemory.optim.OPTIMIZERS
-
-    if optimizer not in names():
-        raise ValueError(f"optimizer must be one of {names()}, got {optimizer!r}")
-    c = ConfigDict(base.to_dict())
-    c.optimizer.name = optimizer
-    if optimizer == "adam":
-        c.optimizer.adam_lr = float(lr)
-        c.optimizer.lr = float(lr)
-        c.optimizer.muon_roles = "none"
-    else:
-        c.optimizer.lr = float(lr)
-        c.optimizer.adam_lr = float(adam_lr)
-        c.optimizer.muon_roles = matrix_roles
-    return c
-
-
-def choose_lrs(
-    cfg: ConfigDict,
-    cache_dir: Any,
-    *,
-    progress: Callable[[str], None] | None = None,
-    optimizers: Sequence[str] | None = None,
-) -> tuple[dict[str, float], dict[str, Any], dict[str, list]]:
-    """Grid-search each optimizer's learning rate (Adam first) on ``cfg.base``.
-
-    Returns:
-      (chosen lr per optimizer, chosen run per optimizer (train_cached results),
-      sweep table rows per optimizer).
-    """
-    optimizers = tuple(optimizers or cfg.optimizers)
-    chosen: dict[str, float] = {}
-    runs: dict[str, Any] = {}
-    tables: dict[str, list] = {}
-    adam_lr, adam_run, rows = common.lr_sweep(
-        lambda lr: run_config(cfg.base, "adam", lr, lr),
-        cfg.lr_grid.adam,
-        cache_dir,
-        "lm-adam",
-        progress=progress,
-    )
-    chosen["adam"], runs["adam"], tables["adam"] = adam_lr, adam_run, rows
-    for opt in optimizers:
-        if opt == "adam":
-            continue
-        lr, r, rows = common.lr_sweep(
-            lambda lr, opt=opt: run_config(cfg.base, opt, lr, adam_lr, cfg.matrix_roles),
-            cfg.lr_grid[opt],
-            cache_dir,
-            f"lm-{opt}-{cfg.matrix_roles}",
-            progress=progress,
-        )
-        chosen[opt], runs[opt], tables[opt] = lr, r, rows
-    return chosen, runs, tables
-
-
-def seeded_runs(
-    cfg: ConfigDict,
-    chosen: dict[str, float],
-    cache_dir: Any,
-    *,
-    progress: Callable[[str], None] | None = None,
-    optimizers: Sequence[str] | None = None,
-) -> dict[str, Any]:
-    """Train each optimizer at its chosen learning rate on the seeds ``cfg.seeds`` at once.
-
-    Returns optimizer -> :func:`common.train_cached` result (a multi-seed run; with an
-    empty ``cfg.seeds`` the single-seed run of ``base.seed``).
-    """
-    runs = {}
-    for opt in tuple(optimizers or cfg.optimizers):
-        rc = run_config(cfg.base, opt, chosen[opt], chosen["adam"], cfg.matrix_roles)
-        label = "lm-adam" if opt == "adam" else f"lm-{opt}-{cfg.matrix_roles}"
-        runs[opt] = common.train_cached(
-            common.seeded(rc, cfg.seeds), cache_dir, f"{label}-lr{chosen[opt]:g}-seeds"
-        )
-        if progress:
-            progress(f"{opt} seeds {tuple(cfg.seeds)}")
-    return runs
-
-
-def n_units(cfg: ConfigDict) -> int:
-    """Training runs of the experiment (the size of the progress bar)."""
-    return sum(len(cfg.lr_grid[o]) + 1 for o in cfg.optimizers)
-
-
-def bucket_curves(run: dict[str, Any]) -> tuple[np.ndarray, np.ndarray, list[str]]:
-    """(eval steps [n], per-bucket val loss [n, n_buckets, seeds], bucket labels) of one run.
-
-    Buckets with no validation tokens (e.g. "unseen") are dropped. A single-seed run
-    has a seed axis of length 1.
-    """
-    labels = []
-    for r in run["records"]:
-        if r.get("kind") == "eval" and "bucket_labels" in r:
-            labels = list(r["bucket_labels"])
-    cols, keep = [], []
-    steps = np.zeros(0)
-    for b, lab in enumerate(labels):
-        steps, v = common.eval_series(run["records"], f"loss/bucket_{b}")
-        if v.size and np.isfinite(v).any():
-            cols.append(v.reshape(len(steps), -1))
-            keep.append(lab)
-    arr = np.stack(cols, axis=1) if cols else np.zeros((0, 0, 1))
-    return steps, arr, keep
-
-
-def final_spectrum(run: dict[str, Any]) -> dict[str, list[float]]:
-    """The last spectrum record's ``spectrum/<role>/<metric>`` values per seed of one run."""
-    last: dict[str, Any] = {}
-    for r in run["records"]:
-        if r.get("kind") == "spectrum":
-            last = {k: v for k, v in r.items() if k.startswith("spectrum/")}
-    return {k: np.atleast_1d(np.asarray(v, float)).tolist() for k, v in last.items()}
-
-
-def run(
-    cfg: ConfigDict,
-    out_dir: Any,
-    *,
-    progress: Callable[[str], None] | None = None,
-    cache_dir: Any = None,
-) -> dict[str, Any]:
-    """Run the experiment; writes result.json and figures into ``out_dir``.
-
-    Args:
-      cfg: from ``experiments/configs/tail_lm.py``.
-      out_dir: run directory.
-      progress: callback after each training run.
-      cache_dir: where training runs live (default ``out_dir/train_runs``); shared
-        between stages by ``amemory reproduce``.
-
-    Returns:
-      The standard result dict; ``metrics["chosen_lr"]`` holds the chosen learning rates.
-    """
-    out_dir = common.make_run_dir(out_dir, NAME)
-    cache_dir = cache_dir or out_dir / "train_runs"
-    with common.Timer() as timer:
-        chosen, _, tables = choose_lrs(cfg, cache_dir, progress=progress)
-        runs = seeded_runs(cfg, chosen, cache_dir, progress=progress)
-        metrics: dict[str, Any] = {
-            "chosen_lr": chosen, "lr_sweep": tables, "runs": {}, "seeds": list(cfg.seeds),
-            "sweep_seed": int(cfg.base.seed),
-        }  # fmt: skip
-        curves_steps, curves_loss, bucket_losses, labels = {}, {}, {}, []
-        for opt, r in runs.items():
-            steps, loss = common.eval_series(r["records"], "loss")
-            loss = loss.reshape(len(steps), -1)  # (n, seeds)
-            _, barr, labels_r = bucket_curves(r)
-            labels = labels_r or labels
-            curves_steps[opt], curves_loss[opt] = steps, loss
-            bucket_losses[opt] = barr
-            metrics["runs"][opt] = {
-                "workdir": r["workdir"],
-                "lr": chosen[opt],
-                "eval_steps": steps,
-                "val_loss": loss,
-                "bucket_loss": barr,
-                "final_val_loss": loss[-1] if loss.size else [],
-                "final_bucket_loss": barr[-1] if barr.size else [],
-                "spectrum": final_spectrum(r),
-                "wall_s": r["summary"].get("wall_s"),
-                "tokens_per_s": r["summary"].get("tokens_per_s"),
-            }
-        metrics["bucket_labels"] = labels
-        adam_final = curves_loss["adam"][-1]  # (seeds,)
-        metrics["steps_to_adam_final"] = {
-            opt: steps_to_target(curves_steps[opt], curves_loss[opt], adam_final) for opt in runs
+    out_dir, cache_dir, progress = stage.out_dir, stage.cache_dir, stage.progress
+    chosen, _, tables = common.choose_lrs(cfg, cache_dir, progress=progress)
+    runs = common.seeded_runs(cfg, chosen, cache_dir, progress=progress)
+    metrics: dict[str, Any] = {
+        "chosen_lr": chosen, "lr_sweep": tables, "runs": {}, "seeds": list(cfg.seeds),
+        "sweep_seed": int(cfg.base.seed),
+    }  # fmt: skip
+    curves_steps, curves_loss, bucket_losses, labels = {}, {}, {}, []
+    for opt, r in runs.items():
+        steps, loss = common.eval_series(r["records"], "loss")
+        loss = loss.reshape(len(steps), -1)  # (n, seeds)
+        _, barr, labels_r = common.bucket_curves(r)
+        labels = labels_r or labels
+        curves_steps[opt], curves_loss[opt] = steps, loss
+        bucket_losses[opt] = barr
+        metrics["runs"][opt] = {
+            "workdir": r["workdir"],
+            "lr": chosen[opt],
+            "eval_steps": steps,
+            "val_loss": loss,
+            "bucket_loss": barr,
+            "final_val_loss": loss[-1] if loss.size else [],
+            "final_bucket_loss": barr[-1] if barr.size else [],
+            "spectrum": common.final_spectrum(r),
+            "wall_s": r["summary"].get("wall_s"),
+            "tokens_per_s": r["summary"].get("tokens_per_s"),
         }
-        figures = []
-        if labels:
-            p = plots.plot_bucket_losses(
-                {o: curves_steps[o] for o in runs},
-                bucket_losses,
-                labels,
-                out_dir / "figures" / "tail_lm_bucket_loss.png",
-                title="validation loss per token-frequency bucket (head → tail), 95% seed bands",
-            )
-            figures.append(str(p.relative_to(out_dir)))
-        p = plots.plot_curves(
-            {o: (curves_steps[o], curves_loss[o]) for o in runs},
-            out_dir / "figures" / "tail_lm_val_loss.png",
-            xlabel="step",
-            ylabel="validation loss (nats/token)",
-            title="validation loss (dashed: Adam's final, seed mean)",
-            hline=float(np.nanmean(adam_final)),
+    metrics["bucket_labels"] = labels
+    adam_final = curves_loss["adam"][-1]  # (seeds,)
+    metrics["steps_to_adam_final"] = {
+        opt: common.steps_to_target(curves_steps[opt], curves_loss[opt], adam_final) for opt in runs
+    }
+    figures = []
+    if labels:
+        p = plots.plot_bucket_losses(
+            {o: curves_steps[o] for o in runs},
+            bucket_losses,
+            labels,
+            out_dir / "figures" / "tail_lm_bucket_loss.png",
+            title="validation loss per token-frequency bucket (head → tail), 95% seed bands",
         )
         figures.append(str(p.relative_to(out_dir)))
-        metrics["report_md"] = report_md(cfg, metrics)
-        claims = make_claims(metrics)
-    return common.finish(NAME, cfg, out_dir, timer, metrics=metrics, figures=figures, claims=claims)
-
-
-def steps_to_target(steps: np.ndarray, loss: np.ndarray, target: np.ndarray) -> np.ndarray:
-    """``[seeds]`` first (interpolated) step at which seed s's loss reaches ``target[s]``.
-
-    Args:
-      steps: ``[n]`` eval steps; loss: ``[n, seeds]``; target: ``[seeds]`` (e.g. Adam's
-        final loss of the same seed). NaN where a seed never reaches its target.
-    """
-    loss = np.asarray(loss, float).reshape(len(steps), -1)
-    target = np.broadcast_to(np.asarray(target, float), loss.shape[1:])
-    return np.array([common.steps_to_reach(steps, loss[:, s], target[s])
-                     for s in range(loss.shape[1])])  # fmt: skip
+    p = plots.plot_curves(
+        {o: (curves_steps[o], curves_loss[o]) for o in runs},
+        out_dir / "figures" / "tail_lm_val_loss.png",
+        xlabel="step",
+        ylabel="validation loss (nats/token)",
+        title="validation loss (dashed: Adam's final, seed mean)",
+        hline=float(np.nanmean(adam_final)),
+    )
+    figures.append(str(p.relative_to(out_dir)))
+    metrics["report_md"] = report_md(cfg, metrics)
+    claims = make_claims(metrics)
+    return {"metrics": metrics, "figures": figures, "claims": claims}
 
 
 def report_md(cfg: ConfigDict, m: dict[str, Any]) -> str:
@@ -332,10 +173,8 @@ def make_claims(m: dict[str, Any]) -> list[common.Claim]:
     return claims
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m experiments.tail_lm --scale quick --out DIR``."""
-    return common.experiment_main(NAME, run, argv, description=__doc__.splitlines()[0])
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+EXPERIMENT = common.Experiment(
+    "tail_lm", run, units=lambda cfg: sum(len(cfg.lr_grid[o]) + 1 for o in cfg.optimizers),
+    default=True, reduced={"optimizers": ("adam", "muon")},  # SignGD carries no claim
+    headline=("tail_lm/tail_bucket_loss",),
+)  # fmt: skip

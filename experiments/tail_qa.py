@@ -18,18 +18,14 @@ interval of the paired per-seed difference (held / not held / undecided,
 
 from __future__ import annotations
 
-import sys
-from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
 from ml_collections import ConfigDict
 
 from amemory.analysis import plots
-from experiments import common, tail_lm
+from experiments import common
 from experiments.configs.tail_qa import PAPER_FTA
-
-NAME = "tail_qa"
 
 
 def variant_config(
@@ -41,17 +37,17 @@ def variant_config(
       ValueError: for an unknown variant.
     """
     if variant == "adam":
-        return tail_lm.run_config(base, "adam", lr["adam"], lr["adam"])
+        return common.run_config(base, "adam", lr["adam"], lr["adam"])
     if variant == "muon":
-        return tail_lm.run_config(base, "muon", lr["muon"], lr["adam"], "hidden")
+        return common.run_config(base, "muon", lr["muon"], lr["adam"], "hidden")
     if variant.startswith("muon_"):
-        return tail_lm.run_config(base, "muon", lr["muon"], lr["adam"], variant[5:])
+        return common.run_config(base, "muon", lr["muon"], lr["adam"], variant[5:])
     if variant == "sgd":
-        c = tail_lm.run_config(base, "sgd", lr["sgd"], lr["adam"], "all")
+        c = common.run_config(base, "sgd", lr["sgd"], lr["adam"], "all")
         c.optimizer.momentum = float(sgd_momentum)
         return c
     if variant == "signgd":
-        return tail_lm.run_config(base, "signgd", lr["signgd"], lr["adam"], "hidden")
+        return common.run_config(base, "signgd", lr["signgd"], lr["adam"], "hidden")
     raise ValueError(
         f"tail_qa variant must be adam, muon, sgd, signgd or muon_<roles>, got {variant!r}"
     )
@@ -73,87 +69,78 @@ def fta_curves(run: dict[str, Any], m: int) -> tuple[np.ndarray, np.ndarray]:
     return steps, np.stack(cols, axis=1)
 
 
-def run(
-    cfg: ConfigDict,
-    out_dir: Any,
-    *,
-    progress: Callable[[str], None] | None = None,
-    cache_dir: Any = None,
-) -> dict[str, Any]:
-    """Run the experiment; writes result.json and figures. See the module docstring."""
+def run(cfg: ConfigDict, stage: common.Stage) -> dict[str, Any]:
+    """Run the experiment (see the module docstring); figures under ``stage.out_dir``."""
     for v in cfg.variants:
         variant_config(cfg.base, v, {"adam": 1.0, "muon": 1.0, "sgd": 1.0, "signgd": 1.0})
-    out_dir = common.make_run_dir(out_dir, NAME)
-    cache_dir = cache_dir or out_dir / "train_runs"
+    out_dir, cache_dir, progress = stage.out_dir, stage.cache_dir, stage.progress
     m = int(cfg.base.data.biographies.m)
-    with common.Timer() as timer:
-        lr = {k: float(v) for k, v in cfg.lr.items()}
-        tables: dict[str, list] = {}
-        if cfg.sweep:
-            order = [v for v in ("adam", "muon", "sgd") if v in cfg.variants]
-            for v in order:  # Adam first: its LR is the Adam half of the others
-                chosen, _, rows = common.lr_sweep(
-                    lambda x, v=v: variant_config(cfg.base, v, {**lr, v: x}, cfg.sgd_momentum),
-                    cfg.lr_grid[v],
-                    cache_dir,
-                    f"bio-{v}",
-                    progress=progress,
-                    key="train_loss",
-                    score=common.final_train_loss,  # biographies evals report FTA only
-                )
-                lr[v], tables[v] = chosen, rows
-        runs: dict[str, Any] = {}
-        for v in cfg.variants:
-            rc = variant_config(cfg.base, v, lr, cfg.sgd_momentum)
-            runs[v] = common.train_cached(common.seeded(rc, cfg.seeds), cache_dir, f"bio-{v}-seeds")
-            if progress:
-                progress(v)
-        used = {"muon", "adam"} | {v.split("_")[0] for v in cfg.variants}
-        lr = {k: v for k, v in lr.items() if k in used}
-        metrics: dict[str, Any] = {
-            "lr": lr,
-            "lr_sweep": tables,
-            "swept": bool(cfg.sweep),
-            "lr_source": cfg.lr_source,
-            "seeds": list(cfg.seeds),
-            "sweep_seed": int(cfg.base.seed),
+    lr = {k: float(v) for k, v in cfg.lr.items()}
+    tables: dict[str, list] = {}
+    if cfg.sweep:
+        order = [v for v in ("adam", "muon", "sgd") if v in cfg.variants]
+        for v in order:  # Adam first: its LR is the Adam half of the others
+            chosen, _, rows = common.lr_sweep(
+                lambda x, v=v: variant_config(cfg.base, v, {**lr, v: x}, cfg.sgd_momentum),
+                cfg.lr_grid[v],
+                cache_dir,
+                f"bio-{v}",
+                progress=progress,
+                key="train_loss",
+                score=common.final_train_loss,  # biographies evals report FTA only
+            )
+            lr[v], tables[v] = chosen, rows
+    runs: dict[str, Any] = {}
+    for v in cfg.variants:
+        rc = variant_config(cfg.base, v, lr, cfg.sgd_momentum)
+        runs[v] = common.train_cached(common.seeded(rc, cfg.seeds), cache_dir, f"bio-{v}-seeds")
+        progress(v)
+    used = {"muon", "adam"} | {v.split("_")[0] for v in cfg.variants}
+    lr = {k: v for k, v in lr.items() if k in used}
+    metrics: dict[str, Any] = {
+        "lr": lr,
+        "lr_sweep": tables,
+        "swept": bool(cfg.sweep),
+        "lr_source": cfg.lr_source,
+        "seeds": list(cfg.seeds),
+        "sweep_seed": int(cfg.base.seed),
+    }
+    metrics["runs"] = {}
+    tail_groups = [m - o for o in cfg.tail_offsets if m - o >= 0]
+    final_fta = {}
+    curves = {}
+    for v, r in runs.items():
+        steps, fta = fta_curves(r, m)  # (n, m + 1, seeds)
+        final_fta[v] = fta[-1] if fta.size else np.full((m + 1, 1), np.nan)
+        curves[v] = (steps, fta)
+        metrics["runs"][v] = {
+            "workdir": r["workdir"],
+            "eval_steps": steps,
+            "fta": fta,
+            "final_fta": final_fta[v],  # (m + 1, seeds)
+            "final_train_loss": common.final_train_loss_seeds(r),
+            "tail_fta": final_fta[v][tail_groups],  # (tail groups, seeds)
         }
-        metrics["runs"] = {}
-        tail_groups = [m - o for o in cfg.tail_offsets if m - o >= 0]
-        final_fta = {}
-        curves = {}
-        for v, r in runs.items():
-            steps, fta = fta_curves(r, m)  # (n, m + 1, seeds)
-            final_fta[v] = fta[-1] if fta.size else np.full((m + 1, 1), np.nan)
-            curves[v] = (steps, fta)
-            metrics["runs"][v] = {
-                "workdir": r["workdir"],
-                "eval_steps": steps,
-                "fta": fta,
-                "final_fta": final_fta[v],  # (m + 1, seeds)
-                "final_train_loss": common.final_train_loss_seeds(r),
-                "tail_fta": final_fta[v][tail_groups],  # (tail groups, seeds)
-            }
-        metrics["tail_groups"] = tail_groups
-        figures = []
-        p = plots.plot_group_accuracy(
-            list(range(m + 1)),
-            final_fta,
-            out_dir / "figures" / "tail_qa_fta_per_group.png",
-            title=f"first-token accuracy per group, step {cfg.base.steps} (m = {m}), 95% band",
-        )
-        figures.append(str(p.relative_to(out_dir)))
-        p = plots.plot_curves(
-            {v: (curves[v][0], curves[v][1][:, m]) for v in runs},
-            out_dir / "figures" / "tail_qa_rarest_group.png",
-            xlabel="step",
-            ylabel=f"FTA, group {m} (rarest)",
-            title="rarest group over training (95% seed bands)",
-        )
-        figures.append(str(p.relative_to(out_dir)))
-        metrics["report_md"] = report_md(cfg, metrics)
-        claims = make_claims(metrics)
-    return common.finish(NAME, cfg, out_dir, timer, metrics=metrics, figures=figures, claims=claims)
+    metrics["tail_groups"] = tail_groups
+    figures = []
+    p = plots.plot_group_accuracy(
+        list(range(m + 1)),
+        final_fta,
+        out_dir / "figures" / "tail_qa_fta_per_group.png",
+        title=f"first-token accuracy per group, step {cfg.base.steps} (m = {m}), 95% band",
+    )
+    figures.append(str(p.relative_to(out_dir)))
+    p = plots.plot_curves(
+        {v: (curves[v][0], curves[v][1][:, m]) for v in runs},
+        out_dir / "figures" / "tail_qa_rarest_group.png",
+        xlabel="step",
+        ylabel=f"FTA, group {m} (rarest)",
+        title="rarest group over training (95% seed bands)",
+    )
+    figures.append(str(p.relative_to(out_dir)))
+    metrics["report_md"] = report_md(cfg, metrics)
+    claims = make_claims(metrics)
+    return {"metrics": metrics, "figures": figures, "claims": claims}
 
 
 def report_md(cfg: ConfigDict, m: dict[str, Any]) -> str:
@@ -222,10 +209,10 @@ def make_claims(m: dict[str, Any]) -> list[common.Claim]:
     return claims
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m experiments.tail_qa --scale quick --out DIR``."""
-    return common.experiment_main(NAME, run, argv, description=__doc__.splitlines()[0])
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+EXPERIMENT = common.Experiment(
+    "tail_qa", run, units=n_units, default=True, lr_from="tail_lm",
+    # Muon and Adam only: a 3-seed biography run costs about 4 CPU minutes; the VO+FFN vs QK
+    # question is the ablation's on the corpus (with seeds), and --only tail_qa's.
+    reduced={"variants": ("muon", "adam"), "sweep": False},
+    headline=("tail_qa/tail_group_fta",),
+)  # fmt: skip

@@ -17,7 +17,7 @@ def _run(*args):
 def test_help_lists_every_subcommand():
     out = _run("--help")
     assert out.returncode == 0
-    for name in ("train", "check", "reproduce", "sample", "data", "bench"):
+    for name in ("train", "check", "reproduce", "report", "sample", "data", "bench"):
         assert f"    {name}" in out.stdout, out.stdout
 
 
@@ -43,3 +43,8 @@ def test_dispatch_passes_remaining_args(monkeypatch):
     monkeypatch.setitem(sys.modules, "fake_train_module", Fake)
     assert cli.main(["train", "--config", "c.py", "--config.steps=5"]) == 3
     assert seen["argv"] == ["--config", "c.py", "--config.steps=5"]
+
+
+def test_report_without_results_is_one_line(tmp_path):
+    out = _run("report", "--results", str(tmp_path), "--out", str(tmp_path / "r"))
+    assert out.returncode == 2 and out.stderr.startswith("amemory report: error: no results in")

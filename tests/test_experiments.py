@@ -11,7 +11,7 @@ import chex
 import numpy as np
 import pytest
 
-from experiments import ablation, common, one_layer, reproduce, tail_lm, tail_qa
+from experiments import ablation, common, one_layer, report, reproduce, tail_lm, tail_qa
 
 # ----------------------------------------------------------------------------- references
 
@@ -42,7 +42,7 @@ def _np_msgn(G):
 
 
 def _tiny_one_layer_cfg():
-    cfg = common.load_config("one_layer", "quick")
+    cfg = common.experiments()["one_layer"].config("quick")
     cfg.K = 12
     cfg.priors = ("two_level",)
     cfg.steps = 15
@@ -55,7 +55,7 @@ def _tiny_one_layer_cfg():
 
 def test_one_layer_smoke_and_gap_matches_numpy(tmp_path):
     cfg = _tiny_one_layer_cfg()
-    res = one_layer.run(cfg, tmp_path / "ol")
+    res = one_layer.EXPERIMENT(cfg, tmp_path / "ol")
     assert (tmp_path / "ol" / "result.json").is_file()
     assert (tmp_path / "ol" / "figures" / "one_layer_gap_vs_loss.png").stat().st_size > 1000
     saved = json.loads((tmp_path / "ol" / "result.json").read_text())
@@ -100,7 +100,7 @@ def test_one_step_rho_matches_closed_form():
     np.testing.assert_allclose(got, x**r / (x**r + K - 1), rtol=2e-3)
 
 
-def test_word_counts_and_validation():
+def test_word_counts_and_validation(tmp_path):
     words, counts = one_layer.word_counts(["The cat and the dog", "the end, and THE cat's"], 3)
     assert words == ["the", "and", "cat"] or words[:2] == ["the", "and"]
     chex.assert_trees_all_close(counts[:2], np.array([4.0, 2.0]))
@@ -112,7 +112,7 @@ def test_word_counts_and_validation():
     cfg.K = 10
     cfg.embeddings = ("coupled",)
     with pytest.raises(ValueError, match="divisible by 3"):
-        one_layer.run(cfg, None)
+        one_layer.EXPERIMENT(cfg, tmp_path / "bad")
 
 
 # ----------------------------------------------------------------------------- helpers
@@ -130,13 +130,15 @@ def test_steps_to_reach_and_overrides():
     vals = np.array([5.0, 4.0, 3.0, 2.0])
     assert common.steps_to_reach(steps, vals, 3.5) == pytest.approx(15.0)
     assert math.isnan(common.steps_to_reach(steps, vals, 1.0))
-    cfg = common.load_config("tail_lm", "quick")
-    common.apply_override(cfg, "base.steps=7")
+    cfg = common.experiments()["tail_lm"].config("quick")
+    common.apply_override(cfg, *common.parse_set("base.steps=7"))
     assert cfg.base.steps == 7
     with pytest.raises(ValueError, match="unknown config field"):
-        common.apply_override(cfg, "base.nope=1")
+        common.apply_override(cfg, *common.parse_set("base.nope=1"))
+    with pytest.raises(ValueError, match="base.steps"):  # ConfigDict's TypeError, named
+        common.apply_override(cfg, *common.parse_set("base.steps=many"))
     with pytest.raises(ValueError, match="scale"):
-        common.load_config("tail_lm", "huge")
+        common.experiments()["tail_lm"].config("huge")
 
 
 # ----------------------------------------------------------------------------- training
@@ -157,7 +159,7 @@ def _shrink(base, steps=4):
 
 
 def _tiny_tail_lm():
-    cfg = common.load_config("tail_lm", "quick")
+    cfg = common.experiments()["tail_lm"].config("quick")
     _shrink(cfg.base)
     cfg.base.data.seq_len = 16
     cfg.optimizers = ("adam", "muon")
@@ -181,7 +183,7 @@ def tiny_tail_lm(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("tiny_tail_lm")
     cfg = _tiny_tail_lm()
     cache = tmp / "train_runs"
-    res = tail_lm.run(cfg, tmp / "tl", cache_dir=cache)
+    res = tail_lm.EXPERIMENT(cfg, tmp / "tl", cache_dir=cache)
     return cfg, cache, res, tmp
 
 
@@ -212,13 +214,13 @@ def test_ablation_and_isotropy_reuse_tail_lm_seeded_runs(tiny_tail_lm, tmp_path)
     m = res["metrics"]
     n_runs = len(list(cache.iterdir()))
     # The ablation's "none"/"all" rows are tail_lm's seeded runs: nothing new is trained.
-    acfg = common.load_config("ablation", "quick")
+    acfg = common.experiments()["ablation"].config("quick")
     acfg.base = cfg.base
     acfg.lr_grid = cfg.lr_grid
     acfg.seeds = cfg.seeds
     acfg.subsets = ("none", "all")
     acfg.ffn_kinds = ("gelu",)
-    ares = ablation.run(acfg, tmp_path / "ab", cache_dir=cache)
+    ares = ablation.EXPERIMENT(acfg, tmp_path / "ab", cache_dir=cache)
     losses = ares["metrics"]["val_loss"]["gelu"]
     np.testing.assert_allclose(losses["none"], m["runs"]["adam"]["final_val_loss"])
     np.testing.assert_allclose(losses["all"], m["runs"]["muon"]["final_val_loss"])
@@ -229,11 +231,11 @@ def test_ablation_and_isotropy_reuse_tail_lm_seeded_runs(tiny_tail_lm, tmp_path)
     # Isotropy with tail_lm's seeds and learning rates reads the same runs' spectra.
     from experiments import isotropy
 
-    icfg = common.load_config("isotropy", "quick")
+    icfg = common.experiments()["isotropy"].config("quick")
     icfg.base = cfg.base
     icfg.seeds = cfg.seeds
     icfg.lr.adam, icfg.lr.muon = m["chosen_lr"]["adam"], m["chosen_lr"]["muon"]
-    ires = isotropy.run(icfg, tmp_path / "iso", cache_dir=cache)
+    ires = isotropy.EXPERIMENT(icfg, tmp_path / "iso", cache_dir=cache)
     assert len(list(cache.iterdir())) == n_runs
     series = ires["metrics"]["series"]
     verdicts = []
@@ -258,7 +260,7 @@ def test_steps_ratio_and_plain_optax_reference(tiny_tail_lm, tmp_path):
     from experiments import steps_ratio
 
     cfg, cache, res, _ = tiny_tail_lm
-    scfg = common.load_config("steps_ratio", "quick")
+    scfg = common.experiments()["steps_ratio"].config("quick")
     assert set(steps_ratio.sizes(scfg)) == {"d64", "d128"}  # quick: d=64 and tail_lm's size
     scfg.base = cfg.base
     scfg.seeds = cfg.seeds
@@ -268,7 +270,7 @@ def test_steps_ratio_and_plain_optax_reference(tiny_tail_lm, tmp_path):
     scfg.test_size, scfg.reference_sizes = "d16", ("d16",)
     scfg.budget_fractions = (0.5,)
     n_runs = len(list(cache.iterdir()))
-    out = steps_ratio.run(scfg, tmp_path / "sr", cache_dir=cache)
+    out = steps_ratio.EXPERIMENT(scfg, tmp_path / "sr", cache_dir=cache)
     assert len(list(cache.iterdir())) == n_runs + 3  # two plain-optax references, one budget
     sizes = out["metrics"]["sizes"]
     assert set(sizes) == {"d16"}
@@ -300,7 +302,7 @@ def test_steps_ratio_and_plain_optax_reference(tiny_tail_lm, tmp_path):
     assert (tmp_path / "sr" / "figures" / "steps_ratio.png").is_file()
     with pytest.raises(ValueError, match="test_size"):
         scfg.test_size = "d999"
-        steps_ratio.run(scfg, tmp_path / "bad", cache_dir=cache)
+        steps_ratio.EXPERIMENT(scfg, tmp_path / "bad", cache_dir=cache)
 
 
 def test_neuron_norm_cv_and_normuon_first_step(tiny_tail_lm, tmp_path):
@@ -314,10 +316,10 @@ def test_neuron_norm_cv_and_normuon_first_step(tiny_tail_lm, tmp_path):
     got = float(reference_lm.neuron_norm_cv(jnp.asarray(u, jnp.float32)))
     assert got == pytest.approx(norms.std() / norms.mean(), rel=1e-5)
     cfg, cache, _, _ = tiny_tail_lm
-    rc = tail_lm.run_config(cfg.base, "normuon", 0.02, 3e-3)
+    rc = common.run_config(cfg.base, "normuon", 0.02, 3e-3)
     rc.steps, rc.eval_every, rc.schedule.warmup_steps = 1, 1, 0  # first step at the peak LR
     plain = reference_lm.run(rc, "normuon", (1, 2), log_every=1)
-    muon = reference_lm.run(tail_lm.run_config(rc, "muon", 0.02, 3e-3), "muon", (1, 2), log_every=1)
+    muon = reference_lm.run(common.run_config(rc, "muon", 0.02, 3e-3), "muon", (1, 2), log_every=1)
     # NorMuon's first update: v = (1 - beta2) mean_rows(O^2), so every neuron of O / sqrt(v)
     # has the same norm: CV 0. Muon's orthogonalised w_in, kernel [16, 32], has orthonormal
     # rows: its 32 column norms are the square roots of a rank-16 projection's diagonal,
@@ -328,14 +330,14 @@ def test_neuron_norm_cv_and_normuon_first_step(tiny_tail_lm, tmp_path):
 
 
 def test_tail_qa_smoke_with_seeds(tmp_path):
-    cfg = common.load_config("tail_qa", "quick")
+    cfg = common.experiments()["tail_qa"].config("quick")
     _shrink(cfg.base, steps=3)
     cfg.base.data.biographies.m = 2
     cfg.base.data.biographies.eval_per_group = 4
     cfg.variants = ("muon_qk", "muon_vo+ffn")
     cfg.seeds = (4, 5)
     cfg.sweep = False
-    res = tail_qa.run(cfg, tmp_path / "qa")
+    res = tail_qa.EXPERIMENT(cfg, tmp_path / "qa")
     fta = np.asarray(res["metrics"]["runs"]["muon_qk"]["final_fta"])
     assert fta.shape == (3, 2)  # groups 0..m, seeds
     assert np.all((fta >= 0) & (fta <= 1))
@@ -365,22 +367,20 @@ def _fake_stage(name, scale, stage_dir, progress, *, overrides=None, cache_dir=N
     if name == "tail_qa":
         raise RuntimeError("boom")
     claim = common.Claim(f"{name}/x", "A", "a | claim", "1", "2", name != "ablation", "t")
+    curve = {"curve": list(range(100)), "per_seed": [1.0, 2.0, 3.0]}
     return common.result_dict(
-        name, scale, metrics={"chosen_lr": {"adam": 1e-3, "muon": 0.02}, "ov": overrides},
+        name, scale, metrics={"chosen_lr": {"adam": 1e-3, "muon": 0.02}, "ov": overrides, **curve},
         figures=[f"figures/{name}.png"], claims=[claim], wall_s=1.0,
     )  # fmt: skip
 
 
-def test_reproduce_report_and_readme(tmp_path):
-    out = tmp_path / "rep"
-    results, report = reproduce.reproduce(
-        ("one_layer", "tail_lm", "ablation", "tail_qa"),
-        "quick",
-        out,
-        progress=False,
-        stage_runner=_fake_stage,
-    )
-    text = report.read_text()
+def test_reproduce_report_results_and_readme(tmp_path):
+    out, res_dir = tmp_path / "rep", tmp_path / "results"
+    results, path = reproduce.reproduce(
+        ("one_layer", "tail_lm", "ablation", "tail_qa"), "quick", out, progress=False,
+        stage_runner=_fake_stage, results_dir=res_dir,
+    )  # fmt: skip
+    text = path.read_text()
     assert "| claim | source | paper | ours | verdict |" in text
     assert "a / claim" in text  # pipes in cells are escaped
     assert "not held" in text and "undecided" in text  # failed stage -> undecided claim
@@ -393,16 +393,43 @@ def test_reproduce_report_and_readme(tmp_path):
         "ablation",
         "tail_qa",
     ]
+    # one compact JSON per stage that ran (not the failed one), curves dropped, provenance kept
+    assert sorted(p.name for p in (res_dir / "quick").iterdir()) == [
+        "ablation.json", "one_layer.json", "tail_lm.json",
+    ]  # fmt: skip
+    saved = json.loads((res_dir / "quick" / "tail_lm.json").read_text())
+    assert saved["metrics"]["curve"] is None and saved["omitted"] == ["metrics.curve"]
+    assert saved["metrics"]["per_seed"] == [1.0, 2.0, 3.0]
+    prov = saved["provenance"]
+    assert prov["code_version"] == common.experiments()["tail_lm"].code_version()
+    assert prov["config_hash"] and prov["versions"]["jax"] and prov["machine"]["cores"]
     readme = tmp_path / "README.md"
-    readme.write_text(f"intro\n{reproduce.README_BEGIN}\nold\n{reproduce.README_END}\nrest\n")
-    reproduce.update_readme(readme, out, results)
+    readme.write_text(f"intro\n{report.README_BEGIN}\nold\n{report.README_END}\nrest\n")
+    loaded = report.load_results("quick", res_dir)
+    report.update_readme(readme, loaded, "quick")
     new = readme.read_text()
     assert new.startswith("intro\n") and new.endswith("rest\n") and "old" not in new
-    assert "docs/figures/one_layer.png" in new
-    assert (tmp_path / "docs" / "figures" / "one_layer.png").is_file()
+    assert report.readme_table(readme) == report.readme_block(loaded, "quick")
+    assert report.claims_table(loaded) in new and "| 2 | held |" in new
+    assert report.main(["--results", str(res_dir), "--out", str(tmp_path / "r")]) == 0
+    assert (tmp_path / "r" / "report.md").read_text().count("| held |") == 2
     readme.write_text("no markers")
     with pytest.raises(ValueError, match="markers"):
-        reproduce.update_readme(readme, out, results)
+        report.update_readme(readme, loaded, "quick")
+
+
+def test_results_state_claims_that_moved(tmp_path):
+    def result(estimate, held):
+        iv = {"estimate": estimate, "lo": estimate - 0.1, "hi": estimate + 0.1, "n": 3}
+        claim = common.Claim("toy/x", "A", "s", "1", f"{estimate}", held, "t", iv)
+        return common.result_dict("toy", "quick", metrics={}, figures=[], claims=[claim], wall_s=1)
+
+    assert report.save_result(result(0.5, True), tmp_path, code_version="c")[1] == []
+    assert report.save_result(result(0.55, True), tmp_path, code_version="c")[1] == []
+    moved = report.save_result(result(0.9, True), tmp_path, code_version="c")[1]
+    assert len(moved) == 1 and "do not overlap" in moved[0]  # same verdict, interval moved
+    moved = report.save_result(result(0.85, None), tmp_path, code_version="c")[1]
+    assert len(moved) == 1 and "now undecided" in moved[0]
 
 
 def test_reproduce_passes_tail_lm_lrs_to_reduced_tail_qa(tmp_path):
@@ -432,6 +459,11 @@ def test_reproduce_cli_rejects_bad_flags(capsys):
         reproduce.main(["--only", "nope"])
     assert e.value.code == 2
     assert reproduce.main(["--update-readme", "/nonexistent/README.md"]) == 2
+    # a --set value of the wrong type, or a field no stage has, stops before any work
+    assert reproduce.main(["--only", "tail_lm", "--set", "base.steps=many"]) == 2
+    assert "config field 'base.steps'" in capsys.readouterr().err
+    assert reproduce.main(["--only", "tail_lm", "--set", "base.nope=1"]) == 2
+    assert "no stage of this run has that field" in capsys.readouterr().err
 
 
 def _np_noisy_loss_grad(W, prior, noise):
@@ -462,10 +494,10 @@ def test_scaling_synthetic_matches_numpy_and_runs(tmp_path):
         W = W - 0.3 * _np_msgn(_np_noisy_loss_grad(W, p, noise)[1])
     got = float(scaling.muon_final_loss(jnp.int32(4), prior, jnp.float32(noise), jnp.float32(0.3)))
     np.testing.assert_allclose(got, _np_noisy_loss_grad(W, p, noise)[0], rtol=1e-4)
-    cfg = common.load_config("scaling", "quick")
+    cfg = common.experiments()["scaling"].config("quick")
     cfg.parts = ("synthetic",)
     cfg.M, cfg.C, cfg.T_grid, cfg.betas = 6, 2, (4, 8, 16, 32), (2.0,)
-    res = scaling.run(cfg, tmp_path / "sc")
+    res = scaling.EXPERIMENT(cfg, tmp_path / "sc")
     r = res["metrics"]["synthetic"]["by_beta"]["2.0"]
     assert len(r["gd"]) == 4 and np.all(np.asarray(r["gd"]) > 0)
     assert {c["key"] for c in res["claims"]} >= {"scaling/gd_rate", "scaling/muon_rate"}

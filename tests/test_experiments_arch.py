@@ -5,15 +5,15 @@ import jax
 import pytest
 
 from amemory.models import transformer as T
-from experiments import arch, common, reproduce, tail_lm
+from experiments import arch, common, reproduce
 
 
 def test_cells_share_the_dense_runs_of_tail_lm():
-    cfg = common.load_config("arch", "quick")
-    tl = common.load_config("tail_lm", "quick")
+    cfg = common.experiments()["arch"].config("quick")
+    tl = common.experiments()["tail_lm"].config("quick")
     for opt, lr in (("adam", 3e-3), ("muon", 0.02)):
         ours = arch.run_config(cfg, "dense", opt)
-        theirs = tail_lm.run_config(tl.base, opt, lr, 3e-3, "hidden")
+        theirs = common.run_config(tl.base, opt, lr, 3e-3, "hidden")
         assert common.config_hash(ours) == common.config_hash(theirs)  # trained once
     c = arch.run_config(cfg, "mla_moe", "muon", "ffn")
     assert (c.model.attention, c.model.mla.kv_rank, c.model.moe.experts) == ("mla", 64, 8)
@@ -73,7 +73,7 @@ def _metrics(ratio_steps, mem, speed, ppl, shares):
     ],
 )
 def test_verdicts_follow_the_stated_thresholds(values, verdicts):
-    cfg = common.load_config("arch", "quick")
+    cfg = common.experiments()["arch"].config("quick")
     claims = arch.make_claims(cfg, _metrics(*values))
     assert [c.key for c in claims] == [
         "arch/muon_compute", "arch/mla_moe_memory", "arch/mla_moe_speed",
@@ -86,7 +86,7 @@ def test_verdicts_follow_the_stated_thresholds(values, verdicts):
 
 def test_reproduce_runs_arch_at_tail_lm_lrs(tmp_path):
     # arch left the default stages to pay for the seeds of the others (README, section 4)
-    assert "arch" in reproduce.ALL_STAGES and "arch" not in reproduce.DEFAULT_STAGES
+    assert "arch" in common.experiments() and not common.experiments()["arch"].default
     seen = {}
 
     def runner(name, scale, stage_dir, progress, *, overrides=None, cache_dir=None):

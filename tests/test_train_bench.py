@@ -4,23 +4,29 @@ import jax
 import pytest
 
 from amemory.models import transformer
+from amemory.train import planner
 from experiments.bench import optim as bench_optim
 from experiments.bench import train as bench_train
 
 
-def test_step_flops_hand_count():
+def test_model_flops_hand_count():
     mc = transformer.preset("tiny")  # V=37, D=24, L=2, F=56, untied head, GELU FFN
     params = jax.eval_shape(lambda: transformer.init_params(mc, jax.random.PRNGKey(0)))
     B, T = 3, 11
     n_matmul = 2 * (4 * 24 * 24 + 2 * 24 * 56) + 24 * 37
     want = 6 * n_matmul * B * T + 12 * 2 * T * 24 * B * T
-    assert bench_train.step_flops(mc, params, B, T) == pytest.approx(want)
+    assert _step_flops(mc, params, B, T) == pytest.approx(want)
     tied = mc.replace(tied_head=True)
     params_t = jax.eval_shape(lambda: transformer.init_params(tied, jax.random.PRNGKey(0)))
-    assert bench_train.step_flops(tied, params_t, B, T) == pytest.approx(want)
+    assert _step_flops(tied, params_t, B, T) == pytest.approx(want)
     scanned = mc.replace(scan_layers=True)  # stacked [L, ...] kernels: same count
     params_s = jax.eval_shape(lambda: transformer.init_params(scanned, jax.random.PRNGKey(0)))
-    assert bench_train.step_flops(scanned, params_s, B, T) == pytest.approx(want)
+    assert _step_flops(scanned, params_s, B, T) == pytest.approx(want)
+
+
+def _step_flops(mc, params, B, T):
+    roles = transformer.param_roles(params)
+    return planner.model_flops_per_token(mc, params, roles, T) * B * T
 
 
 @pytest.mark.parametrize("shape", [(24, 24), (24, 56), (56, 24), (256, 1024), (100, 150)])

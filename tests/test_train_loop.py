@@ -94,18 +94,23 @@ def test_nonfinite_state_is_never_saved_and_names_healthy_checkpoint(tmp_path):
 
 
 def test_steps_between_log_steps_copy_nothing_to_host(tmp_path, monkeypatch):
-    """Every step runs under jax.transfer_guard_device_to_host; host reads happen only at the
-    log / eval / checkpoint / profile points, so a per-step read (the old loop's fetch) raises.
+    """The whole stretch between two sync points runs under
+    jax.transfer_guard_device_to_host; host reads happen only at the log / eval /
+    checkpoint / profile points (which allow them), so a per-step read anywhere else in
+    the loop, even just after the step (here: at the start of ``after_step``), raises.
 
     On CPU a device array is host memory and JAX's guard never fires (reads are zero-copy),
     so the spy also makes every value read of a jax.Array (``jax.device_get``, ``float``,
     ``.item()``, ``.tolist()``, ``bool``; all go through ``Array._value``) an error while
-    the guard is held. Not caught on CPU: ``np.asarray`` (numpy's zero-copy buffer view).
+    a disallowing guard is innermost. Not caught on CPU: ``np.asarray`` (numpy's zero-copy
+    buffer view).
     """
     import contextlib
 
     import jax
     import jax.numpy as jnp
+
+    from amemory.train import loop
 
     real_guard = jax.transfer_guard_device_to_host
     array_type = type(jnp.zeros(()))
@@ -120,25 +125,37 @@ def test_steps_between_log_steps_copy_nothing_to_host(tmp_path, monkeypatch):
     @contextlib.contextmanager
     def spy(level):
         levels.append(level)
-        with real_guard("disallow_explicit"):  # explicit and implicit copies both raise
-            held[0] = True
+        before = held[0]
+        with real_guard("disallow_explicit" if level != "allow" else "allow"):
+            held[0] = level != "allow"
             try:
                 yield
             finally:
-                held[0] = False
+                held[0] = before
 
     monkeypatch.setattr(jax, "transfer_guard_device_to_host", spy)
     monkeypatch.setattr(array_type, "_value", property(read))
     monkeypatch.setenv("AMEMORY_DATA", str(tmp_path / "cache"))
     extra = {"steps": 12, "log_every": 6, "eval_every": 12, "spectrum_every": 0}
     extra |= {"checkpoint_every": 4, "keep_checkpoints": 3, "profile_steps": "2,3"}
-    summary = train(lm_config(write_corpus(tmp_path), **extra), tmp_path / "run")
-    assert summary["steps"] == 12 and levels == ["disallow_explicit"] * 12
+    corpus = write_corpus(tmp_path)
+    summary = train(lm_config(corpus, **extra), tmp_path / "run")
+    assert summary["steps"] == 12 and levels.count("disallow_explicit") == 12
     recs = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in recs if r["kind"] == "train"] == [6, 12]
     assert sorted(int(p.name) for p in (tmp_path / "run" / "checkpoints").iterdir()) == [4, 8, 12]
     traces = list((tmp_path / "run" / "plugins" / "profile").glob("*/*.xplane.pb"))
     assert len(traces) == 1 and traces[0].stat().st_size > 0
+    # A per-step float(loss) placed after the step, outside the old guarded block, raises.
+    after_step = loop._SyncPoints.after_step
+
+    def reads_every_step(self, s, state, acc, *args):
+        float(acc["n"])
+        return after_step(self, s, state, acc, *args)
+
+    monkeypatch.setattr(loop._SyncPoints, "after_step", reads_every_step)
+    with pytest.raises(AssertionError, match="read between two log steps"):
+        train(lm_config(corpus, **{**extra, "steps": 2}), tmp_path / "run2")
 
 
 def test_restore_into_different_shape_names_leaf(tmp_path):

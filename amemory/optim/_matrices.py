@@ -314,7 +314,16 @@ def check_ns_mesh(ns_mesh: Any) -> None:
         )
 
 
-def _resolve_dtype(ns_dtype: Any) -> Any:
-    if isinstance(ns_dtype, str) and ns_dtype == "auto":
-        return None if jax.default_backend() == "cpu" else jnp.bfloat16
-    return ns_dtype
+def _resolve_dtype(ns_dtype: Any, ns_mesh: Any = None) -> Any:
+    """``"auto"`` -> bf16 unless the target devices are CPUs (then None: fp32). The target
+    is ``ns_mesh``'s devices, else those of the mesh set by ``jax.sharding.set_mesh`` (the
+    train engine traces under its mesh: ahead-of-time compilation for a TPU topology on a
+    CPU host gets bf16), else the default backend. Call at trace time."""
+    if not (isinstance(ns_dtype, str) and ns_dtype == "auto"):
+        return ns_dtype
+    if ns_mesh is not None:
+        platform = ns_mesh[0].devices.flat[0].platform
+    else:
+        device = getattr(jax.sharding.get_abstract_mesh(), "abstract_device", None)
+        platform = device.platform if device is not None else jax.default_backend()
+    return None if platform == "cpu" else jnp.bfloat16

@@ -267,15 +267,17 @@ class MuonOptions:
     @functools.cached_property
     def orth_fn(self) -> Callable[[jax.Array], jax.Array]:
         """The ``[b, k, l] -> [b, k, l]`` orthogonaliser of ``norm="spectral"``: exact
-        ``polar``, or ``newton_schulz`` with these options (``ns_dtype="auto"``: bf16 off
-        CPU, fp32 on CPU)."""
+        ``polar``, or ``newton_schulz`` with these options (``ns_dtype="auto"``: bf16 unless
+        the target devices, ``ns_mesh``'s or the ``jax.sharding.set_mesh`` mesh's, are CPUs)."""
         if self.orthogonalizer == "polar":
             return polar
-        return functools.partial(
+        ns = functools.partial(
             newton_schulz, coeffs=self.ns_coeffs, steps=self.steps, eps=self.ns_eps,
-            eps_mode=self.ns_eps_mode, dtype=_resolve_dtype(self.ns_dtype), method=self.ns_method,
+            eps_mode=self.ns_eps_mode, method=self.ns_method,
             preconditioning=self.preconditioning, gram_restarts=self.gram_restarts,
         )  # fmt: skip
+        # "auto" is resolved at trace time, for the devices the update is compiled for
+        return lambda x: ns(x, dtype=_resolve_dtype(self.ns_dtype, self.ns_mesh))
 
     @functools.cached_property
     def layout(self) -> OwnerLayout | None:

@@ -1,19 +1,21 @@
-"""Training engine: ``jit`` over a mesh (one device or many), ``pmap``, or many hosts.
+"""Training engine: one ``jit`` over a mesh (one device, many, or many hosts).
 
 Public API (imported lazily, so ``amemory train --help`` and config errors stay fast):
   train(config, workdir, *, resume=False, allow_changed=()) -> summary  (amemory.train.loop)
   run(config, workdir, *, resume=False, allow_changed=(), task=None)
                                                 -> (summary, final TrainState as numpy)
   load_config(path, overrides) -> ConfigDict                (config file + a.b=value overrides)
+  plan(config, topology, *, save=None) -> report   (the step compiled for a TPU topology)
   Task (the interface a model family implements), TrainState, Checkpointer,
   NonFiniteLossError, DivergenceError, RunInterrupted, WorkdirBusyError
                                                 (amemory.train.guard, .lock)
 
 Modules: config (load/override/validate, engine defaults), tasks (the Task protocol; LM and
-biographies), memory_task, optimizers (names -> optax), state, parallel (meshes, pmap,
-multi-host), engine (the compiled step, on-device metrics), loop (the host loop), records
-(metrics.jsonl + TensorBoard), checkpoint (Orbax + Grain, verified restore), guard (stop
-signals, divergence, resume contract), lock (workdir lock), cli (``amemory train``).
+biographies), memory_task, optimizers (names -> optax), state, parallel (meshes,
+multi-host), engine (the step builder, on-device metrics), planner (``amemory plan``), loop
+(the host loop), records (metrics.jsonl + TensorBoard), checkpoint (Orbax + Grain, verified
+restore), guard (stop signals, divergence, resume contract), lock (workdir lock), cli
+(``amemory train``).
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ _EXPORTS = {
     "RunInterrupted": "amemory.train.guard",
     "WorkdirBusyError": "amemory.train.lock",
     "load_config": "amemory.train.config",
+    "plan": "amemory.train.planner",
     "TrainState": "amemory.train.state",
     "Task": "amemory.train.tasks",
     "Checkpointer": "amemory.train.checkpoint",

@@ -14,6 +14,7 @@ the step over a leading seed axis of the state.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from typing import Any
 
@@ -26,37 +27,34 @@ from amemory import optim
 from amemory.train import optimizers, parallel
 from amemory.train.state import TrainState
 
+OPTIMIZER_SCOPE = "optimizer_update"  # name of the update's ops in compiled HLO
+
 
 def make_train_step(
-    loss_fn: Callable, opt: optimizers.Optimizer, roles: Any, *, axis_name: str | None = None,
-    diagnostics: bool = False,
-) -> Callable:  # fmt: skip
-    """One optimizer step ``(state, batch) -> (state, metrics)`` (pure; jit/pmap/vmap it).
+    loss_fn: Callable, opt: optimizers.Optimizer, roles: Any, *, diagnostics: bool = False
+) -> Callable:
+    """One optimizer step ``(state, batch) -> (state, metrics)`` (pure; jit/vmap it).
 
     Args:
       loss_fn: ``(params, batch, rng) -> (loss, aux)``: mean loss (nats) and a dict of
         scalar metrics (``amemory.train.tasks.Task.loss``).
       opt: resolved optimizer (transformation and learning-rate schedules).
       roles: tree of role strings, same structure as params.
-      axis_name: under ``pmap``, the axis over which gradients, loss and aux are averaged
-        (``lax.pmean``); dropout / sampling keys are folded with the device index.
       diagnostics: add ``amemory.optim.collect_diagnostics(opt_state)`` to the metrics.
 
     Returns:
       the step function; metrics are scalars: loss, grad_norm, param_norm, lr, adam_lr,
-      update_rms/<role>, aux/<name>, and ortho_error/<path> when ``diagnostics``.
+      update_rms/<role>, aux/<name>, and ortho_error/<path> when ``diagnostics``. The
+      update runs under ``jax.named_scope(OPTIMIZER_SCOPE)``: compiled HLO names its ops.
     """
     leaf_roles = jax.tree.leaves(roles)
     role_names = sorted(set(leaf_roles))
 
     def step(state: TrainState, batch: Any) -> tuple[TrainState, dict]:
         rng, sub = jax.random.split(state.rng)
-        if axis_name is not None:
-            sub = jax.random.fold_in(sub, jax.lax.axis_index(axis_name))
         (loss, aux), grads = jax.value_and_grad(loss_fn, has_aux=True)(state.params, batch, sub)
-        if axis_name is not None:
-            loss, aux, grads = jax.lax.pmean((loss, aux, grads), axis_name)
-        updates, opt_state = opt.tx.update(grads, state.opt_state, state.params)
+        with jax.named_scope(OPTIMIZER_SCOPE):
+            updates, opt_state = opt.tx.update(grads, state.opt_state, state.params)
         params = optax.apply_updates(state.params, updates)
         metrics = {
             "loss": loss,
@@ -130,7 +128,7 @@ def interval_metrics(acc: dict[str, Any]) -> dict[str, np.ndarray]:
 
 
 class Engine:
-    """Compiles init and the accumulating step for one placement; moves data in and out.
+    """Compiles init and the accumulating step with one ``jit`` over ``place.mesh``.
 
     Args:
       place: the run's :class:`~amemory.train.parallel.Placement`.
@@ -145,10 +143,7 @@ class Engine:
     def __init__(self, place: parallel.Placement, task, opt, roles, keys, multi: bool,
                  diagnostics: bool):  # fmt: skip
         self.place, self.multi, self.keys = place, multi, keys
-        self.pmap = place.mode == "pmap"
-        step = make_train_step(
-            task.loss, opt, roles, axis_name="data" if self.pmap else None, diagnostics=diagnostics
-        )
+        step = make_train_step(task.loss, opt, roles, diagnostics=diagnostics)
 
         def init_one(key):
             k_init, k_rng = jax.random.split(key)
@@ -159,110 +154,122 @@ class Engine:
         if multi:
             step = jax.vmap(step, in_axes=(0, None))  # one shared batch for every seed
         self._plain_step = step
-        acc_step = accumulating_step(step)
-        self.abstract = jax.eval_shape(init, keys)
+        self.abstract = a = jax.eval_shape(init, keys)
         mesh = place.mesh
-        rep = parallel.replicated(mesh)
-        if self.pmap:
-            self._init = jax.jit(init)
-            self.step = jax.pmap(acc_step, axis_name="data", donate_argnums=(0, 1))
-            dev = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
-            self.restore_target = jax.tree.map(
-                lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=dev), self.abstract
-            )
-        else:
-            lead = 1 if multi else 0
-            a = self.abstract
-            self.state_sh = TrainState(
-                step=jax.tree.map(lambda _: rep, a.step),
-                params=parallel.state_shardings(a.params, mesh, leading_axes=lead),
-                opt_state=optim.owner_state_shardings(  # NorMuon's moments stay with owners
-                    a.opt_state,
-                    mesh,
-                    parallel.state_shardings(a.opt_state, mesh, leading_axes=lead),
-                    leading_axes=lead,
-                ),
-                rng=jax.tree.map(lambda _: rep, a.rng),
-            )
-            self._init = jax.jit(init, out_shardings=self.state_sh)
-            self.step = jax.jit(acc_step, out_shardings=(self.state_sh, rep), donate_argnums=(0, 1))
-            self.restore_target = jax.tree.map(
-                lambda a_, s: jax.ShapeDtypeStruct(a_.shape, a_.dtype, sharding=s),
-                self.abstract,
-                self.state_sh,
-            )
-        self.batch_sh = parallel.batch_sharding(mesh)  # eval batches (and train in mesh mode)
-        self._rep = rep
+        self._rep = rep = parallel.replicated(mesh)
+        lead = 1 if multi else 0
+        self.state_sh = TrainState(
+            step=jax.tree.map(lambda _: rep, a.step),
+            params=parallel.state_shardings(a.params, mesh, leading_axes=lead),
+            opt_state=optim.owner_state_shardings(  # NorMuon's moments stay with owners
+                a.opt_state,
+                mesh,
+                parallel.state_shardings(a.opt_state, mesh, leading_axes=lead),
+                leading_axes=lead,
+            ),
+            rng=jax.tree.map(lambda _: rep, a.rng),
+        )
+        self._init = jax.jit(init, out_shardings=self.state_sh)
+        self._step = jax.jit(
+            accumulating_step(step), out_shardings=(self.state_sh, rep), donate_argnums=(0, 1)
+        )
+        self.restore_target = jax.tree.map(
+            lambda a_, s: jax.ShapeDtypeStruct(a_.shape, a_.dtype, sharding=s), a, self.state_sh
+        )
+        self.batch_sh = parallel.batch_sharding(mesh)
         self._empty_acc = None
 
-    # -- state ------------------------------------------------------------------------
+    def step(self, state: TrainState, acc: dict, batch: Any) -> tuple[TrainState, dict]:
+        """One accumulating step (``state`` and ``acc`` are donated), traced under the mesh
+        so that ``ns_dtype="auto"`` follows its devices' platform."""
+        with jax.sharding.set_mesh(self.place.mesh):
+            return self._step(state, acc, batch)
+
+    def lower(self, local_batch: Any) -> jax.stages.Lowered:
+        """The step lowered from abstract shapes (nothing materialised): state, a zero
+        accumulator and a global batch shaped like ``local_batch`` (one process's rows)."""
+        sds = jax.ShapeDtypeStruct
+        batch = jax.tree.map(lambda x: sds(np.shape(x), np.asarray(x).dtype), local_batch)
+        acc = jax.tree.map(
+            lambda x: sds(x.shape, x.dtype, sharding=self._rep),
+            empty_accumulator(jax.eval_shape(lambda s, b: self._plain_step(s, b)[1],
+                                             self.abstract, batch)),
+        )  # fmt: skip
+        batch = jax.tree.map(lambda x: sds(x.shape, x.dtype, sharding=self.batch_sh), batch)
+        with jax.sharding.set_mesh(self.place.mesh):
+            return self._step.lower(self.restore_target, acc, batch)
+
+    # -- state and data -----------------------------------------------------------------
 
     def init_state(self) -> TrainState:
-        """Fresh state of every seed, placed (replicated per device under pmap)."""
-        state = self._init(self.keys)
-        return parallel.replicate(state) if self.pmap else state
-
-    def for_checkpoint(self, state: TrainState) -> TrainState:
-        """The state as saved (one copy: the first device's under pmap)."""
-        return parallel.unreplicate(state) if self.pmap else state
-
-    def from_checkpoint(self, state: TrainState) -> TrainState:
-        """A restored state placed for the step (replicated per device under pmap)."""
-        return parallel.replicate(state) if self.pmap else state
-
-    # -- data ---------------------------------------------------------------------------
+        """Fresh state of every seed, placed on the mesh."""
+        return self._init(self.keys)
 
     def put_batch(self, local: Any) -> Any:
-        """This process's rows of a training batch -> device arrays with the step's sharding
+        """This process's rows of a (training or eval) batch -> arrays sharded over the mesh
         (host-to-device only; None stays None for tasks without input)."""
         if local is None:
             return None
-        if self.pmap:
-            return parallel.put_for_pmap(local)
         return parallel.global_batch(local, self.batch_sh)
 
     def new_accumulator(self, batch: Any) -> dict:
         """A zero accumulator on the devices (``batch``: a placed batch, for the shapes)."""
         if self._empty_acc is None:
-            self._empty_acc = empty_accumulator(self._metric_shapes(batch))
-        if self.pmap:
-            return parallel.replicate(self._empty_acc)
+            metrics = lambda s, b: self._plain_step(s, b)[1]  # noqa: E731
+            self._empty_acc = empty_accumulator(jax.eval_shape(metrics, self.abstract, batch))
         return jax.device_put(self._empty_acc, self._rep)
 
-    def _metric_shapes(self, batch: Any) -> dict:
-        metrics = lambda s, b: self._plain_step(s, b)[1]  # noqa: E731
-        if not self.pmap:
-            return jax.eval_shape(metrics, self.abstract, batch)
-        # Per-device shapes: trace the step over a named axis of size 1 (axis_index, pmean).
-        sds = jax.ShapeDtypeStruct
-        state1 = jax.tree.map(lambda a: sds((1, *a.shape), a.dtype), self.abstract)
-        batch1 = jax.tree.map(lambda x: sds((1, *x.shape[1:]), x.dtype), batch)
-        m = jax.eval_shape(jax.vmap(metrics, axis_name="data"), state1, batch1)
-        return jax.tree.map(lambda x: sds(x.shape[1:], x.dtype), m)
-
     def fetch(self, tree: Any) -> Any:
-        """Replicated device values -> numpy (the first device's copy under pmap)."""
-        if self.pmap:
-            return jax.tree.map(lambda x: np.asarray(x.addressable_shards[0].data[0]), tree)
+        """Replicated device values -> numpy."""
         return jax.tree.map(np.asarray, jax.device_get(tree))
 
-    def to_host(self, tree: Any) -> Any:
-        """Full values as numpy on every process (one replica under pmap)."""
-        return self.fetch(tree) if self.pmap else parallel.to_host(tree)
-
-    def host_params(self, state: TrainState) -> Any:
-        """Every seed's parameters as numpy (for spectra)."""
-        return self.to_host(state.params)
-
-    # -- evaluation -----------------------------------------------------------------------
-
     def eval_params(self, state: TrainState, seed_index: int | None) -> Any:
-        """One seed's parameters as arrays on the mesh (replicated per device under pmap)."""
-        params = parallel.pmap_to_mesh(state.params, self.place.mesh) if self.pmap else state.params
+        """One seed's parameters as arrays on the mesh."""
         if seed_index is None:
-            return params
-        return jax.tree.map(lambda x: x[seed_index], params)
+            return state.params
+        return jax.tree.map(lambda x: x[seed_index], state.params)
 
-    def put_eval(self, local: Any) -> Any:
-        """This process's rows of a global eval batch -> arrays sharded over the mesh."""
-        return parallel.global_batch(local, self.batch_sh)
+
+@dataclasses.dataclass
+class Built:
+    """What :func:`build` returns: the run's task, optimizer and engine, and the seeds."""
+
+    task: Any
+    opt: optimizers.Optimizer
+    engine: Engine
+    seeds: list[int]
+    multi: bool
+    n_params: int
+
+
+def build(config: Any, place: parallel.Placement, task: Any = None) -> Built:
+    """The one step builder: task, optimizer and :class:`Engine` of a validated ``config``
+    on ``place`` (abstract shapes only: nothing is materialised or compiled).
+
+    ``amemory train`` runs what this builds; ``amemory plan`` lowers it for a TPU topology.
+    ``task`` replaces the task ``config`` describes (``amemory.train.tasks.build``).
+
+    Raises:
+      ValueError: bad config or batch (names the field), as ``tasks.build`` and
+        ``optimizers.build`` do.
+    """
+    from amemory.train import tasks
+
+    task = task if task is not None else tasks.build(config, place)
+    multi = bool(config.seeds)
+    seeds = [int(s) for s in config.seeds] if multi else [int(config.seed)]
+    keys = (
+        jnp.stack([jax.random.PRNGKey(s) for s in seeds]) if multi else jax.random.PRNGKey(seeds[0])
+    )
+    abstract_params = jax.eval_shape(task.init_params, jax.random.PRNGKey(0))
+    roles = task.roles(abstract_params)
+    opt = optimizers.build(
+        config, abstract_params, roles, muon_roles=task.muon_roles,
+        matrix_axes=task.matrix_axes, mesh=place.mesh if place.mode == "sharded" else None,
+    )  # fmt: skip
+    diagnostics = (
+        bool(config.optimizer.diagnostics) and config.optimizer.name in optimizers.MUON_LIKE
+    )
+    engine = Engine(place, task, opt, roles, keys, multi, diagnostics)
+    n_params = int(sum(np.prod(x.shape) for x in jax.tree.leaves(abstract_params)))
+    return Built(task, opt, engine, seeds, multi, n_params)

@@ -11,12 +11,12 @@ Run directory (``workdir``)
 
 The loop never waits for the device between log steps: metrics are reduced on the
 device (:mod:`amemory.train.engine`) and read every ``config.log_every`` steps; the
-steps in between run under ``jax.transfer_guard_device_to_host("disallow_explicit")``,
-so an accidental device-to-host copy there is an error. Batches are read by the task's
-Grain iterator and put on the devices ``PREFETCH`` steps ahead. The host syncs only at
-the points of :class:`_Points`: log, evaluation, spectrum, checkpoint, profile, and the
-guards of :mod:`amemory.train.guard` (stop signals, divergence, the resume contract)
-run there.
+steps in between run under ``jax.transfer_guard_device_to_host("disallow_explicit")``
+(every line of the loop but the sync points), so an accidental device-to-host copy there
+is an error. Batches are read by the task's Grain iterator and put on the devices
+``PREFETCH`` steps ahead. The host syncs only at the points of :class:`_SyncPoints`: log,
+evaluation, spectrum, checkpoint, profile, and the guards of :mod:`amemory.train.guard`
+(stop signals, divergence, the resume contract) run there.
 
 metrics.jsonl records. Every record has ``"kind"`` and ``"step"`` (optimizer
 steps completed, int). In multi-seed runs (``config.seeds`` non-empty) every
@@ -77,7 +77,6 @@ from collections.abc import Iterator
 from typing import Any
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 from ml_collections import ConfigDict
 from tqdm.auto import tqdm
@@ -229,25 +228,8 @@ def _run(
     workdir = pathlib.Path(workdir).absolute()
     workdir.mkdir(parents=True, exist_ok=True)
 
-    task = task if task is not None else tasks.build(config, place)
-    multi = bool(config.seeds)
-    seeds = [int(s) for s in config.seeds] if multi else [int(config.seed)]
-    keys = (
-        jnp.stack([jax.random.PRNGKey(s) for s in seeds]) if multi else jax.random.PRNGKey(seeds[0])
-    )
-    abstract_params = jax.eval_shape(task.init_params, jax.random.PRNGKey(0))
-    roles = task.roles(abstract_params)
-    opt = optimizers.build(
-        config, abstract_params, roles, muon_roles=task.muon_roles,
-        matrix_axes=task.matrix_axes, mesh=place.mesh if place.mode == "sharded" else None,
-    )  # fmt: skip
-    muon = config.optimizer.name in optimizers.MUON_LIKE
-    table = opt.table
-    engine = engine_lib.Engine(
-        place, task, opt, roles, keys, multi, bool(config.optimizer.diagnostics) and muon
-    )
-
-    n_params = int(sum(np.prod(x.shape) for x in jax.tree.leaves(abstract_params)))
+    b = engine_lib.build(config, place, task)  # the step `amemory plan` compiles, too
+    task, engine, multi, seeds, table = b.task, b.engine, b.multi, b.seeds, b.opt.table
     with contextlib.ExitStack() as closing:  # checkpointer, records, bar, trace: closed on errors
         ckpt = ckpt_lib.Checkpointer(
             workdir / "checkpoints", max_to_keep=int(config.keep_checkpoints)
@@ -266,10 +248,9 @@ def _run(
             except Exception:  # noqa: BLE001 - damaged: restore_intact reports and skips it
                 saved_meta = {}
             _check_meta(saved_meta, task.checkpoint_meta(), ckpt.path(latest))
-            latest, restored, _, position = g.restore(
+            latest, state, _, position = g.restore(
                 ckpt, engine.restore_target, data=inputs is not None
             )
-            state = engine.from_checkpoint(restored)
             if inputs is not None:
                 inputs.set_state(position)
             start = int(latest)
@@ -288,17 +269,17 @@ def _run(
             log.write(
                 "event", 0, event="start", task=task.kind, optimizer=config.optimizer.name,
                 lr=optimizers.resolved_lr(config.optimizer), adam_lr=config.optimizer.adam_lr,
-                mode=place.mode, seeds=seeds, n_params=n_params, devices=jax.device_count(),
-                processes=jax.process_count(), routing=table, layout=opt.layout,
+                mode=place.mode, seeds=seeds, n_params=b.n_params, devices=jax.device_count(),
+                processes=jax.process_count(), routing=table, layout=b.opt.layout,
             )  # fmt: skip
         if is_main and config.progress:
-            tqdm.write(f"amemory train: {task.kind}, {n_params:,} parameters, {_routes(table)}")
+            tqdm.write(f"amemory train: {task.kind}, {b.n_params:,} parameters, {_routes(table)}")
         extra = {
             "config": json.loads(config.to_json_best_effort()),
             "seeds": seeds,
             "task_meta": task.checkpoint_meta(),
         }
-        points = _Points(config, workdir, engine, task, ckpt, log, multi, extra, start, g)
+        points = _SyncPoints(config, workdir, engine, task, ckpt, log, multi, extra, start, g)
         closing.callback(points.close)
         steps = int(config.steps)
         bar = tqdm(
@@ -309,17 +290,18 @@ def _run(
         feed = _Feed(inputs, engine.put_batch, PREFETCH)
         acc = engine.new_accumulator(feed.peek())
         for s in range(start + 1, steps + 1):
-            points.before_step(s)
+            # The whole stretch between two sync points is guarded; the points allow reads.
             with jax.transfer_guard_device_to_host("disallow_explicit"):
+                points.before_step(s)
                 batch, position = feed.get()
                 state, acc = engine.step(state, acc, batch)
                 feed.refill()
-            bar.update(1)
-            acc = points.after_step(s, state, acc, position, bar)
-            if s < steps and g.stop_requested(s):  # SIGTERM/SIGINT/preemption: save s, stop
-                points.stop(s, state, acc, position, bar)
+                bar.update(1)
+                acc = points.after_step(s, state, acc, position, bar)
+                if s < steps and g.stop_requested(s):  # SIGTERM/SIGINT/preemption: save, stop
+                    points.stop(s, state, acc, position, bar)
         ckpt.wait()
-        final_host = engine.to_host(state)
+        final_host = parallel.to_host(state)
         final_step = int(np.asarray(final_host.step).ravel()[0])
         if not points.last_eval:
             points.last_eval = _evaluate(engine, task, state, multi)
@@ -331,7 +313,7 @@ def _run(
             "mode": place.mode,
             "seeds": seeds,
             "steps": final_step,
-            "n_params": n_params,
+            "n_params": b.n_params,
             "final_train_loss": points.last_loss,
             "final_eval": points.last_eval,
             "tokens_per_s": float(np.median(points.throughput)) if points.throughput else None,
@@ -347,7 +329,7 @@ def _run(
     return summary, final_host
 
 
-class _Points:
+class _SyncPoints:
     """The host-side points of the loop, one method each: log (the only read of the
     metrics), the non-finite check, evaluation, spectrum, checkpoint save, profiling, and
     the stop on a signal; the guard ``g`` (``amemory.train.guard.RunGuard``) judges health,
@@ -383,33 +365,38 @@ class _Points:
             self.tracing = False
 
     def after_step(self, s: int, state: TrainState, acc: dict, position, bar) -> dict:
-        """Run the points due at step ``s``; returns the accumulator to continue with."""
-        synced = False
-        if s == self.first:  # compile + first step
-            jax.block_until_ready(acc)
-            self.compile_s = time.perf_counter() - self.mark[0]
-            self.log.write("event", s, event="compiled", first_step_s=self.compile_s)
-            synced = True
-        if self.profile and s == self.profile[1]:
-            jax.block_until_ready(state)
-            self.close()
-            synced = True
-        if self._due(s, int(self.config.log_every)):
-            acc = self.log_point(s, acc, bar)
-            synced = True
-        if self._due(s, int(self.config.eval_every)):
-            self.last_eval = _evaluate(self.engine, self.task, state, self.multi)
-            self.log.write("eval", s, **self.last_eval)
-            synced = True
+        """Run the points due at step ``s`` (the only host reads of the loop, allowed here
+        alone); returns the accumulator to continue with."""
         every = int(self.config.spectrum_every)
-        if every and self._due(s, every):
-            self.log.write("spectrum", s, **_spectrum(self.engine, self.task, state, self.multi))
-            synced = True
-        if self._due(s, int(self.config.checkpoint_every)):
-            self.save_point(s, state, acc, position)
-            synced = True
-        if synced:
-            self.mark = (time.perf_counter(), s)
+        due = {
+            "compiled": s == self.first,  # compile + first step
+            "profile": bool(self.profile) and s == self.profile[1],
+            "log": self._due(s, int(self.config.log_every)),
+            "eval": self._due(s, int(self.config.eval_every)),
+            "spectrum": bool(every) and self._due(s, every),
+            "save": self._due(s, int(self.config.checkpoint_every)),
+        }
+        if not any(due.values()):
+            return acc
+        with jax.transfer_guard_device_to_host("allow"):
+            if due["compiled"]:
+                jax.block_until_ready(acc)
+                self.compile_s = time.perf_counter() - self.mark[0]
+                self.log.write("event", s, event="compiled", first_step_s=self.compile_s)
+            if due["profile"]:
+                jax.block_until_ready(state)
+                self.close()
+            if due["log"]:
+                acc = self.log_point(s, acc, bar)
+            if due["eval"]:
+                self.last_eval = _evaluate(self.engine, self.task, state, self.multi)
+                self.log.write("eval", s, **self.last_eval)
+            if due["spectrum"]:
+                spectra = _spectrum(self.engine, self.task, state, self.multi)
+                self.log.write("spectrum", s, **spectra)
+            if due["save"]:
+                self.save_point(s, state, acc, position)
+        self.mark = (time.perf_counter(), s)
         return acc
 
     def check_finite(self, bad_step: Any, s: int) -> None:
@@ -452,25 +439,26 @@ class _Points:
     def save_point(self, s: int, state: TrainState, acc: dict, position: bytes | None) -> None:
         """Save step ``s`` after the non-finite check (a non-finite state is never saved)."""
         self.check_finite(self.engine.fetch(acc["bad_step"]), s)
-        self.g.save(self.ckpt, s, self.engine.for_checkpoint(state), self.extra, data=position)
+        self.g.save(self.ckpt, s, state, self.extra, data=position)
         self.last_saved = s
 
     def stop(self, s: int, state: TrainState, acc: dict, position: bytes | None, bar) -> None:
         """A stop was requested after step ``s``: write its metrics, save it (after the
         non-finite check; synchronously) and raise ``RunInterrupted``."""
-        if self.last_logged != s:
-            acc = self.log_point(s, acc, bar)
-        if self.last_saved != s:
-            self.save_point(s, state, acc, position)
+        with jax.transfer_guard_device_to_host("allow"):
+            if self.last_logged != s:
+                acc = self.log_point(s, acc, bar)
+            if self.last_saved != s:
+                self.save_point(s, state, acc, position)
         self.g.stop(self.ckpt, s)
 
 
 def _evaluate(engine: engine_lib.Engine, task, state: TrainState, multi: bool) -> dict:
     """The task's evaluation of every seed; per-seed values become lists (labels stay one)."""
     if not multi:
-        return task.evaluate(engine.eval_params(state, None), engine.put_eval)
+        return task.evaluate(engine.eval_params(state, None), engine.put_batch)
     n = len(jax.tree.leaves(state.params)[0])
-    per = [task.evaluate(engine.eval_params(state, i), engine.put_eval) for i in range(n)]
+    per = [task.evaluate(engine.eval_params(state, i), engine.put_batch) for i in range(n)]
     return {k: per[0][k] if _is_label(per[0][k]) else [p[k] for p in per] for k in per[0]}
 
 
@@ -479,7 +467,7 @@ def _is_label(v: Any) -> bool:
 
 
 def _spectrum(engine: engine_lib.Engine, task, state: TrainState, multi: bool) -> dict:
-    mats = task.spectrum_matrices(engine.host_params(state))
+    mats = task.spectrum_matrices(parallel.to_host(state.params))
     out = {}
     for role, stack in mats.items():  # stack: [L, (S,) m, n]
         for name, v in spectrum_lib.spectrum_metrics(stack).items():

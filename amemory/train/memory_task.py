@@ -25,8 +25,7 @@ class MemoryTask:
     population loss (no data); ``batch_size = B``: ``B`` (query, answer) pairs per step,
     sampled on the device (``memory_tasks.make_sampler``) from the step's key, so each
     seed of a multi-seed run draws its own pairs and a resumed run draws the same ones
-    (the key is part of the checkpointed state). Under ``pmap`` each device draws
-    ``B / devices`` pairs with its own key. Evaluation is exact (population quantities).
+    (the key is part of the checkpointed state). Evaluation is exact (population quantities).
     """
 
     kind = "memory"
@@ -78,8 +77,7 @@ class MemoryTask:
         self._sample = None
         if self.batch_size:
             parallel.check_batch(self.batch_size, place.data_shards, "batch_size")
-            rows = self.batch_size // place.data_shards if place.mode == "pmap" else self.batch_size
-            self._sample = memory_tasks.make_sampler(self.prior, rows, self.noise)
+            self._sample = memory_tasks.make_sampler(self.prior, self.batch_size, self.noise)
         self._eval_fn = None
         self.tokens_per_step = self.batch_size if self.batch_size else K
         self.spectrum_roles = ("W",)

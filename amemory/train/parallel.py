@@ -1,11 +1,9 @@
 """Device placement for the parallel modes, and multi-host start-up.
 
-The engine has two paths: ``pmap``, and ``jit`` over a ``Mesh`` (``single`` is the
-one-device mesh). Modes (``config.parallel.mode``):
-  single   ``jax.jit`` over a one-device mesh (the first device).
-  pmap     data parallel with ``jax.pmap`` over the local devices: the state is
-           replicated (leading device axis), each device takes ``B / n`` rows of
-           the batch, gradients and loss are averaged with ``lax.pmean``.
+The engine has one path, ``jax.jit`` over a ``Mesh``. Modes (``config.parallel.mode``):
+  single   a one-device mesh (the first device).
+  pmap     data parallelism (the name is kept from the ``jax.pmap`` engine it replaced):
+           the mesh of ``sharded`` with ``fsdp = 1``, state replicated, batch split.
   sharded  ``jax.jit`` over a ``Mesh`` with axes ``("data", "fsdp")`` (Auto axis
            types): the batch is split over both axes (every device gets distinct
            rows, the usual FSDP layout), each parameter and optimizer-state leaf is
@@ -107,12 +105,9 @@ def state_shardings(tree: Any, mesh: Mesh, *, leading_axes: int = 0) -> Any:
     return jax.tree.map(one, tree)
 
 
-def batch_sharding(mesh: Mesh, *, leading_axes: int = 0) -> NamedSharding:
-    """Rows of the batch split over ``("data", "fsdp")`` jointly; other axes replicated.
-
-    ``leading_axes`` axes before the rows (a per-seed batch ``[S, B, ...]``) are not split.
-    """
-    return NamedSharding(mesh, P(*([None] * leading_axes), AXES))
+def batch_sharding(mesh: Mesh) -> NamedSharding:
+    """Rows of the batch split over ``("data", "fsdp")`` jointly; other axes replicated."""
+    return NamedSharding(mesh, P(AXES))
 
 
 def replicated(mesh: Mesh) -> NamedSharding:
@@ -120,63 +115,18 @@ def replicated(mesh: Mesh) -> NamedSharding:
     return NamedSharding(mesh, P())
 
 
-def global_batch(local: Any, sharding: NamedSharding, *, row_axis: int = 0) -> Any:
+def global_batch(local: Any, sharding: NamedSharding) -> Any:
     """Assemble a global jax.Array tree from this process's rows (numpy tree).
 
-    Process p holds rows ``[p B/P, (p+1) B/P)`` along ``row_axis`` of every leaf.
+    Process p holds rows ``[p B/P, (p+1) B/P)`` of every leaf.
     """
 
     def one(x):
         x = np.asarray(x)
-        shape = list(x.shape)
-        shape[row_axis] *= jax.process_count()
-        return jax.make_array_from_process_local_data(sharding, x, tuple(shape))
+        shape = (x.shape[0] * jax.process_count(), *x.shape[1:])
+        return jax.make_array_from_process_local_data(sharding, x, shape)
 
     return jax.tree.map(one, local)
-
-
-def split_for_pmap(local: Any, n_devices: int) -> Any:
-    """Reshape each ``[B, ...]`` leaf to ``[n_devices, B / n_devices, ...]``.
-
-    Raises:
-      ValueError: if ``n_devices`` does not divide ``B``.
-    """
-
-    def one(x):
-        x = np.asarray(x)
-        if x.shape[0] % n_devices:
-            raise ValueError(
-                f"per-process batch {x.shape[0]} must be divisible by the {n_devices} local "
-                "devices in parallel.mode='pmap'"
-            )
-        return x.reshape(n_devices, x.shape[0] // n_devices, *x.shape[1:])
-
-    return jax.tree.map(one, local)
-
-
-def put_for_pmap(local: Any) -> Any:
-    """This process's ``[B, ...]`` rows -> ``[n_local, B / n_local, ...]`` on the local devices
-    (one slice per device, the layout ``pmap`` reads; host-to-device only)."""
-    devices = jax.local_devices()
-    sharding = NamedSharding(Mesh(np.array(devices), ("local",)), P("local"))
-    return jax.device_put(split_for_pmap(local, len(devices)), sharding)
-
-
-def pmap_to_mesh(tree: Any, mesh: Mesh) -> Any:
-    """A pmap-replicated tree (leading local-device axis) as arrays replicated over ``mesh``.
-
-    Each device's own copy becomes its shard, so nothing moves between devices.
-    """
-    sharding = NamedSharding(mesh, P())
-    devices = list(sharding.addressable_devices)
-
-    def one(x):
-        by_device = {s.device: s.data for s in x.addressable_shards}
-        shape = x.shape[1:]
-        parts = [by_device[d].reshape(shape) for d in devices]
-        return jax.make_array_from_single_device_arrays(shape, sharding, parts)
-
-    return jax.tree.map(one, tree)
 
 
 def to_host(tree: Any) -> Any:
@@ -189,54 +139,34 @@ def to_host(tree: Any) -> Any:
     return jax.tree.map(np.asarray, jax.device_get(tree))
 
 
-def replicate(tree: Any) -> Any:
-    """Copy ``tree`` to every local device with a leading device axis (pmap layout)."""
-    devices = jax.local_devices()
-    sharding = NamedSharding(Mesh(np.array(devices), ("local",)), P("local"))
-    return jax.tree.map(
-        lambda x: jax.device_put(np.stack([np.asarray(x)] * len(devices)), sharding), tree
-    )
-
-
-def unreplicate(tree: Any) -> Any:
-    """First device's copy of a pmap-replicated tree, as a single-device array."""
-    device = jax.local_devices()[0]
-    return jax.tree.map(lambda x: jax.device_put(x.addressable_shards[0].data[0], device), tree)
-
-
 @dataclasses.dataclass(frozen=True)
 class Placement:
-    """How a run puts state and batches on devices (built once by ``placement``).
-
-    ``mesh`` is the jit mesh of "single" (one device) and "sharded"; under "pmap" it is a
-    mesh over every device used for evaluation only.
-    """
+    """How a run puts state and batches on devices (built once by ``placement``)."""
 
     mode: str
     mesh: Mesh
-    n_local: int = 1
 
     @property
     def data_shards(self) -> int:
         """Number of ways the global batch is split across devices."""
-        if self.mode == "pmap":
-            return self.n_local * jax.process_count()
         return self.mesh.size
 
 
-def placement(pcfg: Any) -> Placement:
+def placement(pcfg: Any, devices: list | None = None) -> Placement:
     """Resolve ``config.parallel`` into a ``Placement`` (after ``initialize_distributed``).
+
+    ``devices``: the devices to place on (default ``jax.devices()``; ``amemory plan``
+    passes a TPU topology's).
 
     Raises:
       ValueError: for mode "single" with more than one process, or a bad fsdp size.
     """
+    devices = list(jax.devices() if devices is None else devices)
     if pcfg.mode == "single":
         if jax.process_count() > 1:
             raise ValueError(
                 "config.parallel.mode='single' cannot run on several processes; "
                 "use 'pmap' or 'sharded'"
             )
-        return Placement("single", mesh=make_mesh(1, jax.devices()[:1]))
-    if pcfg.mode == "pmap":
-        return Placement("pmap", mesh=make_mesh(1), n_local=jax.local_device_count())
-    return Placement("sharded", mesh=make_mesh(pcfg.fsdp))
+        return Placement("single", make_mesh(1, devices[:1]))
+    return Placement(pcfg.mode, make_mesh(1 if pcfg.mode == "pmap" else pcfg.fsdp, devices))

@@ -9,6 +9,7 @@ import sys
 BENCHMARKS = {
     "optim": "Muon update time vs optax.contrib.muon, orthogonality error, GFLOP/s",
     "train": "train-step time and tokens/s: Muon/Adam and SignGD/Adam ratios",
+    "plan": "the train step compiled for TPU topologies (amemory plan over a table)",
 }
 
 

@@ -61,6 +61,7 @@ from optax.contrib import muon as optax_muon
 from amemory import atomic
 from amemory.optim import contrib, muon, newton_schulz, orthogonality_error, shape_scale_factor
 from amemory.optim._matrices import leaf_layouts
+from experiments.bench import host_load
 
 TREES = {
     # name: (d_model, n_layers, d_ff)
@@ -408,9 +409,8 @@ def main(argv: list[str]) -> int:
             "optax": optax.__version__,
             "platform": dev.platform,
             "device_kind": dev.device_kind,
-            "host_cores": os.cpu_count(),
             "machine": platform.machine(),
-            "load_average": os.getloadavg(),
+            **host_load(),
             "results": results,
         }
         args.json.parent.mkdir(parents=True, exist_ok=True)

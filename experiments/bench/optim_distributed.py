@@ -33,11 +33,9 @@ Usage:
 from __future__ import annotations
 
 import argparse
-import math
 import os
 import pathlib
 import platform
-import re
 import subprocess
 import sys
 import time
@@ -48,18 +46,18 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 from jax.sharding import NamedSharding
-from jax.sharding import PartitionSpec as P
 from optax.contrib import muon as optax_muon
 
 from amemory import atomic
 from amemory.optim import muon
 from amemory.optim._matrices import leaf_layouts
 from amemory.optim.distributed import OwnerLayout
+from amemory.train.parallel import fsdp_spec
+from amemory.train.planner import hlo_stats
+from experiments.bench import host_load
 
 LR = 0.02
 TREES = {"cpu": (256, 4, 1024), "gpt2-small": (768, 4, 3072)}  # (d_model, layers, d_ff)
-OPS = ("all-to-all", "all-gather", "all-reduce", "reduce-scatter", "collective-permute")
-DTYPE_BYTES = {"f32": 4, "bf16": 2, "f16": 2, "f64": 8, "s32": 4, "u32": 4, "pred": 1}
 
 
 def _error(message: str) -> None:
@@ -67,72 +65,14 @@ def _error(message: str) -> None:
     raise SystemExit(2)
 
 
-# --------------------------------------------------------------------------- HLO bytes
-
-
-def _group_size(line: str, n: int) -> int:
-    """Devices per replica group of one collective instruction (HLO text)."""
-    m = re.search(r"replica_groups=\{(\{[\d,]*\})", line)
-    if m:
-        return len(m.group(1).strip("{}").split(","))
-    m = re.search(r"replica_groups=\[(\d+),(\d+)\]<=", line)
-    if m:
-        return int(m.group(2))
-    m = re.search(r"replica_groups=mesh\[([^\]]*)\].*?\}? \{([^}]*)\}", line)
-    if m:
-        sizes = dict(re.findall(r"'(\w+)'=(\d+)", m.group(1)))
-        return math.prod(int(sizes[a]) for a in re.findall(r"'(\w+)'", m.group(2)))
-    return n
-
-
-def _result_bytes(line: str) -> int:
-    head = line.split("=", 1)[1].split(" all-")[0].split(" reduce-")[0]
-    head = head.split(" collective-")[0]
-    total = 0
-    for dt, dims in re.findall(r"\b(f32|bf16|f16|f64|s32|u32|pred)\[([\d,]*)\]", head):
-        total += DTYPE_BYTES[dt] * math.prod(int(d) for d in dims.split(",") if d)
-    return total
-
-
 def hlo_bytes(text: str, n: int) -> dict[str, Any]:
-    """Collectives of a compiled HLO module: count and bytes sent, summed over ``n`` devices.
-
-    Ring model per device, ``g`` devices per group, ``S`` the result bytes per device:
-    all-to-all ``(g-1)/g S``; all-gather ``(g-1)/g S``; all-reduce ``2 (g-1)/g S``;
-    reduce-scatter ``(g-1) S``; collective-permute ``S``. Instructions inside while-loop
-    bodies count ``known_trip_count`` times.
-    """
-    trips: dict[str, int] = {}
-    for m in re.finditer(r"body=%?([\w.\-]+)[^\n]*?known_trip_count[^\d]*(\d+)", text):
-        trips[m.group(1)] = int(m.group(2))
-    counts = dict.fromkeys(OPS, 0)
-    sent = 0.0
-    mult = 1
-    for line in text.splitlines():
-        comp = re.match(r"%?([\w.\-]+) [^=]*\{\s*$", line)
-        if comp:
-            mult = trips.get(comp.group(1), 1)
-        for op in OPS:
-            if re.search(rf"\b{op}(?:-start)?\(", line) and "=" in line:
-                g, s = _group_size(line, n), _result_bytes(line)
-                per = {"all-to-all": (g - 1) / g * s, "all-gather": (g - 1) / g * s,
-                       "all-reduce": 2 * (g - 1) / g * s, "reduce-scatter": (g - 1) * s,
-                       "collective-permute": s}[op]  # fmt: skip
-                counts[op] += mult
-                sent += mult * per * n
-    return {"ops": counts, "bytes": sent}
+    """Collectives of a compiled HLO module: ops per kind, and bytes sent summed over the
+    ``n`` devices (``amemory.train.planner.hlo_stats``'s ring model)."""
+    st = hlo_stats(text, "-", n)
+    return {"ops": st["collective_ops"], "bytes": n * sum(st["collectives"].values())}
 
 
 # --------------------------------------------------------------------------- set-up
-
-
-def fsdp_spec(shape: tuple[int, ...], s: int) -> P:
-    """amemory.train.parallel.fsdp_spec: split the largest axis divisible by ``s``."""
-    cands = [i for i, d in enumerate(shape) if d % s == 0 and d >= s]
-    if s == 1 or not cands:
-        return P()
-    ax = max(cands, key=lambda i: (shape[i], -i))
-    return P(*[("fsdp" if i == ax else None) for i in range(len(shape))])
 
 
 def _candidates(mesh) -> dict[str, optax.GradientTransformation]:
@@ -293,10 +233,11 @@ def main(argv: list[str]) -> int:
     from experiments.bench.optim import gpt_tree
 
     n = args.devices
-    load = os.getloadavg()
+    load = host_load()
     print(
         f"amemory bench optim --devices {n}: jax {jax.__version__}, optax {optax.__version__}, "
-        f"{jax.devices()[0].platform}, {os.cpu_count()} host cores, load {load[0]:.1f}"
+        f"{jax.devices()[0].platform}, {os.cpu_count()} host cores, "
+        f"load {load['load_average'][0]:.1f}"
     )
     results = []
     for name in trees:
@@ -325,9 +266,8 @@ def main(argv: list[str]) -> int:
             "jax": jax.__version__,
             "optax": optax.__version__,
             "platform": jax.devices()[0].platform,
-            "host_cores": os.cpu_count(),
-            "load_avg_1m_at_start": load[0],
             "machine": platform.machine(),
+            **load,
             "distributed": {
                 # (a)/(c) per tree: amemory owner layout over optax.contrib.muon, both sharded
                 "ratio_vs_optax": {r["tree"]: r["ratio_vs_optax"] for r in results},

@@ -2,7 +2,7 @@
 
 Launch::
 
-    python -m experiments.ablation --scale quick --out runs/ablation
+    python -m experiments ablation --scale quick --out runs/ablation
 
 Muon on the listed roles, Adam on the rest (embeddings, head and norms always Adam),
 same model, data order and learning rates for every subset: Muon's and Adam's learning
@@ -20,7 +20,6 @@ from __future__ import annotations
 
 from ml_collections import ConfigDict
 
-from experiments.configs import SCALES as SCALES
 from experiments.configs import tail_lm
 
 # Wang et al. 2025 (arXiv 2509.26030), Table 1: 160M NanoGPT on FineWeb, validation loss

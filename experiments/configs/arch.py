@@ -2,7 +2,7 @@
 
 Launch::
 
-    python -m experiments.arch --scale quick --out runs/arch
+    python -m experiments arch --scale quick --out runs/arch
 
 Quick scale (CPU): tail_lm's quick decoder (d=128, 2 layers, 4 heads of 32, FFN 512,
 512-token BPE on Shakespeare, batch 16 x 64, 300 steps), in four architectures of the
@@ -34,7 +34,6 @@ from __future__ import annotations
 
 from ml_collections import ConfigDict
 
-from experiments.configs import SCALES as SCALES
 from experiments.configs import new_config
 from experiments.configs.tail_lm import base_lm
 

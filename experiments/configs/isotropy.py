@@ -2,7 +2,7 @@
 
 Launch::
 
-    python -m experiments.isotropy --scale quick --out runs/isotropy
+    python -m experiments isotropy --scale quick --out runs/isotropy
 
 Several seeds trained together in one vmapped program (``config.seeds``), Muon and Adam,
 the tail_lm model on the corpus; spectrum metrics (normalised SVD entropy, effective
@@ -20,7 +20,6 @@ from __future__ import annotations
 
 from ml_collections import ConfigDict
 
-from experiments.configs import SCALES as SCALES
 from experiments.configs import new_config
 from experiments.configs.tail_lm import SEEDS, base_lm
 
@@ -37,7 +36,7 @@ def get_config(scale: str = "quick") -> ConfigDict:
     c.base.spectrum_every = 25 if quick else 250
     c.base.spectrum_roles = "vo+ffn"
     c.optimizers = ("adam", "muon")
-    c.matrix_roles = "hidden"
+    c.muon_roles = "hidden"
     c.lr = ConfigDict()
     c.lr.adam = 3e-3
     c.lr.muon = 0.02

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 from ml_collections import ConfigDict, config_dict
 
-from experiments.configs import SCALES as SCALES
 from experiments.configs import check_scale
 
 
@@ -38,8 +37,8 @@ def get_config(scale: str = "quick") -> ConfigDict:
     """Return the language-model run config.
 
     Args:
-      scale: ``"quick"`` (tiny preset, CPU minutes) or ``"full"`` (``small``
-        preset, CPU hours / GPU minutes).
+      scale: ``"quick"`` (the ``small`` preset shrunk to d=128, 2 layers; CPU minutes)
+        or ``"full"`` (``small`` preset, CPU hours / GPU minutes).
 
     Raises:
       ValueError: if ``scale`` is not one of ``SCALES``.

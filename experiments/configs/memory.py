@@ -16,7 +16,6 @@ from __future__ import annotations
 
 from ml_collections import ConfigDict, config_dict
 
-from experiments.configs import SCALES as SCALES
 from experiments.configs import check_scale
 
 

@@ -2,7 +2,7 @@
 
 Launch::
 
-    python -m experiments.normuon --scale quick --out runs/normuon
+    python -m experiments normuon --scale quick --out runs/normuon
     amemory reproduce --only normuon
 
 tail_lm's model and data (quick: d=128, 2 layers, 512-token BPE, 300 steps). Muon's
@@ -19,7 +19,6 @@ from __future__ import annotations
 
 from ml_collections import ConfigDict
 
-from experiments.configs import SCALES as SCALES
 from experiments.configs import new_config
 from experiments.configs.tail_lm import SEEDS, base_lm
 
@@ -37,6 +36,6 @@ def get_config(scale: str = "quick") -> ConfigDict:
     c.lr_grid.adam = (1e-3, 3e-3, 1e-2) if quick else (3e-4, 1e-3, 3e-3, 1e-2)  # tail_lm's
     c.lr_grid.muon = (0.01, 0.02, 0.05) if quick else (0.005, 0.01, 0.02, 0.05)  # tail_lm's
     c.lr_grid.normuon = (0.01, 0.02, 0.05) if quick else (0.005, 0.01, 0.02, 0.05)
-    c.matrix_roles = "hidden"  # roles given to Muon / NorMuon (Adam elsewhere)
+    c.muon_roles = "hidden"  # roles given to Muon / NorMuon (Adam elsewhere)
     c.log_every = 10  # steps between records of the update's neuron-norm statistics
     return c

@@ -2,7 +2,7 @@
 
 Launch::
 
-    python -m experiments.one_layer --scale quick --out runs/one_layer
+    python -m experiments one_layer --scale quick --out runs/one_layer
 
 Quick scale: K = 150 classes, 300 steps per trajectory, about 20 s on 2 CPU cores.
 Full scale: K = 999 (the paper's Fig. 4b/c), 600 steps, a few minutes on a CPU.
@@ -12,7 +12,6 @@ from __future__ import annotations
 
 from ml_collections import ConfigDict
 
-from experiments.configs import SCALES as SCALES
 from experiments.configs import new_config
 
 

@@ -2,7 +2,7 @@
 
 Launch::
 
-    python -m experiments.scaling --scale quick --out runs/scaling
+    python -m experiments scaling --scale quick --out runs/scaling
 
 Part 1 (synthetic, paper B.2): the one-layer memory in task space with a hierarchical
 power-law prior (M groups of C classes, group mass ~ g^-beta) and label noise; excess
@@ -19,7 +19,6 @@ from __future__ import annotations
 
 from ml_collections import ConfigDict
 
-from experiments.configs import SCALES as SCALES
 from experiments.configs import new_config, tail_lm
 
 
@@ -45,7 +44,7 @@ def get_config(scale: str = "quick") -> ConfigDict:
     # ---- envelope (real corpus) ----
     lm = tail_lm.get_config(scale)
     c.base = lm.base
-    c.matrix_roles = "hidden"
+    c.muon_roles = "hidden"
     c.budgets = (75, 150, 300) if quick else (1250, 2500, 5000)  # steps; the last = base.steps
     c.lr_grid = ConfigDict()
     c.lr_grid.adam = lm.lr_grid.adam

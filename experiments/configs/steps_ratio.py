@@ -2,8 +2,8 @@
 
 Launch::
 
-    python -m experiments.steps_ratio --scale quick --out runs/steps_ratio
-    python -m experiments.steps_ratio --scale full --out runs/steps_ratio_full
+    python -m experiments steps_ratio --scale quick --out runs/steps_ratio
+    python -m experiments steps_ratio --scale full --out runs/steps_ratio_full
 
 Sizes vary one factor at a time around tail_lm's quick model (d=128, 2 layers, 512-token
 BPE, 300 steps of 16x64 tokens): width ``widths`` (heads of 32 dimensions, d_ff = 4d),
@@ -30,7 +30,6 @@ from __future__ import annotations
 
 from ml_collections import ConfigDict
 
-from experiments.configs import SCALES as SCALES
 from experiments.configs import new_config, tail_lm
 
 

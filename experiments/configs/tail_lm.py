@@ -2,7 +2,7 @@
 
 Launch::
 
-    python -m experiments.tail_lm --scale quick --out runs/tail_lm
+    python -m experiments tail_lm --scale quick --out runs/tail_lm
 
 Quick scale: a 2-layer d=128 decoder on Shakespeare with a 512-token byte-level BPE
 (small vocabulary so the rare buckets recur often enough to be learned within ~0.3M
@@ -21,7 +21,6 @@ from __future__ import annotations
 
 from ml_collections import ConfigDict
 
-from experiments.configs import SCALES as SCALES
 from experiments.configs import check_scale, lm, new_config
 
 #: Initialisation seeds of the compared runs (trained together, ``config.seeds``). The
@@ -89,7 +88,7 @@ def get_config(scale: str = "quick") -> ConfigDict:
     c.base = base_lm(scale)
     c.optimizers = ("adam", "muon", "signgd")  # Adam first: its chosen LR drives the Adam half
     # of the Muon / SignGD runs (embeddings, head, norms always Adam).
-    c.matrix_roles = "hidden"  # roles given to Muon / SignGD: q k v o w_in w_out (w_gate)
+    c.muon_roles = "hidden"  # roles given to Muon / SignGD: q k v o w_in w_out (w_gate)
     c.seeds = SEEDS  # the compared runs' initialisation seeds (vmapped); () = base.seed only
     # Learning-rate grids (per step, peak of the cosine schedule); the lowest final
     # validation loss wins. Reported in the result with the chosen value.

@@ -2,7 +2,7 @@
 
 Launch::
 
-    python -m experiments.tail_qa --scale quick --out runs/tail_qa
+    python -m experiments tail_qa --scale quick --out runs/tail_qa
 
 Biographies (paper A, Wang et al. 2025, arXiv 2509.26030, Sec. 5; ``amemory.data.biographies``): groups g = 0..m, group g holds
 N_g = 2^(g-1) individuals each appearing in S_g = 2^(m-g) selections, so group m is the
@@ -20,7 +20,6 @@ from __future__ import annotations
 
 from ml_collections import ConfigDict
 
-from experiments.configs import SCALES as SCALES
 from experiments.configs import new_config
 from experiments.configs.tail_lm import SEEDS, base_lm
 

@@ -1,0 +1,380 @@
+"""`amemory report`: the claims table and figures from the committed results, no training.
+
+Usage::
+
+    amemory report                          # report.md + figures into runs/report-<ts>
+    amemory report --out DIR --scale full   # the full-scale results
+    amemory report --update-readme README.md   # README's claims table from the results
+    amemory report --add runs/x/steps_ratio/result.json   # file a stage's result.json first
+
+Every stage of ``amemory reproduce`` writes a compact JSON, ``experiments/results/<scale>/
+<stage>.json`` (:func:`save_result`): the stage's claims with their intervals and
+three-way verdicts, its numbers without the per-step curves, and where they come from
+(config hash, the stage's code version, package versions, machine, wall and CPU time,
+load average at the start and the end). These files are committed; this command renders
+the report from them, and README's claims table is generated from them (a test fails
+when the two disagree).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as _dt
+import importlib.metadata
+import os
+import pathlib
+import platform
+import subprocess
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+from amemory import atomic
+from experiments import common
+
+RESULTS = common.REPO / "experiments" / "results"
+README_BEGIN = "<!-- BEGIN reproduce -->"
+README_END = "<!-- END reproduce -->"
+PACKAGES = ("jax", "jaxlib", "flax", "optax", "orbax-checkpoint", "numpy", "ml-collections")
+# A list of more numbers than this is a curve (per step or per grid point): not kept.
+MAX_NUMBERS = 32
+
+
+# ----------------------------------------------------------------------------- results files
+
+
+def _curve(x: Any) -> bool:
+    """Whether ``x`` is a (nested) list of more than :data:`MAX_NUMBERS` numbers only."""
+    flat, todo = 0, [x]
+    while todo:
+        v = todo.pop()
+        if isinstance(v, list):
+            todo += v
+        elif isinstance(v, int | float) or v is None:
+            flat += 1
+        else:
+            return False
+    return isinstance(x, list) and flat > MAX_NUMBERS
+
+
+def _compact(x: Any, path: str, omitted: list[str]) -> Any:
+    """``x`` without its curves (:func:`_curve`; their paths go to ``omitted``)."""
+    if isinstance(x, dict):
+        return {k: _compact(v, f"{path}.{k}", omitted) for k, v in x.items()}
+    if _curve(x):
+        omitted.append(path)
+        return None
+    return (
+        [_compact(v, f"{path}[{i}]", omitted) for i, v in enumerate(x)]
+        if isinstance(x, list)
+        else x
+    )
+
+
+def provenance(
+    result: dict[str, Any], code_version: str | None = None, commit: str | None = None
+) -> dict[str, Any]:
+    """Where a stage's numbers come from: config, code, packages, machine, time and load.
+
+    ``code_version`` defaults to the registered stage's :meth:`common.Experiment.code_version`
+    and ``commit`` to the checkout's ``git rev-parse HEAD`` (pass both for a result
+    computed by another checkout).
+    """
+    if code_version is None and result["name"] in common.experiments():
+        code_version = common.experiments()[result["name"]].code_version()
+    if commit is None:
+        git = ["git", "-C", str(common.REPO), "rev-parse", "HEAD"]
+        done = subprocess.run(git, capture_output=True, text=True, check=False)
+        commit = done.stdout.strip() or None
+    versions = {"python": platform.python_version()}
+    for name in PACKAGES:
+        try:
+            versions[name] = importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            versions[name] = None
+    cpu = next(
+        (line.split(":", 1)[1].strip() for line in _cpuinfo() if line.startswith("model name")),
+        platform.processor(),
+    )
+    return {
+        "config_hash": common.config_hash(result.get("config") or {}),
+        "code_version": code_version,
+        "commit": commit,
+        "versions": versions,
+        "machine": {"cpu": cpu, "cores": os.cpu_count(), "system": platform.platform()},
+        "wall_s": result.get("wall_s"),
+        "cpu_s": result.get("cpu_s"),
+        "load_1min": result.get("load"),
+        "written": _dt.datetime.now(_dt.UTC).strftime("%Y-%m-%d %H:%M UTC"),
+    }
+
+
+def _cpuinfo() -> list[str]:
+    try:
+        return pathlib.Path("/proc/cpuinfo").read_text().splitlines()
+    except OSError:
+        return []
+
+
+def save_result(
+    result: dict[str, Any],
+    root: os.PathLike | str = RESULTS,
+    *,
+    code_version: str | None = None,
+    commit: str | None = None,
+) -> tuple[pathlib.Path, list[str]]:
+    """Write ``result`` (a stage's result dict) as ``root/<scale>/<name>.json``, compactly.
+
+    Keeps the claims (with intervals and verdicts), notes, config and the numbers of
+    ``metrics``; drops lists of more than :data:`MAX_NUMBERS` numbers (per-step curves;
+    their paths are listed under ``omitted``); adds :func:`provenance`. Any result dict
+    of :func:`common.result_dict`'s shape can be written this way, including one made
+    outside ``amemory reproduce``.
+
+    Returns:
+      (the path written, :func:`differences` from the file it replaced).
+    """
+    path = pathlib.Path(root) / result["scale"] / f"{result['name']}.json"
+    omitted: list[str] = []
+    metrics = _compact(common.to_jsonable(result.get("metrics", {})), "metrics", omitted)
+    keep = ("name", "scale", "wall_s", "cpu_s", "figures", "claims", "notes", "config")
+    new = {k: common.to_jsonable(result.get(k)) for k in keep}
+    new |= {
+        "metrics": metrics,
+        "omitted": omitted,
+        "provenance": provenance(result, code_version, commit),
+    }
+    old = common.load_json(path) if path.is_file() else None
+    common.save_json(path, new)
+    return path, differences(old, new) if old else []
+
+
+def differences(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
+    """One line per claim whose verdict changed or whose 95% intervals do not overlap."""
+    before = {c["key"]: c for c in old.get("claims", [])}
+    lines = []
+    for c in new.get("claims", []):
+        b = before.get(c["key"])
+        if b is None:
+            continue
+        iv, ib = c.get("interval"), b.get("interval")
+        apart = iv and ib and (iv["lo"] > ib["hi"] or iv["hi"] < ib["lo"])
+        if b["held"] != c["held"] or apart:
+            lines.append(
+                f"{c['key']}: was {common.verdict(b['held'])} ({b['ours']}), now "
+                f"{common.verdict(c['held'])} ({c['ours']})"
+                + ("; the 95% intervals do not overlap" if apart else "")
+            )
+    return lines
+
+
+def load_results(scale: str = "quick", root: os.PathLike | str = RESULTS) -> list[dict[str, Any]]:
+    """The stage JSONs of ``root/<scale>/``, in the registry's order (others after, by name)."""
+    order = {name: i for i, name in enumerate(common.experiments())}
+    paths = sorted(pathlib.Path(root, scale).glob("*.json"))
+    results = [common.load_json(p) for p in paths]
+    return sorted(results, key=lambda r: (order.get(r["name"], len(order)), r["name"]))
+
+
+# ----------------------------------------------------------------------------- rendering
+
+
+def headline() -> list[str]:
+    """The claims shown first, in the registry's order (:attr:`common.Experiment.headline`)."""
+    return [k for exp in common.experiments().values() for k in exp.headline]
+
+
+def claims(results: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Every claim of ``results``, the headline claims first."""
+    order = {k: i for i, k in enumerate(headline())}
+    all_claims = [c for r in results for c in r.get("claims", [])]
+    return sorted(all_claims, key=lambda c: order.get(c["key"], len(order)))
+
+
+def claims_table(results: Sequence[dict[str, Any]]) -> str:
+    """Markdown table: claim | source | paper | ours | verdict (headline claims in bold)."""
+    lines = ["| claim | source | paper | ours | verdict |", "|---|---|---|---|---|"]
+    first = set(headline())
+    for c in claims(results):
+        cells = [c["statement"], c["paper"], c["paper_value"], c["ours"], common.verdict(c["held"])]
+        cells = [str(x).replace("|", "/").replace("\n", " ") for x in cells]
+        if c["key"] in first:
+            cells[0] = f"**{cells[0]}**"
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def _cost(results: Sequence[dict[str, Any]]) -> str:
+    wall = sum(float(r.get("wall_s") or 0.0) for r in results) / 60
+    cpu = sum(float(r.get("cpu_s") or 0.0) for r in results) / 60
+    loads = [
+        v for r in results for v in ((r.get("provenance") or {}).get("load_1min") or {}).values()
+    ]
+    load = f" at load average {min(loads):.1f}-{max(loads):.1f}" if loads else ""
+    return f"{wall:.1f} min of wall time{load}, {cpu:.1f} min of CPU time"
+
+
+def claims_figure(results: Sequence[dict[str, Any]], path: pathlib.Path) -> pathlib.Path | None:
+    """Forest plot of every claim with a seed interval: estimate ± 95% CI against its threshold.
+
+    One row per claim, coloured by verdict (held green, not held red, undecided grey);
+    the vertical line is the claim's threshold, subtracted so every row shares the axis.
+    Returns the path, or None when no claim has an interval.
+    """
+    rows = [c for c in claims(results) if c.get("interval")]
+    if not rows:
+        return None
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    colour = {True: "tab:green", False: "tab:red", None: "tab:gray"}
+    fig, ax = plt.subplots(figsize=(7, 0.45 * len(rows) + 1))
+    for i, c in enumerate(rows):
+        iv = c["interval"]
+        t = iv.get("threshold") or 0.0
+        ax.errorbar(
+            iv["estimate"] - t, i, xerr=[[iv["estimate"] - iv["lo"]], [iv["hi"] - iv["estimate"]]],
+            fmt="o", color=colour[c["held"]], capsize=3,
+        )  # fmt: skip
+    ax.axvline(0.0, color="k", lw=0.8)
+    sides = {"greater": ">", "less": "<"}
+    labels = [f"{c['key']} ({sides.get(c['interval']['direction'], '=')} threshold)" for c in rows]
+    ax.set_yticks(range(len(rows)), labels, fontsize=8)
+    ax.invert_yaxis()
+    ax.set_xlabel("estimate − threshold (95% seed interval)")
+    ax.set_title("claims: green held, red not held, grey undecided")
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
+def write_report(
+    out: pathlib.Path, results: Sequence[dict[str, Any]], scale: str, wall_s: float | None = None
+) -> pathlib.Path:
+    """Write ``out/report.md`` (claims table, per-stage sections, figures, notes)."""
+    every = claims(results)
+    counts = {v: sum(c["held"] is v for c in every) for v in (True, False, None)}
+    cpu = sum(float(r.get("cpu_s") or 0.0) for r in results)
+    wall = sum(float(r.get("wall_s") or 0.0) for r in results) if wall_s is None else wall_s
+    lines = [
+        f"# amemory reproduce ({scale} scale)",
+        "",
+        f"Run directory `{out}`; total wall time {wall / 60:.1f} min, CPU time "
+        f"{cpu / 60:.1f} min (so at least {cpu / 120:.1f} min of wall time on 2 cores); "
+        f"{counts[True]} claims held, {counts[False]} not held, {counts[None]} undecided.",
+        "",
+        "Verdicts are decided by the rule in each stage's section (column `test` of its "
+        "`result.json`). Transformer claims compare runs on the same initialisation seeds "
+        "(held out from the learning-rate choice; every seed reads the same data order): "
+        "a claim is held when the 95% Student-t interval of the per-seed difference excludes "
+        "zero (or the stated threshold) on the claimed side, not held when it excludes it on "
+        "the other side, and undecided otherwise. Quick-scale numbers come from models far "
+        "smaller than the papers'; a claim that does not hold here is reported as such.",
+        "",
+        "## Claims beside our measurements",
+        "",
+        claims_table(results),
+        "",
+    ]
+    fig = claims_figure(results, out / "figures" / "claims.png")
+    if fig is not None:
+        lines += [f"![claims]({fig.relative_to(out).as_posix()})", ""]
+    for r in results:
+        cpu_s = r.get("cpu_s")
+        cpu_txt = f", CPU {cpu_s:.0f} s" if cpu_s is not None else ""
+        lines += [f"## {r['name']} (wall {float(r.get('wall_s') or 0):.0f} s{cpu_txt})", ""]
+        for c in r.get("claims", []):
+            lines.append(
+                f"- **{common.verdict(c['held'])}**: {c['statement']}. Paper ({c['paper']}): "
+                f"{c['paper_value']}. Ours: {c['ours']}. Test: {c['test']}."
+            )
+        extra = (r.get("metrics") or {}).get("report_md")
+        lines += ["", extra] if extra else []
+        lines += [f"- note: {note}" for note in r.get("notes") or []]
+        lines.append("")
+        for f in r.get("figures") or []:
+            if (out / r["name"] / f).exists():
+                lines.append(f"![{pathlib.Path(f).stem}]({r['name']}/{f})")
+        lines.append("")
+    path = out / "report.md"
+    atomic.write_text(path, "\n".join(lines) + "\n")
+    return path
+
+
+def readme_block(results: Sequence[dict[str, Any]], scale: str = "quick") -> str:
+    """README's generated block (between the markers) from the results files."""
+    dates = sorted(str((r.get("provenance") or {}).get("written", ""))[:10] for r in results)
+    when = f"{dates[0]} to {dates[-1]}" if dates and dates[0] != dates[-1] else dates[-1]
+    return "\n".join(
+        [
+            README_BEGIN,
+            f"Generated from `experiments/results/{scale}/` ({len(results)} stages of "
+            f"`amemory reproduce`, {scale} scale, run {when}; {_cost(results)}). Regenerate "
+            "the table with `amemory report --update-readme README.md`; the stages with "
+            f"`amemory reproduce --scale {scale} --only <stage>`.",
+            "",
+            claims_table(results),
+            README_END,
+        ]
+    )
+
+
+def update_readme(readme: pathlib.Path, results: Sequence[dict[str, Any]], scale: str) -> None:
+    """Replace the text between the reproduce markers in ``readme`` with :func:`readme_block`.
+
+    Raises:
+      ValueError: if the README lacks either marker (the file is left unchanged).
+    """
+    text = readme.read_text()
+    if README_BEGIN not in text or README_END not in text:
+        raise ValueError(f"{readme} must contain the markers {README_BEGIN} and {README_END}")
+    start, end = text.index(README_BEGIN), text.index(README_END) + len(README_END)
+    atomic.write_text(readme, text[:start] + readme_block(results, scale) + text[end:])
+
+
+def readme_table(readme: pathlib.Path) -> str:
+    """The generated block of ``readme`` (markers included), for comparison."""
+    text = readme.read_text()
+    return text[text.index(README_BEGIN) : text.index(README_END) + len(README_END)]
+
+
+# ----------------------------------------------------------------------------- main
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # noqa: D401 - argparse API
+        sys.stderr.write(f"amemory report: error: {message}\n")
+        raise SystemExit(2)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of ``amemory report`` (see the module docstring)."""
+    p = _Parser(prog="amemory report", description=__doc__.splitlines()[0])
+    p.add_argument("--scale", default="quick", choices=common.SCALES, help="which results")
+    p.add_argument("--results", default=str(RESULTS), help="results directory (default: ours)")
+    p.add_argument("--out", default=None, help="where report.md goes (default runs/report-<ts>)")
+    p.add_argument("--update-readme", default=None, metavar="PATH", help="rewrite its table")
+    p.add_argument("--add", action="append", default=[], metavar="RESULT_JSON",
+                   help="first file this result.json into the results (repeatable)")  # fmt: skip
+    args = p.parse_args(list(sys.argv[1:] if argv is None else argv))
+    for path in args.add:
+        saved, moved = save_result(common.load_json(path), args.results)
+        print(f"{saved}" + "".join(f"\n  moved: {line}" for line in moved))
+    results = load_results(args.scale, args.results)
+    if not results:
+        sys.stderr.write(f"amemory report: error: no results in {args.results}/{args.scale}\n")
+        return 2
+    out = pathlib.Path(args.out or pathlib.Path("runs") / f"report-{common.timestamp()}")
+    out.mkdir(parents=True, exist_ok=True)
+    print(f"report: {write_report(out, results, args.scale)}")
+    if args.update_readme:
+        try:
+            update_readme(pathlib.Path(args.update_readme), results, args.scale)
+        except (OSError, ValueError) as e:
+            sys.stderr.write(f"amemory report: error: {e}\n")
+            return 2
+    return 0
