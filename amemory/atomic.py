@@ -9,14 +9,13 @@ directory is ``fsync``-ed so the rename itself survives a crash. A process
 killed mid-write leaves at most a stray ``<name>.tmp*`` file, which later
 writes ignore.
 
-The recipe is the usual one for crash-safe replacement (write, fsync, rename,
-fsync the directory); see e.g. the POSIX ``rename(2)`` guarantees and SQLite's
-"Atomic Commit" notes. This module imports nothing of amemory, so every layer
-may use it.
+Source: the POSIX ``rename(2)`` guarantees and SQLite's "Atomic Commit" notes.
+This module imports nothing of amemory, so every layer may use it.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import pathlib
@@ -27,16 +26,13 @@ __all__ = ["write_bytes", "write_text", "write_json", "save_npy"]
 
 
 def _fsync_dir(directory: pathlib.Path) -> None:
-    try:
+    # Some file systems do not open or fsync directories; the rename still happened.
+    with contextlib.suppress(OSError):
         fd = os.open(directory, os.O_RDONLY)
-    except OSError:  # some file systems do not open directories; the rename still happened
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
 
 
 def _replace_with(path: str | os.PathLike, write: Any, suffix: str = "") -> pathlib.Path:
@@ -52,10 +48,8 @@ def _replace_with(path: str | os.PathLike, write: Any, suffix: str = "") -> path
         os.chmod(tmp, 0o644)
         os.replace(tmp, path)
     except BaseException:
-        try:
+        with contextlib.suppress(OSError):
             os.unlink(tmp)
-        except OSError:
-            pass
         raise
     _fsync_dir(path.parent)
     return path

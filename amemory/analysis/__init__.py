@@ -3,7 +3,7 @@ memory; imports no amemory models, data or train (``one_step`` uses amemory.opti
 pure Optax).
 
   spectrum         isotropy metrics of matrices: entropy, effective rank, top-k energy, Q75/25
-  balance          per-class error, gap Delta, the one-step rho^eps search, head/tail buckets
+  balance          top-1 error per class, gap Delta, the one-step rho^eps search, head/tail split
   one_step         the papers' GD/SignGD/Muon, one-step updates, first-crossing rho^eps, the
                    GD closed form: the one kernel experiments/ and theory_checks/ share
   signgd_blocks    exact per-block reduction of one coupled SignGD step (paper A), any K

@@ -14,7 +14,7 @@ Everything here works on the ``[..., K, K]`` probability matrices (row k = the p
 for query k, as ``amemory.models.memory.probabilities`` returns) or on the ``[..., K]``
 correct-class probabilities, so this module imports no amemory model code. Array
 functions are ``jax.numpy`` (jit/vmap friendly, dtype preserved); the ϱ^ε search and the
-bucket helpers run on the host with numpy.
+head/tail split run on the host with numpy.
 """
 
 from __future__ import annotations
@@ -28,53 +28,12 @@ import numpy as np
 
 __all__ = [
     "RhoResult",
-    "bucket_means",
-    "correct_class_probability",
     "error_ratio",
-    "frequency_buckets",
     "gap",
     "head_tail_masks",
     "one_step_rho",
-    "per_class_error",
     "per_class_top1_error",
 ]
-
-
-def _check_square(probs: jax.Array) -> None:
-    shape = jnp.shape(probs)
-    if len(shape) < 2 or shape[-1] != shape[-2]:
-        raise ValueError(f"probs must be [..., K, K] (row k = query k), got shape {shape}")
-
-
-def correct_class_probability(probs: jax.Array) -> jax.Array:
-    """Probability of the correct answer per query, ``q_k = probs[..., k, k]``.
-
-    Args:
-      probs: ``[..., K, K]`` row-stochastic predictions, row k = query k.
-
-    Returns:
-      ``[..., K]`` correct-class probabilities (dimensionless).
-
-    Raises:
-      ValueError: if the last two axes are not square.
-    """
-    _check_square(probs)
-    return jnp.diagonal(probs, axis1=-2, axis2=-1)
-
-
-def per_class_error(probs: jax.Array) -> jax.Array:
-    """Expected error per class ``1 - q_k`` (the prediction sampled from ``f_W(E_k)``).
-
-    Args:
-      probs: ``[..., K, K]`` row-stochastic predictions, row k = query k.
-
-    Returns:
-      ``[..., K]`` in ``[0, 1]``.
-
-    Raises:
-      ValueError: if the last two axes are not square.
-    """
-    return 1.0 - correct_class_probability(probs)
 
 
 def per_class_top1_error(probs: jax.Array) -> jax.Array:
@@ -89,8 +48,10 @@ def per_class_top1_error(probs: jax.Array) -> jax.Array:
     Raises:
       ValueError: if the last two axes are not square.
     """
-    _check_square(probs)
-    k = jnp.shape(probs)[-1]
+    shape = jnp.shape(probs)
+    if len(shape) < 2 or shape[-1] != shape[-2]:
+        raise ValueError(f"probs must be [..., K, K] (row k = query k), got shape {shape}")
+    k = shape[-1]
     return (jnp.argmax(probs, axis=-1) != jnp.arange(k)).astype(jnp.result_type(probs, 1.0))
 
 
@@ -98,8 +59,7 @@ def gap(correct: jax.Array) -> jax.Array:
     """Paper A's gap ``Δ = max_k q_k - min_k q_k`` of correct-class probabilities.
 
     Args:
-      correct: ``[..., K]`` correct-class probabilities (see
-        :func:`correct_class_probability`).
+      correct: ``[..., K]`` correct-class probabilities ``q_k = probs[..., k, k]``.
 
     Returns:
       ``[...]`` gap in ``[0, 1]``; 0 means perfectly balanced.
@@ -138,7 +98,6 @@ class RhoResult(NamedTuple):
 
     Attributes:
       rho: ϱ^ε, the smallest worst-class probability over feasible step sizes.
-      eta: the step size (same units as the grid) at which ``rho`` was attained.
       eta_boundary: smallest feasible step size found (``max_k q_k = 1 - ε`` there, up
         to the refinement tolerance).
       n_feasible_grid: number of grid points that were feasible (diagnostic).
@@ -147,7 +106,6 @@ class RhoResult(NamedTuple):
     """
 
     rho: float
-    eta: float
     eta_boundary: float
     n_feasible_grid: int
     rho_boundary: float
@@ -162,11 +120,7 @@ def one_step_rho(
     n_grid: int = 129,
     rtol: float = 1e-13,
 ) -> RhoResult:
-    """One-step balance ``ϱ^ε`` of paper A by search over the step size η.
-
-    ``ϱ^ε = inf_{η >= 0} min_k q_k(η)`` subject to ``max_k q_k(η) >= 1 - ε``, where
-    ``q(η)`` are the correct-class probabilities after one step of size η from ``W_0``
-    (paper A, Section 5.2).
+    """One-step balance ``ϱ^ε`` of paper A (Section 5.2; module docstring) by search over η.
 
     Search: ``q`` is evaluated on a geometric grid of ``n_grid`` step sizes in
     ``[eta_min, eta_max]``; the feasibility boundary (the first grid interval where
@@ -230,9 +184,7 @@ def one_step_rho(
         )
     lo, hi = grid[first - 1], grid[first]
     at_boundary = float(q[first].min())
-    worst_grid = q[feasible].min(axis=1)
-    j = int(np.argmin(worst_grid))
-    best, best_eta = float(worst_grid[j]), float(grid[feasible][j])
+    best = float(q[feasible].min())
     # Refine the boundary with sub-grids of the same size (one compiled shape for jitted
     # correct_fn): each pass shrinks the bracket by a factor n_grid - 1.
     while hi - lo > rtol * hi:
@@ -242,50 +194,14 @@ def one_step_rho(
         feas[-1] = True  # hi is feasible by construction
         k = max(int(np.argmax(feas)), 1)
         lo, hi = sub[k - 1], sub[k]
-        sub_worst = qs[feas].min(axis=1)
-        i = int(np.argmin(sub_worst))
-        if sub_worst[i] < best:
-            best, best_eta = float(sub_worst[i]), float(sub[feas][i])
+        best = min(best, float(qs[feas].min()))
         at_boundary = float(qs[k].min())
     return RhoResult(
         rho=best,
-        eta=float(best_eta),
         eta_boundary=float(hi),
         n_feasible_grid=int(feasible.sum()),
         rho_boundary=at_boundary,
     )
-
-
-def frequency_buckets(prior: object, n_buckets: int) -> np.ndarray:
-    """Equal-count frequency buckets: bucket 0 holds the most frequent classes.
-
-    Classes are ranked by decreasing prior (ties keep index order) and cut into
-    ``n_buckets`` contiguous groups of sizes differing by at most one.
-
-    Args:
-      prior: ``[K]`` non-negative class frequencies (need not sum to 1).
-      n_buckets: number of buckets, ``1 <= n_buckets <= K``.
-
-    Returns:
-      ``[K]`` int32 bucket id per class (0 = head, ``n_buckets - 1`` = tail).
-
-    Raises:
-      ValueError: if prior is not 1-D, has negative or non-finite entries, or n_buckets is
-      out of range.
-    """
-    p = np.asarray(prior, dtype=np.float64)
-    if p.ndim != 1 or p.size == 0:
-        raise ValueError(f"prior must be a non-empty [K] array, got shape {p.shape}")
-    if not np.all(np.isfinite(p)) or np.any(p < 0):
-        raise ValueError("prior must be finite and non-negative")
-    if isinstance(n_buckets, bool) or not isinstance(n_buckets, (int, np.integer)):
-        raise ValueError(f"n_buckets must be an int, got {n_buckets!r}")
-    if not 1 <= n_buckets <= p.size:
-        raise ValueError(f"n_buckets must lie in [1, K={p.size}], got {n_buckets}")
-    order = np.argsort(-p, kind="stable")
-    ids = np.empty(p.size, dtype=np.int32)
-    ids[order] = (np.arange(p.size) * n_buckets) // p.size
-    return ids
 
 
 def head_tail_masks(prior: object) -> tuple[np.ndarray, np.ndarray]:
@@ -317,33 +233,3 @@ def head_tail_masks(prior: object) -> tuple[np.ndarray, np.ndarray]:
     threshold = 0.5 * (lp[cut] + lp[cut + 1])
     head = np.log(p) > threshold
     return head, ~head
-
-
-def bucket_means(values: jax.Array, bucket_ids: object, n_buckets: int) -> jax.Array:
-    """Mean of a per-class quantity within each bucket.
-
-    Args:
-      values: ``[..., K]`` per-class values (error, loss, correct probability, ...).
-      bucket_ids: ``[K]`` int ids in ``[0, n_buckets)`` (e.g. from
-        :func:`frequency_buckets`).
-      n_buckets: number of buckets.
-
-    Returns:
-      ``[..., n_buckets]``; an empty bucket gives NaN.
-
-    Raises:
-      ValueError: if shapes disagree or an id is out of range.
-    """
-    ids = np.asarray(bucket_ids)
-    if ids.ndim != 1 or jnp.shape(values)[-1:] != ids.shape:
-        raise ValueError(
-            f"bucket_ids must be [K] matching values [..., K], got {ids.shape} and "
-            f"{jnp.shape(values)}"
-        )
-    if ids.size and (ids.min() < 0 or ids.max() >= n_buckets):
-        raise ValueError(f"bucket ids must lie in [0, {n_buckets}), got {ids.min()}..{ids.max()}")
-    onehot = jnp.asarray(
-        ids[:, None] == np.arange(n_buckets)[None, :], dtype=jnp.result_type(values, 1.0)
-    )
-    counts = onehot.sum(axis=0)
-    return (values @ onehot) / jnp.where(counts > 0, counts, jnp.nan)

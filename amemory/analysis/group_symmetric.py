@@ -58,13 +58,16 @@ class GroupState(NamedTuple):
     B: jax.Array
 
 
-def _check(name: str, group_prior: object, C: int) -> None:
+def _args(name: str, group_prior: object, C: int, noise: float, lr: float) -> tuple:
+    """Validated ``(name, group_prior, C, noise, lr)`` for the jitted runs, in the prior's dtype."""
     if name not in OPTIMIZERS:
         raise ValueError(f"optimizer must be one of {OPTIMIZERS}, got {name!r}")
     if isinstance(C, bool) or not isinstance(C, (int, np.integer)) or C < 1:
         raise ValueError(f"C must be an integer >= 1, got {C!r}")
     if np.ndim(group_prior) != 1 or np.size(group_prior) < 1:
         raise ValueError(f"group_prior must be [M], got shape {np.shape(group_prior)}")
+    p = jnp.asarray(group_prior)
+    return name, p, int(C), jnp.asarray(noise, p.dtype), jnp.asarray(lr, p.dtype)
 
 
 def expand(state: GroupState, C: int) -> jax.Array:
@@ -100,25 +103,21 @@ def project(W: jax.Array, M: int, C: int) -> tuple[GroupState, jax.Array]:
 
 
 def _log_probs(state: GroupState, C: int):
-    """(log q_s [M], log q [M, M]): own answer, and one answer of group g, per query group h."""
+    """(log q_s [M], log q [M, M], mult [M, M]): own answer, one answer of group g, and the
+    number of such answers (C, or C - 1 in the query's own group), per query group h."""
     d, B = state
-    M = d.shape[0]
     own = d + jnp.diagonal(B)  # [h]
-    eye = jnp.eye(M, dtype=bool)
-    mult = jnp.where(eye, C - 1.0, float(C))  # answers of g (other than the query's own)
+    mult = jnp.where(jnp.eye(d.shape[0], dtype=bool), C - 1.0, float(C))
     log_mult = jnp.log(mult)  # -inf when C = 1 (no other answer in the group)
     log_z = jnp.logaddexp(own, jax.scipy.special.logsumexp(B + log_mult, axis=0))  # [h]
-    return own - log_z, B - log_z[None, :]
+    return own - log_z, B - log_z[None, :], mult
 
 
 def loss(state: GroupState, group_prior: jax.Array, C: int, noise: float = 0.0) -> jax.Array:
     """Population loss (nats) of the group-symmetric memory; equals
     ``amemory.models.memory.population_loss(expand(state, C), I, I, prior, noise)``."""
-    M = state.d.shape[0]
-    K = M * C
-    ls, lq = _log_probs(state, C)
-    eye = jnp.eye(M, dtype=bool)
-    mult = jnp.where(eye, C - 1.0, float(C))
+    K = state.d.shape[0] * C
+    ls, lq, mult = _log_probs(state, C)
     others = jnp.sum(jnp.where(mult > 0, mult * lq, 0.0), axis=0)  # Σ over wrong answers
     per_query = -(1 - noise + noise / K) * ls - (noise / K) * others
     return jnp.dot(group_prior, per_query)
@@ -128,9 +127,8 @@ def gradient(
     state: GroupState, group_prior: jax.Array, C: int, noise: float = 0.0
 ) -> tuple[jax.Array, jax.Array]:
     """``(δ [M], Γ [M, M])`` with task-space gradient ``G = diag(δ) ⊗ I + Γ ⊗ 1 1ᵀ``."""
-    M = state.d.shape[0]
-    K = M * C
-    ls, lq = _log_probs(state, C)
+    K = state.d.shape[0] * C
+    ls, lq, _ = _log_probs(state, C)
     w = group_prior / C  # per-query prior p_j, [h]
     delta = w * (jnp.exp(ls) - jnp.exp(jnp.diagonal(lq)) - (1 - noise))
     gamma = w[None, :] * (jnp.exp(lq) - noise / K)
@@ -154,14 +152,23 @@ def _update(name: str, delta: jax.Array, gamma: jax.Array, C: int) -> GroupState
     return GroupState(-sd, -(ua - jnp.diag(sd)) / C)
 
 
+def _step(name: str, group_prior: jax.Array, C: int, noise, lr):
+    """One step ``state -> state + lr * U`` of ``name``, and the zero state ``Ŵ_0``."""
+    M, dt = group_prior.shape[0], group_prior.dtype
+
+    def step(state: GroupState) -> GroupState:
+        u = _update(name, *gradient(state, group_prior, C, noise), C)
+        return GroupState(state.d + lr * u.d, state.B + lr * u.B)
+
+    return step, GroupState(jnp.zeros(M, dt), jnp.zeros((M, M), dt))
+
+
 @functools.partial(jax.jit, static_argnums=(0, 2, 5))
 def _run(name, group_prior, C, noise, lr, steps):
-    M = group_prior.shape[0]
-    zero = GroupState(jnp.zeros(M, group_prior.dtype), jnp.zeros((M, M), group_prior.dtype))
+    step, zero = _step(name, group_prior, C, noise, lr)
 
     def body(state, _):
-        u = _update(name, *gradient(state, group_prior, C, noise), C)
-        new = GroupState(state.d + lr * u.d, state.B + lr * u.B)
+        new = step(state)
         return new, loss(new, group_prior, C, noise)
 
     last, losses = jax.lax.scan(body, zero, None, length=steps)
@@ -189,24 +196,14 @@ def run(
     Raises:
       ValueError: for an unknown name, C < 1 or a group prior that is not 1-D.
     """
-    _check(name, group_prior, C)
-    p = jnp.asarray(group_prior)
-    losses, last = _run(
-        name, p, int(C), jnp.asarray(noise, p.dtype), jnp.asarray(lr, p.dtype), int(steps)
-    )
+    losses, last = _run(*_args(name, group_prior, C, noise, lr), int(steps))
     return np.asarray(losses), last
 
 
 @functools.partial(jax.jit, static_argnums=(0, 2))
 def _final(name, group_prior, C, noise, lr, T):
-    M = group_prior.shape[0]
-    zero = GroupState(jnp.zeros(M, group_prior.dtype), jnp.zeros((M, M), group_prior.dtype))
-
-    def body(_, state):
-        u = _update(name, *gradient(state, group_prior, C, noise), C)
-        return GroupState(state.d + lr * u.d, state.B + lr * u.B)
-
-    return loss(jax.lax.fori_loop(0, T, body, zero), group_prior, C, noise)
+    step, zero = _step(name, group_prior, C, noise, lr)
+    return loss(jax.lax.fori_loop(0, T, lambda _, state: step(state), zero), group_prior, C, noise)
 
 
 def final_loss(name: str, group_prior: object, C: int, noise: float, lr: float, T: int) -> float:
@@ -216,8 +213,6 @@ def final_loss(name: str, group_prior: object, C: int, noise: float, lr: float, 
     Raises:
       ValueError: for an unknown name, C < 1, a group prior that is not 1-D, or T < 0.
     """
-    _check(name, group_prior, C)
     if T < 0:
         raise ValueError(f"T must be >= 0, got {T}")
-    p = jnp.asarray(group_prior)
-    return float(_final(name, p, int(C), jnp.asarray(noise, p.dtype), jnp.asarray(lr, p.dtype), T))
+    return float(_final(*_args(name, group_prior, C, noise, lr), T))

@@ -1,18 +1,10 @@
 """The science kernel of the one-layer memory: the papers' optimizers, one step, ϱ^ε.
 
-One place for what ``experiments/`` and ``theory_checks/`` both need (issue: "one science
-kernel"):
-
-* :data:`OPTIMIZERS` and :func:`optimizer`: paper A/B's momentum-free GD, SignGD and Muon
-  as amemory/optax transforms (Wang et al. 2025, arXiv 2509.26030, Section 5; Li et al.
-  2026, arXiv 2602.05725, Section 2): ``W ← W - η G``, ``W ← W - η sign(G)``,
-  ``W ← W - η msgn(G)`` with ``msgn`` the exact polar factor.
-* :func:`unit_update`: the update of one step with learning rate 1, computed by running
-  the optimizer itself (so the checks test the library, not a copy of its formula).
-* :func:`task_correct_fn` and :func:`first_crossing_rho`: paper A's one-step balance
-  ``ϱ^ε`` of a task-space direction, searched once by
-  :func:`amemory.analysis.balance.one_step_rho`.
-* :func:`gd_one_step_rho`: the closed form of one-step GD balance.
+One place for what ``experiments/`` and ``theory_checks/`` both need: paper A/B's
+momentum-free GD, SignGD and Muon as Optax transforms (:func:`optimizer`), the update of
+one step computed by running the optimizer itself (:func:`unit_update`, so the checks
+test the library, not a copy of its formula), paper A's one-step balance ``ϱ^ε`` of a
+task-space direction (:func:`first_crossing_rho`) and its GD closed form.
 
 Readings of ``ϱ^ε`` (``docs/science.md#one-step-balance``): paper A defines it as an
 infimum over every feasible step size η. For one step of GD and Muon from ``W_0 = 0``

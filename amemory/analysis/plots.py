@@ -81,6 +81,26 @@ def _line(ax: Any, x: Sequence[float], y: Any, *, label: str, color: Any, **kw: 
     ax.fill_between(x, lo, hi, color=color, alpha=0.22, lw=0)
 
 
+def _panels(n: int, ncols: int, width: float, height: float) -> tuple[plt.Figure, np.ndarray]:
+    """A grid for ``n`` panels, at most ``ncols`` per row; the unused cells are hidden."""
+    ncols = max(1, min(ncols, n))
+    nrows = int(np.ceil(n / ncols))
+    fig, axes = plt.subplots(nrows, ncols, figsize=(width * ncols, height * nrows), squeeze=False)
+    for ax in list(axes.flat)[n:]:
+        ax.axis("off")
+    return fig, axes
+
+
+def _decorate(ax: Any, xlabel: str, ylabel: str, title: str, **grid: Any) -> None:
+    """Axis labels, the title (if any), a light grid and the legend."""
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    if title:
+        ax.set_title(title, fontsize=10)
+    ax.grid(alpha=0.3, **grid)
+    ax.legend(fontsize=7)
+
+
 def save(fig: plt.Figure, path: str | os.PathLike, dpi: int = 100) -> pathlib.Path:
     """Save ``fig`` as PNG at ``path`` atomically (parents created), close it, return the path."""
     path = pathlib.Path(path)
@@ -112,10 +132,7 @@ def plot_gap_vs_loss(
     Returns:
       The PNG path.
     """
-    n = len(panels)
-    ncols = max(1, min(ncols, n))
-    nrows = int(np.ceil(n / ncols))
-    fig, axes = plt.subplots(nrows, ncols, figsize=(3.2 * ncols, 2.7 * nrows), squeeze=False)
+    fig, axes = _panels(len(panels), ncols, 3.2, 2.7)
     for ax, (title, curves) in zip(axes.flat, panels.items(), strict=False):
         for i, (name, (loss, gap)) in enumerate(curves.items()):
             loss = np.asarray(loss, dtype=float)
@@ -130,8 +147,6 @@ def plot_gap_vs_loss(
         ax.set_ylabel("gap Δ", fontsize=8)
         ax.tick_params(labelsize=7)
         ax.grid(alpha=0.3)
-    for ax in list(axes.flat)[n:]:
-        ax.axis("off")
     axes.flat[0].legend(fontsize=7)
     if suptitle:
         fig.suptitle(suptitle, fontsize=10)
@@ -169,12 +184,7 @@ def plot_curves(
         ax.set_xscale("log")
     if logy:
         ax.set_yscale("log")
-    ax.set_xlabel(xlabel)
-    ax.set_ylabel(ylabel)
-    if title:
-        ax.set_title(title, fontsize=10)
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=7)
+    _decorate(ax, xlabel, ylabel, title)
     return save(fig, path)
 
 
@@ -232,11 +242,7 @@ def plot_group_accuracy(
     for i, (name, acc) in enumerate(accuracy.items()):
         _line(ax, list(groups), acc, label=name, color=color_for(name, i), marker="o", ms=3)
     ax.set_ylim(-0.03, 1.03)
-    ax.set_xlabel(xlabel)
-    ax.set_ylabel("first-token accuracy")
-    ax.set_title(title, fontsize=10)
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=7)
+    _decorate(ax, xlabel, "first-token accuracy", title)
     return save(fig, path)
 
 
@@ -268,13 +274,9 @@ def plot_bars(
         ref = [reference.get(k, np.nan) for k in labels]
         ax.plot(x, ref, "k_", ms=18, mew=2, label="paper")
     ax.set_xticks(x, labels, rotation=30, ha="right", fontsize=8)
-    ax.set_ylabel(ylabel)
     if ylim:
         ax.set_ylim(*ylim)
-    if title:
-        ax.set_title(title, fontsize=10)
-    ax.grid(alpha=0.3, axis="y")
-    ax.legend(fontsize=7)
+    _decorate(ax, "", ylabel, title, axis="y")
     return save(fig, path)
 
 
@@ -286,10 +288,7 @@ def plot_band_curves(
     ncols: int = 4,
 ) -> pathlib.Path:
     """Panels of seed-band curves: title -> {name -> (x [n], values [n, seeds])}."""
-    n = len(panels)
-    ncols = max(1, min(ncols, n))
-    nrows = int(np.ceil(n / ncols))
-    fig, axes = plt.subplots(nrows, ncols, figsize=(3.0 * ncols, 2.5 * nrows), squeeze=False)
+    fig, axes = _panels(len(panels), ncols, 3.0, 2.5)
     for ax, (title, curves) in zip(axes.flat, panels.items(), strict=False):
         for i, (name, (x, values)) in enumerate(curves.items()):
             _line(ax, x, values, label=name, color=color_for(name, i))
@@ -297,8 +296,6 @@ def plot_band_curves(
         ax.set_xlabel(xlabel, fontsize=8)
         ax.tick_params(labelsize=7)
         ax.grid(alpha=0.3)
-    for ax in list(axes.flat)[n:]:
-        ax.axis("off")
     axes.flat[0].legend(fontsize=7)
     return save(fig, path)
 
@@ -338,10 +335,5 @@ def plot_scaling(
     ax.set_xscale("log")
     ax.set_yscale("log")
     ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
-    ax.set_xlabel(xlabel)
-    ax.set_ylabel(ylabel)
-    if title:
-        ax.set_title(title, fontsize=10)
-    ax.grid(alpha=0.3, which="both")
-    ax.legend(fontsize=7)
+    _decorate(ax, xlabel, ylabel, title, which="both")
     return save(fig, path)

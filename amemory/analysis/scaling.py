@@ -1,17 +1,11 @@
 """Straight-line and power-law fits with confidence intervals.
 
 :func:`fit_line` fits ``y = intercept + slope * x`` by ordinary least squares with
-Student-t intervals (used e.g. for step counts that grow like ``log(1/ε)``). A power law
-``y = A x^s`` is a straight line in log-log coordinates, ``log y = log A + s log x``.
-:func:`fit_power_law` fits that line by ordinary least squares and returns the slope s (the
-exponent), the intercept ``log A`` (natural log) and two-sided Student-t confidence
-intervals for both, computed from the residual scatter around the line. The interval is the
-usual OLS one: exact when the log-residuals are i.i.d. Gaussian, approximate otherwise. In
-the theory checks the residuals are mostly *systematic* (finite-size corrections that bend
-the log-log curve), not noise; there the interval measures how straight the curve is over
-the fitted window, and each check states its own tolerance for the remaining bias.
-
-Used by ``theory_checks`` (every fitted exponent) and by the experiments' scaling plots.
+Student-t intervals; :func:`fit_power_law` fits ``y = A x^s`` as the line
+``log y = log A + s log x``. The interval is the usual OLS one: exact when the residuals
+are i.i.d. Gaussian. In the theory checks the residuals are mostly *systematic*
+(finite-size corrections that bend the log-log curve); there the interval measures how
+straight the curve is over the fitted window, and each check states its own tolerance.
 Imports no other part of amemory.
 
 Reference: any regression text, e.g. Draper & Smith, *Applied Regression Analysis*,
@@ -27,48 +21,7 @@ from typing import NamedTuple
 import numpy as np
 from scipy import stats
 
-__all__ = ["LineFit", "PowerLawFit", "fit_line", "fit_power_law", "local_slopes"]
-
-
-class PowerLawFit(NamedTuple):
-    """Result of :func:`fit_power_law` for ``y ≈ exp(intercept) * x**slope``.
-
-    Attributes:
-      slope: fitted exponent s (dimensionless).
-      intercept: fitted ``log A`` (natural log of the prefactor, units of log y).
-      slope_ci: ``(lo, hi)`` two-sided confidence interval of the slope.
-      intercept_ci: ``(lo, hi)`` two-sided confidence interval of the intercept.
-      slope_stderr: standard error of the slope.
-      r2: coefficient of determination of the log-log fit (1 for an exact power law).
-      n: number of points used.
-      confidence: the confidence level of the intervals, e.g. 0.95.
-    """
-
-    slope: float
-    intercept: float
-    slope_ci: tuple[float, float]
-    intercept_ci: tuple[float, float]
-    slope_stderr: float
-    r2: float
-    n: int
-    confidence: float
-
-    def predict(self, x: np.ndarray | float) -> np.ndarray:
-        """The fitted curve ``exp(intercept) * x**slope`` at ``x`` (any shape, x > 0)."""
-        return np.exp(self.intercept) * np.asarray(x, dtype=np.float64) ** self.slope
-
-    def describe(self) -> str:
-        """One-line summary ``s = -0.937 [-0.941, -0.933] (95% CI, n=6)``."""
-        lo, hi = self.slope_ci
-        pct = round(100 * self.confidence)
-        return f"s = {self.slope:.4g} [{lo:.4g}, {hi:.4g}] ({pct}% CI, n={self.n})"
-
-
-def _as_positive_1d(name: str, v: object) -> np.ndarray:
-    a = _as_finite_1d(name, v)
-    if np.any(a <= 0):
-        raise ValueError(f"{name} must be > 0 for a log-log fit, got minimum {a.min()}")
-    return a
+__all__ = ["LineFit", "PowerLawFit", "fit_line", "fit_power_law"]
 
 
 class LineFit(NamedTuple):
@@ -90,19 +43,36 @@ class LineFit(NamedTuple):
     n: int
     confidence: float
 
-    def describe(self) -> str:
+    def describe(self, name: str = "slope") -> str:
         """One-line summary ``slope = 2.01 [1.98, 2.04] (95% CI, n=6)``."""
         lo, hi = self.slope_ci
         pct = round(100 * self.confidence)
-        return f"slope = {self.slope:.4g} [{lo:.4g}, {hi:.4g}] ({pct}% CI, n={self.n})"
+        return f"{name} = {self.slope:.4g} [{lo:.4g}, {hi:.4g}] ({pct}% CI, n={self.n})"
 
 
-def _as_finite_1d(name: str, v: object) -> np.ndarray:
+class PowerLawFit(LineFit):
+    """:class:`LineFit` of ``log y = intercept + slope * log x``, i.e. ``y ≈ e^intercept x^slope``:
+    slope is the exponent s, intercept the natural log of the prefactor."""
+
+    __slots__ = ()
+
+    def predict(self, x: np.ndarray | float) -> np.ndarray:
+        """The fitted curve ``exp(intercept) * x**slope`` at ``x`` (any shape, x > 0)."""
+        return np.exp(self.intercept) * np.asarray(x, dtype=np.float64) ** self.slope
+
+    def describe(self, name: str = "s") -> str:
+        """One-line summary ``s = -0.937 [-0.941, -0.933] (95% CI, n=6)``."""
+        return super().describe(name)
+
+
+def _as_finite_1d(name: str, v: object, positive: bool = False) -> np.ndarray:
     a = np.asarray(v, dtype=np.float64)
     if a.ndim != 1:
         raise ValueError(f"{name} must be 1-D, got shape {a.shape}")
     if not np.all(np.isfinite(a)):
         raise ValueError(f"{name} must be finite, got {a}")
+    if positive and np.any(a <= 0):
+        raise ValueError(f"{name} must be > 0 for a log-log fit, got minimum {a.min()}")
     return a
 
 
@@ -164,45 +134,12 @@ def fit_power_law(x: object, y: object, *, confidence: float = 0.95) -> PowerLaw
       confidence: level of the two-sided intervals, in (0, 1); default 0.95.
 
     Returns:
-      :class:`PowerLawFit`. The slope interval is
-      ``slope ± t_{n-2, (1+confidence)/2} * sqrt(RSS / (n-2) / Σ(log x - mean)^2)``
-      (``scipy.stats.t.ppf``); the intercept interval uses the standard error
-      ``sqrt(RSS / (n-2) * (1/n + mean(log x)^2 / Sxx))``. For an exact power law the
-      intervals collapse to the point estimate.
+      :class:`PowerLawFit`: :func:`fit_line` of ``(log x, log y)``.
 
     Raises:
       ValueError: if x or y is not 1-D, they differ in length, contain non-positive or
       non-finite values, fewer than 3 points are given, x has fewer than 2 distinct
       values, or ``confidence`` is outside (0, 1).
     """
-    if not (isinstance(confidence, (int, float)) and 0.0 < confidence < 1.0):
-        raise ValueError(f"confidence must lie in (0, 1), got {confidence!r}")
-    xa = _as_positive_1d("x", x)
-    ya = _as_positive_1d("y", y)
-    if xa.shape != ya.shape:
-        raise ValueError(f"x and y must have the same length, got {xa.shape} and {ya.shape}")
+    xa, ya = _as_finite_1d("x", x, positive=True), _as_finite_1d("y", y, positive=True)
     return PowerLawFit(*fit_line(np.log(xa), np.log(ya), confidence=confidence))
-
-
-def local_slopes(x: object, y: object) -> np.ndarray:
-    """Successive log-log slopes ``Δ log y / Δ log x`` between neighbouring points.
-
-    Useful to see where a curve enters its power-law window (the slopes settle).
-
-    Args:
-      x: ``[n]`` positive, strictly increasing; y: ``[n]`` positive.
-
-    Returns:
-      ``[n - 1]`` float64 slopes.
-
-    Raises:
-      ValueError: on shape mismatch, non-positive values, fewer than 2 points or x not
-      strictly increasing.
-    """
-    xa = _as_positive_1d("x", x)
-    ya = _as_positive_1d("y", y)
-    if xa.shape != ya.shape or xa.size < 2:
-        raise ValueError(f"x and y must have the same length >= 2, got {xa.shape}, {ya.shape}")
-    if np.any(np.diff(xa) <= 0):
-        raise ValueError("x must be strictly increasing")
-    return np.diff(np.log(ya)) / np.diff(np.log(xa))

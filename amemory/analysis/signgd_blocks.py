@@ -161,13 +161,22 @@ def block_margins(
     )
 
 
-def _log_terms(m: BlockMargins, etas: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def _exp_terms(m: BlockMargins, etas: np.ndarray) -> tuple[np.ndarray, ...]:
+    """Softmax numerators over the own block [n_eta, n, b], the other blocks [n_eta, n, b]
+    (each position weighted by n_other) and the correct answer [n_eta, n], max-shifted."""
     e = np.asarray(etas, dtype=np.float64)[:, None, None]
     if np.any(e < 0) or not np.all(np.isfinite(e)):
         raise ValueError("etas must be finite and >= 0")
     inb = -e * m.inblock[None]  # [n_eta, n, b]
     off = -e * m.offblock[None] + math.log(m.n_other)
-    return inb, off
+    top = np.maximum(inb.max(-1), off.max(-1))[..., None]
+    return np.exp(inb - top), np.exp(off - top), np.exp(-top[..., 0])
+
+
+def _wrong_inblock(m: BlockMargins) -> np.ndarray:
+    """``m.inblock`` [n, b] with each class's own entry set to +inf."""
+    own = np.eye(m.inblock.shape[1], dtype=bool)[[int(n[-1]) for n in m.names]]
+    return np.where(own, np.inf, m.inblock)
 
 
 def correct_probabilities(m: BlockMargins, etas: object) -> np.ndarray:
@@ -187,10 +196,8 @@ def correct_probabilities(m: BlockMargins, etas: object) -> np.ndarray:
     Raises:
       ValueError: if an η is negative or not finite.
     """
-    inb, off = _log_terms(m, np.atleast_1d(etas))
-    top = np.maximum(inb.max(-1), off.max(-1))[..., None]
-    den = np.exp(inb - top).sum(-1) + np.exp(off - top).sum(-1)
-    return np.exp(-top[..., 0]) / den
+    ein, eoff, correct = _exp_terms(m, np.atleast_1d(etas))
+    return correct / (ein.sum(-1) + eoff.sum(-1))
 
 
 def mass_split(m: BlockMargins, eta: float) -> tuple[np.ndarray, np.ndarray]:
@@ -207,12 +214,9 @@ def mass_split(m: BlockMargins, eta: float) -> tuple[np.ndarray, np.ndarray]:
     Raises:
       ValueError: if eta is negative or not finite.
     """
-    inb, off = _log_terms(m, np.array([eta]))
-    top = np.maximum(inb.max(-1), off.max(-1))[..., None]
-    ein, eoff = np.exp(inb - top), np.exp(off - top)
+    ein, eoff, correct = _exp_terms(m, np.array([eta]))
     den = ein.sum(-1) + eoff.sum(-1)
-    wrong_in = (ein.sum(-1) - np.exp(-top[..., 0])) / den  # minus the class itself
-    return wrong_in[0], (eoff.sum(-1) / den)[0]
+    return ((ein.sum(-1) - correct) / den)[0], (eoff.sum(-1) / den)[0]  # minus the class itself
 
 
 def per_class(m: BlockMargins, values: object) -> np.ndarray:
@@ -229,18 +233,10 @@ def per_class(m: BlockMargins, values: object) -> np.ndarray:
     if v.shape[-1:] != (len(m.names),):
         raise ValueError(f"values must be [..., {len(m.names)}], got shape {v.shape}")
     b = m.inblock.shape[1]
-    index = {name: i for i, name in enumerate(m.names)}
-    cols = []
-    for k in range(m.K):
-        c, j = divmod(k, b)
-        if b * c + b <= m.L:
-            kind = "head"
-        elif b * c < m.L:
-            kind = "mixed"
-        else:
-            kind = "tail"
-        cols.append(index[f"{kind}{j}"])
-    return v[..., cols]
+    start, j = divmod(np.arange(m.K), b)
+    start *= b  # first class of each class's block
+    kind = np.where(start + b <= m.L, "head", np.where(start < m.L, "mixed", "tail"))
+    return v[..., [m.names.index(f"{t}{i}") for t, i in zip(kind, j, strict=True)]]
 
 
 def first_crossing(m: BlockMargins, eps: float, *, n_grid: int = 65) -> balance.RhoResult:
@@ -263,8 +259,7 @@ def first_crossing(m: BlockMargins, eps: float, *, n_grid: int = 65) -> balance.
     """
     if not 0.0 < eps < 1.0:
         raise ValueError(f"eps must lie in (0, 1), got {eps}")
-    own = np.eye(m.inblock.shape[1], dtype=bool)[[int(n[-1]) for n in m.names]]
-    inb = np.where(own, np.inf, m.inblock)
+    inb = _wrong_inblock(m)
     mu = float(np.minimum(inb.min(axis=1), m.offblock.min(axis=1)).max())
     if not mu > 0:
         raise ValueError(f"no class has all margins > 0 (best smallest margin {mu})")
@@ -298,9 +293,6 @@ class Asymptotics(NamedTuple):
         fast the neglected terms fade: as ``K^{-(gap)/m_b}``).
       best_sub_leading: the same for the best class, ``[b - 1]`` (they shift the
         crossing η).
-      small_k_worst: label of the class with the most negative own-block margin (the
-        worst class while the other blocks' answers are still negligible), or "" if no
-        own-block margin is negative.
       regime_exponent: s in ``K*(ε) ∝ ε^{-s}``, the K beyond which the worst class loses
         more to other blocks than to its own: equating the two masses gives
         ``s = x / (1 - x)``, ``x = (μ - μ_in)/m_b`` with μ_in the most negative own-block
@@ -317,7 +309,6 @@ class Asymptotics(NamedTuple):
     eps_exponent: float
     sub_leading: np.ndarray
     best_sub_leading: np.ndarray
-    small_k_worst: str
     regime_exponent: float
 
 
@@ -339,10 +330,10 @@ def asymptotics(m: BlockMargins, best: str | None = None) -> Asymptotics:
       smallest off-block margin (then no class reaches ``1 - ε`` as K grows), or ``best``
       is not a label of ``m``.
     """
-    own = np.eye(m.inblock.shape[1], dtype=bool)[[int(n[-1]) for n in m.names]]
-    inb = np.where(own, np.inf, m.inblock)  # [n, b], own entry excluded
+    inb = _wrong_inblock(m)  # [n, b]
     off_min = m.offblock.min(axis=1)
-    ok = (inb.min(axis=1) > 0) & (off_min > 0)
+    in_min = inb.min(axis=1)
+    ok = (in_min > 0) & (off_min > 0)
     if not ok.any():
         raise ValueError("no class beats its own block with positive off-block margins")
     ib = int(np.argmax(np.where(ok, off_min, -np.inf)))
@@ -352,18 +343,15 @@ def asymptotics(m: BlockMargins, best: str | None = None) -> Asymptotics:
         ib = m.names.index(best)
     mb = float(off_min[ib])
     e_off = 1.0 - off_min / mb  # growth exponent (in n) of the off-block mass
-    e_in = -inb.min(axis=1) / mb  # growth exponent of the largest own-block term
-    grow = np.maximum(e_off, e_in)
-    iw = int(np.argmax(grow))
+    e_in = -in_min / mb  # growth exponent of the largest own-block term
+    iw = int(np.argmax(np.maximum(e_off, e_in)))
     off_dominates = e_off[iw] >= e_in[iw]
-    mu = float(off_min[iw] if off_dominates else inb[iw].min())
+    mu = float(off_min[iw] if off_dominates else in_min[iw])
     k_exp = -(1.0 - mu / mb) if off_dominates else mu / mb
     offs = np.sort(m.offblock[iw])
-    in_min = inb.min(axis=1)
-    i_small = int(np.argmin(in_min))
-    has_neg = bool(in_min[i_small] < 0)
-    x = (mu - float(in_min[i_small])) / mb
-    regime = x / (1.0 - x) if (has_neg and off_dominates and mu > 0 and x < 1) else 0.0
+    mu_in = float(in_min.min())  # the most negative own-block margin, if negative
+    x = (mu - mu_in) / mb
+    regime = x / (1.0 - x) if (mu_in < 0 and off_dominates and mu > 0 and x < 1) else 0.0
     return Asymptotics(
         best=m.names[ib],
         m_best=mb,
@@ -374,6 +362,5 @@ def asymptotics(m: BlockMargins, best: str | None = None) -> Asymptotics:
         eps_exponent=float(-mu / mb),
         sub_leading=offs[1:] - offs[0],
         best_sub_leading=np.sort(m.offblock[ib])[1:] - mb,
-        small_k_worst=m.names[i_small] if has_neg else "",
         regime_exponent=float(regime),
     )

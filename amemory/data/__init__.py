@@ -1,7 +1,8 @@
 """amemory.data: priors, associative-memory tasks, synthetic biographies, real text.
 
-Submodules are imported lazily so that ``import amemory.data.frequencies`` stays
-cheap (no jax, no tokenizers):
+Import the submodule you need (``from amemory.data import corpus``); this package
+imports none of them, so ``import amemory.data.frequencies`` stays cheap (no jax, no
+tokenizers):
 
   * :mod:`amemory.data.frequencies`: class priors (two-level, power law, hierarchical, counts).
   * :mod:`amemory.data.memory_tasks`: (query, answer) samplers with label noise; exact joints.
@@ -14,28 +15,3 @@ cheap (no jax, no tokenizers):
     checkpointable) and evaluation windows.
   * :mod:`amemory.data.stats`: frequency buckets, Zipf exponent, corpus summary.
 """
-
-from __future__ import annotations
-
-import importlib
-
-from amemory.data.frequencies import from_counts, hierarchical, power_law, two_level
-
-_SUBMODULES = (
-    "frequencies",
-    "memory_tasks",
-    "biographies",
-    "corpus",
-    "sources",
-    "tokenizer",
-    "batching",
-    "stats",
-)
-
-__all__ = [*_SUBMODULES, "two_level", "power_law", "hierarchical", "from_counts"]
-
-
-def __getattr__(name: str):
-    if name in _SUBMODULES:
-        return importlib.import_module(f"amemory.data.{name}")
-    raise AttributeError(f"module 'amemory.data' has no attribute {name!r}")

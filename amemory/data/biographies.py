@@ -11,8 +11,8 @@ Exact data design
   pronounceable pseudo-words built from syllables give ``n_first_names`` first
   names, ``n_surnames`` surnames, ``n_cities`` cities, and the stems of
   ``n_universities`` universities ("Velmora University"), ``n_majors`` majors
-  ("Tharistics") and ``n_employers`` employers ("Drovin Labs"). All strings are
-  distinct. Defaults follow the paper: 400 / 1000 / 300 / 100 / 300 (+ 200 cities).
+  ("Tharistics") and ``n_employers`` employers ("Drovin Labs"), all distinct
+  (defaults: the paper's sizes, :class:`BiographyConfig`).
 * **Individuals**: 2^m of them, each with a unique (first name, surname) pair and
   7 attributes: full name, birth date (month day year, valid calendar dates in
   1950-2005), birth city, university, major, employer, work city; values are drawn
@@ -39,16 +39,12 @@ Exact data design
   token (for birth dates: the month). FTA is reported per group g.
 * **Tokenizer**: word/field level and exact. Every template word, month, day,
   year and attribute value is one token; keys are typed (``"first:Kalo"``,
-  ``"city:Brenmouth"``, ``"w:born"``), so decoding is unambiguous. Special
+  ``"city:Brenmouth"``, ``"w:born"``), so every id names its field. Special
   tokens: ``<pad>`` = 0, ``<bos>`` = 1, ``<eos>`` = 2.
 
 Training convention (same as the token windows of :mod:`amemory.data.batching`):
 inputs = tokens[:, :-1], targets = tokens[:, 1:], per-target weights =
 loss_mask[:, 1:]; ``loss_mask[n, t] = 1`` iff token t is a training target.
-
-Layout: this module generates the data. Batches of its rows come from a Grain
-loader (:meth:`BiographyData.loader`, :func:`amemory.data.batching.row_loader`) and the
-FTA metric from :mod:`amemory.data.biography_eval` (re-exported here).
 """
 
 from __future__ import annotations
@@ -92,44 +88,22 @@ QUESTION_TEMPLATES = (
 )
 
 # Biography sentence variants per asked attribute ({name} then the value follows).
+# fmt: off
 _SENTENCES = {
-    "birth_date": (
-        "{name} was born on {v} .",
-        "{name} came into this world on {v} .",
-        "{name} celebrates a birthday on {v} .",
-        "The birth date of {name} is {v} .",
-    ),
-    "birth_city": (
-        "{name} was born in {v} .",
-        "{name} spent early years in {v} .",
-        "{name} hails from {v} .",
-        "The birthplace of {name} is {v} .",
-    ),
-    "university": (
-        "{name} studied at {v} .",
-        "{name} graduated from {v} .",
-        "{name} received an education at {v} .",
-        "{name} attended {v} .",
-    ),
-    "major": (
-        "{name} majored in {v} .",
-        "{name} focused on {v} .",
-        "{name} completed a degree in {v} .",
-        "The field of study of {name} was {v} .",
-    ),
-    "employer": (
-        "{name} works for {v} .",
-        "{name} is employed by {v} .",
-        "{name} has a job at {v} .",
-        "The employer of {name} is {v} .",
-    ),
-    "work_city": (
-        "{name} works in {v} .",
-        "{name} commutes to an office in {v} .",
-        "{name} is based in {v} .",
-        "The workplace of {name} is in {v} .",
-    ),
+    "birth_date": ("{name} was born on {v} .", "{name} came into this world on {v} .",
+                   "{name} celebrates a birthday on {v} .", "The birth date of {name} is {v} ."),
+    "birth_city": ("{name} was born in {v} .", "{name} spent early years in {v} .",
+                   "{name} hails from {v} .", "The birthplace of {name} is {v} ."),
+    "university": ("{name} studied at {v} .", "{name} graduated from {v} .",
+                   "{name} received an education at {v} .", "{name} attended {v} ."),
+    "major": ("{name} majored in {v} .", "{name} focused on {v} .",
+              "{name} completed a degree in {v} .", "The field of study of {name} was {v} ."),
+    "employer": ("{name} works for {v} .", "{name} is employed by {v} .",
+                 "{name} has a job at {v} .", "The employer of {name} is {v} ."),
+    "work_city": ("{name} works in {v} .", "{name} commutes to an office in {v} .",
+                  "{name} is based in {v} .", "The workplace of {name} is in {v} ."),
 }
+# fmt: on
 
 _MONTHS = tuple(calendar.month_name[1:])
 _YEARS = tuple(range(1950, 2006))
@@ -171,26 +145,17 @@ class BiographyConfig:
 
     def validate(self) -> None:
         """Raise ValueError naming the first invalid field."""
-        if isinstance(self.m, bool) or not isinstance(self.m, numbers.Integral):
-            raise ValueError(f"m must be an integer in [0, 20], got {self.m!r}")
-        if not 0 <= self.m <= 20:
-            raise ValueError(f"m must be an integer in [0, 20], got {self.m!r}")
-        if isinstance(self.seed, bool) or not isinstance(self.seed, numbers.Integral):
-            raise ValueError(f"seed must be a non-negative integer, got {self.seed!r}")
-        if self.seed < 0:
-            raise ValueError(f"seed must be a non-negative integer, got {self.seed!r}")
-        for f in (
-            "n_first_names",
-            "n_surnames",
-            "n_universities",
-            "n_majors",
-            "n_employers",
-            "n_cities",
-            "n_paraphrases",
-        ):
+        sizes = [f.name for f in dataclasses.fields(self) if f.name.startswith("n_")]
+        limits = {"m": (0, 20), "seed": (0, None), **dict.fromkeys(sizes, (1, 100_000))}
+        for f, (lo, hi) in limits.items():
             v = getattr(self, f)
-            if isinstance(v, bool) or not isinstance(v, numbers.Integral) or not 1 <= v <= 100_000:
-                raise ValueError(f"{f} must be an integer in [1, 100000], got {v!r}")
+            if (
+                isinstance(v, bool)
+                or not isinstance(v, numbers.Integral)
+                or not lo <= v <= (v if hi is None else hi)
+            ):
+                allowed = "a non-negative integer" if hi is None else f"an integer in [{lo}, {hi}]"
+                raise ValueError(f"{f} must be {allowed}, got {v!r}")
         if self.n_first_names * self.n_surnames < 2**self.m:
             raise ValueError(
                 f"n_first_names * n_surnames = {self.n_first_names * self.n_surnames} must be "
@@ -227,26 +192,6 @@ class BiographyTokenizer:
     @property
     def vocab_size(self) -> int:
         return len(self.keys)
-
-    def encode(self, keys: list[str]) -> list[int]:
-        """Typed keys -> ids. Raises ValueError naming an unknown key."""
-        try:
-            return [self.index[k] for k in keys]
-        except KeyError as e:
-            raise ValueError(f"unknown token key {e.args[0]!r}") from None
-
-    def decode(self, ids, skip_special: bool = True) -> str:
-        """ids -> readable text (keys without their type prefix, joined by spaces)."""
-        out = []
-        for i in np.asarray(ids).ravel().tolist():
-            k = self.keys[int(i)]
-            if k in (PAD, BOS, EOS):
-                if skip_special:
-                    continue
-                out.append(k)
-            else:
-                out.append(k.split(":", 1)[1])
-        return " ".join(out)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -300,7 +245,7 @@ class BiographyData:
       train_kind: int8 [N]; 0 = biography row, 1 = QA row.
       train_person: int32 [N]; the individual of each row.
       eval: the :class:`EvalSet` (QA of all individuals).
-      group: int32 [2^m], group of each individual; ``repetitions``: int64 [2^m], S_g.
+      group: int32 [2^m], group of each individual (its S_g: :func:`group_repetitions`).
       attributes: dict attribute -> [2^m] token ids (``name``: [2^m, 2] first/last,
         ``birth_date``: [2^m, 3] month/day/year).
     """
@@ -313,17 +258,11 @@ class BiographyData:
     train_person: np.ndarray
     eval: EvalSet
     group: np.ndarray
-    repetitions: np.ndarray
     attributes: dict
 
     @property
     def vocab_size(self) -> int:
         return self.tokenizer.vocab_size
-
-    @property
-    def train_sequences(self) -> tuple[np.ndarray, np.ndarray]:
-        """(train_tokens int32 [N, T], train_mask float32 [N, T])."""
-        return self.train_tokens, self.train_mask
 
     @property
     def seq_len(self) -> int:
@@ -352,12 +291,11 @@ def _pseudo_words(rng: np.random.Generator, n: int, taken: set[str], syllables=(
         if attempts > 200 * n + 10_000:
             raise ValueError(f"cannot synthesise {n} distinct names; lower the pool sizes")
         k = int(rng.integers(syllables[0], syllables[1] + 1))
-        parts = []
-        for j in range(k):
-            parts.append(_ONSETS[rng.integers(len(_ONSETS))] + _VOWELS[rng.integers(len(_VOWELS))])
-            if j == k - 1:
-                parts.append(_CODAS[rng.integers(len(_CODAS))])
-        w = "".join(parts).capitalize()
+        w = "".join(
+            _ONSETS[rng.integers(len(_ONSETS))] + _VOWELS[rng.integers(len(_VOWELS))]
+            for _ in range(k)
+        )
+        w = (w + _CODAS[rng.integers(len(_CODAS))]).capitalize()
         if w not in taken:
             taken.add(w)
             out.append(w)
@@ -366,6 +304,103 @@ def _pseudo_words(rng: np.random.Generator, n: int, taken: set[str], syllables=(
 
 def _words(template: str) -> list[str]:
     return [w for w in template.split() if w not in ("{name}", "{v}")]
+
+
+def _vocabulary(rng: np.random.Generator, cfg: BiographyConfig):
+    """The synthesised value pools (prefix -> distinct strings) and the tokenizer over them."""
+    taken: set[str] = set(_MONTHS)
+    pools = {
+        "first": _pseudo_words(rng, cfg.n_first_names, taken, (1, 2)),
+        "last": _pseudo_words(rng, cfg.n_surnames, taken, (2, 3)),
+        "city": _pseudo_words(rng, cfg.n_cities, taken, (2, 3)),
+    }
+    pools["uni"] = [
+        f"{w} {_UNI_SUFFIX[rng.integers(len(_UNI_SUFFIX))]}"
+        for w in _pseudo_words(rng, cfg.n_universities, taken)
+    ]
+    pools["major"] = [
+        w + _MAJOR_SUFFIX[rng.integers(len(_MAJOR_SUFFIX))].lower()
+        for w in _pseudo_words(rng, cfg.n_majors, taken, (1, 2))
+    ]
+    pools["employer"] = [
+        f"{w} {_EMPLOYER_SUFFIX[rng.integers(len(_EMPLOYER_SUFFIX))]}"
+        for w in _pseudo_words(rng, cfg.n_employers, taken)
+    ]
+    template_words = sorted(
+        {w for t in QUESTION_TEMPLATES for w in _words(t)}
+        | {w for v in _SENTENCES.values() for t in v for w in _words(t)}
+        | {"Answer:"}
+    )
+    keys = [PAD, BOS, EOS, *(f"w:{w}" for w in template_words)]
+    keys += [f"month:{x}" for x in _MONTHS] + [f"day:{d}" for d in range(1, 32)]
+    keys += [f"year:{y}" for y in _YEARS]
+    keys += [f"{prefix}:{x}" for prefix, pool in pools.items() for x in pool]
+    return pools, BiographyTokenizer(keys)
+
+
+def _individuals(rng: np.random.Generator, cfg: BiographyConfig, pools, ix) -> dict:
+    """Attribute token ids of the 2^m individuals (see :class:`BiographyData`)."""
+    n = 2**cfg.m
+    pair = rng.choice(cfg.n_first_names * cfg.n_surnames, size=n, replace=False)
+    name = [
+        [ix[f"first:{pools['first'][f]}"], ix[f"last:{pools['last'][s]}"]]
+        for f, s in zip(*np.divmod(pair, cfg.n_surnames), strict=True)
+    ]
+    year = rng.integers(0, len(_YEARS), n)
+    month = rng.integers(1, 13, n)
+    day = [
+        1 + rng.integers(calendar.monthrange(_YEARS[y], mo)[1])
+        for y, mo in zip(year, month, strict=True)
+    ]
+    birth_date = [
+        [ix[f"month:{_MONTHS[mo - 1]}"], ix[f"day:{d}"], ix[f"year:{_YEARS[y]}"]]
+        for mo, d, y in zip(month, day, year, strict=True)
+    ]
+
+    def pick(prefix):
+        pool = pools[prefix]
+        return [ix[f"{prefix}:{pool[i]}"] for i in rng.integers(0, len(pool), n)]
+
+    attrs = {"name": name, "birth_date": birth_date, "birth_city": pick("city")}
+    attrs |= {"university": pick("uni"), "major": pick("major"), "employer": pick("employer")}
+    attrs["work_city"] = pick("city")
+    return {a: np.asarray(v, dtype=np.int32) for a, v in attrs.items()}
+
+
+class _Writer:
+    """Token ids of the sentences and QA pairs about one individual."""
+
+    def __init__(self, tok: BiographyTokenizer, attrs: dict):
+        self.tok, self.attrs = tok, attrs
+
+    def value(self, attribute: str, p: int) -> list[int]:
+        return [int(x) for x in np.atleast_1d(self.attrs[attribute][p])]
+
+    def fill(self, template: str, p: int, value: list[int]) -> list[int]:
+        slots = {"{name}": self.value("name", p), "{v}": value}
+        words = template.split()
+        return [i for w in words for i in (slots[w] if w in slots else [self.tok.index[f"w:{w}"]])]
+
+    def biography(self, rng: np.random.Generator, p: int) -> list[int]:
+        """One paraphrase: the six attribute sentences, order and variants drawn from rng."""
+        out: list[int] = []
+        for a in [_ASKED[i] for i in rng.permutation(len(_ASKED))]:
+            variants = _SENTENCES[a]
+            out += self.fill(variants[rng.integers(len(variants))], p, self.value(a, p))
+        return out
+
+    def qa_pair(self, p: int, t: int) -> tuple[list[int], list[int]]:
+        """(question tokens ending in 'Answer:', answer tokens ending in <eos>)."""
+        q = self.fill(QUESTION_TEMPLATES[t], p, []) + [self.tok.index["w:Answer:"]]
+        return q, self.value(_ASKED[t], p) + [self.tok.eos_id]
+
+
+def _pad(rows: list[list[int]], value: int, dtype) -> np.ndarray:
+    """Ragged rows right-padded with ``value`` to one ``[len(rows), longest]`` array."""
+    out = np.full((len(rows), max(map(len, rows))), value, dtype=dtype)
+    for i, r in enumerate(rows):
+        out[i, : len(r)] = r
+    return out
 
 
 def make_biographies(cfg: BiographyConfig | None = None) -> BiographyData:
@@ -385,189 +420,52 @@ def make_biographies(cfg: BiographyConfig | None = None) -> BiographyData:
         raise ValueError(f"cfg must be a BiographyConfig, got {type(cfg).__name__}")
     cfg.validate()
     rng = np.random.default_rng([cfg.seed, 0xB10])
-    m = cfg.m
-    n_people = 2**m
+    pools, tok = _vocabulary(rng, cfg)
+    attrs = _individuals(rng, cfg, pools, tok.index)
+    group = np.repeat(np.arange(cfg.m + 1), group_sizes(cfg.m)).astype(np.int32)
+    reps = group_repetitions(cfg.m)[group]
+    write = _Writer(tok, attrs)
+    people = range(2**cfg.m)
+    bios = [[write.biography(rng, p) for _ in range(cfg.n_paraphrases)] for p in people]
 
-    # --- vocabularies (all strings distinct)
-    taken: set[str] = set(_MONTHS)
-    first = _pseudo_words(rng, cfg.n_first_names, taken, (1, 2))
-    last = _pseudo_words(rng, cfg.n_surnames, taken, (2, 3))
-    cities = _pseudo_words(rng, cfg.n_cities, taken, (2, 3))
-    unis = [
-        f"{w} {_UNI_SUFFIX[rng.integers(len(_UNI_SUFFIX))]}"
-        for w in _pseudo_words(rng, cfg.n_universities, taken)
-    ]
-    majors = [
-        w + _MAJOR_SUFFIX[rng.integers(len(_MAJOR_SUFFIX))].lower()
-        for w in _pseudo_words(rng, cfg.n_majors, taken, (1, 2))
-    ]
-    employers = [
-        f"{w} {_EMPLOYER_SUFFIX[rng.integers(len(_EMPLOYER_SUFFIX))]}"
-        for w in _pseudo_words(rng, cfg.n_employers, taken)
-    ]
-    template_words = sorted(
-        {w for t in QUESTION_TEMPLATES for w in _words(t)}
-        | {w for v in _SENTENCES.values() for t in v for w in _words(t)}
-        | {"Answer:"}
-    )
-    keys = [PAD, BOS, EOS]
-    keys += [f"w:{w}" for w in template_words]
-    keys += [f"month:{x}" for x in _MONTHS]
-    keys += [f"day:{d}" for d in range(1, 32)]
-    keys += [f"year:{y}" for y in _YEARS]
-    keys += [f"first:{x}" for x in first] + [f"last:{x}" for x in last]
-    keys += [f"city:{x}" for x in cities] + [f"uni:{x}" for x in unis]
-    keys += [f"major:{x}" for x in majors] + [f"employer:{x}" for x in employers]
-    tok = BiographyTokenizer(keys)
-    ix = tok.index
-
-    # --- individuals, ordered by group
-    group = np.repeat(np.arange(m + 1), group_sizes(m)).astype(np.int32)
-    reps = group_repetitions(m)[group]
-    pair = rng.choice(cfg.n_first_names * cfg.n_surnames, size=n_people, replace=False)
-    name = np.stack(
-        [
-            np.array([ix[f"first:{first[p // cfg.n_surnames]}"] for p in pair]),
-            np.array([ix[f"last:{last[p % cfg.n_surnames]}"] for p in pair]),
-        ],
-        axis=1,
-    ).astype(np.int32)
-    year = rng.integers(0, len(_YEARS), n_people)
-    month = rng.integers(1, 13, n_people)
-    day = np.array(
-        [
-            1 + rng.integers(calendar.monthrange(_YEARS[y], mo)[1])
-            for y, mo in zip(year, month, strict=True)
-        ]
-    )
-    birth_date = np.stack(
-        [
-            np.array([ix[f"month:{_MONTHS[mo - 1]}"] for mo in month]),
-            np.array([ix[f"day:{d}"] for d in day]),
-            np.array([ix[f"year:{_YEARS[y]}"] for y in year]),
-        ],
-        axis=1,
-    ).astype(np.int32)
-
-    def pick(pool, prefix):
-        return np.array([ix[f"{prefix}:{pool[i]}"] for i in rng.integers(0, len(pool), n_people)])
-
-    attrs = {
-        "name": name,
-        "birth_date": birth_date,
-        "birth_city": pick(cities, "city").astype(np.int32),
-        "university": pick(unis, "uni").astype(np.int32),
-        "major": pick(majors, "major").astype(np.int32),
-        "employer": pick(employers, "employer").astype(np.int32),
-        "work_city": pick(cities, "city").astype(np.int32),
-    }
-
-    def value_ids(a: str, p: int) -> list[int]:
-        v = attrs[a][p]
-        return [int(x) for x in np.atleast_1d(v)]
-
-    def fill(template: str, p: int, v_ids: list[int] | None) -> list[int]:
-        out: list[int] = []
-        for w in template.split():
-            if w == "{name}":
-                out += [int(x) for x in name[p]]
-            elif w == "{v}":
-                out += v_ids
-            else:
-                out.append(ix[f"w:{w}"])
-        return out
-
-    answer_word = ix["w:Answer:"]
-
-    def qa_pair(p: int, t: int) -> tuple[list[int], list[int]]:
-        """(question tokens ending in 'Answer:', answer tokens ending in <eos>)."""
-        q = fill(QUESTION_TEMPLATES[t], p, None) + [answer_word]
-        return q, value_ids(_ASKED[t], p) + [tok.eos_id]
-
-    # --- paraphrased biographies: n_paraphrases per individual
-    bios: list[list[list[int]]] = []
-    for p in range(n_people):
-        mine = []
-        for _ in range(cfg.n_paraphrases):
-            order = rng.permutation(len(_ASKED))
-            sent: list[int] = []
-            for a_i in order:
-                a = _ASKED[a_i]
-                variants = _SENTENCES[a]
-                sent += fill(variants[rng.integers(len(variants))], p, value_ids(a, p))
-            mine.append(sent)
-        bios.append(mine)
-
-    # --- training rows: one bio row and one QA row per selection
-    rows: list[list[int]] = []
-    masks: list[list[int]] = []
-    kinds: list[int] = []
-    persons: list[int] = []
-    for p in range(n_people):
+    # training rows, one bio row and one QA row per selection: (tokens, mask, kind, person)
+    rows: list[tuple[list[int], list[int], int, int]] = []
+    for p in people:
         for s in range(int(reps[p])):
             if cfg.biographies:
                 body = bios[p][s % cfg.n_paraphrases] + [tok.eos_id]
-                rows.append([tok.bos_id] + body)
-                masks.append([0] + [1] * len(body))
-                kinds.append(0)
-                persons.append(p)
+                rows.append(([tok.bos_id] + body, [0] + [1] * len(body), 0, p))
             if cfg.qa:
                 row, mask = [tok.bos_id], [0]
                 for t in rng.permutation(len(QUESTION_TEMPLATES)):
-                    q, a = qa_pair(p, int(t))
+                    q, a = write.qa_pair(p, int(t))
                     row += q + a
                     mask += [0] * len(q) + [1] * len(a)
-                rows.append(row)
-                masks.append(mask)
-                kinds.append(1)
-                persons.append(p)
-    T = max(len(r) for r in rows)
-    N = len(rows)
-    train_tokens = np.full((N, T), tok.pad_id, dtype=np.int32)
-    train_mask = np.zeros((N, T), dtype=np.float32)
-    for i, (r, mk) in enumerate(zip(rows, masks, strict=True)):
-        train_tokens[i, : len(r)] = r
-        train_mask[i, : len(mk)] = mk
-    perm = rng.permutation(N)
-    train_tokens, train_mask = train_tokens[perm], train_mask[perm]
-    train_kind = np.asarray(kinds, dtype=np.int8)[perm]
-    train_person = np.asarray(persons, dtype=np.int32)[perm]
+                rows.append((row, mask, 1, p))
+    tokens, masks, kinds, persons = zip(*rows, strict=True)
+    perm = rng.permutation(len(rows))
 
-    # --- evaluation: all individuals x all templates
-    prompts, answers, e_group, e_tmpl, e_person = [], [], [], [], []
-    for p in range(n_people):
-        for t in range(len(QUESTION_TEMPLATES)):
-            q, a = qa_pair(p, t)
-            prompts.append([tok.bos_id] + q)
-            answers.append(a)
-            e_group.append(group[p])
-            e_tmpl.append(t)
-            e_person.append(p)
-    P = max(map(len, prompts))
-    A = max(map(len, answers))
-    ptok = np.full((len(prompts), P), tok.pad_id, dtype=np.int32)
-    atok = np.full((len(prompts), A), tok.pad_id, dtype=np.int32)
-    for i, (q, a) in enumerate(zip(prompts, answers, strict=True)):
-        ptok[i, : len(q)] = q
-        atok[i, : len(a)] = a
-    ev = EvalSet(
-        prompts=ptok,
-        prompt_len=np.array([len(q) for q in prompts], dtype=np.int32),
-        answer_first=atok[:, 0].copy(),
-        answers=atok,
-        group=np.asarray(e_group, dtype=np.int32),
-        template=np.asarray(e_tmpl, dtype=np.int32),
-        person=np.asarray(e_person, dtype=np.int32),
-    )
+    # evaluation: all individuals x all templates
+    items = np.array([(p, t) for p in people for t in range(len(QUESTION_TEMPLATES))], np.int32)
+    pairs = [write.qa_pair(int(p), int(t)) for p, t in items]
+    prompts = [[tok.bos_id] + q for q, _ in pairs]
+    answers = _pad([a for _, a in pairs], tok.pad_id, np.int32)
     return BiographyData(
         config=cfg,
         tokenizer=tok,
-        train_tokens=train_tokens,
-        train_mask=train_mask,
-        train_kind=train_kind,
-        train_person=train_person,
-        eval=ev,
+        train_tokens=_pad(tokens, tok.pad_id, np.int32)[perm],
+        train_mask=_pad(masks, 0, np.float32)[perm],
+        train_kind=np.asarray(kinds, dtype=np.int8)[perm],
+        train_person=np.asarray(persons, dtype=np.int32)[perm],
+        eval=EvalSet(
+            prompts=_pad(prompts, tok.pad_id, np.int32),
+            prompt_len=np.array([len(q) for q in prompts], dtype=np.int32),
+            answer_first=answers[:, 0].copy(),
+            answers=answers,
+            group=group[items[:, 0]],
+            template=items[:, 1].copy(),
+            person=items[:, 0].copy(),
+        ),
         group=group,
-        repetitions=reps,
         attributes=attrs,
     )

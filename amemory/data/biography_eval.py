@@ -1,20 +1,19 @@
 """First-token accuracy (FTA) of a language model on the biography QA (paper A, A.3).
 
 Source: Wang et al. 2025, "Muon Outperforms Adam in Tail-End Associative Memory
-Learning" (arXiv 2509.26030), heavy-tailed knowledge QA. The evaluation items are
-the :class:`amemory.data.biographies.EvalSet` of :func:`amemory.data.biographies.make_biographies`;
-an item is correct when the model's argmax after ``<bos> question ? Answer:`` equals
-the first answer token, and FTA is reported per frequency group g.
-:mod:`amemory.data.biographies` re-exports both functions.
+Learning" (arXiv 2509.26030), heavy-tailed knowledge QA, on the
+:class:`amemory.data.biographies.EvalSet`; :mod:`amemory.data.biographies` re-exports both
+functions.
 """
 
 from __future__ import annotations
 
-import numbers
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import numpy as np
+
+from amemory.data.frequencies import _check_int
 
 if TYPE_CHECKING:
     from amemory.data.biographies import EvalSet
@@ -44,10 +43,7 @@ def first_token_predictions(
     Raises:
       ValueError: naming ``batch_size``, ``seq_len`` or the logits shape when invalid.
     """
-    if isinstance(batch_size, bool) or not isinstance(batch_size, numbers.Integral):
-        raise ValueError(f"batch_size must be an integer >= 1, got {batch_size!r}")
-    if batch_size < 1:
-        raise ValueError(f"batch_size must be an integer >= 1, got {batch_size!r}")
+    _check_int("batch_size", batch_size, 1)
     Q, P = eval_set.prompts.shape
     L = P if seq_len is None else int(seq_len)
     if L < P:
@@ -57,9 +53,7 @@ def first_token_predictions(
     preds = np.empty(Q, dtype=np.int64)
     for start in range(0, Q, batch_size):
         idx = np.arange(start, min(start + batch_size, Q))
-        batch = np.zeros((batch_size, L), dtype=np.int32)
-        batch[:] = tokens[idx[0]]
-        batch[: idx.size] = tokens[idx]
+        batch = tokens[np.r_[idx, np.full(batch_size - idx.size, idx[0])]]  # [batch_size, L]
         logits = np.asarray(logits_fn(batch))
         if logits.ndim != 3 or logits.shape[:2] != (batch_size, L):
             raise ValueError(
@@ -75,9 +69,8 @@ def first_token_accuracy(
 ) -> dict[int, float]:
     """First-token accuracy (FTA) per group g (paper A, heavy-tailed knowledge QA).
 
-    FTA of an item = 1 if the argmax prediction after the prompt equals the first
-    answer token. The group's FTA is the mean over its individuals and all 6
-    question templates.
+    An item scores 1 when the argmax after ``<bos> question ? Answer:`` is the first
+    answer token; a group's FTA is the mean over its individuals and the 6 templates.
 
     Args:
       model: either a callable ``logits_fn(tokens [B, L]) -> [B, L, V]`` (see

@@ -28,33 +28,20 @@ def build_parser() -> argparse.ArgumentParser:
     p = _Parser(prog="amemory data", description="Prepare corpora and print their statistics.")
     sub = p.add_subparsers(dest="cmd", metavar="COMMAND", parser_class=_Parser)
 
-    def common(sp):
+    prep = sub.add_parser("prepare", help="fetch, clean, tokenize and cache a corpus")
+    st = sub.add_parser("stats", help="token counts, vocabulary, Zipf exponent, bucket table")
+    for sp in (prep, st):
         sp.add_argument(
             "corpus", nargs="+", help='"shakespeare", text paths/dirs/globs, .bin files'
         )
         sp.add_argument("--tokenizer", default="bpe", choices=["bpe", "word"])
         sp.add_argument("--vocab-size", type=int, default=None, help="default 8192 (text)")
         sp.add_argument("--val-fraction", type=float, default=0.1)
-
-    prep = sub.add_parser("prepare", help="fetch, clean, tokenize and cache a corpus")
-    common(prep)
-    st = sub.add_parser("stats", help="token counts, vocabulary, Zipf exponent, bucket table")
-    common(st)
     st.add_argument("--buckets", type=int, default=6, help="number of frequency-rank bands")
     st.add_argument("--m", type=int, default=8, help="biographies only: number of groups m")
     st.add_argument("--seed", type=int, default=0, help="biographies only: seed")
     st.add_argument("--json", action="store_true", help="print the statistics as JSON")
     return p
-
-
-def _prepare(args):
-    from amemory.data import corpus as C
-
-    spec = args.corpus[0] if len(args.corpus) == 1 else args.corpus
-    vocab = args.vocab_size
-    return C.prepare_corpus(
-        spec, tokenizer=args.tokenizer, vocab_size=vocab, val_fraction=args.val_fraction
-    )
 
 
 def _print_table(stats: dict) -> None:
@@ -72,10 +59,10 @@ def _print_table(stats: dict) -> None:
 
 
 def _biography_stats(args) -> int:
-    from amemory.data import biographies as B
+    from amemory.data import biographies
 
-    d = B.make_biographies(B.BiographyConfig(m=args.m, seed=args.seed))
-    sizes, reps = B.group_sizes(args.m), B.group_repetitions(args.m)
+    d = biographies.make_biographies(biographies.BiographyConfig(m=args.m, seed=args.seed))
+    sizes, reps = biographies.group_sizes(args.m), biographies.group_repetitions(args.m)
     tokens = int(np.count_nonzero(d.train_tokens != d.pad_id))
     stats = {
         "name": "biographies",
@@ -110,28 +97,31 @@ def main(argv: list[str] | None = None) -> int:
     if args.cmd is None:
         parser.print_help()
         return 0
-    from amemory.data import corpus as C
+    from amemory.data import corpus
 
     try:
         if args.cmd == "stats" and args.corpus == ["biographies"]:
             return _biography_stats(args)
-        data = _prepare(args)
+        spec = args.corpus[0] if len(args.corpus) == 1 else args.corpus
+        data = corpus.prepare_corpus(
+            spec,
+            tokenizer=args.tokenizer,
+            vocab_size=args.vocab_size,
+            val_fraction=args.val_fraction,
+        )
         if args.cmd == "prepare":
             print(
                 f"prepared {data.name}: {len(data.train_tokens):,} train / "
                 f"{len(data.val_tokens):,} val tokens, vocabulary {data.vocab_size} "
-                f"({data.tokenizer_kind}); cache {C.data_dir()}"
+                f"({data.tokenizer_kind}); cache {corpus.data_dir()}"
             )
             return 0
-        stats = C.corpus_stats(data, n_buckets=args.buckets)
+        stats = corpus.corpus_stats(data, n_buckets=args.buckets)
         if args.json:
             print(json.dumps(stats, indent=1))
         else:
             _print_table(stats)
         return 0
-    except C.CorpusUnavailableError as e:
+    except (corpus.CorpusUnavailableError, ValueError) as e:
         sys.stderr.write(f"amemory data: error: {e}\n")
-        return 1
-    except ValueError as e:
-        sys.stderr.write(f"amemory data: error: {e}\n")
-        return 2
+        return 1 if isinstance(e, corpus.CorpusUnavailableError) else 2

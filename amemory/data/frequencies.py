@@ -90,9 +90,8 @@ def two_level(K: int, alpha: float, beta: float) -> np.ndarray:
     Raises:
       ValueError: naming ``K``, ``alpha`` or ``beta`` when out of range.
     """
-    K = _check_int("K", K, 2)
     alpha = _check_real("alpha", alpha, 0.0, 1.0, True, True)
-    L = two_level_split(K, beta)
+    L = two_level_split(K, beta)  # validates K and beta
     p = np.empty(K, dtype=np.float64)
     p[:L] = alpha / L
     p[L:] = (1.0 - alpha) / (K - L)

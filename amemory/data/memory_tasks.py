@@ -16,11 +16,12 @@ Sources: Li et al. 2026 (arXiv 2602.05725), label-noise model; Wang et al.
 from __future__ import annotations
 
 import math
-import numbers
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+
+from amemory.data.frequencies import _check_int, _check_real
 
 __all__ = [
     "sample_pairs",
@@ -28,24 +29,11 @@ __all__ = [
     "conditional",
     "joint",
     "optimal_loss",
-    "mismatch_rate",
-    "empirical_joint",
 ]
 
 
 def _check_noise(noise) -> float:
-    if isinstance(noise, bool) or not isinstance(noise, numbers.Real):
-        raise ValueError(f"noise must be a real number in [0, 1), got {noise!r}")
-    v = float(noise)
-    if not (math.isfinite(v) and 0.0 <= v < 1.0):
-        raise ValueError(f"noise must lie in [0, 1), got {noise!r}")
-    return v
-
-
-def _check_K(K) -> int:
-    if isinstance(K, bool) or not isinstance(K, numbers.Integral) or K < 1:
-        raise ValueError(f"K must be an integer >= 1, got {K!r}")
-    return int(K)
+    return _check_real("noise", noise, 0.0, 1.0, False, True)
 
 
 def _check_prior(prior) -> np.ndarray:
@@ -72,7 +60,7 @@ def conditional(K: int, noise: float = 0.0) -> np.ndarray:
     Raises:
       ValueError: naming ``K`` or ``noise`` when out of range.
     """
-    K = _check_K(K)
+    K = _check_int("K", K, 1)
     a = _check_noise(noise)
     return (1.0 - a) * np.eye(K) + a / K
 
@@ -123,16 +111,6 @@ def optimal_loss(prior, noise: float = 0.0) -> float:
     return float(h * p.sum())
 
 
-def mismatch_rate(K: int, noise: float) -> float:
-    """Probability that a sampled answer differs from its query: noise (K - 1) / K.
-
-    Raises:
-      ValueError: naming ``K`` or ``noise`` when out of range.
-    """
-    K = _check_K(K)
-    return _check_noise(noise) * (K - 1) / K
-
-
 def sample_pairs(
     key: jax.Array, prior, batch_size: int, noise: float = 0.0
 ) -> tuple[jax.Array, jax.Array]:
@@ -157,20 +135,16 @@ def sample_pairs(
       ValueError: naming ``prior``, ``batch_size`` or ``noise`` when invalid.
     """
     p = _check_prior(prior)
-    if isinstance(batch_size, bool) or not isinstance(batch_size, numbers.Integral):
-        raise ValueError(f"batch_size must be an integer >= 1, got {batch_size!r}")
-    if batch_size < 1:
-        raise ValueError(f"batch_size must be an integer >= 1, got {batch_size!r}")
+    B = _check_int("batch_size", batch_size, 1)
     a = _check_noise(noise)
-    K = p.size
     kq, kflip, kuni = jax.random.split(key, 3)
     with np.errstate(divide="ignore"):
         logp = jnp.asarray(np.log(p), dtype=jnp.float32)
-    queries = jax.random.categorical(kq, logp, shape=(int(batch_size),)).astype(jnp.int32)
+    queries = jax.random.categorical(kq, logp, shape=(B,)).astype(jnp.int32)
     if a == 0.0:
         return queries, queries
-    flip = jax.random.bernoulli(kflip, a, shape=(int(batch_size),))
-    uniform = jax.random.randint(kuni, (int(batch_size),), 0, K, dtype=jnp.int32)
+    flip = jax.random.bernoulli(kflip, a, shape=(B,))
+    uniform = jax.random.randint(kuni, (B,), 0, p.size, dtype=jnp.int32)
     answers = jnp.where(flip, uniform, queries).astype(jnp.int32)
     return queries, answers
 
@@ -193,31 +167,3 @@ def make_sampler(prior, batch_size: int, noise: float = 0.0):
         return sample_pairs(key, p, batch_size, noise)
 
     return sample
-
-
-def empirical_joint(queries, answers, K: int) -> np.ndarray:
-    """Normalised histogram of sampled pairs, the Monte-Carlo estimate of :func:`joint`.
-
-    Args:
-      queries: [B] ints in [0, K).
-      answers: [B] ints in [0, K).
-      K: number of classes.
-
-    Returns:
-      float64 array [K, K] summing to 1.
-
-    Raises:
-      ValueError: naming ``K``, ``queries`` or ``answers`` when shapes or values are invalid.
-    """
-    K = _check_K(K)
-    q = np.asarray(queries).astype(np.int64).ravel()
-    a = np.asarray(answers).astype(np.int64).ravel()
-    if q.shape != a.shape or q.size == 0:
-        raise ValueError(
-            f"queries and answers must be non-empty and equal length, got {q.shape}, {a.shape}"
-        )
-    for name, x in (("queries", q), ("answers", a)):
-        if x.min() < 0 or x.max() >= K:
-            raise ValueError(f"{name} must lie in [0, {K}), got range [{x.min()}, {x.max()}]")
-    counts = np.bincount(q * K + a, minlength=K * K).astype(np.float64)
-    return (counts / counts.sum()).reshape(K, K)

@@ -61,10 +61,7 @@ def frequency_buckets(counts, n_buckets: int = 6) -> tuple[np.ndarray, list[str]
         edges[-1] = S
         rank_bucket = np.searchsorted(np.asarray(edges), np.arange(1, S + 1), side="left")
         ids[order[:S]] = rank_bucket.astype(np.int32)
-        lo = 1
-        for e in edges:
-            labels.append(f"ranks {lo}-{e}")
-            lo = e + 1
+        labels = [f"ranks {lo + 1}-{e}" for lo, e in zip([0, *edges], edges, strict=False)]
     if S < V:
         ids[order[S:]] = len(labels)
         labels.append("unseen")

@@ -9,41 +9,10 @@
 - :mod:`amemory.models.attention`: multi-head (MHA) and multi-head latent attention
   (MLA, DeepSeek-V2); :mod:`amemory.models.moe`: the MLP and a mixture of experts;
   :mod:`amemory.models.decode`: KV-cache decoding and sampling; :mod:`amemory.models.roles`:
-  parameter roles from paths.
+  parameter roles from paths (``role_of``).
 """
 
-from amemory.models import attention, decode, memory, moe, transformer
-from amemory.models.transformer import (
-    ROLES,
-    Transformer,
-    TransformerConfig,
-    apply,
-    ffn_matrices,
-    hidden_matrices,
-    init,
-    init_params,
-    param_roles,
-    preset,
-    role_of,
-    vo_maps,
-)
+from amemory.models import attention, decode, memory, moe, roles, transformer
+from amemory.models.roles import role_of
 
-__all__ = [
-    "ROLES",
-    "Transformer",
-    "TransformerConfig",
-    "apply",
-    "attention",
-    "decode",
-    "ffn_matrices",
-    "hidden_matrices",
-    "init",
-    "init_params",
-    "memory",
-    "moe",
-    "param_roles",
-    "preset",
-    "role_of",
-    "transformer",
-    "vo_maps",
-]
+__all__ = ["attention", "decode", "memory", "moe", "role_of", "roles", "transformer"]

@@ -9,7 +9,8 @@ prediction is ``f_W(E_k) = softmax(Ẽᵀ W E_k)`` over the K answers.
 Everything here is a pure ``jax.numpy`` function: it keeps the dtype of its inputs (so it
 runs in float64 when ``jax_enable_x64`` is on), works under ``jax.jit``, ``jax.grad`` and
 ``jax.vmap``, and validates static shapes before any tracing (a ``ValueError`` names the
-argument). The builders return ``(E, Et)`` with ``Et`` standing for Ẽ.
+argument). The builders return ``(E, Et)`` with ``Et`` standing for Ẽ, in ``dtype``
+(default: float64 under x64, else float32).
 
 Index convention used throughout:
 
@@ -47,7 +48,6 @@ __all__ = [
     "decoupled",
     "gaussian",
     "logits",
-    "mutual_coherence",
     "per_class_loss",
     "population_loss",
     "probabilities",
@@ -57,8 +57,7 @@ __all__ = [
     "zyz_rotation",
 ]
 
-# Paper A (Appendix, SignGD counter-example): Ẽ = I ⊗ R(3.638, 2.949, 5.218),
-# E = I ⊗ R(1.715, 0.876, 3.098).
+# Paper A (Appendix, SignGD counter-example): Ẽ = I ⊗ R(value angles), E = I ⊗ R(key angles).
 COUPLED_VALUE_ANGLES = (3.638, 2.949, 5.218)
 COUPLED_KEY_ANGLES = (1.715, 0.876, 3.098)
 
@@ -68,26 +67,13 @@ COUPLED_KEY_ANGLES = (1.715, 0.876, 3.098)
 
 def _check_shapes(W: Any, E: Any, Et: Any) -> int:
     """Validates W [d_out, d_in], E [d_in, K], Et [d_out, K]; returns K."""
-    for name, a in (("W", W), ("E", E), ("Et", Et)):
-        if jnp.ndim(a) != 2:
-            raise ValueError(f"{name} must be 2-D, got shape {jnp.shape(a)}")
-    d_out, d_in = jnp.shape(W)
-    if jnp.shape(E)[0] != d_in:
+    w, e, et = (jnp.shape(a) for a in (W, E, Et))
+    if len(w) != 2 or len(e) != 2 or len(et) != 2 or (e[0], et[0], e[1]) != (w[1], w[0], et[1]):
         raise ValueError(
-            f"E must be [d_in={d_in}, K] to match W [d_out, d_in]={jnp.shape(W)}, "
-            f"got E shape {jnp.shape(E)}"
+            f"E must be [d_in, K] and Et [d_out, K] to match W [d_out, d_in]; got W {w}, "
+            f"E {e}, Et {et}"
         )
-    if jnp.shape(Et)[0] != d_out:
-        raise ValueError(
-            f"Et must be [d_out={d_out}, K] to match W [d_out, d_in]={jnp.shape(W)}, "
-            f"got Et shape {jnp.shape(Et)}"
-        )
-    if jnp.shape(E)[1] != jnp.shape(Et)[1]:
-        raise ValueError(
-            f"E [d_in, K] and Et [d_out, K] must have the same K, got {jnp.shape(E)} "
-            f"and {jnp.shape(Et)}"
-        )
-    return int(jnp.shape(E)[1])
+    return int(e[1])
 
 
 def _check_noise(noise: Any) -> None:
@@ -103,9 +89,7 @@ def _check_int(name: str, value: Any, minimum: int) -> int:
 
 def _float_dtype(dtype: Any) -> Any:
     """The requested dtype, or the default float (float64 under x64, else float32)."""
-    if dtype is None:
-        return jnp.zeros(()).dtype  # canonical default float dtype
-    return jnp.dtype(dtype)
+    return jnp.zeros(()).dtype if dtype is None else jnp.dtype(dtype)
 
 
 # ----------------------------------------------------------------------------- model
@@ -139,7 +123,6 @@ def logits(W: jax.Array, E: jax.Array, Et: jax.Array) -> jax.Array:
 
     Returns:
       ``[K, K]``: row k holds ``Ẽᵀ W E_k``, the K logits of query k (paper A, A.1).
-      Equals ``task_space(W, E, Et).T``.
 
     Raises:
       ValueError: if the shapes do not fit together.
@@ -259,13 +242,8 @@ def sampled_loss(
 
 
 def zyz_rotation(a: float, b: float, c: float) -> np.ndarray:
-    """The ZYZ Euler rotation R(a, b, c) = R_z(a) R_y(b) R_z(c) of paper A, float64 ``[3, 3]``.
-
-    Rows (Wang et al., arXiv 2509.26030, coupled embeddings; docs/science.md):
-    ``[ca cb cc - sa sc, -ca cb sc - sa cc, ca sb]``,
-    ``[sa cb cc + ca sc, -sa cb sc + ca cc, sa sb]``,
-    ``[-sb cc, sb sc, cb]``.
-    """
+    """The ZYZ Euler rotation R(a, b, c) = R_z(a) R_y(b) R_z(c) of paper A, float64 ``[3, 3]``
+    (Wang et al., arXiv 2509.26030, coupled embeddings; docs/science.md)."""
     ca, sa, cb, sb, cc, sc = (math.cos(a), math.sin(a), math.cos(b), math.sin(b),
                               math.cos(c), math.sin(c))  # fmt: skip
     return np.array(
@@ -282,7 +260,6 @@ def decoupled(K: int, *, dtype: Any = None) -> tuple[jax.Array, jax.Array]:
 
     Args:
       K: number of classes (>= 1).
-      dtype: float dtype; default float64 under x64, else float32.
 
     Returns:
       ``(E, Et)``, both ``[K, K]`` identity matrices.
@@ -304,7 +281,6 @@ def coupled_rotation(K: int, *, dtype: Any = None) -> tuple[jax.Array, jax.Array
 
     Args:
       K: number of classes; must be a positive multiple of 3.
-      dtype: float dtype; default float64 under x64, else float32.
 
     Returns:
       ``(E, Et)``, both ``[K, K]``.
@@ -338,7 +314,6 @@ def random_orthonormal(
       K: number of classes (>= 1).
       d: embedding dimension, ``d >= K`` (K orthonormal vectors need d >= K).
       key: ``jax.random`` key.
-      dtype: float dtype; default float64 under x64, else float32.
 
     Returns:
       ``(E, Et)``, each ``[d, K]`` with ``EᵀE = ẼᵀẼ = I_K``; E and Ẽ independent.
@@ -365,7 +340,6 @@ def gaussian(K: int, d: int, key: jax.Array, *, dtype: Any = None) -> tuple[jax.
       K: number of classes (>= 1).
       d: embedding dimension (>= 1).
       key: ``jax.random`` key.
-      dtype: float dtype; default float64 under x64, else float32.
 
     Returns:
       ``(E, Et)``, each ``[d, K]``, independent.
@@ -400,7 +374,6 @@ def coherent(
       d: embedding dimension, ``d >= K``.
       coherence: c, with ``-1/(K-1) < c < 1`` (G positive definite).
       key: ``jax.random`` key.
-      dtype: float dtype; default float64 under x64, else float32.
 
     Returns:
       ``(E, Et)``, each ``[d, K]``.
@@ -422,16 +395,3 @@ def coherent(
     root = s0 * jnp.eye(K, dtype=dt) + (s1 - s0) / K * jnp.ones((K, K), dtype=dt)
     k1, k2 = jax.random.split(key)
     return _orthonormal_columns(k1, d, K, dt) @ root, _orthonormal_columns(k2, d, K, dt)
-
-
-def mutual_coherence(E: jax.Array) -> jax.Array:
-    """Mutual coherence ``max_{i≠j} |E_iᵀE_j| / (|E_i| |E_j|)`` of the columns of E ``[d, K]``.
-
-    Raises:
-      ValueError: if E is not 2-D with at least 2 columns.
-    """
-    if jnp.ndim(E) != 2 or jnp.shape(E)[1] < 2:
-        raise ValueError(f"E must be [d, K] with K >= 2, got shape {jnp.shape(E)}")
-    n = E / jnp.linalg.norm(E, axis=0, keepdims=True)
-    g = jnp.abs(n.T @ n)
-    return jnp.max(g - jnp.diag(jnp.diagonal(g)))
