@@ -73,7 +73,115 @@ def run_config(cfg: ConfigDict, arch: str, optimizer: str, muon_roles: str = "hi
 def n_units(cfg: ConfigDict) -> int:
     """Progress units: the training runs, then the decoding measurements."""
     partial = len(cfg.partial) if "mla_moe" in cfg.architectures else 0
-    return len(cfg.architectures) * len(OPTIMIZERS) + partial + 1
+    frontier = sum(map(len, ARMS.values())) if cfg.frontier.seeds else 0
+    return len(cfg.architectures) * len(OPTIMIZERS) + partial + 1 + frontier
+
+
+# Frontier arms (docs/peers.md, "The 2026 frontier"): arm -> architectures it runs on.
+ARMS = {"muon": ("dense", "mla"), "per_head": ("dense", "mla"), "muon_wd": ("dense",),
+        "muonh": ("dense",), "qk_clip": ("dense",)}  # fmt: skip
+
+
+def frontier_config(cfg: ConfigDict, arch: str, arm: str, tau: float = 0.0) -> ConfigDict:
+    """The Muon run of ``arch`` on ``cfg.frontier.seeds`` with the arm's optimizer change."""
+    from amemory.models import transformer
+
+    c = common.seeded(run_config(cfg, arch, "muon"), cfg.frontier.seeds)
+    o, mc = c.optimizer, transformer.preset(c.model.preset)
+    if arm == "per_head":
+        o.per_head = True
+    elif arm == "muon_wd":
+        o.weight_decay = float(cfg.frontier.weight_decay)
+    elif arm == "muonh":  # the relative step Muon takes on a d x d matrix at initialisation
+        o.name = "muonh"
+        o.lr = cfg.lr.muon / (mc.init_std * math.sqrt(c.model.d_model or mc.d_model))
+    elif arm == "qk_clip":
+        o.qk_clip = float(tau)
+    return c
+
+
+def _peak_logit(run: dict[str, Any]) -> np.ndarray:
+    """``[steps, seeds]`` max over layers of the logged ``max_logit/<layer>``."""
+    train = [r for r in run["records"] if r.get("kind") == "train"]
+    layers = [k for k in train[-1] if k.startswith("max_logit/")]
+    return np.asarray([np.max([r[k] for k in layers], axis=0) for r in train], float)
+
+
+def frontier(cfg: ConfigDict, stage: common.Stage) -> tuple:
+    """Train the frontier arms; ``(metrics, claims (a)-(d), figures)``."""
+    runs: dict[str, dict[str, Any]] = {}
+    tau = 0.0
+    for arm, archs in ARMS.items():
+        for arch in archs:
+            if arm == "qk_clip":  # set from the whole-matrix Muon run, so that the clip acts
+                peak = np.max(_peak_logit(runs["dense/muon"]), axis=0).mean()
+                tau = round(float(cfg.frontier.clip_fraction * peak), 3)
+            rc = frontier_config(cfg, arch, arm, tau)
+            label = f"arch-frontier-{arch}-{arm}-lr{rc.optimizer.lr:g}-tau{tau:g}"
+            runs[f"{arch}/{arm}"] = common.train_cached(rc, stage.cache_dir, label)
+            stage.progress(f"frontier {arch} {arm}")
+    last = f"loss/bucket_{int(cfg.base.data.n_buckets) - 1}"
+    cells = {k: {"val_loss": common.final_eval_seeds(r).tolist(),
+                 "head_loss": common.final_eval_seeds(r, "loss/bucket_0").tolist(),
+                 "tail_loss": common.final_eval_seeds(r, last).tolist(),
+                 "peak_max_logit": np.max(_peak_logit(r), axis=0).tolist(),
+                 "late_max_logit": float(np.max(_peak_logit(r)[1:]))}
+             for k, r in runs.items()}  # fmt: skip
+    every = int(cfg.base.log_every)
+    figure = plots.plot_curves(
+        {k: (every * np.arange(1, len(p) + 1), p) for k, p in
+         ((k, _peak_logit(r)) for k, r in runs.items())},
+        stage.out_dir / "figures" / "arch_max_logit.png", xlabel="step",
+        ylabel="max logit (layers, heads)",
+        title=f"max logits; QK-Clip tau = {tau:g}", hline=tau,
+    )  # fmt: skip
+    m = {"cells": cells, "tau": tau, "seeds": list(cfg.frontier.seeds)}
+    return m, frontier_claims(cfg, m), [stage.figure(figure)]
+
+
+def frontier_claims(cfg: ConfigDict, m: dict[str, Any]) -> list[common.Claim]:
+    """Claims (a)-(d) of the frontier arms, each a paired seed interval (three-way verdict).
+
+    ``m["cells"][<arch>/<arm>]`` holds per-seed ``val_loss`` and, for ``dense/qk_clip``,
+    ``late_max_logit`` (the largest logged max logit after the first train record).
+    """
+    final = {k: np.asarray(c["val_loss"], float) for k, c in m["cells"].items()}
+    margin, tau = float(cfg.frontier.margin), m["tau"]
+    gap = {k: final[f"mla/{k}"] - final[f"dense/{k}"] for k in ("muon", "per_head")}
+    late = m["cells"]["dense/qk_clip"]["late_max_logit"]
+    rows = [  # key, source, statement, paper value, paired difference, direction, threshold, test
+        ("arch/mla_gap_whole_muon", "GLM-5 (arXiv 2602.15763)",
+         "MLA loses to the dense (MHA) decoder under whole-matrix Muon", "MLA behind GQA",
+         gap["muon"], "greater", 0.0,
+         "val loss (MLA, Muon) - (dense, Muon) > 0, paired over seeds"),
+        ("arch/per_head_closes_mla_gap", "GLM-5 (arXiv 2602.15763), Muon Split",
+         "per-head Muon closes MLA's gap to the dense decoder", "gap closed",
+         gap["per_head"] - gap["muon"], "less", 0.0,
+         "MLA's gap under per-head Muon minus its gap under whole-matrix Muon < 0"),
+        ("arch/per_head_vs_whole", "Kimi K3 (arXiv 2607.24653), Sec. 2.5",
+         "per-head Muon is at least as good as whole-matrix Muon (dense MHA)", "at least as good",
+         final["dense/per_head"] - final["dense/muon"], "less", margin,
+         f"val loss (per-head) - (whole) < {margin:g} nats (non-inferiority margin)"),
+        ("arch/muonh_vs_muon_wd", "Hyperball (arXiv 2606.16899)",
+         "MuonH beats Muon with weight decay at equal steps", "20-30% token-equivalent",
+         final["dense/muonh"] - final["dense/muon_wd"], "less", 0.0,
+         "val loss (MuonH) - (Muon + WD) < 0 at the same steps"),
+        ("arch/qk_clip_no_cost", "Kimi K2 (arXiv 2507.20534), Sec. 2.1",
+         f"QK-Clip keeps max logits below tau ({tau:g} here) at no loss cost", "no loss cost",
+         final["dense/qk_clip"] - final["dense/muon"], "less", margin,
+         f"val loss (QK-Clip) - (Muon) < {margin:g} nats, and every logged max logit after "
+         "the first clipped step <= 1.05 tau"),
+    ]  # fmt: skip
+    claims = []
+    for key, paper, statement, paper_value, diff, direction, thr, test in rows:
+        iv, held = common.seed_verdict(diff, direction=direction, threshold=thr)
+        ours = common.describe(iv)
+        if key == "arch/qk_clip_no_cost":
+            held = None if held is None else held and late <= 1.05 * tau
+            ours += f"; largest max logit after the first record {common.fmt(late, 2)}"
+        claims.append(common.Claim(key, paper, statement, paper_value, ours, held, test,
+                                   common.interval_dict(iv, direction, thr)))  # fmt: skip
+    return claims
 
 
 def model_costs(mc: Any, params: Any, muon_roles: tuple[str, ...]) -> dict[str, float]:
@@ -229,6 +337,10 @@ def run(cfg: ConfigDict, stage: common.Stage) -> dict[str, Any]:
     figures = make_figures(cfg, metrics, out_dir)
     metrics["report_md"] = report_md(cfg, metrics)
     claims = make_claims(cfg, metrics)
+    if cfg.frontier.seeds:
+        metrics["frontier"], more, paths = frontier(cfg, stage)
+        claims, figures = claims + more, figures + paths
+        metrics["report_md"] += frontier_md(metrics["frontier"])
     return {"metrics": metrics, "figures": figures, "claims": claims, "notes": make_notes(cellm)}
 
 
@@ -333,6 +445,17 @@ def report_md(cfg: ConfigDict, m: dict[str, Any]) -> str:
         speeds = " | ".join(f"{d['tokens_per_s'][b]:.0f}" for b in bs)
         mems = " | ".join(_mib(d["memory"][n]["total"]) for n in ns)
         lines.append(f"| {arch} | {d['kv_bytes_per_token']:,} | {speeds} | {mems} |")
+    return "\n".join(lines)
+
+
+def frontier_md(m: dict[str, Any]) -> str:
+    """Markdown table of the frontier arms: seed means ± 95% half-widths."""
+    lines = ["", f"Frontier arms (seeds {m['seeds']}; QK-Clip tau = {m['tau']:g}):", "",
+             "| cell | val loss | head bucket | tail bucket | peak max logit |",
+             "|---|---|---|---|---|"]  # fmt: skip
+    for k, c in m["cells"].items():
+        vals = (c["val_loss"], c["head_loss"], c["tail_loss"], c["peak_max_logit"])
+        lines.append(f"| {k} | " + " | ".join(common.seed_mean(v) for v in vals) + " |")
     return "\n".join(lines)
 
 

@@ -98,3 +98,46 @@ def test_reproduce_runs_arch_at_tail_lm_lrs(tmp_path):
                         stage_runner=runner)  # fmt: skip
     assert seen["arch"]["lr.adam"] == 0.01 and seen["arch"]["lr.muon"] == 0.05
     assert "tail_lm" in seen["arch"]["lr_source"]
+
+
+def _frontier(mla_gap, per_head_gap, per_head_cost, muonh_gain, clip_cost, late):
+    """Hand-made per-seed final losses of the frontier arms (3 seeds, small noise)."""
+    noise = [0.0, 0.002, -0.002]
+    base = {"dense/muon": 4.0, "mla/muon": 4.0 + mla_gap, "dense/muon_wd": 4.0,
+            "dense/per_head": 4.0 + per_head_cost, "dense/muonh": 4.0 - muonh_gain,
+            "dense/qk_clip": 4.0 + clip_cost}  # fmt: skip
+    base["mla/per_head"] = base["dense/per_head"] + per_head_gap
+    cells = {k: {"val_loss": [v + e for e in noise]} for k, v in base.items()}
+    cells["dense/qk_clip"]["late_max_logit"] = late
+    return {"cells": cells, "tau": 5.0, "seeds": [1, 2, 3]}
+
+
+@pytest.mark.parametrize(
+    "values, verdicts",
+    [
+        ((0.1, 0.02, -0.05, 0.05, 0.0, 5.1), (True, True, True, True, True)),
+        ((-0.1, 0.2, 0.1, -0.05, 0.1, 5.1), (False, False, False, False, False)),
+        ((0.1, 0.02, -0.05, 0.05, 0.0, 9.0), (True, True, True, True, False)),  # logits above tau
+    ],
+)
+def test_frontier_verdicts_follow_the_stated_rules(values, verdicts):
+    cfg = common.experiments()["arch"].config("quick")
+    claims = arch.frontier_claims(cfg, _frontier(*values))
+    assert [c.key for c in claims] == [
+        "arch/mla_gap_whole_muon", "arch/per_head_closes_mla_gap", "arch/per_head_vs_whole",
+        "arch/muonh_vs_muon_wd", "arch/qk_clip_no_cost",
+    ]  # fmt: skip
+    assert tuple(c.held for c in claims) == verdicts
+    assert all(c.interval["n"] == 3 for c in claims)
+
+
+def test_frontier_arm_configs():
+    cfg = common.experiments()["arch"].config("quick")
+    arms = {a: arch.frontier_config(cfg, "dense", a, tau=8.0) for a in arch.ARMS}
+    assert all(tuple(c.seeds) == (1, 2, 3) for c in arms.values())
+    assert arms["per_head"].optimizer.per_head and not arms["muon"].optimizer.per_head
+    assert arms["muon_wd"].optimizer.weight_decay == 0.1 == cfg.frontier.weight_decay
+    assert arms["muonh"].optimizer.name == "muonh"
+    assert arms["muonh"].optimizer.lr == pytest.approx(0.02 / (0.02 * 128**0.5))
+    assert arms["qk_clip"].optimizer.qk_clip == 8.0 and arms["muon"].optimizer.qk_clip == 0.0
+    assert arch.frontier_config(cfg, "mla", "per_head").model.attention == "mla"

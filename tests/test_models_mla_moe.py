@@ -56,7 +56,7 @@ def _np_mla(a, p, c):
     s = np.einsum("bqhd,bkhd->bhqk", qc, kc) + np.einsum("bqhr,bkr->bhqk", qr, kr)
     s = np.where(np.tril(np.ones((t, t), bool)), s / math.sqrt(dh + dr), -np.inf)
     y = np.einsum("bhqk,bkhd->bqhd", _np_softmax(s), v).reshape(b, t, h * dh)
-    return y @ p["o"]["kernel"]
+    return y @ p["o"]["kernel"], s.max(axis=(0, 2, 3))  # and each head's max logit
 
 
 def _np_ffn(x, w_in, w_gate, w_out):
@@ -95,13 +95,15 @@ def _np_model(params, c, tokens, cap):
     """Float64 forward of an MLA and/or MoE decoder (RMSNorm, RoPE, untied head)."""
     p = jax.tree.map(lambda a: np.asarray(a, np.float64), params)
     x = p["embed"]["embedding"][np.asarray(tokens)]
-    drops = []
+    drops, tops = [], []
     for i in range(c.n_layers):
         lp = p["layers"][i]
-        x = x + _np_mla(_np_norm(x, lp["attn_norm"], c.norm, c.norm_eps), lp["attn"], c)
+        y, top = _np_mla(_np_norm(x, lp["attn_norm"], c.norm, c.norm_eps), lp["attn"], c)
+        x, tops = x + y, tops + [top]
         y, dropped = _np_moe(_np_norm(x, lp["mlp_norm"], c.norm, c.norm_eps), lp["mlp"], c, cap)
         x, drops = x + y, drops + [dropped]
-    return _np_norm(x, p["final_norm"], c.norm, c.norm_eps) @ p["head"]["kernel"], np.mean(drops)
+    logits = _np_norm(x, p["final_norm"], c.norm, c.norm_eps) @ p["head"]["kernel"]
+    return logits, np.mean(drops), np.stack(tops)
 
 
 # ----------------------------------------------------------------------------- forward
@@ -113,9 +115,10 @@ def test_mla_moe_forward_matches_float64_reference():
     tokens = _tokens(3, 2, 19, MLA_MOE.vocab_size)
     logits, aux = _apply(graphdef, params, tokens, with_aux=True)
     cap = math.ceil(0.75 * 19 * 2 / 4)  # capacity per sequence: ceil(cf T k / E) = 8
-    ref, dropped = _np_model(params, MLA_MOE, tokens, cap)
+    ref, dropped, tops = _np_model(params, MLA_MOE, tokens, cap)
     assert dropped > 0.1  # 38 choices for 32 slots: capacity is exercised
     np.testing.assert_allclose(np.asarray(logits), ref, rtol=2e-4, atol=2e-4)
+    np.testing.assert_allclose(np.asarray(aux["max_logit"]), tops, rtol=2e-4, atol=2e-4)
     assert float(aux["moe_drop_fraction"]) == pytest.approx(dropped, abs=1e-6)
 
 

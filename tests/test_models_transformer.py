@@ -66,8 +66,9 @@ def _np_gelu(x):
     return 0.5 * x * (1 + np.tanh(math.sqrt(2 / math.pi) * (x + 0.044715 * x**3)))
 
 
-def _np_forward(params, c, tokens):
-    """Slow float64 numpy forward pass written from the architecture description."""
+def _np_forward(params, c, tokens, tops=None):
+    """Slow float64 numpy forward pass written from the architecture description; each
+    layer's per-head max attended logit ``[H]`` is appended to ``tops`` when given."""
     p = jax.tree.map(lambda a: np.asarray(a, np.float64), params)
     tokens = np.asarray(tokens)
     b, t = tokens.shape
@@ -86,6 +87,7 @@ def _np_forward(params, c, tokens):
             q, k = _np_rope(q, c.rope_base), _np_rope(k, c.rope_base)
         s = np.einsum("bqhd,bkhd->bhqk", q, k) / math.sqrt(dh)
         s = np.where(np.tril(np.ones((t, t), bool)), s, -np.inf)
+        (tops if tops is not None else []).append(s.max(axis=(0, 2, 3)))
         w = np.exp(s - s.max(-1, keepdims=True))
         w /= w.sum(-1, keepdims=True)
         y = np.einsum("bhqk,bkhd->bqhd", w, v).reshape(b, t, c.d_model)
@@ -123,8 +125,11 @@ def test_forward_matches_numpy_reference(config):
     logits = _apply(graphdef, params, tokens)
     chex.assert_shape(logits, (2, config.max_len, config.vocab_size))
     assert logits.dtype == jnp.float32
-    ref = _np_forward(params, config, tokens)
+    tops = []
+    ref = _np_forward(params, config, tokens, tops)
     np.testing.assert_allclose(np.asarray(logits), ref, rtol=2e-4, atol=2e-4)
+    top = T.apply(graphdef, params, tokens, with_aux=True)[1]["max_logit"]  # (L, H)
+    np.testing.assert_allclose(np.asarray(top), np.stack(tops), rtol=2e-4, atol=2e-4)
 
 
 @pytest.mark.parametrize("config", [TINY, TINY_ALT], ids=["tiny", "tiny_alt"])
@@ -311,9 +316,10 @@ def test_scanned_mla_moe_blocks_and_decoding_match():
     fwd = jax.jit(lambda g, p: T.apply(g, p, tokens, with_aux=True), static_argnums=0)
     (l_ref, a_ref), (l_scan, a_scan) = fwd(graphdef, params), fwd(g_scan, stacked)
     np.testing.assert_allclose(np.asarray(l_scan), np.asarray(l_ref), rtol=1e-5, atol=1e-6)
-    assert set(a_scan) == set(a_ref) == {"moe_lb_loss", "moe_drop_fraction"}
+    assert set(a_scan) == set(a_ref) == {"moe_lb_loss", "moe_drop_fraction", "max_logit"}
+    assert a_ref["max_logit"].shape == (config.n_layers, config.n_heads)
     for k in a_ref:
-        np.testing.assert_allclose(float(a_scan[k]), float(a_ref[k]), rtol=1e-5)
+        np.testing.assert_allclose(np.asarray(a_scan[k]), np.asarray(a_ref[k]), rtol=1e-5)
     # KV-cache extension (the decoding path): prefill 6 tokens, then 3 more, both layouts.
     ext = jax.jit(decode.extend, static_argnums=0)
     outs = []

@@ -57,6 +57,7 @@ def test_records_routing_and_aux_loss(single):
         assert r["loss"] == pytest.approx(r["aux/ce_loss"] + 0.01 * r["aux/moe_lb_loss"], 1e-6)
         assert r["aux/moe_lb_loss"] >= 1.0 - 1e-6  # E sum f P >= 1 when f = P; ~1 at init
     assert train[-1]["update_rms/expert_w_out"] > 0 and train[-1]["update_rms/router"] > 0
+    assert {"max_logit/0", "max_logit/1"} <= set(train[-1]) and train[-1]["max_logit/1"] > 0
     assert 0 < summary["final_eval"]["loss"] < 10
     sp = [r for r in recs if r["kind"] == "spectrum"][-1]
     assert 0 < sp["spectrum/expert_w_in/entropy"] <= 1 and 0 < sp["spectrum/vo/entropy"] <= 1

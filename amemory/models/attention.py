@@ -3,7 +3,9 @@
 Both classes have the same interface, selected by ``TransformerConfig.attention``
 (:data:`ATTENTIONS`):
 
-* ``__call__(x [B, T, D]) -> [B, T, D]``: full causal attention (training, evaluation);
+* ``__call__(x [B, T, D]) -> (y [B, T, D], max_logit [H])``: full causal attention
+  (training, evaluation) and each head's largest pre-softmax logit (for QK-Clip; Kimi K2,
+  arXiv 2507.20534, Sec. 2.1), read from the scores the forward pass computes anyway;
 * ``cache_spec(config, batch, length)``: the arrays a KV cache holds per layer;
 * ``extend(x [B, S, D], cache, pos) -> (y [B, S, D], cache)``: S new tokens at absolute
   positions ``pos .. pos+S-1`` attend to the cached keys and to each other (causally);
@@ -116,11 +118,12 @@ class Attention(nnx.Module):
             q, k = rope(q, c.rope_base, positions), rope(k, c.rope_base, positions)
         return q, k, v
 
-    def __call__(self, x: jax.Array) -> jax.Array:
+    def __call__(self, x: jax.Array) -> tuple[jax.Array, jax.Array]:
         b, t, _ = x.shape
         q, k, v = self._qkv(x, None)
-        y = jax.nn.dot_product_attention(q, k, v, is_causal=True)  # (B, T, H, Dh)
-        return self.o(y.reshape(b, t, self.config.d_model))  # (B, T, D)
+        scale = 1.0 / math.sqrt(self.config.head_dim)
+        y, top = attend(q, k, v, causal_mask(t, t), scale)  # (B, T, H, Dh), (H,)
+        return self.o(y.reshape(b, t, self.config.d_model)), top  # (B, T, D)
 
     @staticmethod
     def cache_spec(config: Any, batch: int, length: int) -> dict[str, tuple[int, ...]]:
@@ -141,7 +144,7 @@ class Attention(nnx.Module):
             "v": jax.lax.dynamic_update_slice(cache["v"], v.astype(cache["v"].dtype), at),
         }
         mask = causal_mask(s, cache["k"].shape[1], pos)
-        y = attend(q, cache["k"], cache["v"], mask, 1.0 / math.sqrt(self.config.head_dim))
+        y, _ = attend(q, cache["k"], cache["v"], mask, 1.0 / math.sqrt(self.config.head_dim))
         return self.o(y.reshape(b, s, self.config.d_model)), cache
 
 
@@ -186,7 +189,7 @@ class MLAttention(nnx.Module):
     def _scale(self) -> float:
         return 1.0 / math.sqrt(self.config.head_dim + self.config.mla_dims.rope_dim)
 
-    def __call__(self, x: jax.Array) -> jax.Array:
+    def __call__(self, x: jax.Array) -> tuple[jax.Array, jax.Array]:
         c = self.config
         b, t, _ = x.shape
         h, dh, dr = c.n_heads, c.head_dim, c.mla_dims.rope_dim
@@ -196,8 +199,8 @@ class MLAttention(nnx.Module):
         v = self.v_up(c_kv).reshape(b, t, h, dh)
         q = jnp.concatenate([q_c, q_r], axis=-1)  # (B, T, H, d_h + d_R)
         k = jnp.concatenate([k_c, jnp.broadcast_to(k_r[:, :, None, :], (b, t, h, dr))], axis=-1)
-        y = attend(q, k, v, causal_mask(t, t), self._scale())  # (B, T, H, d_h)
-        return self.o(y.reshape(b, t, h * dh))
+        y, top = attend(q, k, v, causal_mask(t, t), self._scale())  # (B, T, H, d_h), (H,)
+        return self.o(y.reshape(b, t, h * dh)), top
 
     @staticmethod
     def cache_spec(config: Any, batch: int, length: int) -> dict[str, tuple[int, ...]]:

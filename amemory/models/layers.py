@@ -94,8 +94,11 @@ def causal_mask(n_query: int, n_key: int, pos: jax.Array | int = 0) -> jax.Array
     return jnp.arange(n_key)[None, :] <= q
 
 
-def attend(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array, scale: float) -> jax.Array:
-    """Softmax attention ``softmax(scale q kᵀ + mask) v`` per head, scores in float32.
+def attend(
+    q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array, scale: float
+) -> tuple[jax.Array, jax.Array]:
+    """Softmax attention ``softmax(scale q kᵀ + mask) v`` per head, scores in float32, and
+    each head's largest attended pre-softmax logit (the statistic QK-Clip reads).
 
     Args:
       q: ``[B, S, H, Dk]`` queries.
@@ -105,9 +108,10 @@ def attend(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array, scale: flo
       scale: score multiplier, usually ``1 / sqrt(Dk)``.
 
     Returns:
-      ``[B, S, H, Dv]`` in ``v``'s dtype.
+      ``(y, max_logit)``: ``y [B, S, H, Dv]`` in ``v``'s dtype, ``max_logit [H]`` float32
+      (over batch, queries and attended keys; no gradient flows through it).
     """
     s = jnp.einsum("bshd,bthd->bhst", q, k, preferred_element_type=jnp.float32) * scale
     s = jnp.where(mask, s, jnp.finfo(jnp.float32).min)
     p = jax.nn.softmax(s, axis=-1).astype(v.dtype)
-    return jnp.einsum("bhst,bthd->bshd", p, v)
+    return jnp.einsum("bhst,bthd->bshd", p, v), jax.lax.stop_gradient(jnp.max(s, (0, 2, 3)))

@@ -1,4 +1,6 @@
-"""The hidden matrices of a :mod:`amemory.models.transformer` parameter tree, for spectra.
+"""The hidden matrices of a :mod:`amemory.models.transformer` parameter tree, for spectra,
+and the head layout of its attention kernels (:func:`head_view`, for per-head Muon and
+QK-Clip).
 
 :func:`hidden_matrices` (every block matrix by layer and role), :func:`vo_maps` (the
 value-output maps paper A measures) and :func:`ffn_matrices` read either parameter layout
@@ -15,10 +17,54 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from amemory.models.roles import FFN_ROLES, HIDDEN_ROLES, role_of
+from amemory.models.roles import FFN_ROLES, HIDDEN_ROLES, matrix_axes, role_of
 from amemory.models.scan import is_scanned
 
-__all__ = ["ffn_matrices", "hidden_matrices", "vo_maps"]
+__all__ = [
+    "HEADS", "ffn_matrices", "head_view", "hidden_matrices", "per_head_axes", "vo_maps"
+]  # fmt: skip
+
+#: Attention roles whose kernel concatenates the heads (head-major) along an axis (the
+#: output axis of the projections, the input axis of ``o``) -> (that axis, the power of
+#: QK-Clip's ``gamma`` the role's heads take so that a clipped head's logits scale by
+#: ``gamma``): MHA ``q``, ``k`` 0.5 each (Kimi K2, arXiv 2507.20534, Sec. 2.1); MLA 0.5 on
+#: the no-RoPE ``q``/``q_up`` and ``k_up``, 1 on ``q_rope``, 0 on the values (MaxText
+#: ``qk_clip_utils.py``); the shared ``k_rope`` has no heads.
+HEADS = {
+    **dict.fromkeys(("q", "k", "q_up", "k_up"), (-1, 0.5)), "q_rope": (-1, 1.0),
+    **dict.fromkeys(("v", "v_up"), (-1, 0.0)), "o": (-2, 0.0),
+}  # fmt: skip
+
+
+def head_view(config: Any):
+    """``(path, leaf) -> (layer, head axis, H, QK-Clip power) | None`` (:data:`HEADS`;
+    ``layer`` None for a stacked leaf ``[L, ...]``), the model side of
+    ``amemory.optim.qk_clip`` and of :func:`per_head_axes`."""
+
+    def view(path: Any, leaf: Any = None):
+        axis, power = HEADS.get(role_of(path), (None, 0.0))
+        if axis is None:
+            return None
+        layer = [int(k) for k in path[1:2] if isinstance(k, int) or str(k).isdigit()]
+        return (layer[0] if layer else None), axis, config.n_heads, power
+
+    return view
+
+
+def per_head_axes(config: Any, roles: Any = HEADS):
+    """Muon's ``matrix_axes`` with the kernels of ``roles`` (of :data:`HEADS`) per head
+    (``[..., d_in, H w] -> [..., H] x [d_in, w]``; ``o``: ``[..., H] x [w, D]``), others as
+    ``roles.matrix_axes``. Kimi K3 (arXiv 2607.24653, Sec. 2.5); GLM-5's "Muon Split"
+    (arXiv 2602.15763)."""
+    view = head_view(config)
+
+    def axes(path: Any, leaf: Any = None):
+        heads = view(path, leaf)
+        if heads is None or role_of(path) not in roles:
+            return matrix_axes(path, leaf)
+        return (-3 if heads[1] == -1 else -2, -1, heads[1:3])
+
+    return axes
 
 
 def _kernels(params: Mapping[str, Any], group: str, role: str) -> jax.Array | None:

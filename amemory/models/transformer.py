@@ -372,8 +372,8 @@ class Block(nnx.Module):
 
     ``attn`` is ``ATTENTIONS[config.attention]`` (MHA or MLA); ``mlp`` is an :class:`MLP`,
     or a :class:`MoE` when ``config.moe.experts > 0``. A call returns ``(x, aux)``:
-    ``aux`` holds the MoE layer's scalars (load-balancing loss, dropped fraction), ``{}``
-    for a dense block.
+    ``aux`` holds the attention's ``max_logit [H]`` and the MoE layer's scalars
+    (load-balancing loss, dropped fraction).
     """
 
     def __init__(self, config: TransformerConfig, *, rngs: nnx.Rngs):
@@ -389,9 +389,10 @@ class Block(nnx.Module):
 
     def __call__(self, x: jax.Array, key: jax.Array | None = None) -> tuple[jax.Array, dict]:
         k1, k2 = jax.random.split(key) if key is not None else (None, None)
-        x = x + _dropout(self.attn(self.attn_norm(x)), self.rate, k1)
+        h, top = self.attn(self.attn_norm(x))
+        x = x + _dropout(h, self.rate, k1)
         h, aux = self._ffn(self.mlp_norm(x))
-        return x + _dropout(h, self.rate, k2), aux
+        return x + _dropout(h, self.rate, k2), {**aux, "max_logit": top}
 
     def extend(self, x: jax.Array, cache: dict, pos: jax.Array) -> tuple[jax.Array, dict]:
         """Incremental forward of S new tokens ``x [B, S, D]`` through the KV cache.
@@ -448,9 +449,9 @@ class Transformer(nnx.Module):
           tokens: int ``[B, T]`` with ``T <= max_len``.
           rng: dropout key; required when ``dropout > 0`` and ``deterministic=False``.
           deterministic: disable dropout.
-          with_aux: also return the blocks' auxiliary scalars, each averaged over the
-            layers that produce it (MoE: ``moe_lb_loss``, ``moe_drop_fraction``; ``{}``
-            for a dense model).
+          with_aux: also return the blocks' auxiliary outputs: ``max_logit [L, H]`` (each
+            layer's and head's largest pre-softmax logit) and, averaged over the layers,
+            the MoE scalars ``moe_lb_loss``, ``moe_drop_fraction``.
 
         Raises:
           ValueError: on a bad token shape/dtype or a missing dropout key.
@@ -465,14 +466,14 @@ class Transformer(nnx.Module):
         layer_keys = None if keys is None else keys[1:]  # (L,)
         if c.scan_layers:  # aux: {name: [L]}
             x, aux = scan_blocks(self.layers, x, layer_keys, c.remat, c.remat_policy)
-            aux = {k: jnp.mean(v) for k, v in aux.items()}
         else:
             auxes = []
             for i, block in enumerate(self.layers):
                 key = None if layer_keys is None else layer_keys[i]
                 x, a = remat(c.remat, c.remat_policy)(lambda blk, h, k: blk(h, k))(block, x, key)
                 auxes.append(a)
-            aux = {k: jnp.mean(jnp.stack([a[k] for a in auxes])) for k in auxes[0]}
+            aux = {k: jnp.stack([a[k] for a in auxes]) for k in auxes[0]}
+        aux = {k: v if k == "max_logit" else jnp.mean(v) for k, v in aux.items()}  # (L, H)
         logits = self._logits(x)
         return (logits, aux) if with_aux else logits
 
@@ -616,8 +617,8 @@ def apply(
       tokens: int ``[B, T]``, ``T <= max_len``.
       rng: dropout key, required when ``dropout > 0`` and ``deterministic=False``.
       deterministic: disable dropout.
-      with_aux: return ``(logits, aux)``, ``aux`` the MoE layers' scalars averaged over
-        layers (``moe_lb_loss``, ``moe_drop_fraction``; ``{}`` for dense models).
+      with_aux: return ``(logits, aux)``: ``aux["max_logit"] [L, H]`` and the MoE layers'
+        scalars averaged over layers (``moe_lb_loss``, ``moe_drop_fraction``).
 
     Raises:
       ValueError: on bad token shape/dtype or missing dropout key.

@@ -52,8 +52,16 @@ from amemory.optim.distributed import (
     describe_layout,
     owner_state_shardings,
 )
+from amemory.optim.hyperball import adamh, muonh, scale_by_hyperball
 from amemory.optim.muon import MuonState, muon, scale_by_muon
-from amemory.optim.nnx_roles import HEAD_NAMES, NnxLayers, nnx_layers, nnx_matrix_axes, nnx_role
+from amemory.optim.nnx_roles import (
+    HEAD_NAMES,
+    NnxLayers,
+    nnx_layers,
+    nnx_matrix_axes,
+    nnx_per_head_matrix_axes,
+    nnx_role,
+)
 from amemory.optim.normuon import (
     AdaMuonState,
     NorMuonState,
@@ -75,6 +83,7 @@ from amemory.optim.orthogonalize import (
     singular_value_range,
 )
 from amemory.optim.presets import PRESETS, preset_options
+from amemory.optim.qk_clip import qk_clip
 from amemory.optim.routing import (
     REST,
     Roles,
@@ -113,6 +122,9 @@ OPTIMIZERS: dict[str, OptimizerInfo] = {
     "signgd": OptimizerInfo(signgd, 1e-3),
     "signum": OptimizerInfo(signum, 1e-3, options=("beta",)),
     "sgd": OptimizerInfo(sgd, 0.05, options=("momentum", "nesterov")),
+    # Hyperball: lr is the step as a fraction of each matrix's (fixed) norm
+    "muonh": OptimizerInfo(muonh, 0.05, True, False, _MUON_OPTIONS),
+    "adamh": OptimizerInfo(adamh, 0.05, options=("b1", "b2", "eps")),
 }
 
 __all__ = [
@@ -138,6 +150,7 @@ __all__ = [
     "NorMuonState",
     "OwnerStacks",
     "RoutingRow",
+    "adamh",
     "adamuon",
     "coefficient_table",
     "collect_diagnostics",
@@ -148,9 +161,11 @@ __all__ = [
     "label_params",
     "matrix_layout",
     "muon",
+    "muonh",
     "newton_schulz",
     "nnx_layers",
     "nnx_matrix_axes",
+    "nnx_per_head_matrix_axes",
     "nnx_role",
     "norm_ball_lmo",
     "normuon",
@@ -164,7 +179,9 @@ __all__ = [
     "preset_options",
     "routed",
     "routing_table",
+    "qk_clip",
     "scale_by_adamuon",
+    "scale_by_hyperball",
     "scale_by_muon",
     "scale_by_normuon",
     "sgd",

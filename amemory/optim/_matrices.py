@@ -66,10 +66,11 @@ class Layout:
 
     path: str
     shape: tuple[int, ...]
-    perm: tuple[int, ...]  # transpose to (batch..., in..., out...)
+    perm: tuple[int, ...]  # transpose of the view to (batch..., in..., out...)
     batch_shape: tuple[int, ...]
     in_shape: tuple[int, ...]
     out_shape: tuple[int, ...]
+    view: tuple[int, ...] = ()  # the leaf reshaped with one axis split into heads, if any
     spec: tuple | None = None  # the leaf's PartitionSpec where its type names mesh axes
 
     @property
@@ -86,16 +87,17 @@ class Layout:
 
     def to_matrix(self, x: jax.Array) -> jax.Array:
         """Leaf of shape ``self.shape`` -> ``[batch, fan_in, fan_out]``."""
-        if self.perm != tuple(range(len(self.shape))):
+        x = x.reshape(self.view or self.shape)
+        if self.perm != tuple(range(len(self.perm))):
             x = jnp.transpose(x, self.perm)
         return x.reshape((self.batch, self.fan_in, self.fan_out))
 
     def from_matrix(self, y: jax.Array) -> jax.Array:
         """``[batch, fan_in, fan_out]`` -> leaf of shape ``self.shape`` (inverse of to_matrix)."""
         y = y.reshape(self.batch_shape + self.in_shape + self.out_shape)
-        if self.perm != tuple(range(len(self.shape))):
+        if self.perm != tuple(range(len(self.perm))):
             y = jnp.transpose(y, np.argsort(self.perm))
-        return y
+        return y.reshape(self.shape)
 
 
 def _norm_axes(axes: Any, ndim: int, where: str) -> tuple[int, ...]:
@@ -134,11 +136,19 @@ def _layout(path: tuple, x: Any, matrix_axes: MatrixAxes, spec: tuple = ()) -> L
     if len(shape) < 2:
         raise ValueError(f"{where} is not a matrix (ndim < 2); route it to another transform")
     try:
-        in_axes, out_axes = axes
+        in_axes, out_axes, *split = axes
+        view = shape
+        for axis, heads in split[:1]:  # a view: split one axis into [heads, size / heads]
+            axis %= len(shape)
+            if shape[axis] % heads or len(split) > 1:
+                raise ValueError
+            view = shape[:axis] + (heads, shape[axis] // heads) + shape[axis + 1 :]
     except (TypeError, ValueError):
         raise ValueError(
-            f"{where}: matrix_axes must be a pair (in_axes, out_axes), got {axes!r}"
+            f"{where}: matrix_axes must be (in_axes, out_axes) or (in_axes, out_axes, "
+            f"(axis, heads)) with heads dividing that axis, got {axes!r}"
         ) from None
+    shape, leaf_shape = view, shape
     in_ax = _norm_axes(in_axes, len(shape), where)
     out_ax = _norm_axes(out_axes, len(shape), where)
     if set(in_ax) & set(out_ax) or len(set(in_ax)) < len(in_ax) or len(set(out_ax)) < len(out_ax):
@@ -148,12 +158,13 @@ def _layout(path: tuple, x: Any, matrix_axes: MatrixAxes, spec: tuple = ()) -> L
     spec = own if any(own) else spec
     return Layout(
         path=name,
-        shape=shape,
+        shape=leaf_shape,
         perm=batch_ax + in_ax + out_ax,
         batch_shape=tuple(shape[a] for a in batch_ax),
         in_shape=tuple(shape[a] for a in in_ax),
         out_shape=tuple(shape[a] for a in out_ax),
-        spec=spec if any(spec) else None,
+        view=shape if shape != leaf_shape else (),
+        spec=spec if any(spec) and shape == leaf_shape else None,  # a view: axes differ
     )
 
 

@@ -169,7 +169,10 @@ class MuonOptions:
       mu_dtype: momentum dtype (``None``: parameter dtype).
       matrix_axes: ``None`` (every leaf must be 2-D ``[fan_in, fan_out]``), a pair
         ``(in_axes, out_axes)`` of ints or int tuples applied to every leaf, or a callable
-        ``(path_keys, leaf) -> pair | None``; other axes are batch axes.
+        ``(path_keys, leaf) -> pair | None``; other axes are batch axes. A triple
+        ``(in_axes, out_axes, (axis, heads))`` is a view: ``axis`` of the leaf is first
+        split into ``[heads, size / heads]`` and the axes index the split array (per-head
+        Muon: ``amemory.models.matrices.per_head_axes``, ``nnx_per_head_matrix_axes``).
       batch_leaves: orthogonalise same-shape leaves in one batched call (same result).
       ns_mesh: ``(mesh, axis)`` for sharded ``jit``: the device mesh and the mesh axis
         name (or tuple of names) along which parameters are split (FSDP); other mesh

@@ -51,7 +51,14 @@ import numpy as np
 from amemory.optim._paths import path_keys
 from amemory.optim.routing import Roles
 
-__all__ = ["HEAD_NAMES", "NnxLayers", "nnx_layers", "nnx_matrix_axes", "nnx_role"]
+__all__ = [
+    "HEAD_NAMES",
+    "NnxLayers",
+    "nnx_layers",
+    "nnx_matrix_axes",
+    "nnx_per_head_matrix_axes",
+    "nnx_role",
+]
 
 _ATTENTION = {"query": "q", "key": "k", "value": "v", "out": "o"}
 #: The roles this module gives, and the groups a routing spec may name (``hidden``: every
@@ -149,6 +156,14 @@ class NnxLayers:
 #: MultiHeadAttention (``(0, (1, 2))`` for ``query|key|value`` ``[d, H, d_h]``,
 #: ``((0, 1), 2)`` for ``out`` ``[H, d_h, d]``), Embed, norms and biases.
 nnx_role, nnx_matrix_axes = NnxLayers({}).role, NnxLayers({}).matrix_axes
+
+
+def nnx_per_head_matrix_axes(path: Any, leaf: Any) -> tuple[Any, Any] | None:
+    """:func:`nnx_matrix_axes` with ``MultiHeadAttention`` kernels per head (the head axis
+    ``H`` a batch axis): ``(0, 2)`` for ``[d, H, d_h]``, ``(1, 2)`` for ``out`` ``[H, d_h,
+    d]``; Kimi K3's per-head Muon (arXiv 2607.24653, Sec. 2.5)."""
+    axes = nnx_matrix_axes(path, leaf)
+    return {(0, (1, 2)): (0, 2), ((0, 1), 2): (1, 2)}.get(axes, axes)
 
 
 def _einsum_axes(spec: str, ndim: int) -> tuple[Any, Any] | None:

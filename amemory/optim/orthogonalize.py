@@ -15,9 +15,9 @@ quality of an NS output is fully described by where the scalar iteration sends
 the pre-conditioned singular values.
 
 Members of the Muon family that live here (each cites its source where defined):
-coefficient sets (Jordan; Polar Express; Dion), pre-conditionings before the first
-step (Frobenius, spectral, AOL / Turbo-Muon, Schatten-4), the Gram form with restarts
-(Gram Newton-Schulz), and the linear-minimisation oracles of other norm balls (Scion).
+coefficient sets (Jordan; Polar Express; Dion; DeepSeek-V4; CANS), pre-conditionings before
+the first step (Frobenius, spectral, AOL / Turbo-Muon, Schatten-4), the Gram form with
+restarts (Gram Newton-Schulz), and the linear-minimisation oracles of other norm balls (Scion).
 
 Sources: Keller Jordan, "Muon: An optimizer for hidden layers" (2024),
 https://kellerjordan.github.io/posts/muon/ (coefficients 3.4445, -4.7750,
@@ -83,6 +83,13 @@ _DION = (
     (2.8366, -3.0525, 1.2012),
 )
 
+# CANS (Grishina et al., arXiv 2506.10935, Sec. 4: Remez-optimal quintics on adaptive
+# intervals): the five triples NVIDIA Emerging-Optimizers ships as "cans".
+_CANS = (
+    (8.4703, -25.1081, 18.6293), (4.1828, -3.1087, 0.5806), (3.9619, -2.9541, 0.5630),
+    (3.2866, -2.4647, 0.5074), (2.2737, -1.6447, 0.4162),
+)  # fmt: skip
+
 #: Named coefficient sets: name -> (per-step triples, pre-normalisation factor).
 #: The input is divided by ``factor * ||X|| + eps`` before the first step; the
 #: last triple is repeated when more steps are asked for than the set lists.
@@ -90,6 +97,9 @@ COEFFICIENT_SETS: dict[str, tuple[tuple[tuple[float, float, float], ...], float]
     "jordan": ((_JORDAN,), 1.0),
     "polar_express": (_POLAR_EXPRESS, 1.01),
     "dion": (_DION, 1.0),
+    # DeepSeek-V4: 8 Jordan steps, then 2 of the convergent (2, -1.5, 0.5) (DeepSeek-AI 2026).
+    "deepseek_v4": ((_JORDAN,) * 8 + ((2.0, -1.5, 0.5),) * 2, 1.0),
+    "cans": (_CANS, 1.0),
 }
 
 #: How the input is scaled before the first NS step (see :func:`newton_schulz`).
@@ -108,7 +118,7 @@ def coefficient_table(coeffs: str | Any = "jordan", steps: int = 5) -> tuple[Any
 
     Args:
       coeffs: a name in :data:`COEFFICIENT_SETS` (``"jordan"`` repeats one triple,
-        ``"polar_express"`` and ``"dion"`` are per-step tables whose last triple is
+        the others are per-step tables whose last triple is
         repeated past their length), or an array-like of shape ``[steps, 3]`` (used as
         given, pre-normalisation factor 1) or ``[3]`` (repeated). A traced jax array
         (e.g. optimizer state under ``jit``) is kept as a jax array.
@@ -213,12 +223,13 @@ def newton_schulz(
     values in ``[0.01, 1]``; from the scalar iteration in float64): ``"jordan"`` x5 lies
     in ``[0.68, 1.14]`` (also x4 to x8: the iteration oscillates, it does not converge to
     1); ``"polar_express"`` x5 in ``[0.87, 1.13]``, x6 in ``[0.997, 1.002]``, x8 within
-    1e-12 of 1; smaller normalised singular values are only multiplied by the product of
-    the ``a`` coefficients (``3.4445^5 ~ 487`` for jordan).
+    1e-12 of 1; ``"deepseek_v4"`` x10 in ``[0.99999, 1.0006]``; ``"cans"`` x5 in
+    ``[0.88, 1.12]`` (down to 1e-3); smaller normalised singular values are only
+    multiplied by the product of the ``a`` coefficients (``3.4445^5 ~ 487`` for jordan).
 
     Args:
       x: ``[..., m, n]`` real or complex array; leading axes are batch axes.
-      coeffs: ``"jordan"``, ``"polar_express"``, ``"dion"`` or an array ``[steps, 3]``
+      coeffs: a name of :data:`COEFFICIENT_SETS` or an array ``[steps, 3]``
         (see :func:`coefficient_table`).
       steps: number of NS steps.
       eps: added to the norm before dividing (guards zero inputs: zero maps to zero),

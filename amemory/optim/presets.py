@@ -21,6 +21,8 @@ references were never run on CPU); pass ``ns_dtype=jnp.bfloat16`` to force it.
   in fp32, scale jordan, wd 0. Source: optax.contrib.muon 0.2.8.
 - wang2025: sum momentum 0.95, no Nesterov, jordan x5, no scaling, wd 0.
   Source: arXiv 2509.26030 (Wang et al. 2025), transformer experiments.
+- deepseek_v4: the "deepseek_v4" schedule x10 (8 Jordan steps, 2 convergent ones), update
+  RMS 0.18 (rms_match); momentum and wd as moonlight (DeepSeek-V4 does not restate them).
 """
 
 from __future__ import annotations
@@ -58,6 +60,10 @@ PRESETS: dict[str, dict[str, Any]] = {
     "optax": {**_JORDAN, "bias_correction": True, "ns_eps": 1e-8, "ns_dtype": None},
     "wang2025": {**_JORDAN, "momentum_form": "sum", "nesterov": False, "shape_scale": "none"},
 }
+
+PRESETS["deepseek_v4"] = {
+    **PRESETS["moonlight"], "ns_coeffs": "deepseek_v4", "ns_steps": 10, "rms_scale": 0.18
+}  # fmt: skip
 
 
 def preset_options(name: str) -> dict[str, Any]:

@@ -266,6 +266,7 @@ INTERVALS: dict[str, tuple[float, float, bool, bool]] = {
     "optimizer.eps": (0.0, _INF, True, False),
     "optimizer.weight_decay": (0.0, _INF, True, False),
     "optimizer.grad_clip": (0.0, _INF, True, False),
+    "optimizer.qk_clip": (0.0, _INF, True, False),
     "schedule.final_fraction": (0.0, 1.0, True, True),
     "schedule.decay_fraction": (0.0, 1.0, True, True),
     "memory.coherence": (0.0, 1.0, True, False),

@@ -44,8 +44,10 @@ def make_train_step(
 
     Returns:
       the step function; metrics are scalars: loss, grad_norm, param_norm, lr, adam_lr,
-      update_rms/<role>, aux/<name>, and ortho_error/<path> when ``diagnostics``. The
-      update runs under ``jax.named_scope(OPTIMIZER_SCOPE)``: compiled HLO names its ops.
+      update_rms/<role>, aux/<name>, max_logit/<layer> (from a transformer task's
+      ``max_logit [L, H]`` aux, max over heads; ``opt.clip`` gets it: QK-Clip), and
+      ortho_error/<path> when ``diagnostics``. The update runs under
+      ``jax.named_scope(OPTIMIZER_SCOPE)``: compiled HLO names its ops.
     """
     leaf_roles = jax.tree.leaves(roles)
     role_names = sorted(set(leaf_roles))
@@ -53,9 +55,12 @@ def make_train_step(
     def step(state: TrainState, batch: Any) -> tuple[TrainState, dict]:
         rng, sub = jax.random.split(state.rng)
         (loss, aux), grads = jax.value_and_grad(loss_fn, has_aux=True)(state.params, batch, sub)
+        top = aux.pop("max_logit", None)  # (L, H): attention's max logits
         with jax.named_scope(OPTIMIZER_SCOPE):
             updates, opt_state = opt.tx.update(grads, state.opt_state, state.params)
         params = optax.apply_updates(state.params, updates)
+        if opt.clip is not None and top is not None:
+            params = opt.clip(params, top)  # QK-Clip: heads whose logits exceeded tau
         metrics = {
             "loss": loss,
             "grad_norm": optax.tree.norm(grads),
@@ -64,6 +69,8 @@ def make_train_step(
             "adam_lr": opt.adam_lr(state.step),
         }
         metrics.update({f"aux/{k}": v for k, v in aux.items()})
+        if top is not None:
+            metrics.update({f"max_logit/{i}": m for i, m in enumerate(jnp.max(top, axis=-1))})
         leaves = jax.tree.leaves(updates)
         for r in role_names:
             us = [
@@ -266,6 +273,7 @@ def build(config: Any, place: parallel.Placement, task: Any = None) -> Built:
     opt = optimizers.build(
         config, abstract_params, roles, muon_roles=task.muon_roles,
         matrix_axes=task.matrix_axes, mesh=place.mesh if place.mode == "sharded" else None,
+        head_view=getattr(task, "head_view", None),
     )  # fmt: skip
     diagnostics = (
         bool(config.optimizer.diagnostics) and config.optimizer.name in optimizers.MUON_LIKE

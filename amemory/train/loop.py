@@ -34,6 +34,8 @@ numeric value below is a list with one entry per seed, in ``config.seeds`` order
   grad_norm       global L2 norm of this step's gradient (before clipping)
   param_norm      global L2 norm of the parameters after the step
   update_rms/<role>   RMS of this step's parameter update (new - old) over that role
+  max_logit/<i>   transformer tasks: the largest pre-softmax attention logit of layer i
+                  over its heads in this step's forward pass (QK-Clip's statistic)
   ortho_error/<path>  orthogonality error of the Muon direction (amemory.optim.collect_diagnostics)
   tokens_per_s    training throughput since the previous train record (global tokens / wall second)
   step_time_s     mean wall seconds per step since the previous train record

@@ -23,6 +23,7 @@ On a device mesh (``parallel.mode="sharded"``) the orthogonalising optimizers ge
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Any
 
 import jax
@@ -104,6 +105,7 @@ class Optimizer:
     labels: Any  # same tree as params: "matrix" | "adam"
     table: list  # rows [path, shape, role, transform, "batch x (fan_in, fan_out)" or ""]
     layout: list  # orthogonalisation groups: amemory.optim.describe_layout rows ([] otherwise)
+    clip: Any = None  # (params, max_logit [L, H]) -> params: QK-Clip after the step, or None
 
 
 def _matrix_tx(ocfg: Any, lr: optax.Schedule, matrix_axes: Any, ns_mesh: Any):
@@ -134,6 +136,7 @@ def build(
     muon_roles: tuple[str, ...] | None = None,
     matrix_axes: Any = None,
     mesh: jax.sharding.Mesh | None = None,
+    head_view: Any = None,
 ) -> Optimizer:
     """Build the run's optimizer for ``params`` (one seed, no leading seed axis).
 
@@ -153,6 +156,8 @@ def build(
         ``matrix_axes``: a pair, or a callable ``(path, leaf) -> axes | None``).
       mesh: the ``("data", "fsdp")`` mesh of sharded mode (owner layout,
         ``ns_mesh=(mesh, "fsdp")``); None on one device / pmap.
+      head_view: the model's head layout (``amemory.models.matrices.head_view``), which
+        ``optimizer.qk_clip > 0`` needs (``amemory.optim.qk_clip``).
 
     Returns:
       an :class:`Optimizer`.
@@ -226,4 +231,9 @@ def build(
         tx, lr_sched = optax.partition({MATRIX: matrix, ADAM: adam}, labels), lr
     if float(ocfg.grad_clip) > 0:
         tx = optax.chain(optax.clip_by_global_norm(float(ocfg.grad_clip)), tx)
-    return Optimizer(tx=tx, lr=lr_sched, adam_lr=adam_lr, labels=labels, table=table, layout=layout)
+    clip, tau = None, float(ocfg.get("qk_clip", 0.0))
+    if tau > 0:
+        if head_view is None:
+            raise ValueError(f"config.optimizer.qk_clip={tau} needs attention heads (an LM task)")
+        clip = functools.partial(optim.qk_clip, tau=tau, head_view=head_view)
+    return Optimizer(tx, lr_sched, adam_lr, labels, table, layout, clip)

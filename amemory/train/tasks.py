@@ -129,7 +129,8 @@ def model_config(config: Any, vocab_size: int, max_len: int | None = None):
 def _lm_loss(graphdef, params, tokens, targets, mask, rng, dropout: bool, lb_coef: float):
     """``(loss, aux)``: mean cross-entropy (nats per target token), plus ``lb_coef`` times
     the MoE load-balancing loss for MoE models (then aux holds ``ce_loss``,
-    ``moe_lb_loss``, ``moe_lb_coef`` and ``moe_drop_fraction``; ``{}`` for dense models)."""
+    ``moe_lb_loss``, ``moe_lb_coef`` and ``moe_drop_fraction``), and always the attention's
+    ``max_logit [L, H]``."""
     from amemory.models import transformer
 
     logits, aux = transformer.apply(
@@ -147,7 +148,7 @@ def _lm_loss(graphdef, params, tokens, targets, mask, rng, dropout: bool, lb_coe
         mask = mask.astype(ce.dtype)
         ce = (ce * mask).sum() / jnp.maximum(mask.sum(), 1.0)
     if "moe_lb_loss" not in aux:
-        return ce, {}
+        return ce, {"max_logit": aux["max_logit"]}
     loss = ce + lb_coef * aux["moe_lb_loss"]
     return loss, {"ce_loss": ce, "moe_lb_coef": jnp.float32(lb_coef), **aux}
 
@@ -164,6 +165,13 @@ class _Transformer:
         self.graphdef = transformer._graphdef(self.model_config)
         self.dropout = float(config.model.dropout) > 0
         self.lb_coef = float(config.model.moe.lb_coef)
+        self.per_head = ()  # roles orthogonalised per head
+        if config.optimizer.get("per_head", False):
+            spec = config.optimizer.get("per_head_roles", "all")
+            self.per_head = parse_roles(spec, role_of, "optimizer.per_head_roles")
+        mc = self.model_config
+        if float(config.optimizer.get("qk_clip", 0.0)) > 0 and (mc.qk_norm or mc.use_bias):
+            raise ValueError("config.optimizer.qk_clip needs model.qk_norm and use_bias off")
         self.spectrum_roles = parse_roles(config.spectrum_roles, role_of, "spectrum_roles")
 
     def init_params(self, key: jax.Array) -> Any:
@@ -176,10 +184,19 @@ class _Transformer:
 
         return transformer.param_roles(params)
 
-    def matrix_axes(self, path: Any, leaf: Any) -> tuple[int, int] | None:
-        from amemory.models.roles import matrix_axes
+    def matrix_axes(self, path: Any, leaf: Any) -> Any:
+        """Per layer and expert (``roles.matrix_axes``), per head with ``optimizer.per_head``."""
+        from amemory.models import matrices, roles
 
-        return matrix_axes(path, leaf)
+        per_head = self.per_head and matrices.per_head_axes(self.model_config, self.per_head)
+        return (per_head or roles.matrix_axes)(path, leaf)
+
+    @property
+    def head_view(self) -> Any:
+        """The model's head layout, for QK-Clip (``amemory.models.matrices.head_view``)."""
+        from amemory.models.matrices import head_view
+
+        return head_view(self.model_config)
 
     def checkpoint_meta(self) -> dict[str, Any]:
         return {"model.scan_layers": bool(self.model_config.scan_layers)}

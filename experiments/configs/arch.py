@@ -26,6 +26,14 @@ greedy generation at batch 1 and 8 (``decode.speed_length`` tokens, medians of
 ``decode.reps`` interleaved repetitions) and XLA's buffer assignment of the whole decode
 program at batch 8 for each of ``decode.memory_lengths``.
 
+Frontier arms (``frontier``; docs/peers.md, "The 2026 frontier"): dense and MLA with
+Muon variants, each on the 3 held-out initialisation seeds of tail_lm trained together:
+whole-matrix Muon, Muon + weight decay ``frontier.weight_decay``, per-head Muon, MuonH
+(Hyperball; angular step ``lr.muon / (init_std sqrt(d_model))``, the relative step Muon
+takes on a d x d matrix at initialisation) and QK-Clip with ``tau`` =
+``frontier.clip_fraction`` x the whole-matrix run's peak max logit (so that it acts).
+``frontier.seeds = ()`` drops them.
+
 Full scale: the ``small`` preset (d=256, 4 layers, 8 heads of 32, FFN 1024, 8192-token
 BPE, batch 32 x 128, 5000 steps), experts of width 256.
 """
@@ -35,7 +43,7 @@ from __future__ import annotations
 from ml_collections import ConfigDict
 
 from experiments.configs import new_config
-from experiments.configs.tail_lm import base_lm
+from experiments.configs.tail_lm import SEEDS, base_lm
 
 ARCHITECTURES = ("dense", "mla", "moe", "mla_moe")
 
@@ -66,6 +74,11 @@ def get_config(scale: str = "quick") -> ConfigDict:
     c.lr.adam = 3e-3
     c.lr.muon = 0.02
     c.lr_source = "config defaults, the middle of tail_lm's grids"  # stated in the report
+    c.frontier = ConfigDict()
+    c.frontier.seeds = SEEDS  # held-out initialisation seeds of the frontier arms
+    c.frontier.weight_decay = 0.1  # Muon + WD, Hyperball's baseline (Moonlight's 0.1)
+    c.frontier.clip_fraction = 0.5  # QK-Clip tau as a fraction of Muon's peak max logit
+    c.frontier.margin = 0.01  # nats: "at least as good" / "no loss cost" tolerance
     c.decode = ConfigDict()
     c.decode.prompt_len = 16  # prompt tokens (from the validation split)
     c.decode.speed_length = 256  # prompt + generated tokens in the speed measurement

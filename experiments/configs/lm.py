@@ -137,6 +137,12 @@ def get_config(scale: str = "quick") -> ConfigDict:
     c.optimizer.shape_scale = "jordan"
     c.optimizer.weight_decay = 0.0  # decoupled weight decay on both halves (papers use 0)
     c.optimizer.grad_clip = 0.0  # clip gradients to this global L2 norm first; 0 = off
+    # Muon on attention kernels head by head (Kimi K3 / GLM-5's Muon Split; a matrix view:
+    # amemory.models.matrices.per_head_axes); also MuonH's radius is then per head
+    c.optimizer.per_head = False
+    c.optimizer.per_head_roles = "all"  # with per_head: these roles only, e.g. "qk" or "q+k+v"
+    # QK-Clip threshold tau on the max pre-softmax logit per head (Kimi K2: 100); 0 = off
+    c.optimizer.qk_clip = 0.0
     # log orthogonality error of the Muon update (amemory.optim diagnostics)
     c.optimizer.diagnostics = True
 
