@@ -12,6 +12,7 @@ import glob
 import importlib
 import os
 import sys
+from typing import NoReturn
 
 # name -> (module with main(argv), one-line help)
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
@@ -26,16 +27,21 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
 }
 
 
-class _Parser(argparse.ArgumentParser):
-    """ArgumentParser whose errors are one line and exit with status 2."""
+class Parser(argparse.ArgumentParser):
+    """The parser of every ``amemory`` command: an error is one line naming the command,
+    ``{prog}: error: {message}`` on stderr, and exit status 2."""
 
-    def error(self, message: str) -> None:  # noqa: D401 - argparse API
-        sys.stderr.write(f"amemory: error: {message} (see `amemory --help`)\n")
-        raise SystemExit(2)
+    def error(self, message: str) -> NoReturn:
+        raise SystemExit(self.fail(f"{message} (see `{self.prog} --help`)"))
+
+    def fail(self, message: object) -> int:
+        """Write ``{prog}: error: {message}`` to stderr; return the exit status 2."""
+        sys.stderr.write(f"{self.prog}: error: {message}\n")
+        return 2
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(
+    parser = Parser(
         prog="amemory",
         description=(
             "Muon vs Adam vs SignGD on associative memories: train, check theorems, "
@@ -43,7 +49,7 @@ def build_parser() -> argparse.ArgumentParser:
         ),
     )
     parser.add_argument("--version", action="store_true", help="print the version and exit")
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=Parser)
     for name, (_, help_) in SUBCOMMANDS.items():
         sub.add_parser(name, help=help_, add_help=False)
     return parser
@@ -78,12 +84,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.command is None:
         parser.print_help()
         return 0
-    module_name = SUBCOMMANDS[args.command][0]
     try:
-        module = importlib.import_module(module_name)
-    except ModuleNotFoundError as e:
-        sys.stderr.write(f"amemory: error: `{args.command}` is not available yet ({e})\n")
-        return 2
+        module = importlib.import_module(SUBCOMMANDS[args.command][0])
+    except ModuleNotFoundError as e:  # an optional dependency, or experiments/ outside a checkout
+        return parser.fail(f"`amemory {args.command}` cannot start: {e}")
     return int(module.main(rest) or 0)
 
 

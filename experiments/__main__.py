@@ -8,24 +8,20 @@ report), writes ``result.json`` and ``figures/`` into ``--out`` (default
 
 from __future__ import annotations
 
-import argparse
 import pathlib
 import sys
 from collections.abc import Sequence
 
+from amemory.cli import Parser
 from experiments import common
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Parse the arguments, run the experiment, print its claims; 2 on a bad argument."""
     names = tuple(common.experiments())
-    parser = argparse.ArgumentParser(
-        prog="python -m experiments", description="run one experiment of amemory reproduce"
-    )
+    parser = Parser(prog="python -m experiments", description="one experiment of reproduce")
     parser.add_argument("name", choices=names, help="the experiment")
-    parser.add_argument(
-        "--scale", default="quick", choices=common.SCALES, help="quick (CPU) or full"
-    )
+    parser.add_argument("--scale", default="quick", choices=common.SCALES, help="quick or full")
     parser.add_argument("--out", default=None, help="run directory (default runs/<name>-<ts>)")
     parser.add_argument(
         "--set", action="append", default=[], metavar="FIELD=VALUE",

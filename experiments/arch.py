@@ -19,7 +19,7 @@ asked of the new parts: Muon on the experts only against Muon on attention only.
 FLOPs are model FLOPs (PaLM, arXiv 2204.02311, App. B): ``6 N + 6 L H T (d_qk + d_v)``
 per training token with N the active matrix parameters (routed experts counted at
 ``top_k / E``; the MoE's one-hot dispatch is not counted), plus Newton-Schulz FLOPs of
-every Muon step (``experiments.bench.train.ns_flops``).
+every Muon step (``amemory.train.planner.ns_flops``).
 
 Verdict rule, the same for the four claims: held when we measure at least 80% of the
 paper's effect (compute ratio <= 0.6, memory reduction >= 54.4%, speed-up >= 2.56x,
@@ -195,7 +195,7 @@ def model_costs(mc: Any, params: Any, muon_roles: tuple[str, ...]) -> dict[str, 
     import jax
 
     from amemory.models import transformer
-    from experiments.bench.train import ns_flops
+    from amemory.train.planner import ns_flops
 
     leaves = jax.tree.leaves(params)
     roles = jax.tree.leaves(transformer.param_roles(params))

@@ -308,16 +308,9 @@ def load_json(path: str | os.PathLike) -> Any:
 
 
 def read_jsonl(path: str | os.PathLike) -> list[dict[str, Any]]:
-    """Read a JSON-lines file (one dict per line; blank lines ignored)."""
-    rows = []
+    """Read a JSON-lines file (one dict per line; blank lines ignored; ``[]`` if absent)."""
     p = pathlib.Path(path)
-    if not p.exists():
-        return rows
-    for line in p.read_text().splitlines():
-        line = line.strip()
-        if line:
-            rows.append(json.loads(line))
-    return rows
+    return [json.loads(x) for x in p.read_text().splitlines() if x.strip()] if p.exists() else []
 
 
 def timestamp() -> str:
@@ -503,7 +496,8 @@ def train_cached(cfg: Any, cache_dir: str | os.PathLike, label: str) -> dict[str
     found = _read_cached(workdir)
     cached = found is not None
     if not cached:
-        summary = train(cfg, workdir, resume=workdir.exists())
+        # a run killed before its first checkpoint starts again (a cache, not user work)
+        summary = train(cfg, workdir, resume=any((workdir / "checkpoints").glob("[0-9]*")))
         found = summary, read_jsonl(workdir / "metrics.jsonl")
     return {"summary": found[0], "records": found[1], "workdir": str(workdir),
             "cached": cached, "label": label}  # fmt: skip
@@ -642,16 +636,9 @@ def run_config(
 
     if optimizer not in names():
         raise ValueError(f"optimizer must be one of {names()}, got {optimizer!r}")
-    c = ConfigDict(base.to_dict())
-    c.optimizer.name = optimizer
-    if optimizer == "adam":
-        c.optimizer.adam_lr = float(lr)
-        c.optimizer.lr = float(lr)
-        c.optimizer.muon_roles = "none"
-    else:
-        c.optimizer.lr = float(lr)
-        c.optimizer.adam_lr = float(adam_lr)
-        c.optimizer.muon_roles = muon_roles
+    c, adam = ConfigDict(base.to_dict()), optimizer == "adam"
+    c.optimizer.update(name=optimizer, lr=float(lr), adam_lr=float(lr if adam else adam_lr),
+                       muon_roles="none" if adam else muon_roles)  # fmt: skip
     return c
 
 

@@ -10,7 +10,7 @@ For each prior (paper A's two-level prior with α = 0.8, β = 0.2, and a heavy-t
 prior from the word counts of the real corpus) and each embedding (decoupled
 ``E = Ẽ = I``; coupled, paper A's ZYZ blocks) we record
 
-* one step with scaled η: ``W_η = -η D(∇L(W_0))`` for a sweep of η, giving a curve
+* one step with scaled η: ``W_η = η U(∇L(W_0))`` for a sweep of η, giving a curve
   (loss(W_η), Δ(W_η)), and the one-step balance ``ϱ^ε`` (first-crossing reading,
   ``docs/science.md#one-step-balance``);
 * many steps with a constant η: the curve (loss(W_t), Δ(W_t)) along the trajectory.
@@ -44,19 +44,6 @@ PRIORS = ("two_level", "corpus")
 
 
 # ----------------------------------------------------------------------------- pieces
-
-
-def direction(name: str, g: jax.Array) -> jax.Array:
-    """Update direction D(G) of ``W ← W - η D(G)`` for a gradient ``g`` ``[d_out, d_in]``.
-
-    ``gd``: G; ``signgd``: sign(G); ``muon``: msgn(G): minus
-    :func:`amemory.analysis.one_step.unit_update` (the papers' optimizers, run through
-    amemory.optim).
-
-    Raises:
-      ValueError: for an unknown ``name`` (allowed: ``gd``, ``signgd``, ``muon``).
-    """
-    return -one_step.unit_update(name, g)
 
 
 def embeddings(kind: str, K: int) -> tuple[jax.Array, jax.Array]:
@@ -104,13 +91,7 @@ def corpus_prior(corpus: str, K: int) -> tuple[np.ndarray, dict[str, Any]]:
     """
     from amemory.data.corpus import load_text_corpus
 
-    loaded = load_text_corpus(corpus)
-    train_texts = getattr(loaded, "train_texts", None)
-    if train_texts is None:  # contract form: (train_texts, val_texts)
-        train_texts = loaded[0]
-    if isinstance(train_texts, str):
-        train_texts = [train_texts]
-    words, counts = word_counts(train_texts, K)
+    words, counts = word_counts(load_text_corpus(corpus).train_texts, K)
     info = {
         "corpus": corpus,
         "top_words": words[:10],
@@ -140,7 +121,8 @@ def _stats(W: jax.Array, E: jax.Array, Et: jax.Array, prior: jax.Array) -> tuple
 def one_step_sweep(
     name: str, E: jax.Array, Et: jax.Array, prior: jax.Array, logit_grid: np.ndarray
 ) -> dict[str, np.ndarray]:
-    """One step from W_0 = 0 with scaled η: ``W_η = -η D(∇L(0))`` for a sweep of η.
+    """One step from W_0 = 0 with scaled η: ``W_η = η U(∇L(0))`` for a sweep of η
+    (``U = one_step.unit_update``: ``-G``, ``-sign(G)``, ``-msgn(G)``).
 
     The η grid is expressed as the mean correct-class logit ``t`` it produces,
     ``η = t / mean_k (Ẽᵀ (-D) E)_kk``, so one grid serves GD (tiny gradient entries) and
@@ -157,7 +139,7 @@ def one_step_sweep(
     K = prior.shape[0]
     W0 = jnp.zeros((Et.shape[0], E.shape[0]), E.dtype)
     g = jax.grad(memory.population_loss)(W0, E, Et, prior)
-    step = -direction(name, g)  # [d_out, d_in], the move of one unit of eta
+    step = one_step.unit_update(name, g)  # [d_out, d_in], the move of one unit of eta
     unit = float(jnp.trace(memory.task_space(step, E, Et))) / K
     etas = jnp.asarray(logit_grid, E.dtype) / unit
     loss, gap, mn, mx = jax.vmap(lambda eta: _stats(eta * step, E, Et, prior))(etas)
@@ -196,7 +178,7 @@ def one_step_rho(
 def trajectory(
     name: str, E: jax.Array, Et: jax.Array, prior: jax.Array, lr: float, steps: int
 ) -> dict[str, np.ndarray]:
-    """Many steps ``W ← W - lr D(∇L(W))`` from ``W_0 = 0`` (one compiled ``lax.scan``).
+    """Many steps ``W ← W + lr U(∇L(W))`` from ``W_0 = 0`` (one compiled ``lax.scan``).
 
     Returns:
       dict of ``[steps + 1]`` arrays (index t = after t steps): loss, gap, min_correct,
@@ -218,7 +200,7 @@ def _trajectory(name, steps, E, Et, prior, lr):
     def body(W, _):
         out = _stats(W, E, Et, prior)
         g = jax.grad(memory.population_loss)(W, E, Et, prior)
-        return W - lr * direction(name, g), out
+        return W + lr * one_step.unit_update(name, g), out
 
     W_end, outs = jax.lax.scan(body, W0, None, length=steps)
     return W_end, outs, _stats(W_end, E, Et, prior)
@@ -338,22 +320,17 @@ def make_claims(metrics: dict, cfg: Any) -> list[common.Claim]:
         return all(v < bal for v in vals) if want_balanced else all(v > imb for v in vals)
 
     if "two_level" in metrics["priors"]:
-        g = gaps("two_level", "gd")
-        claims.append(
-            common.Claim(
-                "one_layer/gd_imbalanced", "A, Thm 5.3 / Fig. 4",
-                "GD learns head before tail: imbalanced (large gap Δ) for both embeddings",
-                "GD imbalanced", ours(g), decide(list(g.values()), False), test,
-            )
-        )  # fmt: skip
-        g = gaps("two_level", "muon")
-        claims.append(
-            common.Claim(
-                "one_layer/muon_balanced", "A, Thm 5.3-5.4 / Fig. 4",
-                "Muon learns all classes at the same rate: balanced for both embeddings",
-                "Muon balanced", ours(g), decide(list(g.values()), True), test,
-            )
-        )  # fmt: skip
+        for opt, key, paper, statement, paper_value, balanced in (
+            ("gd", "one_layer/gd_imbalanced", "A, Thm 5.3 / Fig. 4",
+             "GD learns head before tail: imbalanced (large gap Δ) for both embeddings",
+             "GD imbalanced", False),
+            ("muon", "one_layer/muon_balanced", "A, Thm 5.3-5.4 / Fig. 4",
+             "Muon learns all classes at the same rate: balanced for both embeddings",
+             "Muon balanced", True),
+        ):  # fmt: skip
+            g = gaps("two_level", opt)
+            verdict = decide(list(g.values()), balanced)
+            claims.append(common.Claim(key, paper, statement, paper_value, ours(g), verdict, test))
         g = gaps("two_level", "signgd")
         held = None
         if "decoupled" in g and "coupled" in g:

@@ -131,7 +131,7 @@ def run(cfg: Any, kind: str, seeds: tuple[int, ...], *, log_every: int = 10) -> 
       ValueError: for an unknown kind, no seeds, a non-corpus task or a non-cosine schedule.
     """
     from amemory.data import batching
-    from amemory.data import corpus as C
+    from amemory.data.corpus import prepare_corpus
     from amemory.models import transformer
     from amemory.train.tasks import model_config
 
@@ -143,7 +143,7 @@ def run(cfg: Any, kind: str, seeds: tuple[int, ...], *, log_every: int = 10) -> 
         raise ValueError("reference_lm trains the corpus LM only (task='lm', data.kind='corpus')")
     t0 = time.perf_counter()
     d = cfg.data
-    data = C.prepare_corpus(d.corpus, tokenizer=d.tokenizer, vocab_size=int(d.vocab_size))
+    data = prepare_corpus(d.corpus, tokenizer=d.tokenizer, vocab_size=int(d.vocab_size))
     mc = model_config(cfg, data.vocab_size)
     # The engine's initialisation key of seed s: the first half of split(PRNGKey(s))
     # (the second seeds its dropout stream), so both start from the same weights.

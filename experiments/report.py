@@ -18,7 +18,6 @@ when the two disagree).
 
 from __future__ import annotations
 
-import argparse
 import datetime as _dt
 import importlib.metadata
 import math
@@ -32,6 +31,7 @@ from typing import Any
 
 from amemory import atomic
 from amemory.analysis import stats
+from amemory.cli import Parser
 from experiments import common
 
 RESULTS = common.REPO / "experiments" / "results"
@@ -361,15 +361,9 @@ def readme_table(readme: pathlib.Path) -> str:
 # ----------------------------------------------------------------------------- main
 
 
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> None:  # noqa: D401 - argparse API
-        sys.stderr.write(f"amemory report: error: {message}\n")
-        raise SystemExit(2)
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of ``amemory report`` (see the module docstring)."""
-    p = _Parser(prog="amemory report", description=__doc__.splitlines()[0])
+    p = Parser(prog="amemory report", description=__doc__.splitlines()[0])
     p.add_argument("--scale", default="quick", choices=common.SCALES, help="which results")
     p.add_argument("--results", default=str(RESULTS), help="results directory (default: ours)")
     p.add_argument("--out", default=None, help="where report.md goes (default runs/report-<ts>)")
@@ -382,8 +376,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"{saved}" + "".join(f"\n  moved: {line}" for line in moved))
     results = load_results(args.scale, args.results)
     if not results:
-        sys.stderr.write(f"amemory report: error: no results in {args.results}/{args.scale}\n")
-        return 2
+        return p.fail(f"no results in {args.results}/{args.scale}")
     out = pathlib.Path(args.out or pathlib.Path("runs") / f"report-{common.timestamp()}")
     out.mkdir(parents=True, exist_ok=True)
     print(f"report: {write_report(out, results, args.scale)}")
@@ -391,6 +384,5 @@ def main(argv: Sequence[str] | None = None) -> int:
         try:
             update_readme(pathlib.Path(args.update_readme), results, args.scale)
         except (OSError, ValueError) as e:
-            sys.stderr.write(f"amemory report: error: {e}\n")
-            return 2
+            return p.fail(e)
     return 0

@@ -53,20 +53,15 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from amemory import atomic
+from amemory.cli import Parser
 from experiments import common, report
 from experiments.configs import new_config
-
-
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> None:  # noqa: D401 - argparse API
-        sys.stderr.write(f"amemory reproduce: error: {message}\n")
-        raise SystemExit(2)
 
 
 def build_parser() -> argparse.ArgumentParser:
     """The argparse parser of ``amemory reproduce``."""
     names = tuple(common.experiments())
-    p = _Parser(prog="amemory reproduce", description=__doc__.splitlines()[0])
+    p = Parser(prog="amemory reproduce", description=__doc__.splitlines()[0])
     p.add_argument("--scale", default="quick", choices=common.SCALES, help="quick (CPU) or full")
     p.add_argument(
         "--only", action="append", default=None, choices=names, metavar="NAME",
@@ -250,12 +245,8 @@ def reproduce(
 
 
 def _enable_compilation_cache() -> None:
-    """Persistent XLA compilation cache (set before jax is imported; the user's setting wins).
-
-    Repeated ``amemory reproduce`` runs then skip most compiles (about 1 s instead of
-    2-3.5 s per program, measured on this project's machine). Also inherited by the check
-    subprocess.
-    """
+    """Persistent XLA compilation cache (set before jax is imported; the user's setting wins),
+    so repeated runs skip most compiles; the check subprocess inherits it."""
     default = (
         pathlib.Path(os.environ.get("AMEMORY_DATA", pathlib.Path.home() / ".cache" / "amemory"))
         / "jax-cache"
@@ -293,12 +284,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     """
     from amemory.train import guard, lock
 
-    args = build_parser().parse_args(list(sys.argv[1:] if argv is None else argv))
+    parser = build_parser()
+    args = parser.parse_args(list(sys.argv[1:] if argv is None else argv))
     out = pathlib.Path(args.out or pathlib.Path("runs") / f"reproduce-{common.timestamp()}")
     if args.update_readme and not pathlib.Path(args.update_readme).is_file():
-        sys.stderr.write(f"amemory reproduce: error: --update-readme {args.update_readme}: "
-                         "no such file\n")  # fmt: skip
-        return 2
+        return parser.fail(f"--update-readme {args.update_readme}: no such file")
     chosen = set(args.only or ())
     stages = [
         n for n, e in common.experiments().items() if n in chosen or (not chosen and e.default)
@@ -309,8 +299,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             if not any(common.has_field(cfg, key) for cfg in cfgs):
                 raise ValueError(f"--set {key}: no stage of this run has that field")
     except ValueError as e:
-        sys.stderr.write(f"amemory reproduce: error: {e}\n")
-        return 2
+        return parser.fail(e)
     _enable_compilation_cache()
     previous = signal.signal(signal.SIGTERM, _on_sigterm)
     try:
@@ -320,7 +309,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 sets=args.set, results_dir=pathlib.Path(args.results),
             )  # fmt: skip
     except lock.WorkdirBusyError as e:
-        sys.stderr.write(f"amemory reproduce: error: {e}\n")
+        parser.fail(e)
         return lock.EXIT_BUSY
     except KeyboardInterrupt as e:  # RunInterrupted (a training run saved), SIGTERM, Ctrl-C
         reason = "SIGINT" if type(e) is KeyboardInterrupt else getattr(e, "reason", "SIGTERM")

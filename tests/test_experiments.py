@@ -106,8 +106,6 @@ def test_word_counts_and_validation(tmp_path):
     chex.assert_trees_all_close(counts[:2], np.array([4.0, 2.0]))
     with pytest.raises(ValueError, match="distinct words"):
         one_layer.word_counts(["a b"], 5)
-    with pytest.raises(ValueError, match="optimizer"):
-        one_layer.direction("adam", np.zeros((2, 2)))
     cfg = _tiny_one_layer_cfg()
     cfg.K = 10
     cfg.embeddings = ("coupled",)

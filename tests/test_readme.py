@@ -15,14 +15,16 @@ def _section(title: str) -> str:
 
 def test_compose_optimizers_examples_run(capsys):
     """Every ```python block of section 1, in order, in one namespace (functional API,
-    flax.nnx.Optimizer on amemory's transformer and on a plain nnx model, the family)."""
+    flax.nnx.Optimizer on amemory's transformer and on a plain nnx model, the family,
+    scanned layers on an Explicit mesh)."""
     blocks = re.findall(r"```python\n(.*?)```", _section("1. Compose optimizers"), re.S)
-    assert len(blocks) == 3
+    assert len(blocks) == 4
     namespace: dict = {}
     for code in blocks:
         exec(compile(code, "README.md", "exec"), namespace)
     out = capsys.readouterr().out
     assert "layers/0/attn/v/kernel" in out and "hidden" in out and "rest" in out
+    assert "layer 1 = -polar(G[1]): True" in out
     loss = float(re.search(r"transformer loss ([0-9.]+) nats/token", out).group(1))
     assert 0.0 < loss < 10.0  # cross-entropy of a 37-token vocabulary at init: ~log 37
     optim, nnx = namespace["optim"], namespace["nnx"]

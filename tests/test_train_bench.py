@@ -1,12 +1,13 @@
 """FLOP accounting of `amemory bench train` against hand counts and the optim benchmark."""
 
 import jax
+import jax.numpy as jnp
 import pytest
 
 from amemory.models import transformer
+from amemory.optim import newton_schulz
 from amemory.train import planner
 from experiments.bench import optim as bench_optim
-from experiments.bench import train as bench_train
 
 
 def test_model_flops_hand_count():
@@ -32,7 +33,14 @@ def _step_flops(mc, params, B, T):
 @pytest.mark.parametrize("shape", [(24, 24), (24, 56), (56, 24), (256, 1024), (100, 150)])
 def test_ns_flops_match_optim_benchmark(shape):
     method = "gram" if max(shape) >= 2 * min(shape) else "direct"
-    assert bench_train.ns_flops(shape) == bench_optim.ns_flops(shape, method=method)
+    assert planner.ns_flops(shape) == _program_flops(shape, method)  # "auto"
+    assert planner.ns_flops(shape, method="direct") == _program_flops(shape, "direct")
     k, l = sorted(shape)
     if method == "direct":
-        assert bench_train.ns_flops(shape) == 5 * (4 * k * k * l + 2 * k**3)
+        assert planner.ns_flops(shape) == 5 * (4 * k * k * l + 2 * k**3)
+
+
+def _program_flops(shape, method):
+    """The matmul FLOPs of ``newton_schulz``'s program, counted from its jaxpr."""
+    x = jax.ShapeDtypeStruct(tuple(shape), jnp.float32)
+    return bench_optim._dot_flops(jax.make_jaxpr(lambda m: newton_schulz(m, method=method))(x))

@@ -18,7 +18,14 @@ import numpy as np
 import optax
 import orbax.checkpoint as ocp
 import pytest
-from train_helpers import LM_CONFIG, lm_config, lm_overrides, memory_config, write_corpus
+from train_helpers import (
+    LM_CONFIG,
+    MEMORY_CONFIG,
+    lm_config,
+    lm_overrides,
+    memory_config,
+    write_corpus,
+)
 
 from amemory import atomic
 from amemory.train import checkpoint as ckpt_lib
@@ -449,6 +456,18 @@ def test_train_cached_retrains_an_unreadable_cache_entry(tmp_path, capfd):
 # ----------------------------------------------------------------------------- 7. validation
 
 
+def test_an_option_the_preset_sets_cannot_be_overridden():
+    from amemory.train.config import load_config
+
+    preset = "optimizer.preset=jordan"
+    for field in ["optimizer.ns_dtype=bfloat16", "optimizer.ns_steps=3", "optimizer.momentum=0.9"]:
+        name = field.split("=")[0]
+        with pytest.raises(ValueError, match=rf"config\.{name} has no effect with .*'jordan'"):
+            load_config(LM_CONFIG, [preset, field])
+    config = load_config(LM_CONFIG, [preset, "optimizer.weight_decay=0.1"])  # applies
+    assert config.optimizer.weight_decay == 0.1
+
+
 @pytest.mark.parametrize(
     "override, match",
     [
@@ -461,13 +480,18 @@ def test_train_cached_retrains_an_unreadable_cache_entry(tmp_path, capfd):
         ("optimizer.b2=1.0", r"optimizer\.b2=1\.0"),
         ("optimizer.momentum=-0.5", r"optimizer\.momentum=-0\.5"),
         ("schedule.warmup_steps=501", r"warmup_steps=501 exceeds config\.steps=500"),
+        ("optimizer.lr=1e-46", r"optimizer\.lr=1e-46 is 0 or subnormal in float32"),
+        ("optimizer.adam_lr=1e-40", r"optimizer\.adam_lr=1e-40 is 0 or subnormal in float32"),
+        ("optimizer.eps=0", r"optimizer\.eps=0\.0; must be a finite float32 number > 0"),
+        ("task=lm", r"config\.task='lm' reads config groups \['model', 'data'\]"),
     ],
 )
 def test_bad_numbers_fail_before_compiling(override, match):
-    from amemory.train.config import load_config
+    from amemory.train.config import load_config, validate
 
+    config = MEMORY_CONFIG if override == "task=lm" else LM_CONFIG
     with pytest.raises(ValueError, match=match):
-        load_config(LM_CONFIG, [override])
+        validate(load_config(config, [override]))
 
 
 def test_mostly_binary_corpus_is_rejected_before_tokenizing(tmp_path, monkeypatch):

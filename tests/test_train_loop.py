@@ -77,18 +77,19 @@ def test_nonfinite_state_is_never_saved_and_names_healthy_checkpoint(tmp_path):
         train(memory_config(**bad, log_every=10), tmp_path / "a")
     assert not (tmp_path / "a" / "checkpoints" / "1").exists()
     # A good first step (saved), then a resume that diverges at step 2: checked before the
-    # save of step 2 (not a log step), which therefore never happens.
+    # save of step 2 (not a log step), which therefore never happens. The loss of step 2
+    # (on the parameters of checkpoint 1) is finite, only its update is not: checkpoint 1
+    # is healthy and stays where --resume finds it (amemory.train.guard).
     train(memory_config(**{"optimizer.name": "sgd", "steps": 1}), tmp_path / "b")
     with pytest.raises(
-        NonFiniteLossError,
-        # the checkpoint of step 1 has no healthy train record after it (amemory.train.guard)
-        match=r"at step 2; no checkpoint on disk is confirmed healthy \(the newest, .*/1,",
+        NonFiniteLossError, match=r"at step 2; newest healthy checkpoint: .*/b/checkpoints/1$"
     ):
         train(
             memory_config(**bad, steps=3, log_every=10), tmp_path / "b", resume=True,
             allow_changed=("optimizer.lr",),
         )  # fmt: skip
     assert not (tmp_path / "b" / "checkpoints" / "2").exists()
+    assert (tmp_path / "b" / "checkpoints" / "1").exists()
     recs = [json.loads(x) for x in (tmp_path / "b" / "metrics.jsonl").read_text().splitlines()]
     assert recs[-1]["event"] == "nonfinite" and recs[-1]["step"] == 2
 
@@ -162,10 +163,13 @@ def test_restore_into_different_shape_names_leaf(tmp_path):
     train(memory_config(**{"memory.K": 6, "steps": 1}), tmp_path)
     with pytest.raises(ValueError, match=r"already holds checkpoints .* --resume"):
         train(memory_config(**{"memory.K": 6, "steps": 2}), tmp_path)
+    with pytest.raises(ValueError, match=r"memory\.K: 6 in the checkpoint, 9 now"):
+        train(memory_config(**{"memory.K": 9, "steps": 2}), tmp_path, resume=True)
     with pytest.raises(
         ValueError, match=r"leaf 'params.W' has shape \(6, 6\), .* expects \(9, 9\)"
     ):
-        train(memory_config(**{"memory.K": 9, "steps": 2}), tmp_path, resume=True)
+        kw = {"resume": True, "allow_changed": ("memory.K",)}
+        train(memory_config(**{"memory.K": 9, "steps": 2}), tmp_path, **kw)
     # resuming with a longer run continues from step 1
     summary = train(memory_config(**{"memory.K": 6, "steps": 3}), tmp_path, resume=True)
     assert summary["resumed_from"] == 1 and summary["steps"] == 3

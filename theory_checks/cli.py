@@ -22,17 +22,12 @@ import sys
 import time
 from pathlib import Path
 
+from amemory.cli import Parser
 from theory_checks import common
 
 
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> None:  # noqa: D401 - argparse API
-        sys.stderr.write(f"amemory check: error: {message}\n")
-        raise SystemExit(2)
-
-
 def build_parser() -> argparse.ArgumentParser:
-    p = _Parser(prog="amemory check", description="Numerically verify the papers' statements.")
+    p = Parser(prog="amemory check", description="Numerically verify the papers' statements.")
     p.add_argument("--only", help="comma-separated substrings of check names to run")
     p.add_argument("--quick", action="store_true", help="smaller sizes (test-suite budget)")
     p.add_argument("--json", type=Path, metavar="PATH", help="write results as JSON")
@@ -66,19 +61,18 @@ def _load() -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(sys.argv[1:] if argv is None else argv)
+    parser = build_parser()
+    args = parser.parse_args(sys.argv[1:] if argv is None else argv)
     if args.update_readme is not None:
         try:
             common.check_readme(args.update_readme)
         except ValueError as e:
-            sys.stderr.write(f"amemory check: error: --update-readme: {e}\n")
-            return 2
+            return parser.fail(f"--update-readme: {e}")
     _load()
     try:
         names = common.select(args.only)
     except ValueError as e:
-        sys.stderr.write(f"amemory check: error: {e}\n")
-        return 2
+        return parser.fail(e)
     if args.list:
         for n in names:
             doc = (common.REGISTRY[n].fn.__doc__ or "").strip().splitlines()[0]

@@ -41,9 +41,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-__all__ = ["OPTIMIZERS", "GroupState", "expand", "final_loss", "gradient", "loss", "project", "run"]
+from amemory.analysis.one_step import OPTIMIZERS
 
-OPTIMIZERS = ("gd", "signgd", "muon")
+__all__ = ["OPTIMIZERS", "GroupState", "expand", "final_loss", "gradient", "loss", "project", "run"]
 
 
 class GroupState(NamedTuple):

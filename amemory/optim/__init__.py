@@ -54,7 +54,14 @@ from amemory.optim.distributed import (
 )
 from amemory.optim.hyperball import adamh, muonh, scale_by_hyperball
 from amemory.optim.muon import MuonState, muon, scale_by_muon
-from amemory.optim.nnx_roles import nnx_matrix_axes, nnx_per_head_matrix_axes, nnx_role
+from amemory.optim.nnx_roles import (
+    HEAD_NAMES,
+    NnxLayers,
+    nnx_layers,
+    nnx_matrix_axes,
+    nnx_per_head_matrix_axes,
+    nnx_role,
+)
 from amemory.optim.normuon import (
     AdaMuonState,
     NorMuonState,
@@ -123,6 +130,7 @@ OPTIMIZERS: dict[str, OptimizerInfo] = {
 __all__ = [
     "COEFFICIENT_SETS",
     "DISTRIBUTED_MODES",
+    "HEAD_NAMES",
     "MOMENTUM_FORMS",
     "NORMS",
     "NS_METHODS",
@@ -138,6 +146,7 @@ __all__ = [
     "AdaMuonState",
     "MuonOptions",
     "MuonState",
+    "NnxLayers",
     "NorMuonState",
     "OwnerStacks",
     "RoutingRow",
@@ -154,6 +163,7 @@ __all__ = [
     "muon",
     "muonh",
     "newton_schulz",
+    "nnx_layers",
     "nnx_matrix_axes",
     "nnx_per_head_matrix_axes",
     "nnx_role",

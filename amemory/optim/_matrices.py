@@ -20,6 +20,7 @@ side).
 
 from __future__ import annotations
 
+import contextvars
 import dataclasses
 import math
 from collections.abc import Callable, Sequence
@@ -45,6 +46,13 @@ __all__ = [
     "wide",
 ]
 
+#: The ``PartitionSpec`` of each leaf (flattening order) of the update being traced, set by
+#: ``distributed.auto_sharded`` while it runs an update on ``Auto`` axes, where the leaves'
+#: types no longer name the ``Explicit`` axes they arrived split along.
+EXPLICIT_SPECS: contextvars.ContextVar[tuple | None] = contextvars.ContextVar(
+    "EXPLICIT_SPECS", default=None
+)
+
 Axes = int | Sequence[int]
 MatrixAxes = None | tuple[Axes, Axes] | Callable[[tuple, jax.Array], "tuple[Axes, Axes] | None"]
 
@@ -63,6 +71,7 @@ class Layout:
     in_shape: tuple[int, ...]
     out_shape: tuple[int, ...]
     view: tuple[int, ...] = ()  # the leaf reshaped with one axis split into heads, if any
+    spec: tuple | None = None  # the leaf's PartitionSpec where its type names mesh axes
 
     @property
     def fan_in(self) -> int:
@@ -103,7 +112,7 @@ def _norm_axes(axes: Any, ndim: int, where: str) -> tuple[int, ...]:
     return tuple(out)
 
 
-def _layout(path: tuple, x: Any, matrix_axes: MatrixAxes) -> Layout:
+def _layout(path: tuple, x: Any, matrix_axes: MatrixAxes, spec: tuple = ()) -> Layout:
     shape = tuple(int(d) for d in np.shape(x))
     name = path_str(path)
     where = f"Muon leaf {name!r} with shape {shape}"
@@ -145,6 +154,8 @@ def _layout(path: tuple, x: Any, matrix_axes: MatrixAxes) -> Layout:
     if set(in_ax) & set(out_ax) or len(set(in_ax)) < len(in_ax) or len(set(out_ax)) < len(out_ax):
         raise ValueError(f"{where}: matrix_axes {axes!r} must name disjoint axes")
     batch_ax = tuple(a for a in range(len(shape)) if a not in in_ax and a not in out_ax)
+    own = tuple(jax.typeof(x).sharding.spec)  # names mesh axes only where they are Explicit
+    spec = own if any(own) else spec
     return Layout(
         path=name,
         shape=leaf_shape,
@@ -153,6 +164,7 @@ def _layout(path: tuple, x: Any, matrix_axes: MatrixAxes) -> Layout:
         in_shape=tuple(shape[a] for a in in_ax),
         out_shape=tuple(shape[a] for a in out_ax),
         view=shape if shape != leaf_shape else (),
+        spec=spec if any(spec) and shape == leaf_shape else None,  # a view: axes differ
     )
 
 
@@ -178,7 +190,11 @@ def leaf_layouts(tree: Any, matrix_axes: MatrixAxes) -> tuple[list[Any], Any, li
     """
     leaves_with_path, treedef = jax.tree_util.tree_flatten_with_path(tree)
     leaves = [x for _, x in leaves_with_path]
-    layouts = [_layout(p, x, matrix_axes) for p, x in leaves_with_path]
+    specs = EXPLICIT_SPECS.get()
+    specs = specs if specs and len(specs) == len(leaves) else [()] * len(leaves)
+    layouts = [
+        _layout(p, x, matrix_axes, sp) for (p, x), sp in zip(leaves_with_path, specs, strict=True)
+    ]
     return leaves, treedef, layouts
 
 

@@ -42,6 +42,7 @@ from amemory.optim._matrices import (
 from amemory.optim.distributed import DISTRIBUTED_MODES, OwnerLayout, resolve_layout
 from amemory.optim.orthogonalize import (
     NORMS,
+    NS_EPS_MODES,
     NS_METHODS,
     PRECONDITIONINGS,
     coefficient_table,
@@ -147,7 +148,9 @@ class MuonOptions:
       orthogonalizer: ``"newton_schulz"`` or ``"polar"`` (exact, SVD; float64 under x64).
       ns_coeffs: ``"jordan"``, ``"polar_express"``, ``"dion"`` or an array ``[steps, 3]``.
       ns_steps: NS steps; ``None``: 5, or the length of an array ``ns_coeffs``. Static.
-      ns_eps: added to the norm before NS (1e-7 Keller/torch, 1e-8 optax).
+      ns_eps: guards the norm division before NS (1e-7 Keller/torch, 1e-8 optax).
+      ns_eps_mode: ``"add"`` (``||U|| + eps``: Keller, optax) or ``"clamp"``
+        (``max(||U||, eps)``: torch.optim.Muon, scale-invariant).
       ns_dtype: NS compute dtype: ``None`` (momentum's dtype, at least fp32), a dtype or
         its name (``"bfloat16"``), or ``"auto"`` (bf16 on GPU/TPU, fp32 on CPU).
       ns_method: ``"auto"`` (the Gram form when ``fan_max >= 2 fan_min``, except
@@ -197,6 +200,7 @@ class MuonOptions:
     ns_coeffs: Any = "jordan"
     ns_steps: int | None = None
     ns_eps: Any = 1e-7
+    ns_eps_mode: str = "add"
     ns_dtype: Any = None
     ns_method: str = "auto"
     preconditioning: str = "frobenius"
@@ -218,6 +222,7 @@ class MuonOptions:
         _check_choice("norm", self.norm, NORMS)
         _check_choice("orthogonalizer", self.orthogonalizer, ORTHOGONALIZERS)
         _check_choice("ns_method", self.ns_method, NS_METHODS)
+        _check_choice("ns_eps_mode", self.ns_eps_mode, NS_EPS_MODES)
         _check_choice("preconditioning", self.preconditioning, PRECONDITIONINGS)
         _check_choice("nuclear_scale", self.nuclear_scale, NUCLEAR_SCALES)
         _check_choice("shape_scale", self.shape_scale, SHAPE_SCALES)
@@ -271,8 +276,8 @@ class MuonOptions:
             return polar
         ns = functools.partial(
             newton_schulz, coeffs=self.ns_coeffs, steps=self.steps, eps=self.ns_eps,
-            method=self.ns_method, preconditioning=self.preconditioning,
-            gram_restarts=self.gram_restarts,
+            eps_mode=self.ns_eps_mode, method=self.ns_method,
+            preconditioning=self.preconditioning, gram_restarts=self.gram_restarts,
         )  # fmt: skip
         # "auto" is resolved at trace time, for the devices the update is compiled for
         return lambda x: ns(x, dtype=_resolve_dtype(self.ns_dtype, self.ns_mesh))
@@ -300,7 +305,7 @@ def init_state(params: Any, opts: MuonOptions) -> tuple[list[Layout], Any, dict[
       ValueError: a leaf that is not a matrix (names path and shape).
     """
     leaves, treedef, layouts = leaf_layouts(params, opts.matrix_axes)
-    mu = treedef.unflatten([jnp.zeros(np.shape(x), opts.mu_dtype or _dtype(x)) for x in leaves])
+    mu = treedef.unflatten([jnp.zeros_like(x, opts.mu_dtype or _dtype(x)) for x in leaves])
     diag = None
     if opts.diagnostics:
         zeros = treedef.unflatten([jnp.zeros([], jnp.float32) for _ in leaves])

@@ -41,6 +41,7 @@ from amemory.optim._muon_core import (
     shape_scale_factor,
 )
 from amemory.optim._paths import path_keys
+from amemory.optim.distributed import auto_sharded
 from amemory.optim.orthogonalize import COEFFICIENT_SETS, PRECONDITIONINGS, newton_schulz
 
 __all__ = [
@@ -230,7 +231,7 @@ def scale_by_muon(
         out, _ = scale(orthogonalize(mats, layouts, o)[0], grads, layouts, o, None, treedef)
         return out, MuonState(count=count, mu=treedef.unflatten(mu), ns_coeffs=state.ns_coeffs)
 
-    return optax.GradientTransformation(init_fn, update_fn)
+    return auto_sharded(optax.GradientTransformation(init_fn, update_fn))
 
 
 def scale_by_shape(

@@ -28,11 +28,13 @@ JAX, MaxText moves a matrix's sharding onto a stack axis with one all-to-all):
    stays in place: each owner orthogonalises its own matrices, and only an
    ``all_gather`` over replica axes (if any) follows.
 
-Which axis a leaf is split along is not visible at trace time under Auto mesh axes, so
-the layout follows the FSDP convention of ``amemory.train``: a leaf is split along its
-largest axis divisible by ``s`` (ties to the first axis); a stack along its larger matrix
-axis divisible by ``s`` (ties to rows). A leaf split differently still gets the exact
-update; XLA then reshards it at the ``shard_map`` boundary (more traffic).
+Under ``Explicit`` mesh axes a leaf's type names the axis it is split along and the layout
+follows it (:func:`auto_sharded` runs the update itself on ``Auto`` axes). Under ``Auto``
+axes it is not visible at trace time, so the layout follows the FSDP convention of
+``amemory.train``: a leaf is split along its largest axis divisible by ``s`` (ties to the
+first axis); a stack along its larger matrix axis divisible by ``s`` (ties to rows). A
+leaf split differently still gets the exact update; XLA then reshards it at the
+``shard_map`` boundary (more traffic).
 
 Communication per update (bytes summed over devices, element size ``e``, ``E_g`` the
 padded element count of stack ``g``): ``e * sum_g [2 (s-1)/s + (r-1)] E_g`` for split
@@ -55,14 +57,23 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax.sharding import Mesh, NamedSharding
+import optax
+from jax.sharding import AxisType, Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from amemory.optim._matrices import check_ns_mesh, group_stacks, leaf_layouts, nuclear_scaled, wide
+from amemory.optim._matrices import (
+    EXPLICIT_SPECS,
+    check_ns_mesh,
+    group_stacks,
+    leaf_layouts,
+    nuclear_scaled,
+    wide,
+)
 from amemory.optim.orthogonalize import orthogonality_error
 
 __all__ = [
     "DISTRIBUTED_MODES",
+    "auto_sharded",
     "Group",
     "OwnerLayout",
     "OwnerStacks",
@@ -75,6 +86,8 @@ __all__ = [
 #: layout of Newton-Schulz to XLA's partitioner; ``"auto"``: owner iff ``ns_mesh`` is set
 #: and its mesh has more than one device.
 DISTRIBUTED_MODES = ("auto", "gspmd", "owner")
+
+Auto = AxisType.Auto
 
 #: Group kinds (how a stack reaches its owners), as written in the start event.
 KINDS = ("all_to_all", "gather", "in_place")
@@ -116,12 +129,6 @@ class Group:
         return self.rows if self.tall[0] else self.cols
 
 
-def _leaf_split_axis(shape: tuple[int, ...], s: int) -> int | None:
-    """The FSDP convention: the largest axis divisible by ``s`` (ties: first), or None."""
-    cands = [i for i, d in enumerate(shape) if d % s == 0 and d >= s]
-    return max(cands, key=lambda i: (shape[i], -i)) if cands and s > 1 else None
-
-
 @dataclasses.dataclass(frozen=True)
 class OwnerLayout:
     """The owner layout on ``mesh``, with parameters split over ``split_axes``.
@@ -154,6 +161,23 @@ class OwnerLayout:
 
     # ------------------------------------------------------------------ plan
 
+    def _split(self, lay: Any) -> tuple[int | None, int | None]:
+        """``(leaf axis split over split_axes, the wide stack dim (1|2) it splits or None)``.
+
+        An ``Explicit`` sharding names the axis; otherwise the FSDP convention applies (the
+        largest axis divisible by ``s``, ties to the first) and the stack dim is chosen in
+        :meth:`plan`. The axis splits a matrix dim into whole blocks when it is the first
+        of the layout's ``in`` (fan_in) or ``out`` axes.
+        """
+        s, nb, tall = self.n_splits, len(lay.batch_shape), lay.fan_in > lay.fan_out
+        if lay.spec is None:
+            cands = [i for i, d in enumerate(lay.shape) if d % s == 0 and d >= s]
+            return (max(cands, key=lambda i: (lay.shape[i], -i)) if cands and s > 1 else None), None
+        names = [(e,) if isinstance(e, str) else tuple(e or ()) for e in lay.spec]
+        ax = next((i for i, e in enumerate(names) if e == self.split_axes), None)
+        first = {lay.perm[nb]: 2 if tall else 1, lay.perm[nb + len(lay.in_shape)]: 1 if tall else 2}
+        return ax, first.get(ax)
+
     def plan(self, layouts: Sequence[Any], *, batch_leaves: bool, by_orientation: bool):
         """Group the leaves (``_matrices.Layout`` objects, shapes only) into stacks.
 
@@ -165,17 +189,21 @@ class OwnerLayout:
           a tuple of :class:`Group`, deterministic in the leaf order.
         """
         n, s = self.n_devices, self.n_splits
-        in_place, rest = [], []
+        in_place, rest = [], {}  # rest: by the stack dim an Explicit sharding splits
         for i, lay in enumerate(layouts):
-            ax = _leaf_split_axis(lay.shape, s)
+            ax, want = self._split(lay)
             split_batch = ax is not None and lay.batch_shape and lay.perm[0] == ax
-            (in_place if split_batch and lay.batch % n == 0 else rest).append(i)
-        groups = []
-        keyed = group_stacks(
-            [layouts[i] for i in rest], batch_leaves=batch_leaves, by_orientation=by_orientation
-        )
-        entries = [(key, [rest[m] for m in local]) for key, local in keyed.items()]
-        for key, members in entries + [(None, [i]) for i in in_place]:
+            if split_batch and lay.batch % n == 0:
+                in_place.append(i)
+            else:
+                rest.setdefault(want, []).append(i)
+        groups, entries = [], []
+        for want, idx in rest.items():
+            keyed = group_stacks(
+                [layouts[i] for i in idx], batch_leaves=batch_leaves, by_orientation=by_orientation
+            )
+            entries += [(key, want, [idx[m] for m in local]) for key, local in keyed.items()]
+        for key, want, members in entries + [(None, None, [i]) for i in in_place]:
             lays = [layouts[i] for i in members]
             talls = tuple(lay.fan_in > lay.fan_out for lay in lays)
             rows, cols = sorted((lays[0].fan_in, lays[0].fan_out))
@@ -186,11 +214,13 @@ class OwnerLayout:
             else:
                 split = {d: dim for d, dim in ((1, rows), (2, cols)) if s > 1 and dim % s == 0}
                 split_dim = max(split, key=split.get) if split else None  # larger; ties: rows
+                split_dim = want if want in split else split_dim  # as the Explicit type says
                 kind, padded = ("all_to_all" if split_dim else "gather"), -(-size // n) * n
             if key is None or not batch_leaves:
                 name = f"leaf{members[0]}"
             else:
                 name = f"{rows}x{cols}" + ("" if len(key) == 2 else ("_t" if key[2] else "_w"))
+                name += {None: "", 1: "_r", 2: "_c"}[want]
             members = tuple(members)
             groups.append(
                 Group(name, kind, members, talls, counts, rows, cols, split_dim, size, padded)
@@ -327,7 +357,7 @@ class OwnerLayout:
             v_spec = P(*owned, *([None] * (v.ndim - 1)))
             fn = jax.shard_map(
                 lambda a, b, body=body: _fill(body(a, b)),
-                mesh=self.mesh,
+                mesh=self.mesh.update(axis_types=(Auto,) * len(self.mesh.axis_names)),
                 in_specs=(spec, v_spec),
                 out_specs=(spec, v_spec, owned if opts.diagnostics else P()),
                 check_vma=False,
@@ -364,6 +394,62 @@ class OwnerLayout:
 def _fill(res):
     y, v, err = res
     return y, v, (jnp.zeros((), jnp.float32) if err is None else err)
+
+
+# --------------------------------------------------------------------------- explicit axes
+
+
+def _explicit_mesh(tree: Any) -> tuple[Any, tuple[str, ...]]:
+    """The mesh in effect (context, else the leaves' types) and its ``Explicit`` axes."""
+    mesh = jax.sharding.get_abstract_mesh()
+    if mesh.empty:  # jit of explicitly sharded arrays without jax.set_mesh
+        meshes = (getattr(jax.typeof(x).sharding, "mesh", None) for x in jax.tree.leaves(tree))
+        mesh = next((m for m in meshes if m is not None and not m.empty), mesh)
+    if mesh.empty:
+        return mesh, ()
+    types = dict(zip(mesh.axis_names, mesh.axis_types, strict=True))
+    return mesh, tuple(a for a in mesh.axis_names if types[a] == AxisType.Explicit)
+
+
+def auto_sharded(tx: optax.GradientTransformation) -> optax.GradientTransformation:
+    """``tx`` with its update run on ``Auto`` mesh axes, for parameters with ``Explicit`` ones.
+
+    Under ``Explicit`` axes (``jax.make_mesh``'s default in JAX 0.10) every reshape and
+    matmul must state its output sharding; Muon reshapes leaves into matrix stacks and
+    contracts over their (possibly sharded) axes. The wrapper leaves the update's
+    sharding to XLA's partitioner (``jax.sharding.auto_axes``, which the owner layout
+    then overrides with its ``shard_map``) and gives every output the input's sharding
+    (updates like the gradients, new state like the old): the same numbers as the
+    unsharded update. Meshes with only ``Auto`` axes, or none, call ``tx`` unchanged.
+
+    Args:
+      tx: a transform whose update returns a state of the same structure as it gets.
+
+    Returns:
+      ``tx`` with the same ``init`` and the wrapped ``update``.
+
+    Source: JAX's explicit-sharding guide ("Explicit sharding", ``jax.sharding.auto_axes``).
+    """
+
+    def update_fn(updates, state, params=None):
+        mesh, explicit = _explicit_mesh((updates, state, params))
+        if not explicit:
+            return tx.update(updates, state, params)
+
+        def spec(x):
+            sh = jax.typeof(x).sharding
+            return NamedSharding(mesh, sh.spec if isinstance(sh, NamedSharding) else P())
+
+        out = jax.tree.map(spec, (updates, state))
+        token = EXPLICIT_SPECS.set(tuple(spec(x).spec for x in jax.tree.leaves(updates)))
+        try:  # the owner layout plans from the specs (the types inside no longer name them)
+            return jax.sharding.auto_axes(tx.update, axes=explicit, out_sharding=out)(
+                updates, state, params
+            )
+        finally:
+            EXPLICIT_SPECS.reset(token)
+
+    return optax.GradientTransformation(tx.init, update_fn)
 
 
 # --------------------------------------------------------------------------- resolution

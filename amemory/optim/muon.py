@@ -62,6 +62,7 @@ from amemory.optim._muon_core import (
     scale,
     with_options,
 )
+from amemory.optim.distributed import auto_sharded
 from amemory.optim.presets import preset_options
 
 __all__ = ["MuonState", "muon", "muon_direction", "scale_by_muon"]
@@ -148,7 +149,7 @@ def muon_direction(opts: MuonOptions) -> optax.GradientTransformation:
         out, diag = scale(o, grads, layouts, opts, errors, treedef)
         return out, MuonState(count=count, mu=treedef.unflatten(mu), diagnostics=diag)
 
-    return optax.GradientTransformation(init_fn, update_fn)
+    return auto_sharded(optax.GradientTransformation(init_fn, update_fn))
 
 
 @with_options(unset_defaults=True)

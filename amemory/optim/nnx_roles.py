@@ -1,47 +1,49 @@
 """Roles and matrix axes of models built from standard ``flax.nnx`` layers (foreign models).
 
-amemory's own transformer names a role in every parameter path
-(``amemory.models.role_of``). For any other ``flax.nnx`` model, :func:`nnx_role` reads
-the conventions of the standard layers from the path, and :func:`nnx_matrix_axes` says
-which axes of a kernel form the matrix Muon orthogonalises:
+amemory's own transformer names a role in every parameter path (``models.role_of``).
+For any other ``flax.nnx`` model :func:`nnx_layers` reads each layer once and gives a
+``role`` function (for ``optim.routed``) and a ``matrix_axes`` function (for Muon) that
+agree: a kernel with role ``dense``, ``head`` or ``q|k|v|o`` has a matrix
+``(fan_in, fan_out)``, nothing else does. Kernels: ``Linear`` ``[in, out]``;
+``LinearGeneral`` ``[*batch, *in, *out]``; ``Einsum`` from its string (kernel axes summed
+over are ``fan_in``, axes it adds to the output ``fan_out``, axes in input, kernel and
+output are batch axes: ``"BTD,NDH->BTNH"`` ``[N, D, H]`` is ``(D, N*H)``,
+``"EBD,EDF->EBF"`` is E matrices ``(D, F)``); ``Conv``/``ConvTranspose`` ``[*k, c_in,
+c_out]`` is ``(prod(k) * c_in, c_out)`` (Keller Jordan's CIFAR-10 speedruns);
+``MultiHeadAttention`` ``query|key|value`` ``[d, H, d_h]`` are ``q|k|v`` ``(d, H*d_h)``,
+``out`` ``[H, d_h, d]`` is ``o`` ``(H*d_h, d)``. ``Embed`` ``embedding`` is ``embed``, any
+``scale`` ``norm`` and any ``bias`` ``bias`` (a LayerNorm's too), none a matrix; any other
+parameter is a ``ValueError`` naming it.
 
-==============================  ==================  ========  ==========================
-layer, parameter                shape               role      matrix (fan_in, fan_out)
-==============================  ==================  ========  ==========================
-``nnx.Linear`` ``kernel``       ``[in, out]``       dense     ``(in, out)``
-``nnx.MultiHeadAttention``      ``[d, H, d_h]``     q, k, v   ``(d, H*d_h)``
-``query|key|value/kernel``
-``nnx.MultiHeadAttention``      ``[H, d_h, d]``     o         ``(H*d_h, d)``
-``out/kernel``
-a kernel under ``head`` /       ``[in, out]``       head      ``(in, out)``
-``lm_head``
-``nnx.Embed`` ``embedding``     ``[V, d]``          embed     (not a Muon matrix)
-any ``scale`` (LayerNorm,       ``[d]``             norm      (not a matrix)
-RMSNorm, BatchNorm, ...)
-any ``bias``                    ``[...]``           bias      (not a matrix)
-==============================  ==================  ========  ==========================
-
-(A LayerNorm's ``bias`` is labelled ``bias``, not ``norm``: the path does not tell the
-two apart; both usually go to Adam.) A parameter outside this table is a ``ValueError``
-naming it: write a ``role_fn`` for it, nothing is guessed. Both functions read paths as
-``amemory.optim.routing`` gives them (``nnx.Variable`` ``value`` keys already removed),
-and import nothing of Flax.
+The output layer (logits: Muon's authors route it to Adam with the embeddings) gets role
+``head``: the ``Linear``/``LinearGeneral``/``Einsum`` defined last among the model's own
+attributes, or one under :data:`HEAD_NAMES` at the top (``head``/``lm_head`` anywhere), or
+those named by ``heads=``. When none is found (logits from a submodule or a tied
+embedding) a warning names the kernel defined last, which goes to Muon, and how to route
+it. :func:`nnx_role` / :func:`nnx_matrix_axes` read the table from a path alone: enough
+for Linear, MultiHeadAttention, Embed and norms; a kernel whose matrix a path cannot tell
+is a ``ValueError`` pointing to :func:`nnx_layers`.
 
 Example::
 
+    layers = optim.nnx_layers(model)
     tx = optim.routed(
-        {"hidden": optim.muon(0.02, matrix_axes=optim.nnx_matrix_axes),
+        {"hidden": optim.muon(0.02, matrix_axes=layers.matrix_axes),
          "rest": optax.adam(3e-3)},
-        optim.nnx_role,
+        layers.role,
     )
     optimizer = nnx.Optimizer(model, tx, wrt=nnx.Param)
 
 Source: the parameter names and kernel layouts of ``flax.nnx`` 0.12 (``Linear``,
-``LinearGeneral``, ``MultiHeadAttention``, ``Embed``, ``LayerNorm``, ``RMSNorm``).
+``LinearGeneral``, ``Einsum``, ``Conv``, ``ConvTranspose``, ``MultiHeadAttention``,
+``Embed``, ``LayerNorm``, ``RMSNorm``); Jordan (2024), https://kellerjordan.github.io/
+posts/muon/ (output layer and embeddings to Adam; conv kernels flattened).
 """
 
 from __future__ import annotations
 
+import dataclasses
+import warnings
 from typing import Any
 
 import numpy as np
@@ -49,91 +51,111 @@ import numpy as np
 from amemory.optim._paths import path_keys
 from amemory.optim.routing import Roles
 
-__all__ = ["nnx_matrix_axes", "nnx_per_head_matrix_axes", "nnx_role"]
+__all__ = [
+    "HEAD_NAMES",
+    "NnxLayers",
+    "nnx_layers",
+    "nnx_matrix_axes",
+    "nnx_per_head_matrix_axes",
+    "nnx_role",
+]
 
 _ATTENTION = {"query": "q", "key": "k", "value": "v", "out": "o"}
-_HEADS = ("head", "lm_head")
-
-
-def _keys(path: Any) -> tuple:
-    if isinstance(path, str):
-        return tuple(path.split("/"))
-    return path_keys(tuple(path))
-
-
-def _unknown(keys: tuple, shape: Any) -> ValueError:
-    return ValueError(
-        f"nnx_role: cannot classify parameter {'/'.join(map(str, keys))!r} with shape "
-        f"{shape}; known: Linear/LinearGeneral 'kernel', MultiHeadAttention "
-        f"{sorted(_ATTENTION)} kernels, Embed 'embedding', norm 'scale', any 'bias'; "
-        "pass your own role_fn for other parameters"
-    )
-
-
-def _nnx_role(path: Any, leaf: Any = None) -> str:
-    """The role (one of ``nnx_role.roles``) of a standard ``flax.nnx`` layer's parameter.
-
-    Args:
-      path: key path (tuple of keys or jax key entries, or ``"a/b/kernel"``).
-      leaf: the parameter (its shape is used only in error messages).
-
-    Returns:
-      ``"q"``, ``"k"``, ``"v"``, ``"o"`` (attention kernels), ``"head"``, ``"dense"``
-      (other kernels), ``"embed"``, ``"norm"`` or ``"bias"`` (see the module table).
-
-    Raises:
-      ValueError: a parameter outside the table (names it).
-    """
-    keys = _keys(path)
-    name = keys[-1] if keys else None
-    parent = keys[-2] if len(keys) >= 2 else None
-    if name == "kernel":
-        if parent in _ATTENTION:
-            return _ATTENTION[parent]
-        return "head" if parent in _HEADS else "dense"
-    if name == "embedding":
-        return "embed"
-    if name == "scale":
-        return "norm"
-    if name == "bias":
-        return "bias"
-    raise _unknown(keys, np.shape(leaf) if leaf is not None else None)
-
-
-#: :func:`_nnx_role` with its vocabulary (groups ``qk``, ``vo``, ``hidden``: every kernel
-#: but the head), an ``amemory.optim.routing.Roles``.
-nnx_role = Roles(
-    _nnx_role,
+#: The roles this module gives, and the groups a routing spec may name (``hidden``: every
+#: kernel but the head).
+_VOCAB = (
     ("q", "k", "v", "o", "dense", "head", "embed", "norm", "bias"),
     {"qk": ("q", "k"), "vo": ("v", "o"), "hidden": ("q", "k", "v", "o", "dense")},
 )
+#: Layer names of a model's output layer at the model top (``head``/``lm_head`` anywhere).
+HEAD_NAMES = ("head", "lm_head", "output_layer", "classifier", "logits", "out_proj")
 
 
-def nnx_matrix_axes(path: Any, leaf: Any) -> tuple[Any, Any] | None:
-    """``matrix_axes`` for Muon on standard ``flax.nnx`` kernels (``MuonOptions.matrix_axes``).
+def _keys(path: Any) -> tuple:
+    return tuple(path.split("/")) if isinstance(path, str) else path_keys(tuple(path))
 
-    Args:
-      path: key path of the leaf.
-      leaf: the parameter (array or ``ShapeDtypeStruct``).
 
-    Returns:
-      ``(in_axes, out_axes)``: ``(0, 1)`` for 2-D kernels, ``(0, (1, 2))`` for
-      ``MultiHeadAttention`` ``query|key|value`` kernels ``[d, H, d_h]``, ``((0, 1), 2)``
-      for its ``out`` kernel ``[H, d_h, d]``; ``None`` for anything else (not a matrix:
-      Muon then raises, naming the leaf, if routing sends it there).
+def _classify(keys: tuple, shape: tuple) -> tuple[str, Any]:
+    """``(role, matrix axes or None)`` of a parameter from its path and shape alone."""
+    name, parent = keys[-1] if keys else None, keys[-2] if len(keys) >= 2 else None
+    where = f"parameter {'/'.join(map(str, keys))!r} with shape {shape}"
+    if name in ("embedding", "scale", "bias"):
+        return {"embedding": "embed", "scale": "norm", "bias": "bias"}[name], None
+    if name != "kernel":
+        raise ValueError(
+            f"nnx_role: cannot classify {where}; known: Linear, LinearGeneral, Einsum, Conv, "
+            f"ConvTranspose and MultiHeadAttention kernels, Embed 'embedding', norm 'scale', "
+            "any 'bias'; pass your own role_fn for other parameters"
+        )
+    if len(shape) == 3 and parent in _ATTENTION:
+        return _ATTENTION[parent], ((0, 1), 2) if parent == "out" else (0, (1, 2))
+    if len(shape) == 2:
+        head = parent in HEAD_NAMES[:2] or (len(keys) == 2 and parent in HEAD_NAMES)
+        return ("head" if head else "dense"), (0, 1)
+    raise ValueError(
+        f"nnx_role: the matrix of {where} is not readable from its path (a Conv, "
+        "LinearGeneral or Einsum kernel): use optim.nnx_layers(model).role / .matrix_axes"
+    )
+
+
+@dataclasses.dataclass(frozen=True)
+class NnxLayers:
+    """Roles and matrix axes of a model's parameters (module table), from its layers.
+
+    ``kernels`` maps ``"path/to/kernel"`` to ``(role, (in_axes, out_axes))`` as read by
+    :func:`nnx_layers`; any other parameter is classified from its path and shape.
     """
-    keys = _keys(path)
-    ndim = np.ndim(leaf)
-    if not keys or keys[-1] != "kernel":
-        return None
-    if ndim == 2:
-        return (0, 1)
-    parent = keys[-2] if len(keys) >= 2 else None
-    if ndim == 3 and parent in ("query", "key", "value"):
-        return (0, (1, 2))
-    if ndim == 3 and parent == "out":
-        return ((0, 1), 2)
-    return None
+
+    kernels: dict[str, tuple[str, Any]]
+
+    @property
+    def role(self) -> Roles:
+        """``role_fn`` for ``optim.routed`` (an ``optim.routing.Roles`` with the vocabulary:
+        roles ``q k v o dense head embed norm bias``, groups ``qk``, ``vo``, ``hidden``)."""
+        return Roles(self._role, *_VOCAB)
+
+    def _role(self, path: Any, leaf: Any = None) -> str:
+        """The role of one parameter: ``"q"``, ``"k"``, ``"v"``, ``"o"``, ``"head"``,
+        ``"dense"``, ``"embed"``, ``"norm"`` or ``"bias"``.
+
+        ``path`` is a key path or ``"a/b/kernel"``; ``leaf`` the parameter (its shape).
+        From a path alone a 2-D kernel at the model top not named in :data:`HEAD_NAMES`
+        is ``"dense"`` with a warning (once per leaf): the path cannot tell whether it
+        computes the logits.
+
+        Raises:
+          ValueError: a parameter outside the table, or a kernel whose matrix its path
+            cannot tell (Conv, LinearGeneral, Einsum; names it, points to nnx_layers).
+        """
+        keys = _keys(path)
+        role, _ = self._lookup(keys, leaf if leaf is not None else np.zeros((0, 0)))
+        name = "/".join(map(str, keys))
+        if role == "dense" and len(keys) == 2 and name not in self.kernels:
+            warnings.warn(
+                f"nnx_role: {name!r} is a kernel at the model top labelled 'dense' (Muon); "
+                f"if it computes the logits, name its layer one of {HEAD_NAMES} or use "
+                "optim.nnx_layers(model), which finds the output layer",
+                stacklevel=2,
+            )
+        return role
+
+    def matrix_axes(self, path: Any, leaf: Any) -> tuple[Any, Any] | None:
+        """``matrix_axes`` for Muon: a kernel's ``(in_axes, out_axes)``, else None.
+
+        Raises:
+          ValueError: as :meth:`_role`.
+        """
+        return self._lookup(_keys(path), leaf)[1]
+
+    def _lookup(self, keys: tuple, leaf: Any) -> tuple[str, Any]:
+        hit = self.kernels.get("/".join(map(str, keys)))
+        return hit if hit is not None else _classify(keys, tuple(np.shape(leaf)))
+
+
+#: The module table read from a path alone (no model): enough for Linear ``(0, 1)``,
+#: MultiHeadAttention (``(0, (1, 2))`` for ``query|key|value`` ``[d, H, d_h]``,
+#: ``((0, 1), 2)`` for ``out`` ``[H, d_h, d]``), Embed, norms and biases.
+nnx_role, nnx_matrix_axes = NnxLayers({}).role, NnxLayers({}).matrix_axes
 
 
 def nnx_per_head_matrix_axes(path: Any, leaf: Any) -> tuple[Any, Any] | None:
@@ -142,3 +164,91 @@ def nnx_per_head_matrix_axes(path: Any, leaf: Any) -> tuple[Any, Any] | None:
     d]``; Kimi K3's per-head Muon (arXiv 2607.24653, Sec. 2.5)."""
     axes = nnx_matrix_axes(path, leaf)
     return {(0, (1, 2)): (0, 2), ((0, 1), 2): (1, 2)}.get(axes, axes)
+
+
+def _einsum_axes(spec: str, ndim: int) -> tuple[Any, Any] | None:
+    """``(in_axes, out_axes)`` of an Einsum kernel (the second operand), or None."""
+    lhs, _, out = spec.replace(" ", "").partition("->")
+    x, _, w = lhs.partition(",")
+    if len(w) != ndim or "." in w:
+        return None
+    fan_in = tuple(i for i, c in enumerate(w) if c in x and c not in out)
+    fan_out = tuple(i for i, c in enumerate(w) if c in out and c not in x)
+    return (fan_in, fan_out) if fan_in and fan_out else None
+
+
+def _in_order(node: Any, path: tuple, nnx: Any):
+    """``(path, module)`` of every module under ``node`` (``nnx.List``/``nnx.Dict``
+    included: Flax 0.12 stores containers of modules only so), in definition order."""
+    if isinstance(node, nnx.Module):
+        yield path, node
+        for key, child in vars(node).items():
+            if not key.startswith("_"):
+                yield from _in_order(child, path + (key,), nnx)
+
+
+def nnx_layers(model: Any, *, heads: tuple[str, ...] | None = None) -> NnxLayers:
+    """Read the role and matrix of every kernel of a ``flax.nnx`` model (module table).
+
+    Args:
+      model: an ``nnx.Module``.
+      heads: layer paths (``"decoder/proj"``) of the output layer(s); ``None`` finds it
+        (module doc), ``()`` declares there is none (a tied embedding).
+
+    Returns:
+      :class:`NnxLayers`; use ``.role`` as ``role_fn`` and ``.matrix_axes`` as Muon's
+      ``matrix_axes``.
+
+    Raises:
+      ValueError: ``heads`` names a layer without a kernel (lists those with one); an
+        Einsum kernel with no axis summed over or added to the output (no matrix).
+    """
+    from flax import nnx  # only here: amemory.optim imports no Flax at module level
+
+    kernels, order, attention = {}, [], set()
+    for path, mod in _in_order(model, (), nnx):
+        if isinstance(mod, nnx.MultiHeadAttention):
+            attention.add(path)
+        if not isinstance(getattr(mod, "kernel", None), nnx.Param):
+            continue
+        ndim, name = np.ndim(mod.kernel), "/".join(map(str, path + ("kernel",)))
+        if isinstance(mod, nnx.Conv | nnx.ConvTranspose):
+            axes = (tuple(range(ndim - 1)), ndim - 1)
+        elif isinstance(mod, nnx.LinearGeneral):
+            nb, ni = len(mod.batch_axis), len(mod.in_features)
+            axes = (tuple(range(nb, nb + ni)), tuple(range(nb + ni, ndim)))
+        elif isinstance(mod, nnx.Einsum):
+            axes = _einsum_axes(mod.einsum_str, ndim)
+        elif isinstance(mod, nnx.Linear):
+            axes = (0, 1)
+        else:
+            continue  # another layer: classified by its path
+        if axes is None:
+            raise ValueError(
+                f"nnx_layers: Einsum kernel {name!r} ({mod.einsum_str!r}) has no matrix view "
+                "(no axis summed over or added to the output); pass your own role_fn for it"
+            )
+        attn = path[:-1] in attention
+        kernels[name] = (_ATTENTION.get(path[-1], "dense") if attn else "dense", axes)
+        order.append((path, mod))
+    if heads is None:
+        named = [p for p, _ in order if p and p[-1] in HEAD_NAMES[: 2 if len(p) > 1 else None]]
+        top = [
+            p for p, m in order if len(p) == 1 and not isinstance(m, nnx.Conv | nnx.ConvTranspose)
+        ]
+        heads = tuple("/".join(map(str, p)) for p in (named or top[-1:]))
+        if not heads and order and order[-1][0]:  # (a bare layer is no model)
+            last = "/".join(map(str, order[-1][0]))
+            warnings.warn(
+                f"nnx_layers: no output layer at the model top (a Linear, LinearGeneral or "
+                f"Einsum attribute, or a layer named one of {HEAD_NAMES}); the kernel defined "
+                f"last, {last + '/kernel'!r}, goes to Muon as 'dense'. If it computes the "
+                f"logits pass heads=({last!r},); with a tied embedding pass heads=()",
+                stacklevel=2,
+            )
+    for h in heads:
+        if h + "/kernel" not in kernels:
+            layers = sorted(k.rsplit("/", 1)[0] for k in kernels)
+            raise ValueError(f"heads: {h!r} is not a layer with a kernel; layers: {layers}")
+        kernels[h + "/kernel"] = ("head", kernels[h + "/kernel"][1])
+    return NnxLayers(kernels)

@@ -37,7 +37,7 @@ from amemory.optim._muon_core import (
     scale,
     with_options,
 )
-from amemory.optim.distributed import OwnerStacks
+from amemory.optim.distributed import OwnerStacks, auto_sharded
 
 __all__ = [
     "AdaMuonState",
@@ -151,7 +151,7 @@ def _moment_transform(opts: MuonOptions, beta2: Any, normalize, nu_shape, owner_
         mu = treedef.unflatten(mu)
         return out, state_cls(count=count, mu=mu, nu=new_nu, diagnostics=diag)
 
-    return optax.GradientTransformation(init_fn, update_fn)
+    return auto_sharded(optax.GradientTransformation(init_fn, update_fn))
 
 
 @with_options()

@@ -42,6 +42,7 @@ import numpy as np
 __all__ = [
     "COEFFICIENT_SETS",
     "NORMS",
+    "NS_EPS_MODES",
     "NS_METHODS",
     "PRECONDITIONINGS",
     "coefficient_table",
@@ -105,6 +106,9 @@ COEFFICIENT_SETS: dict[str, tuple[tuple[tuple[float, float, float], ...], float]
 PRECONDITIONINGS = ("frobenius", "spectral", "aol", "schatten")
 #: Forms of the iteration (see :func:`newton_schulz`).
 NS_METHODS = ("auto", "direct", "gram")
+#: How ``eps`` guards the norm division: ``"add"`` ``X / (||X|| + eps)`` (Keller Jordan,
+#: optax) or ``"clamp"`` ``X / max(||X||, eps)`` (torch.optim.Muon: scale-invariant).
+NS_EPS_MODES = ("add", "clamp")
 #: Unit balls whose linear-minimisation oracle :func:`norm_ball_lmo` returns.
 NORMS = ("spectral", "sign", "colnorm", "rownorm")
 
@@ -191,6 +195,7 @@ def newton_schulz(
     coeffs: str | Any = "jordan",
     steps: int = 5,
     eps: float = 1e-7,
+    eps_mode: str = "add",
     dtype: Any = None,
     method: str = "direct",
     preconditioning: str = "frobenius",
@@ -229,6 +234,8 @@ def newton_schulz(
       steps: number of NS steps.
       eps: added to the norm before dividing (guards zero inputs: zero maps to zero),
         and the floor of the AOL / Schatten rescale denominators.
+      eps_mode: ``"add"`` (``||X|| + eps``) or ``"clamp"`` (``max(||X||, eps)``, as
+        torch.optim.Muon: the output does not depend on the input's scale above ``eps``).
       dtype: compute dtype (e.g. ``jnp.bfloat16`` on GPU/TPU, as in the PyTorch
         reference); ``None`` keeps ``x.dtype`` (at least float32). The result is cast
         back to ``x.dtype``.
@@ -265,6 +272,7 @@ def newton_schulz(
     _check_matrix(x, "newton_schulz")
     _check_choice("method", method, NS_METHODS)
     _check_choice("preconditioning", preconditioning, PRECONDITIONINGS)
+    _check_choice("eps_mode", eps_mode, NS_EPS_MODES)
     table, factor = coefficient_table(coeffs, steps)
     cdtype = _compute_dtype(x, dtype)
     k, l = sorted(x.shape[-2:])
@@ -275,11 +283,13 @@ def newton_schulz(
     restarts = tuple(int(i) for i in gram_restarts)
     if isinstance(table, np.ndarray):  # static: part of the compiled program
         static_table = tuple(tuple(float(v) for v in row) for row in table)
-        return _ns_static(x, eps, static_table, factor, cdtype, method, preconditioning, restarts)
-    return _ns_dynamic(x, eps, table, factor, cdtype, method, preconditioning, restarts)
+        return _ns_static(
+            x, eps, static_table, factor, cdtype, method, preconditioning, restarts, eps_mode
+        )
+    return _ns_dynamic(x, eps, table, factor, cdtype, method, preconditioning, restarts, eps_mode)
 
 
-def _ns(x, eps, table, factor, cdtype, method, preconditioning, restarts):
+def _ns(x, eps, table, factor, cdtype, method, preconditioning, restarts, eps_mode="add"):
     """The NS iteration (see :func:`newton_schulz`); arguments already validated."""
     out_dtype = x.dtype
     tall = x.shape[-2] > x.shape[-1]
@@ -291,7 +301,8 @@ def _ns(x, eps, table, factor, cdtype, method, preconditioning, restarts):
         else:
             xs = X.astype(jnp.result_type(X.dtype, jnp.float32))
             norm = jnp.linalg.svd(xs, compute_uv=False)[..., :1, None]
-        X = X / (factor * norm + eps).astype(cdtype)
+        norm = jnp.maximum(factor * norm, eps) if eps_mode == "clamp" else factor * norm + eps
+        X = X / norm.astype(cdtype)
     A = X @ _ht(X)  # [..., k, k]
     if preconditioning == "aol":
         s = jax.lax.rsqrt(jnp.maximum(jnp.sum(jnp.sqrt(_abs2(A)), axis=-1), eps))  # [..., k]
@@ -315,7 +326,7 @@ def _ns(x, eps, table, factor, cdtype, method, preconditioning, restarts):
 
 # One compiled program per shape and static options: eager calls do not dispatch op by
 # op, and inside an outer ``jit`` the call is inlined.
-_STATIC = ("factor", "cdtype", "method", "preconditioning", "restarts")
+_STATIC = ("factor", "cdtype", "method", "preconditioning", "restarts", "eps_mode")
 _ns_static = jax.jit(_ns, static_argnames=("table",) + _STATIC)
 _ns_dynamic = jax.jit(_ns, static_argnames=_STATIC)
 

@@ -13,7 +13,8 @@ references were never run on CPU); pass ``ns_dtype=jnp.bfloat16`` to force it.
 
 - jordan: EMA (lerp) 0.95, Nesterov, jordan x5 eps 1e-7, scale jordan, wd 0.
   Source: github.com/KellerJordan/Muon.
-- torch: as jordan with wd 0.1 (torch.optim.Muon defaults, adjust_lr "original").
+- torch: as jordan with wd 0.1 and the norm clamped, ``max(||U||, eps)`` (torch.optim.Muon
+  defaults, adjust_lr "original").
 - moonlight: sum momentum 0.95, Nesterov U = G + mu M, jordan x5 eps 1e-7,
   scale rms_match 0.2, wd 0.1. Source: arXiv 2502.16982 (Moonlight).
 - optax: EMA 0.95 with bias correction, NAdam-form Nesterov, jordan x5 eps 1e-8
@@ -39,6 +40,7 @@ _JORDAN: dict[str, Any] = {
     "nesterov": True,
     "bias_correction": False,
     "ns_eps": 1e-7,
+    "ns_eps_mode": "add",
     "ns_dtype": "auto",
     "shape_scale": "jordan",
     "weight_decay": 0.0,
@@ -47,7 +49,7 @@ _JORDAN: dict[str, Any] = {
 #: name -> options (every preset sets the same fields, so a preset defines them all).
 PRESETS: dict[str, dict[str, Any]] = {
     "jordan": _JORDAN,
-    "torch": {**_JORDAN, "weight_decay": 0.1},
+    "torch": {**_JORDAN, "weight_decay": 0.1, "ns_eps_mode": "clamp"},
     "moonlight": {
         **_JORDAN,
         "momentum_form": "sum",

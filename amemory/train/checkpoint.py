@@ -20,13 +20,9 @@ process; Orbax writes each process's shards and the JSON once.
 Integrity. Orbax checks the index of each TensorStore shard (crc32c) but not the
 array bytes, so a flipped byte restores silently. ``save`` therefore stores, in
 ``extra["integrity"]``, a digest of every leaf computed on the device before the
-write (:func:`state_digest`: the sum and a position-weighted sum of the leaf's
-bit patterns as uint32, modulo 2**32, so any single changed word changes the
-sum; layout- and sharding-independent), and refuses to write a state with a
-non-finite value (:class:`NonFiniteStateError`). ``restore_intact`` walks the
-steps from the newest, skips one that fails to read, whose digest differs or
-whose arrays are not finite (moving it to ``<directory>-rejected/`` with a
-``REASON.txt``, and returning the reason), and restores the newest intact one.
+write (:func:`state_digest`), and refuses to write a state with a non-finite value
+(:class:`NonFiniteStateError`). ``restore_intact`` restores the newest step that fits
+the run and reads back intact, moving aside only steps whose damage is proven.
 """
 
 from __future__ import annotations
@@ -93,22 +89,22 @@ class CorruptCheckpointError(RuntimeError):
     """A checkpoint step cannot be read back as saved (raised and caught inside restore)."""
 
 
-class Restored(NamedTuple):
-    """What :meth:`Checkpointer.restore_intact` found.
+class CheckpointRefused(ValueError):
+    """The resume contract refused a checkpoint, or one that reads back intact cannot be
+    restored into this run; nothing was moved."""
 
-    Attributes:
-      step: the step restored.
-      state: the restored ``TrainState``.
-      extra: its JSON extras.
-      skipped: ``[(path moved to, reason)]`` for each newer checkpoint that was rejected.
-      data: this process's saved input position (Grain iterator state), or None.
-    """
+
+class Restored(NamedTuple):
+    """What :meth:`Checkpointer.restore_intact` found: the step, its ``TrainState`` and JSON
+    extras, ``skipped`` ``[(path moved to, reason)]`` for newer rejected steps, ``data`` this
+    process's input position (or None), ``notes`` one-line warnings of the restore."""
 
     step: int
     state: state_lib.TrainState
     extra: dict
     skipped: list
     data: bytes | None = None
+    notes: tuple = ()
 
 
 def _words(x: jax.Array) -> jax.Array:
@@ -228,6 +224,14 @@ def _stderr_held():
                     os.write(2, data)
 
 
+def _handlers() -> dict:  # built per manager: handlers touch the JAX backend
+    return {
+        "state": ocp.StandardCheckpointHandler(),
+        "extra": ocp.JsonCheckpointHandler(),
+        "data": grain.checkpoint.CheckpointHandler(),
+    }
+
+
 class Checkpointer:
     """Orbax ``CheckpointManager`` for ``TrainState`` + JSON extras.
 
@@ -239,17 +243,12 @@ class Checkpointer:
 
     def __init__(self, directory: str | pathlib.Path, *, max_to_keep: int = 3, async_save=True):
         self.directory = pathlib.Path(directory).absolute()
+        self._unconfirmed = False  # an asynchronous save whose outcome is not yet known
         options = ocp.CheckpointManagerOptions(
             max_to_keep=max_to_keep, create=True, enable_async_checkpointing=async_save
         )
         self._manager = ocp.CheckpointManager(
-            self.directory,
-            options=options,
-            item_handlers={
-                "state": ocp.StandardCheckpointHandler(),
-                "extra": ocp.JsonCheckpointHandler(),
-                "data": grain.checkpoint.CheckpointHandler(),
-            },
+            self.directory, options=options, item_handlers=_handlers()
         )
 
     def latest_step(self) -> int | None:
@@ -287,38 +286,34 @@ class Checkpointer:
             items["data"] = grain.checkpoint.CheckpointSave(_InputState(data))
         with self._writing():
             self._manager.save(int(step), args=ocp.args.Composite(**items))
+        self._unconfirmed = True
 
-    def check_compatible(self, step: int, target: state_lib.TrainState) -> None:
-        """Compare the saved leaves of ``step`` with ``target`` by name, shape and dtype.
-
-        Raises:
-          IncompatibleCheckpointError: (a ValueError) naming the first missing, extra or
-            mismatched leaf, with both shapes.
-          CorruptCheckpointError: the array metadata cannot be read.
-        """
-        meta = self._manager.item_metadata(step)["state"]
-        saved = {m.name: m for m in jax.tree.leaves(meta) if hasattr(m, "shape")}
-        if not saved:
-            raise CorruptCheckpointError(f"no array metadata readable in {self.path(step)}")
-        want = leaf_names(target)
-        for name, leaf in want.items():
-            if name not in saved:
-                raise IncompatibleCheckpointError(
-                    f"checkpoint {self.path(step)} has no leaf {name!r} that the current "
-                    "model/optimizer needs (different config?)"
-                )
-            s_shape, t_shape = tuple(saved[name].shape), tuple(np.shape(leaf))
-            if s_shape != t_shape:
-                raise IncompatibleCheckpointError(
-                    f"checkpoint {self.path(step)}: leaf {name!r} has shape {s_shape}, "
-                    f"but the current model/optimizer expects {t_shape}"
-                )
+    def check_compatible(self, step: int, target: Any, *, cast=False, fresh_opt=False) -> bool:
+        """Compare the saved leaves of ``step`` with ``target`` by name, shape and dtype, from
+        the metadata. ``cast`` allows dtype differences; ``fresh_opt`` any difference under
+        ``opt_state`` (then returns True). Raises ``IncompatibleCheckpointError`` (a
+        ValueError) naming the first differing leaf, ``CorruptCheckpointError`` when the
+        metadata does not read."""
+        saved, want = _layout(self._manager, step), leaf_names(target)
+        problems = []  # (leaf name, how it differs)
+        for n, leaf in want.items():
+            s, t_shape, t_dtype = saved.get(n), tuple(np.shape(leaf)), np.dtype(leaf.dtype)
+            if s is None:
+                problems.append((n, "is missing; the current model/optimizer needs it"))
+            elif tuple(s.shape) != t_shape:
+                problems.append((n, f"has shape {tuple(s.shape)}, but the current "
+                                 f"model/optimizer expects {t_shape}"))  # fmt: skip
+            elif np.dtype(s.dtype) != t_dtype and not cast:
+                problems.append((n, f"was saved as {np.dtype(s.dtype)}, the current "
+                                 f"model/optimizer has {t_dtype}"))  # fmt: skip
         extra = sorted(set(saved) - set(want))
-        if extra:
-            raise IncompatibleCheckpointError(
-                f"checkpoint {self.path(step)} has leaves the current model/optimizer lacks: "
-                f"{extra[:5]}"
-            )
+        problems += [(n, "is not in the current model/optimizer") for n in extra]
+        if fresh_opt and all(n.startswith("opt_state.") for n, _ in problems):
+            return bool(problems)
+        if problems:
+            n, how = problems[0]
+            raise IncompatibleCheckpointError(f"checkpoint {self.path(step)}: leaf {n!r} {how}")
+        return False
 
     def extra(self, step: int) -> dict:
         """The JSON ``extra`` item of ``step`` (config, task_meta, ...), without the arrays."""
@@ -327,42 +322,9 @@ class Checkpointer:
             items["data"] = grain.checkpoint.CheckpointRestore(_InputState(None))
         return dict(self._manager.restore(int(step), args=ocp.args.Composite(**items))["extra"])
 
-    def restore(
-        self, step: int, target: state_lib.TrainState, *, data: bool = False
-    ) -> tuple[state_lib.TrainState, dict, bytes | None]:
-        """Restore ``step`` into the structure, shapes, dtypes and shardings of ``target``.
-
-        Args:
-          step: checkpoint step to read.
-          target: a ``TrainState`` of arrays or ``jax.ShapeDtypeStruct`` (``state.abstract``).
-          data: also read this process's input position (saved by ``save(data=...)``).
-
-        Returns:
-          ``(state, extra, data)``; ``data`` is the saved iterator state (bytes) or None.
-
-        Raises:
-          ValueError: if a leaf's shape differs from the checkpoint's (names the leaf), or
-            ``data`` is requested from a checkpoint without it.
-        """
-        self.check_compatible(step, target)
-        abstract = state_lib.abstract(target)
-        items = {"state": ocp.args.StandardRestore(abstract), "extra": ocp.args.JsonRestore()}
-        holder = _InputState(None)
-        if data and not _has_input_state(self.path(step)):
-            raise ValueError(
-                f"checkpoint {self.path(step)} holds no input position (data/) for process "
-                f"{jax.process_index()} of {jax.process_count()}"
-            )
-        if _has_input_state(self.path(step)):
-            items["data"] = grain.checkpoint.CheckpointRestore(holder)
-        out = self._manager.restore(int(step), args=ocp.args.Composite(**items))
-        return out["state"], dict(out["extra"]), holder.state
-
-    def verify(self, step: int, state: Any, extra: dict) -> None:
-        """Check a restored ``state`` against the digest saved in ``extra`` and for finiteness.
-
-        A checkpoint written before digests existed (no ``extra["integrity"]``) is only
-        checked for finiteness.
+    def verify(self, step: int, state: Any, extra: dict) -> bool:
+        """Check a restored ``state`` against the digest saved in ``extra`` and for finiteness;
+        False when ``extra`` holds no digest (written before digests: finiteness only).
 
         Raises:
           CorruptCheckpointError: naming the first leaf whose digest differs, or the
@@ -374,7 +336,7 @@ class Checkpointer:
             raise CorruptCheckpointError(f"non-finite values restored in {worst}")
         saved = (extra.get("integrity") or {}).get("leaves")
         if saved is None:
-            return
+            return False
         for name, want in saved.items():
             got = digest.get(name)
             if got != list(want):
@@ -382,6 +344,7 @@ class Checkpointer:
                     f"checksum mismatch in {name} (saved {want}, read {got}): the data on "
                     "disk changed after it was written"
                 )
+        return True
 
     def _reject(self, step: int, reason: str) -> pathlib.Path:
         """Move checkpoint ``step`` to ``<directory>-rejected/<step>[.n]`` with REASON.txt."""
@@ -404,42 +367,108 @@ class Checkpointer:
         self.wait()
         return [self._reject(s, reason) for s in steps if s in self.all_steps()]
 
-    def restore_intact(self, target: state_lib.TrainState, *, data: bool = False) -> Restored:
-        """Restore the newest checkpoint that reads back intact, rejecting newer broken ones.
+    def _read_checked(self, step: int, target: Any, data: bool, accept: Any, fresh: Any):
+        """One step of :meth:`restore_intact`: ``(state, extra, position, notes)``."""
+        extra = self.extra(step)  # unreadable JSON: damaged (the caller catches it)
+        try:
+            allowed = accept(step, extra) if accept is not None else {}
+        except ValueError as e:  # the resume contract: nothing is read or moved
+            raise CheckpointRefused(str(e)) from e
+        reset = fresh is not None and any(k.startswith("optimizer.") for k in allowed)
+        cast = any(k.endswith("dtype") for k in allowed)
+        reset = self.check_compatible(step, target, cast=cast, fresh_opt=reset)
+        if data and not _has_input_state(self.path(step)):
+            raise CorruptCheckpointError(
+                f"no input position (data/) for process "
+                f"{jax.process_index()} of {jax.process_count()}"
+            )
+        shardings = {n: x.sharding for n, x in leaf_names(target).items()}
+        state, extra, position = _read_as_stored(self._manager, step, shardings.get)
+        notes = [] if self.verify(step, state, extra) else [
+            f"checkpoint {step} has no integrity record (written before digests): its arrays "
+            "were checked for NaN/inf only"]  # fmt: skip
+        source = leaf_names(state)
+        if reset:  # parameters, step and key from the checkpoint, a fresh optimizer state
+            count = source["step"]
+            for n, x in leaf_names(fresh().opt_state).items():
+                fresh_x = x + (count - x) if n.endswith(".count") else x  # schedules go on
+                source["opt_state." + n] = jax.device_put(fresh_x, x.sharding)
+            notes.append(
+                f"the optimizer state of checkpoint {step} does not fit the changed optimizer: "
+                "parameters, step and key restored, optimizer state fresh (moments zero, "
+                "schedule counts at the checkpoint's step)"
+            )
+        flat, treedef = jax.tree_util.tree_flatten(target)
+        leaves = [source[n] for n in leaf_names(target)]
+        if any(x.dtype != t.dtype for x, t in zip(leaves, flat, strict=True)):
+            leaves = [x.astype(t.dtype) for x, t in zip(leaves, flat, strict=True)]
+            notes.append(f"checkpoint {step}: leaves cast to this run's dtypes")
+        return jax.tree_util.tree_unflatten(treedef, leaves), extra, position, notes
 
-        From the newest step down: a step whose files fail to read (missing or
-        truncated data or metadata), whose digest differs from the one saved with it,
-        or whose arrays hold NaN/inf is moved to ``<directory>-rejected/`` (a
-        ``REASON.txt`` beside it) and the next older one is tried. A checkpoint that
-        reads fine but does not fit ``target`` is a configuration error, not damage.
+    def _diagnose(self, step: int) -> str | None:
+        """Re-read ``step`` as stored on one device and check its digest: the reason it is
+        damaged, or None when it reads back intact."""
+        try:
+            self.verify(step, *_read_as_stored(self._manager, step)[:2])
+        except Exception as e:  # noqa: BLE001 - the plain read fails too: damage
+            return _first_line(e)
+        return None
+
+    def restore_intact(
+        self, target: state_lib.TrainState, *, data: bool = False, accept: Any = None,
+        fresh: Any = None,
+    ) -> Restored:  # fmt: skip
+        """Restore the newest checkpoint that reads back intact, rejecting newer damaged ones.
+
+        From the newest step down, each step is judged before its arrays are read: its
+        JSON extras go to ``accept`` (the caller's resume contract) and its recorded tree,
+        shapes and dtypes are compared with ``target``; a refusal or mismatch raises and
+        moves nothing. The arrays are then read in their saved dtypes and checked against
+        their digest. A step is moved to ``<directory>-rejected/`` (with ``REASON.txt``) and
+        the next older one tried only when damage is proven: its files fail to read, also
+        when re-read as stored on one device, its digest differs, or it holds NaN/inf.
 
         Args:
-          target: as :meth:`restore`.
-          data: also read this process's input position (as :meth:`restore`); a
-            checkpoint without one counts as damaged.
+          target: ``TrainState`` of arrays or ``jax.ShapeDtypeStruct`` (with shardings).
+          data: also read this process's input position; a step without one is damaged.
+          accept: ``(step, extra) -> {field: [old, new]}``, the config changes allowed
+            (raise ``ValueError`` to refuse). An allowed ``*dtype`` field lets leaves be
+            cast; an allowed ``optimizer.*`` field lets the optimizer state differ: then
+            params, step and key are restored and the optimizer state comes from ``fresh()``
+            (a fresh ``TrainState``), its ``count`` leaves set to the step.
 
         Returns:
-          :class:`Restored` (step, state, extra, skipped, data).
+          :class:`Restored` (step, state, extra, skipped, data, notes).
 
         Raises:
-          ValueError: the newest readable checkpoint does not fit ``target`` (names the
-            leaf), or no checkpoint is intact (lists each one's reason).
+          ValueError: refused by ``accept``; the newest readable checkpoint does not fit
+            ``target`` (names the leaf) or reads intact but cannot be restored into it;
+            or no checkpoint is intact (lists each one's reason).
         """
         skipped: list[tuple[pathlib.Path, str]] = []
         for step in sorted(self.all_steps(), reverse=True):
             with _stderr_held() as replay:
                 try:
-                    state, extra, position = self.restore(step, target, data=data)
-                    self.verify(step, state, extra)
+                    state, extra, position, notes = self._read_checked(
+                        step, target, data, accept, fresh
+                    )
                     ok, reason = True, ""
-                except IncompatibleCheckpointError:
+                except (IncompatibleCheckpointError, CheckpointRefused):
                     replay[0] = True
-                    raise  # the checkpoint reads fine; the config does not fit it
-                except Exception as e:  # noqa: BLE001 - any read failure: this step is damaged
-                    ok, reason = False, _first_line(e)
+                    raise  # the checkpoint reads fine (or was not read); the config does not fit
+                except Exception as e:  # noqa: BLE001 - damaged only if a plain re-read says so
+                    ok = False
+                    corrupt = isinstance(e, CorruptCheckpointError)
+                    reason = str(e) if corrupt else self._diagnose(step)
+                    if reason is None:
+                        replay[0] = True
+                        raise CheckpointRefused(
+                            f"checkpoint {self.path(step)} reads back intact but cannot be "
+                            f"restored into this run ({_first_line(e)}); nothing was moved"
+                        ) from e
                 replay[0] = ok
             if _all_agree(ok):
-                return Restored(step, state, extra, skipped, position)
+                return Restored(step, state, extra, skipped, position, tuple(notes))
             reason = reason or "damaged on another process"
             skipped.append((self._reject(step, reason), reason))
         if skipped:
@@ -466,6 +495,15 @@ class Checkpointer:
             raise CheckpointWriteError(
                 f"cannot write a checkpoint in {self.directory}: {_first_line(e, tail=True)}"
             ) from e
+
+    def check_errors(self) -> None:
+        """Raise the ``CheckpointWriteError`` of a finished asynchronous save that failed
+        (does not block; single-process runs)."""
+        if jax.process_count() > 1:  # hosts finish at different times: left to the next save
+            return
+        if self._unconfirmed and not self._manager.is_saving_in_progress():
+            self._unconfirmed = False
+            self.wait()  # finished: returns at once, raising the save's error if it failed
 
     def wait(self) -> None:
         """Block until pending asynchronous saves are on disk.
@@ -539,30 +577,45 @@ def load_params(directory: str | pathlib.Path, step: int | None = None) -> Any:
     Raises:
       ValueError: if the directory holds no checkpoint.
     """
-    manager = ocp.CheckpointManager(
-        pathlib.Path(directory).absolute(),
-        item_handlers={
-            "state": ocp.StandardCheckpointHandler(),
-            "extra": ocp.JsonCheckpointHandler(),
-            "data": grain.checkpoint.CheckpointHandler(),
-        },
-    )
+    manager = ocp.CheckpointManager(pathlib.Path(directory).absolute(), item_handlers=_handlers())
     try:
         step = manager.latest_step() if step is None else step
         if step is None:
             raise ValueError(f"no checkpoint in {directory}")
-        meta = manager.item_metadata(step)["state"]
-        dev = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
-        target = jax.tree.map(
-            lambda m: jax.ShapeDtypeStruct(tuple(m.shape), m.dtype, sharding=dev),
-            dict(meta),
-            is_leaf=lambda m: hasattr(m, "shape") and hasattr(m, "dtype"),
-        )
-        items = {"state": ocp.args.StandardRestore(target)}
-        if _has_input_state(pathlib.Path(directory) / str(step)):  # read, so Orbax does not warn
-            items["data"] = grain.checkpoint.CheckpointRestore(_InputState(None))
-        items["extra"] = ocp.args.JsonRestore()
-        out = manager.restore(step, args=ocp.args.Composite(**items))
+        state = _read_as_stored(manager, step)[0]
     finally:
         manager.close()
-    return jax.tree.map(np.asarray, out["state"]["params"])
+    return jax.tree.map(np.asarray, state["params"])
+
+
+def _layout(manager: ocp.CheckpointManager, step: int) -> dict[str, Any]:
+    """``{leaf name: array metadata (shape, dtype)}`` of ``step`` (CorruptCheckpointError
+    when it does not read)."""
+    try:
+        meta = manager.item_metadata(step)["state"]
+    except Exception as e:  # noqa: BLE001 - a missing or unreadable _METADATA file
+        raise CorruptCheckpointError(_first_line(e)) from e
+    saved = {m.name: m for m in jax.tree.leaves(meta) if hasattr(m, "shape")}
+    if not saved:
+        raise CorruptCheckpointError(f"no array metadata readable in step {step}")
+    return saved
+
+
+def _read_as_stored(manager: ocp.CheckpointManager, step: int, sharding: Any = None):
+    """``(state, extra, input position)`` of ``step`` with the stored tree (nested dicts),
+    shapes and dtypes; leaf ``name`` placed with ``sharding(name)``, else like the ``step``
+    leaf, else on the first local device."""
+    dev = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
+    where = sharding or (lambda name: None)
+    other = where("step") or dev
+    target = jax.tree.map(
+        lambda m: jax.ShapeDtypeStruct(tuple(m.shape), m.dtype, sharding=where(m.name) or other),
+        dict(manager.item_metadata(step)["state"]),
+        is_leaf=lambda m: hasattr(m, "shape") and hasattr(m, "dtype"),
+    )
+    holder = _InputState(None)
+    items = {"state": ocp.args.StandardRestore(target), "extra": ocp.args.JsonRestore()}
+    if _has_input_state(pathlib.Path(manager.directory) / str(step)):  # so Orbax does not warn
+        items["data"] = grain.checkpoint.CheckpointRestore(holder)
+    out = manager.restore(int(step), args=ocp.args.Composite(**items))
+    return out["state"], dict(out["extra"]), holder.state

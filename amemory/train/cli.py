@@ -18,15 +18,10 @@ workdir or resume; 3 diverged; 4 workdir in use by another run; 75 stopped by SI
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 
-
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> None:  # noqa: D401 - argparse API
-        sys.stderr.write(f"amemory train: error: {message}\n")
-        raise SystemExit(2)
+from amemory.cli import Parser
 
 
 def _split_overrides(rest: list[str]) -> list[str]:
@@ -51,7 +46,7 @@ def _split_overrides(rest: list[str]) -> list[str]:
 
 def main(argv: list[str]) -> int:
     """Parse ``argv``, load the config, train, print the summary. Returns the exit status."""
-    parser = _Parser(
+    parser = Parser(
         prog="amemory train",
         description="Train a model from a config file; override fields with --config.a.b=VALUE.",
     )
@@ -87,8 +82,7 @@ def main(argv: list[str]) -> int:
     try:
         config = load_config(args.config, _split_overrides(rest))
     except ValueError as e:
-        sys.stderr.write(f"amemory train: error: {e}\n")
-        return 2
+        return parser.fail(e)
     if args.print_config:
         print(f"# {args.config}, after --config overrides")
         print(format_config(config, args.config))

@@ -161,6 +161,7 @@ def load_config(path: str, overrides: Sequence[str] = ()) -> ConfigDict:
     config = module.get_config(arg) if arg else module.get_config()
     with_engine_defaults(config)
     apply_overrides(config, overrides)
+    check_preset_overrides(config, overrides)
     validate(config)
     config.lock()
     return config
@@ -263,7 +264,7 @@ INTERVALS: dict[str, tuple[float, float, bool, bool]] = {
     "optimizer.b2": (0.0, 1.0, True, False),
     "optimizer.momentum": (0.0, 1.0, True, False),
     "optimizer.signum_beta": (0.0, 1.0, True, False),
-    "optimizer.eps": (0.0, _INF, True, False),
+    "optimizer.eps": (0.0, _INF, False, False),  # 0: 0/0 = NaN on a zero gradient entry
     "optimizer.weight_decay": (0.0, _INF, True, False),
     "optimizer.grad_clip": (0.0, _INF, True, False),
     "optimizer.qk_clip": (0.0, _INF, True, False),
@@ -332,6 +333,7 @@ def validate(config: ConfigDict) -> None:
         if present and (not isinstance(value, int) or isinstance(value, bool) or value < lo):
             raise ValueError(f"config.{field}={value!r}; must be an integer >= {lo}")
     validate_numbers(config)
+    check_consistent(config)
     present, roles = _get(config, "optimizer.muon_roles")
     if present and config.task == "lm":
         routing.parse_roles(roles, role_of, "optimizer.muon_roles")
@@ -449,3 +451,45 @@ def format_config(config: ConfigDict, path: str | pathlib.Path | None = None) ->
 
     walk(config, "", "")
     return "\n".join(out)
+
+
+#: The config groups each ``config.task`` reads (a memory config has no ``model``/``data``).
+TASK_GROUPS = {"lm": ("model", "data"), "memory": ("memory",)}
+
+
+def check_consistent(config: ConfigDict) -> None:
+    """The task has the config groups it reads, and each rate that must be > 0 is a normal
+    float32 (``lr=1e-46`` rounds to 0: nothing trains). Raises ValueError naming the field."""
+    missing = [g for g in TASK_GROUPS.get(config.get("task"), ()) if g not in config]
+    if missing:
+        raise ValueError(
+            f"config.task={config.task!r} reads config groups {missing} that this config "
+            f"lacks; it must match the config file ({', '.join(TASK_GROUPS)})"
+        )
+    tiny = 1.1754943508222875e-38  # the smallest normal float32
+    for field, (lo, _, lo_in, _) in INTERVALS.items():
+        value = _get(config, field)[1]
+        if lo == 0 and not lo_in and isinstance(value, float) and 0 < value < tiny:
+            raise ValueError(
+                f"config.{field}={value!r} is 0 or subnormal in float32, the precision the "
+                f"optimizer computes in; must be >= {tiny:.4g}"
+            )
+
+
+def check_preset_overrides(config: ConfigDict, overrides: Sequence[str]) -> None:
+    """Refuse an override of an option ``optimizer.preset`` sets: it would be ignored
+    (``weight_decay`` is passed beside the preset and applies)."""
+    preset = _get(config, "optimizer.preset")[1]
+    if preset is None:
+        return
+    from amemory.optim.presets import PRESETS
+
+    for item in overrides:
+        field = item.split("=", 1)[0].strip()
+        opt = field.removeprefix("optimizer.").removeprefix(f"{config.optimizer.name}_")
+        if field.startswith("optimizer.") and opt in PRESETS[preset] and opt != "weight_decay":
+            raise ValueError(
+                f"config.{field} has no effect with config.optimizer.preset={preset!r}, which "
+                f"sets {opt}={PRESETS[preset][opt]!r}; drop the override, or set "
+                "optimizer.preset=None to choose the options one by one"
+            )

@@ -96,14 +96,15 @@ def empty_accumulator(metrics: dict[str, Any]) -> dict[str, Any]:
     """Zero accumulator (numpy) for a metrics dict of (abstract) arrays.
 
     ``n`` steps accumulated, ``sum`` of the loss and aux metrics, ``last`` value of the
-    others, and ``bad_step``: the first step (1-based) whose loss, gradient norm or
-    parameter norm was not finite, -1 while none was.
+    others, ``bad_step``: the first step (1-based) whose loss, gradient norm or
+    parameter norm was not finite, -1 while none was, and ``bad_loss``: that step's loss.
     """
     return {
         "n": np.zeros((), np.int32),
         "sum": {k: np.zeros(v.shape, v.dtype) for k, v in metrics.items() if _summed(k)},
         "last": {k: np.zeros(v.shape, v.dtype) for k, v in metrics.items() if not _summed(k)},
         "bad_step": np.full(metrics["loss"].shape, -1, np.int32),  # per seed in multi-seed runs
+        "bad_loss": np.zeros(metrics["loss"].shape, metrics["loss"].dtype),  # loss at bad_step
     }
 
 
@@ -120,6 +121,7 @@ def accumulating_step(step: Callable) -> Callable:
             "sum": {k: acc["sum"][k] + m[k] for k in acc["sum"]},
             "last": {k: m[k] for k in acc["last"]},
             "bad_step": jnp.where(first_bad, state.step, acc["bad_step"]).astype(jnp.int32),
+            "bad_loss": jnp.where(first_bad, m["loss"], acc["bad_loss"]),
         }
         return state, acc
 

@@ -4,8 +4,8 @@ One :class:`RunGuard` wraps a training run (``amemory.train.loop.run``) and the 
 calls it at a few points; everything here works when the loop fetches metrics to
 the host only at log steps:
 
-  ``g.restore(ckpt, target)``        newest intact checkpoint (``Checkpointer.restore_intact``),
-                                     then the resume contract (``check_resume``)
+  ``g.restore(ckpt, target)``        newest intact checkpoint that passes the resume
+                                     contract (``check_resume``), judged before reading
   ``g.attach(ckpt, log)``            once metrics.jsonl is open: writes pending events
   ``g.check_finite(step, loss)``     wherever the loss reaches the host (NaN/inf -> stop)
   ``g.fail(error, step, what, ev)``  any other stop: names the newest healthy checkpoint
@@ -27,14 +27,13 @@ Guarantees (README, "Reliability"; tests in ``tests/test_train_guard.py``):
   (Orbax's ``CheckpointManager.reached_preemption``); all hosts save that step and
   stop. SIGINT keeps its default there (a KeyboardInterrupt; the newest checkpoint
   stays intact).
-* Workdir lock (:mod:`amemory.train.lock`): ``<workdir>/run.lock`` is held with
-  ``fcntl.flock`` for the whole run by process 0 (the OS releases it if the process
-  dies, so no stale lock survives a SIGKILL); a second run on the same directory
+* Workdir lock (:mod:`amemory.train.lock`): a second run on the same directory
   fails at once with :class:`WorkdirBusyError` naming the holder's PID and host.
 * A checkpoint is "healthy" when a train record after it had a finite loss that the
-  divergence test did not flag (resuming from it replays, bit for bit, to that
-  record). The non-finite and divergence stops name the newest healthy checkpoint
-  on disk, move the newer unconfirmed ones to ``checkpoints-rejected/`` so that
+  divergence test did not flag, or the step that failed after it had a finite loss the
+  test would not flag (a step's loss is computed on the previous step's parameters)
+  and the record before was healthy. The non-finite and divergence stops name the
+  newest healthy checkpoint, move newer ones to ``checkpoints-rejected/`` so that
   ``--resume`` continues from it, and never write a non-finite state.
 """
 
@@ -246,6 +245,13 @@ class DivergenceMonitor:
         self.dead: np.ndarray | None = None
         self.since: np.ndarray | None = None
 
+    def high_loss(self, loss: Any) -> np.ndarray:
+        """Per seed: the *high* rule on ``loss`` (False before the first record)."""
+        loss = np.atleast_1d(np.asarray(loss, np.float64))
+        if self.first is None:
+            return np.zeros(loss.shape, bool)
+        return (loss > self.loss_factor * self.best) & (loss > self.first)
+
     def observe(self, step: int, loss: Any, grad_norm: Any) -> tuple[bool, str | None]:
         """Take one train record; return ``(healthy, divergence message or None)``.
 
@@ -263,7 +269,7 @@ class DivergenceMonitor:
             self.since = np.full(loss.shape, step)
             high = np.zeros(loss.shape, bool)
         else:
-            high = (loss > self.loss_factor * self.best) & (loss > self.first)
+            high = self.high_loss(loss)
         dead = (gn == 0) & (loss > 0) if gn is not None else np.zeros(loss.shape, bool)
         streak_start = (self.high == 0) & (self.dead == 0)
         self.since = np.where(streak_start, step, self.since)
@@ -418,6 +424,7 @@ class RunGuard:
         self._log: Any = None
         self._ckpt: Any = None
         self.healthy_through: int | None = None  # newest step whose train record was healthy
+        self._last_record: int | None = None  # step of the newest train record
 
     # -- enter / leave
 
@@ -446,18 +453,40 @@ class RunGuard:
     # -- restore and the resume contract
 
     def restore(
-        self, ckpt: Any, target: Any, *, data: bool = False
-    ) -> tuple[int, Any, dict, bytes | None]:
-        """Newest intact checkpoint of ``ckpt`` into ``target``, checked against the contract.
+        self, ckpt: Any, target: Any, *, data: bool = False, meta: dict | None = None,
+        fresh: Any = None,
+    ) -> tuple[int, Any, dict, bytes | None]:  # fmt: skip
+        """Newest intact checkpoint of ``ckpt`` into ``target``; each candidate's config must
+        pass :func:`check_resume` and its ``task_meta`` equal ``meta`` (this run's) before
+        any array is read (``fresh``: as ``Checkpointer.restore_intact``).
 
         Returns ``(step, state, extra, input position or None)`` (``data``: also read the
-        input position); damaged checkpoints are reported (stderr and a
-        ``checkpoint_rejected`` event) and the config changes recorded (``config_changed``).
+        input position); damaged checkpoints (``checkpoint_rejected``), config changes
+        (``config_changed``) and restore warnings (``restore_note``) are reported on stderr
+        and as events.
 
         Raises:
           ValueError: from ``Checkpointer.restore_intact`` or :func:`check_resume`.
         """
-        found = ckpt.restore_intact(target, data=data)
+        current = json.loads(self.config.to_json_best_effort())
+        changes: dict = {}
+
+        def accept(step: int, extra: dict) -> dict:
+            for key, value in (meta or {}).items():  # layout fields: a conversion, not a flag
+                saved = (extra.get("task_meta") or {}).get(key, value)
+                if saved != value:
+                    raise ValueError(
+                        f"checkpoint {ckpt.path(step)} was written with config.{key}={saved!r}, "
+                        f"this run has {value!r}: the parameter layouts differ (convert with "
+                        "amemory.models.transformer.stack_layers / unstack_layers)"
+                    )
+            changes["allowed"], changes["free"] = check_resume(
+                extra.get("config") or {}, current, step=step,
+                checkpoint=str(ckpt.path(step)), allow_changed=self.allow_changed,
+            )  # fmt: skip
+            return changes["allowed"]
+
+        found = ckpt.restore_intact(target, data=data, accept=accept, fresh=fresh)
         for moved, reason in found.skipped:
             if self.is_main:
                 _say(f"warning: checkpoint {moved.name} was damaged ({reason}); moved to {moved}")
@@ -467,19 +496,39 @@ class RunGuard:
                     {"event": "checkpoint_rejected", "checkpoint": str(moved), "reason": reason},
                 )
             )
-        saved = found.extra.get("config") or {}
-        current = json.loads(self.config.to_json_best_effort())
-        allowed, free = check_resume(
-            saved, current, step=found.step, checkpoint=str(ckpt.path(found.step)),
-            allow_changed=self.allow_changed,
-        )  # fmt: skip
+        for note in found.notes:
+            if self.is_main:
+                _say(f"warning: {note}")
+            self._pending.append((found.step, {"event": "restore_note", "note": note}))
+        allowed, free = changes["allowed"], changes["free"]
         if allowed or free:
             self._pending.append(
                 (found.step, {"event": "config_changed", "allowed": allowed, "bookkeeping": free})
             )
         h = found.extra.get("healthy_through")
         self.healthy_through = int(h) if h is not None else None
+        self._last_record = found.step  # h == step: the record of the saved step was healthy
         return found.step, found.state, found.extra, found.data
+
+    def resume_without_checkpoint(self, ckpt: Any) -> None:
+        """``--resume`` found no checkpoint: a one-line note when the workdir records no
+        training (a preemptible loop's first launch), else a ValueError naming what it
+        holds (train records, checkpoints moved aside), touching nothing."""
+        log = self.workdir / "metrics.jsonl"
+        rejected = ckpt.directory.with_name(ckpt.directory.name + "-rejected")
+        held = []
+        if log.is_file() and b'"kind": "train"' in log.read_bytes():
+            held.append(f"{log} records training steps")
+        if rejected.is_dir() and any(rejected.iterdir()):
+            held.append(f"{rejected} holds checkpoints moved aside")
+        if held:
+            raise ValueError(
+                f"--resume: no checkpoint in {ckpt.directory}, but {' and '.join(held)}; "
+                "starting again at step 0 would overwrite that log: move a checkpoint back, "
+                "move those files away, or choose another --workdir"
+            )
+        if self.is_main:
+            _say(f"note: --resume found no checkpoint in {ckpt.directory}; starting at step 0")
 
     def attach(self, ckpt: Any, log: Any) -> None:
         """Bind the run's Checkpointer and metrics log; write the events gathered so far."""
@@ -531,6 +580,14 @@ class RunGuard:
             self._log.write("event", step, **event)
         raise error(f"{what}; {where}")
 
+    def confirm_by_failed_step(self, step: int, loss: Any) -> None:
+        """A step failed with a non-finite gradient or update: when its ``loss`` (per seed,
+        computed on the parameters of ``step - 1``) is finite and not high, and the last
+        train record was healthy, checkpoints up to ``step - 1`` count as healthy."""
+        ok = np.all(np.isfinite(loss)) and not np.any(self.monitor.high_loss(loss))
+        if ok and self.healthy_through is not None and self.healthy_through == self._last_record:
+            self.healthy_through = int(step)
+
     def check_finite(self, step: int, loss: Any) -> None:
         """Stop on a NaN/inf loss (any seed).
 
@@ -556,6 +613,7 @@ class RunGuard:
         """
         self.check_finite(step, loss)
         healthy, message = self.monitor.observe(step, loss, grad_norm)
+        self._last_record = int(step)
         if healthy:
             self.healthy_through = int(step)
         if message:
@@ -587,7 +645,13 @@ class RunGuard:
 
         Single process: a SIGTERM/SIGINT arrived. Several processes: JAX's preemption
         service reached its sync point at ``step`` on every host (the same step on all).
+
+        Raises:
+          CheckpointWriteError: an asynchronous save finished since the last step and
+            failed (reported at the step it is noticed, not at the next save).
         """
+        if self._ckpt is not None:
+            self._ckpt.check_errors()  # a background save that failed: report it now
         if self._signals.requested is not None:
             return True
         if self.processes > 1 and self._ckpt is not None:

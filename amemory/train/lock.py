@@ -1,13 +1,10 @@
 """The workdir lock: one live run per run directory.
 
-``<workdir>/run.lock`` is held with ``fcntl.flock`` for the whole run by the run's
-process 0 (``amemory.train.guard.RunGuard``). ``flock`` locks belong to the open
-file, so the kernel drops the lock when its holder exits or is killed (SIGKILL
-included): a lock never goes stale and there is nothing to clean up. The file
-records the holder's PID, host, start time and process count, so a second run on
-the same directory fails at once naming them. ``amemory train`` probes the lock
-before it even imports JAX (:func:`probe_workdir`), so that failure takes a
-fraction of a second.
+The run directory itself is held with ``fcntl.flock`` for the whole run by the run's
+process 0 (``amemory.train.guard.RunGuard``), so deleting ``run.lock`` lets no second
+run in; ``run.lock`` records the holder's PID, host, start time and process count for
+the message a second run prints. ``amemory train`` probes the lock before it imports
+JAX (:func:`probe_workdir`), so that failure takes a fraction of a second.
 """
 
 from __future__ import annotations
@@ -47,13 +44,12 @@ def busy_message(workdir: pathlib.Path, info: dict) -> str:
 
 
 class WorkdirLock:
-    """An exclusive ``fcntl.flock`` on ``<workdir>/run.lock`` for the life of a run.
+    """An exclusive ``fcntl.flock`` on the run directory for the life of a run.
 
     ``flock`` locks belong to the open file, so the kernel drops the lock when the
-    holder exits or is killed (SIGKILL included): a lock can never go stale. The
-    file keeps the holder's PID, host, start time and whether it is a multi-process
-    job, for the message another run prints. On network file systems ``flock`` is
-    as reliable as the file system's lock support (NFSv4 is; some FUSE mounts are not).
+    holder exits or is killed (SIGKILL included): a lock can never go stale. On network
+    file systems ``flock`` is as reliable as their lock support (NFSv4 is; some FUSE
+    mounts are not).
 
     Args:
       workdir: the run directory (created if missing).
@@ -72,7 +68,7 @@ class WorkdirLock:
 
     def acquire(self) -> WorkdirLock:
         self.workdir.mkdir(parents=True, exist_ok=True)
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        fd = os.open(self.workdir, os.O_RDONLY | os.O_DIRECTORY)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -84,8 +80,11 @@ class WorkdirLock:
             "started": _dt.datetime.now().astimezone().isoformat(timespec="seconds"),
             "processes": self.processes,
         }
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, (json.dumps(info) + "\n").encode(), 0)
+        try:
+            self.path.write_text(json.dumps(info) + "\n")
+        except OSError:
+            os.close(fd)
+            raise
         self._fd = fd
         return self
 
@@ -108,14 +107,14 @@ def probe_workdir(workdir: str | os.PathLike) -> None:
     ``amemory train`` calls this first, so a second run on a busy directory fails in
     a fraction of a second. A multi-process holder is left to the full check in
     ``RunGuard`` (its other processes legitimately share the directory). Does
-    nothing when the directory or lock file does not exist.
+    nothing when the directory does not exist.
 
     Raises:
       WorkdirBusyError: as :class:`WorkdirLock`.
     """
     path = pathlib.Path(workdir).absolute() / LOCK_NAME
     try:
-        fd = os.open(path, os.O_RDONLY)
+        fd = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY)
     except OSError:
         return
     try:

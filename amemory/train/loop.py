@@ -145,16 +145,6 @@ def _per_seed(x: Any, multi: bool) -> Any:
     return a.item() if a.ndim == 0 else a.tolist()
 
 
-def _check_meta(saved: dict, now: dict, where: pathlib.Path) -> None:
-    for key, value in now.items():
-        if key in saved and saved[key] != value:
-            raise ValueError(
-                f"checkpoint {where} was written with config.{key}={saved[key]!r}, this run "
-                f"has {value!r}: the parameter layouts differ (convert with "
-                "amemory.models.transformer.stack_layers / unstack_layers)"
-            )
-
-
 # ----------------------------------------------------------------------------- train
 
 
@@ -169,8 +159,9 @@ def train(
         engine fields of ``amemory.train.config.ENGINE_DEFAULTS`` are added if missing.
       workdir: run directory (created); holds config.json, metrics.jsonl, TensorBoard
         events, checkpoints/, summary.json.
-      resume: continue from the newest intact checkpoint in ``workdir`` (a fresh start
-        when there is none; damaged ones are moved aside with a warning). Without it a
+      resume: continue from the newest intact checkpoint in ``workdir`` (damaged ones are
+        moved aside with a warning); with none, a fresh start when the workdir records no
+        training, else an error (``RunGuard.resume_without_checkpoint``). Without it a
         workdir that already has checkpoints is an error. The continuation is exact for
         the same config (parameters, optimizer state, key and input position are
         restored); fields that change what a run computes must equal the checkpoint's
@@ -243,16 +234,14 @@ def _run(
                 f"workdir {workdir} already holds checkpoints (latest step {latest}); pass "
                 "--resume (resume=True) to continue it, or choose another --workdir"
             )
+        if latest is None and resume:
+            g.resume_without_checkpoint(ckpt)
         inputs = task.train_input()
         if latest is not None:
-            try:
-                saved_meta = ckpt.extra(latest).get("task_meta", {})
-            except Exception:  # noqa: BLE001 - damaged: restore_intact reports and skips it
-                saved_meta = {}
-            _check_meta(saved_meta, task.checkpoint_meta(), ckpt.path(latest))
             latest, state, _, position = g.restore(
-                ckpt, engine.restore_target, data=inputs is not None
-            )
+                ckpt, engine.restore_target, data=inputs is not None,
+                meta=task.checkpoint_meta(), fresh=engine.init_state,
+            )  # fmt: skip
             if inputs is not None:
                 inputs.set_state(position)
             start = int(latest)
@@ -401,17 +390,19 @@ class _SyncPoints:
         self.mark = (time.perf_counter(), s)
         return acc
 
-    def check_finite(self, bad_step: Any, s: int) -> None:
+    def check_finite(self, acc: dict, s: int) -> None:
         """The non-finite check: raise when a step up to ``s`` had a non-finite loss,
-        gradient or parameters (``bad_step`` from the accumulator, per seed).
+        gradient or parameters (``acc``: the host accumulator's ``bad_step`` and
+        ``bad_loss``, per seed).
 
         Raises:
           NonFiniteLossError: naming the first bad step and the newest healthy checkpoint.
         """
-        bad = np.asarray(bad_step).ravel()
+        bad = np.asarray(acc["bad_step"]).ravel()
         if (bad < 0).all():
             return
         first = int(bad[bad >= 0].min())
+        self.g.confirm_by_failed_step(first, np.asarray(acc["bad_loss"]).ravel()[bad == first])
         self.g.fail(
             NonFiniteLossError, first,
             f"non-finite training loss, gradient or parameters at step {first}",
@@ -422,7 +413,7 @@ class _SyncPoints:
         """Read the accumulated metrics, check them, write the train record; fresh acc."""
         host = self.engine.fetch(acc)
         now = time.perf_counter()
-        self.check_finite(host["bad_step"], s)
+        self.check_finite(host, s)
         rec = {k: _per_seed(v, self.multi) for k, v in engine_lib.interval_metrics(host).items()}
         t0, s0 = self.mark
         if s0 >= self.first:  # the interval excludes compilation
@@ -440,7 +431,7 @@ class _SyncPoints:
 
     def save_point(self, s: int, state: TrainState, acc: dict, position: bytes | None) -> None:
         """Save step ``s`` after the non-finite check (a non-finite state is never saved)."""
-        self.check_finite(self.engine.fetch(acc["bad_step"]), s)
+        self.check_finite(self.engine.fetch({k: acc[k] for k in ("bad_step", "bad_loss")}), s)
         self.g.save(self.ckpt, s, state, self.extra, data=position)
         self.last_saved = s
 

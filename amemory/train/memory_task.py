@@ -8,6 +8,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from amemory.data import frequencies, memory_tasks
+from amemory.models import memory
 from amemory.train import parallel
 
 #: ``config.memory.embeddings`` values (``amemory.models.memory`` builders).
@@ -32,10 +34,6 @@ class MemoryTask:
     muon_roles = ("w_out",)
 
     def __init__(self, config: Any, place: parallel.Placement):
-        from amemory.data import frequencies as F
-        from amemory.data import memory_tasks
-        from amemory.models import memory as M
-
         mc, pc = config.memory, config.prior
         K = int(mc.K)
         d = int(mc.d) if mc.d is not None else K
@@ -48,23 +46,23 @@ class MemoryTask:
         if emb == "coupled_rotation" and K % 3:
             raise ValueError(f"config.memory.K={K} must be divisible by 3 for coupled_rotation")
         if emb in ("decoupled", "coupled_rotation"):
-            E, Et = getattr(M, emb)(K)
+            E, Et = getattr(memory, emb)(K)
         elif emb == "coherent":
-            E, Et = M.coherent(K, d, float(mc.coherence), key)
+            E, Et = memory.coherent(K, d, float(mc.coherence), key)
         else:
-            E, Et = getattr(M, emb)(K, d, key)
+            E, Et = getattr(memory, emb)(K, d, key)
         self.E, self.Et, self.K, self.d = jnp.asarray(E), jnp.asarray(Et), K, d
         if pc.kind == "two_level":
-            self.prior = F.two_level(K, float(pc.alpha), float(pc.beta))
-            self.head = np.arange(K) < F.two_level_split(K, float(pc.beta))
+            self.prior = frequencies.two_level(K, float(pc.alpha), float(pc.beta))
+            self.head = np.arange(K) < frequencies.two_level_split(K, float(pc.beta))
         else:
             if pc.kind == "power_law":
-                self.prior = F.power_law(K, float(pc.exponent))
+                self.prior = frequencies.power_law(K, float(pc.exponent))
             elif pc.kind == "hierarchical":
-                M_ = int(pc.groups)
-                if M_ < 1 or K % M_:
-                    raise ValueError(f"config.prior.groups={M_} must divide memory.K={K}")
-                self.prior = F.hierarchical(M_, K // M_, float(pc.exponent))
+                groups = int(pc.groups)
+                if groups < 1 or K % groups:
+                    raise ValueError(f"config.prior.groups={groups} must divide memory.K={K}")
+                self.prior = frequencies.hierarchical(groups, K // groups, float(pc.exponent))
             else:
                 raise ValueError(f"config.prior.kind={pc.kind!r}; allowed values: {PRIORS}")
             n_head = max(1, int(round(float(pc.head_fraction) * K)))
@@ -100,14 +98,12 @@ class MemoryTask:
         return {}
 
     def loss(self, params, batch, rng):
-        from amemory.models import memory as M
-
         del batch  # the memory makes its own data
         if self._sample is None:
-            loss = M.population_loss(params["W"], self.E, self.Et, self.prior_j, self.noise)
+            loss = memory.population_loss(params["W"], self.E, self.Et, self.prior_j, self.noise)
         else:
             q, a = self._sample(rng)  # (B,), (B,)
-            loss = M.sampled_loss(params["W"], self.E, self.Et, q, a)
+            loss = memory.sampled_loss(params["W"], self.E, self.Et, q, a)
         return loss, {}
 
     def train_input(self) -> None:
@@ -118,17 +114,15 @@ class MemoryTask:
 
     def evaluate(self, params: Any, put_batch: Any = None) -> dict:
         """Exact per-class metrics of one seed's memory ``params["W"] [d, d]``."""
-        from amemory.models import memory as M
-
         del put_batch
         if self._eval_fn is None:
 
             def arrays(W):
-                logits = M.logits(W, self.E, self.Et)  # (K, K): row k = query k
+                logits = memory.logits(W, self.E, self.Et)  # (K, K): row k = query k
                 return (
-                    M.per_class_loss(W, self.E, self.Et, self.noise),  # (K,)
+                    memory.per_class_loss(W, self.E, self.Et, self.noise),  # (K,)
                     jnp.argmax(logits, axis=-1) == jnp.arange(self.K),  # (K,)
-                    M.correct_probabilities(W, self.E, self.Et),  # (K,)
+                    memory.correct_probabilities(W, self.E, self.Et),  # (K,)
                 )
 
             self._eval_fn = jax.jit(arrays)

@@ -17,13 +17,11 @@ of the step time comes from :data:`CHIPS`. The approach follows MaxText's
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import json
 import math
 import pathlib
 import re
-import sys
 import time
 from typing import Any
 
@@ -129,17 +127,15 @@ def _conv_macs(out: list[int], lhs: list[int], rhs: list[int], args: str) -> int
 def hlo_stats(text: str, scope: str, n: int = 1) -> dict[str, Any]:
     """Per-chip counts from optimized HLO text (``compiled.as_text()``).
 
-    Each computation's instructions are weighted by how often it runs: a while body by
-    the trip count its condition compares against (``i < N``), anything else it calls by
-    its caller's weight. Counted: ``flops``, 2 x multiply-adds of ``dot`` and
-    ``convolution``; ``collectives``, bytes each device sends per kind of
-    :data:`COLLECTIVES` in a ring model (``g`` devices per group, ``S`` the result bytes:
-    all-to-all and all-gather ``(g-1)/g S``, all-reduce ``2 (g-1)/g S``, reduce-scatter
-    ``(g-1) S``, collective-permute ``S``; TPU's asynchronous collectives are fusions that
-    repeat the op: it counts in the one that starts it) and ``collective_ops``, how many
-    run per step; the same
-    three for the ops whose name stack holds ``scope`` (``*_scope``), and
-    ``scope_dot_dtypes``, the operand dtypes of those ops' dots.
+    Each computation is weighted by how often it runs: a while body by its trip count (XLA's,
+    else the ``N`` of its condition's ``i < N``), any other callee by its caller's weight.
+    ``flops``: 2 x multiply-adds of dots, convolutions and cuBLAS calls; ``collectives``:
+    bytes each device sends per kind of :data:`COLLECTIVES`, ring model (``g`` devices per
+    group, ``S`` result bytes: all-to-all and all-gather ``(g-1)/g S``, all-reduce
+    ``2 (g-1)/g S``, reduce-scatter ``(g-1) S``, collective-permute ``S``; an asynchronous
+    TPU collective counts once, where it starts); ``collective_ops``: how many run per step;
+    ``*_scope``: the same for the ops whose name stack holds ``scope``, and
+    ``scope_dot_dtypes`` the operand dtypes of their dots.
 
     Args:
       text: the module's HLO text.
@@ -197,22 +193,17 @@ def hlo_stats(text: str, scope: str, n: int = 1) -> dict[str, Any]:
             in_scope = f"{scope}/" in args
             operands = [shapes.get(o, "") for o in re.findall(r"%([\w.\-]+)", args.split(")")[0])]
             gemm = op == "custom-call" and re.search(r'target="__cublas\$(lt\$matmul|gemm)', args)
-            if gemm:  # GPU: dots become cuBLAS calls; result first in their output tuple
-                dims = re.search(r'"lhs_contracting_dimensions":\[([^\]]*)\]', args).group(1)
-                lhs = _arrays(operands[0])[0]
-                k = math.prod(lhs[1][int(d.strip('"'))] for d in dims.split(",") if d)
-                out["flops"] += 2.0 * math.prod(_arrays(shape)[0][1]) * k * w
-                if in_scope:
-                    out["flops_scope"] += 2.0 * math.prod(_arrays(shape)[0][1]) * k * w
-                    out["scope_dot_dtypes"].add(lhs[0])
-            if op in ("dot", "convolution"):
-                out_elems = math.prod(_arrays(shape)[0][1])
-                lhs, rhs = _arrays(operands[0])[0], _arrays(operands[1])[0]
-                if op == "dot":
+            if gemm or op in ("dot", "convolution"):
+                out_elems, lhs = math.prod(_arrays(shape)[0][1]), _arrays(operands[0])[0]
+                if gemm:  # GPU: dots become cuBLAS calls; result first in their output tuple
+                    dims = re.search(r'"lhs_contracting_dimensions":\[([^\]]*)\]', args).group(1)
+                    k = math.prod(lhs[1][int(d.strip('"'))] for d in dims.split(",") if d)
+                elif op == "dot":
                     dims = re.search(r"lhs_contracting_dims=\{([\d,]*)\}", args).group(1)
                     k = math.prod(lhs[1][int(d)] for d in dims.split(",") if d)
                 else:
-                    out_elems, k = 1, _conv_macs(_arrays(shape)[0][1], lhs[1], rhs[1], args)
+                    rhs = _arrays(operands[1])[0][1]
+                    out_elems, k = 1, _conv_macs(_arrays(shape)[0][1], lhs[1], rhs, args)
                 out["flops"] += 2.0 * out_elems * k * w
                 if in_scope:
                     out["flops_scope"] += 2.0 * out_elems * k * w
@@ -265,6 +256,17 @@ def model_flops_per_token(model_config: Any, params: Any, roles: Any, seq_len: i
     return 6 * n + attn
 
 
+def ns_flops(shape: tuple[int, ...], steps: int = 5, method: str = "auto") -> float:
+    """Matmul FLOPs (2 per multiply-add) of amemory's Newton-Schulz on one ``k x l`` matrix,
+    ``k <= l``: ``"direct"`` ``steps (4 k^2 l + 2 k^3)`` (optax's too), ``"gram"`` the Gram
+    form without restart, ``"auto"`` the Gram form where ``l >= 2k`` (``ns_method="auto"``)."""
+    k, l = sorted(shape)
+    if method == "direct" or (method == "auto" and l < 2 * k):
+        return steps * (4.0 * k * k * l + 2.0 * k**3)
+    per = 2.0 * k**3
+    return 4.0 * k * k * l + steps * per + (steps - 1) * per + (steps - 1) * 2 * per
+
+
 def _advice(temporaries: bool) -> str:
     """What dominates a plan that does not fit, and what to change."""
     if temporaries:
@@ -290,16 +292,14 @@ def plan(config: Any, topology: str, *, save: str | pathlib.Path | None = None) 
       save: write the serialized executable here (``jax.experimental.serialize_executable``).
 
     Returns:
-      dict: topology, chips, compile_s (wall) and compile_cpu_s, memory (argument /
-      temp / output / alias / total bytes per chip, hbm_bytes), fits, margin_bytes, advice
-      (when it does not fit), flops_per_chip, optimizer_flops_per_chip,
-      model_flops_per_token, tokens_per_step, collectives / optimizer_collectives (bytes
-      per chip and step by kind), ns_dtype (dtype of the optimizer's dots in the HLO;
-      None without any), and ``estimate``: the roofline step time (max of compute at peak
-      bf16, HBM traffic -- arguments and outputs once, temporaries written and read -- and
-      collectives over the interconnect), tokens_per_s, mfu and optimizer_share (the
-      update's own roofline time over the step's). A config that does not fit (the
-      compiler runs out of HBM) returns ``fits=False`` with the compiler's message.
+      dict: topology, chips, compile_s, compile_cpu_s, memory (bytes per chip by kind),
+      hbm_bytes, fits, margin_bytes, advice (when it does not fit), flops_per_chip,
+      optimizer_flops_per_chip, model_flops_per_token, tokens_per_step, collectives and
+      optimizer_collectives (bytes per chip and step by kind), ns_dtype (of the optimizer's
+      dots; None without any) and ``estimate``: the roofline step time (the slowest of
+      compute at peak bf16, HBM traffic and the interconnect), tokens_per_s, mfu and
+      optimizer_share. A config the compiler cannot fit in HBM gives ``fits=False`` and
+      its message.
 
     Raises:
       ValueError: an unknown chip or a bad config (names the field).
@@ -423,9 +423,10 @@ def format_table(reports: list[dict]) -> str:
 
 def main(argv: list[str]) -> int:
     """``amemory plan``: parse, plan every ``--topology``, print the table (or JSON)."""
+    from amemory.cli import Parser
     from amemory.train.cli import _split_overrides
 
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         prog="amemory plan",
         description="Compile the train step of a config for TPU topologies (pip install "
         "'jax[tpu]') or H100s (pip install 'jax[cuda12-local]') from this host and report "
@@ -451,7 +452,6 @@ def main(argv: list[str]) -> int:
             save = pathlib.Path(args.save) / f"{topo.replace(':', '_')}.exe" if args.save else None
             reports.append(plan(config, topo, save=save))
     except ValueError as e:
-        sys.stderr.write(f"amemory plan: error: {e}\n")
-        return 2
+        return parser.fail(e)
     print(json.dumps(reports, indent=2) if args.json else format_table(reports))
     return 0

@@ -9,7 +9,12 @@ in multi-seed runs a per-seed list becomes one tag per seed, ``<tag>/seed_<seed>
 Lists that are not per-seed values (per-class losses) and strings stay in the jsonl only.
 
 On resume, records after the restored step are dropped from the jsonl, and TensorBoard is
-told to purge events from that step on (``purge_step``), so both show one history.
+told to purge events from that step on (``purge_step``), so both show one history; lines of
+the jsonl that do not read are moved to ``metrics.jsonl.unreadable`` with a warning.
+
+Events are written in the caller's thread (tensorboardX's ``EventsWriter``, not its
+``SummaryWriter``, whose writer thread prints a traceback on a full disk and then blocks
+the run on its full queue), so a failed write is one ``OSError`` naming the file.
 """
 
 from __future__ import annotations
@@ -18,6 +23,8 @@ import json
 import math
 import numbers
 import pathlib
+import sys
+import time
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -92,37 +99,64 @@ class RunLog:
         self.path, self.enabled, self.seeds = workdir / "metrics.jsonl", enabled, seeds
         if not enabled:
             return
+        unreadable: list[int] = []  # 1-based numbers of lines that do not read
         if keep_until is None:
             self.path.write_text("")
         elif self.path.exists():
-            kept = []
-            for line in self.path.read_text().splitlines():
-                try:
-                    rec = json.loads(line)
-                except json.JSONDecodeError:
-                    continue  # a line cut by a kill
-                if int(rec.get("step", 0)) <= keep_until:
+            lines, kept = self.path.read_bytes().splitlines(), []
+            for i, line in enumerate(lines, 1):
+                try:  # a line cut by a kill or edited by hand: not UTF-8 JSON with an int step
+                    step = json.loads(line.decode("utf-8"))["step"]
+                    ok = isinstance(step, int) and not isinstance(step, bool)
+                except (ValueError, TypeError, KeyError, IndexError):
+                    ok = False
+                if ok and step <= keep_until:
                     kept.append(line)
-            atomic.write_text(self.path, "".join(line + "\n" for line in kept))
+                elif not ok and line.strip():
+                    unreadable.append(i)
+            if unreadable:
+                bad = self.path.with_name(self.path.name + ".unreadable")
+                old = bad.read_bytes() if bad.exists() else b""
+                atomic.write_bytes(bad, old + b"".join(lines[i - 1] + b"\n" for i in unreadable))
+                sys.stderr.write(
+                    f"amemory train: warning: {self.path}: {len(unreadable)} unreadable line(s) "
+                    f"(first: line {unreadable[0]}) moved to {bad}\n"
+                )
+            atomic.write_bytes(self.path, b"".join(line + b"\n" for line in kept))
         self._f = self.path.open("a")
-        from tensorboardX import SummaryWriter
+        from tensorboardX.event_file_writer import EventsWriter
+        from tensorboardX.proto.event_pb2 import Event, SessionLog
+        from tensorboardX.summary import scalar
 
-        purge = None if keep_until is None else keep_until + 1
-        self._tb = SummaryWriter(logdir=str(workdir), purge_step=purge, flush_secs=30)
+        self._event, self._scalar = Event, scalar
+        self._tb = EventsWriter(str(workdir / "events"))
+        if keep_until is not None:  # TensorBoard hides the older events from this step on
+            self._tb.write_event(Event(step=keep_until + 1, file_version="brain.Event:2"))
+            self._tb.write_event(Event(step=keep_until + 1, session_log=SessionLog(status=1)))
+        if unreadable:
+            self.write("event", keep_until, event="log_lines_unreadable", lines=unreadable)
 
     def write(self, kind: str, step: int, **fields: Any) -> dict[str, Any]:
-        """Append one record (``kind``, ``step`` = optimizer steps completed, fields)."""
+        """Append one record (``kind``, ``step`` = optimizer steps completed, fields); an
+        OSError (a full disk) names the file it could not write."""
         rec = {"kind": kind, "step": int(step), **jsonable(fields)}
         if not self.enabled:
             return rec
         self._f.write(json.dumps(rec) + "\n")
         self._f.flush()
-        for tag, value in scalars(rec, self.seeds):
-            self._tb.add_scalar(tag, value, global_step=int(step))
+        try:
+            for tag, value in scalars(rec, self.seeds):
+                summary, now = self._scalar(tag, value), time.time()
+                self._tb.write_event(self._event(wall_time=now, step=int(step), summary=summary))
+            self._tb.flush()
+        except OSError as e:
+            raise OSError(f"cannot write TensorBoard events in {self.path.parent}: {e}") from e
         return rec
 
     def close(self) -> None:
         """Flush and close both files."""
         if self.enabled:
-            self._f.close()
-            self._tb.close()
+            try:
+                self._f.close()
+            finally:
+                self._tb.close()

@@ -14,18 +14,12 @@ document (the end-of-text token).
 
 from __future__ import annotations
 
-import argparse
 import json
 import pathlib
-import sys
 
 from ml_collections import ConfigDict
 
-
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> None:  # noqa: D401 - argparse API
-        sys.stderr.write(f"amemory sample: error: {message}\n")
-        raise SystemExit(2)
+from amemory.cli import Parser
 
 
 def load_run(workdir: str | pathlib.Path, *, step: int | None = None, seed_index: int = 0):
@@ -48,7 +42,7 @@ def load_run(workdir: str | pathlib.Path, *, step: int | None = None, seed_index
     import jax
     import numpy as np
 
-    from amemory.data import corpus as C
+    from amemory.data.corpus import prepare_corpus
     from amemory.models import transformer
     from amemory.train.checkpoint import leaf_names, load_params
     from amemory.train.tasks import model_config
@@ -65,7 +59,7 @@ def load_run(workdir: str | pathlib.Path, *, step: int | None = None, seed_index
             f"data.kind={config.data.get('kind')!r}"
         )
     d = config.data
-    data = C.prepare_corpus(d.corpus, tokenizer=d.tokenizer, vocab_size=int(d.vocab_size))
+    data = prepare_corpus(d.corpus, tokenizer=d.tokenizer, vocab_size=int(d.vocab_size))
     if data.tokenizer is None:
         raise ValueError(f"--workdir {workdir}: corpus {d.corpus!r} has no tokenizer (.bin)")
     mc = model_config(config, data.vocab_size)
@@ -127,7 +121,7 @@ def sample_text(
 
 def main(argv: list[str]) -> int:
     """Parse ``argv``, generate, print the text. Returns the exit status."""
-    p = _Parser(prog="amemory sample", description=__doc__.splitlines()[0])
+    p = Parser(prog="amemory sample", description=__doc__.splitlines()[0])
     p.add_argument("--workdir", required=True, help="run directory of amemory train")
     p.add_argument("--prompt", required=True, help="text to continue ('' = a new document)")
     p.add_argument("--max-new-tokens", type=int, default=100, help="tokens to generate (>= 1)")
@@ -149,7 +143,6 @@ def main(argv: list[str]) -> int:
             seed_index=args.seed_index,
         )
     except ValueError as e:
-        sys.stderr.write(f"amemory sample: error: {e}\n")
-        return 2
+        return p.fail(e)
     print(text)
     return 0

@@ -6,6 +6,10 @@ ratio measured under load is not a verdict (the sides slow down unequally).
 """
 
 import os
+import pathlib
+import platform
+
+from amemory import atomic
 
 LOAD_PER_CORE = 0.5
 
@@ -18,3 +22,18 @@ def host_load() -> dict:
     if loaded:
         print(f"load {load[0]:.1f} on {cores} cores: timings are indicative only")
     return {"load_average": load, "host_cores": cores, "indicative_only": loaded}
+
+
+def write_json(path: pathlib.Path, command: str, load: dict, **fields) -> None:
+    """Write a benchmark's ``fields`` to ``path`` beside its command, the jax and optax
+    versions, the device, the machine and the host ``load`` (:func:`host_load`)."""
+    import jax
+    import optax
+
+    dev = jax.devices()[0]
+    atomic.write_json(path, {
+        "command": command, "jax": jax.__version__, "optax": optax.__version__,
+        "platform": dev.platform, "device_kind": dev.device_kind,
+        "machine": platform.machine(), **load, **fields,
+    })  # fmt: skip
+    print(f"\nwrote {path}")

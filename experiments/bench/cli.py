@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-import argparse
 import importlib
-import sys
+
+from amemory.cli import Parser
 
 BENCHMARKS = {
     "optim": "Muon update time vs optax.contrib.muon, orthogonality error, GFLOP/s",
@@ -14,7 +14,7 @@ BENCHMARKS = {
 
 
 def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="amemory bench", description=__doc__)
+    parser = Parser(prog="amemory bench", description=__doc__)
     parser.add_argument("name", choices=sorted(BENCHMARKS), help="which benchmark")
     if not argv or argv[0] in ("-h", "--help"):
         parser.print_help()
@@ -22,10 +22,6 @@ def main(argv: list[str]) -> int:
             print(f"  {k:8s} {v}")
         return 0
     if argv[0] not in BENCHMARKS:
-        allowed = sorted(BENCHMARKS)
-        sys.stderr.write(
-            f"amemory bench: error: unknown benchmark {argv[0]!r}; choose from {allowed}\n"
-        )
-        return 2
+        return parser.fail(f"unknown benchmark {argv[0]!r}; choose from {sorted(BENCHMARKS)}")
     module = importlib.import_module(f"experiments.bench.{argv[0]}")
     return int(module.main(argv[1:]) or 0)

@@ -1,51 +1,28 @@
 """`amemory bench optim`: amemory's Muon update against optax.contrib.muon, and its NS roofline.
 
-Every optimizer sees the same GPT-shaped tree of hidden matrices (no vectors, so optax
-routes every leaf to its Muon branch). Rows (jitted ``update`` calls, timed round-robin
-in one process so load on a shared machine hits all alike; medians reported):
+Every row of :data:`ROWS` updates the same GPT-shaped tree of hidden matrices (no vectors,
+so optax routes every leaf to Muon): ``optax`` is ``optax.contrib.muon(0.02)``,
+``contrib`` ``amemory.optim.contrib.muon`` with identical arguments (the drop-in), the
+others ``amemory.optim.muon(0.02, preset="optax")`` (optax's maths; Gram form for aspect
+ratio >= 2) with the options beside their names: the Gram form's restart, direct NS, AOL
+pre-conditioning (Turbo-Muon), Polar Express and Dion coefficients. Jitted ``update``
+calls run round-robin in one process (load hits all alike); medians are reported.
 
-- ``optax``: ``optax.contrib.muon(0.02)``;
-- ``contrib``: ``amemory.optim.contrib.muon(0.02)``, identical arguments (the drop-in);
-- ``amemory``: ``amemory.optim.muon(0.02, preset="optax")``, optax's maths (EMA 0.95 with
-  bias correction, NAdam Nesterov, Jordan's coefficients x5, eps 1e-8, fp32), Gram form
-  for aspect ratio >= 2 (``ns_method="auto"``; no restart in float32);
-- ``restart``: the same with the Gram form's restart after step 2 (``gram_restarts=(2,)``,
-  what it costs where low precision needs it);
-- ``direct``: the same with ``ns_method="direct"`` (no Gram form);
-- ``aol5`` / ``aol4``: AOL pre-conditioning (Turbo-Muon), Jordan x5 / x4;
-- ``pe5``: Polar Express coefficients x5 (same FLOPs, lower error);
-- ``dion4-aol``: Dion's table x4 with AOL (20% fewer NS FLOPs).
-
-Figures per tree:
-
-- ``ortho_error``: ``orthogonality_error`` of each row's orthogonalised matrices
-  (update divided by ``-lr * shape_scale``), mean and max over leaves;
-- ``ratio``: ``amemory``'s time / optax's (same maths), ``contrib``'s / optax's, and
-  ``best``: the fastest amemory row whose mean and max orthogonality error are both at
-  most optax's, over optax's (the issue's goal: <= 0.35);
-- NS efficiency (goal >= 0.85) = roofline time / NS time, where NS time is amemory's
-  orthogonalisation alone (``newton_schulz`` on the same shape-grouped stacks the update
-  builds) and the roofline replays exactly the batched matmuls (``dot_general``) of that
-  NS program on the same shapes, with the elementwise work removed (each result is summed
-  into a scalar so none is dead code; semi-orthogonal inputs keep the values bounded);
-- NS GFLOP: the matmul FLOPs each row's orthogonalisation performs (counted from its
-  program's ``dot_general``s; optax: the direct form, ``steps (4 k^2 l + 2 k^3)`` per
-  ``k x l`` matrix, ``k <= l``): at equal GFLOP/s the time ratio would equal the FLOP
-  ratio; GFLOP/s = those FLOPs over the update time; a large square fp32 matmul gives
-  the machine's practical peak beside them.
-
-Usage:
-  amemory bench optim [--quick] [--trees cpu,gpt2-small] [--reps N]
-                      [--gpt2-layers N] [--matmul-n N] [--json PATH]
-  amemory bench optim --devices N ...   (FSDP-sharded Muon: experiments/bench/optim_distributed.py)
+Per tree: ``ortho_error``, the ``orthogonality_error`` of each row's update over
+``-lr * shape_scale`` (mean and max over leaves); ``ratio``, amemory's and contrib's time
+over optax's, and ``best``, the fastest amemory row whose mean and max errors are at most
+optax's (goal <= 0.35); NS efficiency (goal >= 0.85), the roofline time over the NS time,
+where the roofline (:func:`roofline_fn`) replays exactly the batched matmuls of the NS
+program on the shape-grouped stacks the update builds; NS GFLOP counted from each
+program's ``dot_general``s (optax: the direct form, ``planner.ns_flops``) and GFLOP/s over
+the update time, beside a large fp32 matmul's (the practical peak). ``--devices N``: the
+FSDP-sharded benchmark, ``experiments/bench/optim_distributed.py``.
 """
 
 from __future__ import annotations
 
-import argparse
 import os
 import pathlib
-import platform
 import sys
 import time
 from collections.abc import Callable
@@ -58,10 +35,11 @@ import optax
 from jax.extend import core as jex_core
 from optax.contrib import muon as optax_muon
 
-from amemory import atomic
-from amemory.optim import contrib, muon, newton_schulz, orthogonality_error, shape_scale_factor
+from amemory.cli import Parser
+from amemory.optim import contrib, muon, orthogonality_error, shape_scale_factor
 from amemory.optim._matrices import leaf_layouts
-from experiments.bench import host_load
+from amemory.train.planner import ns_flops
+from experiments.bench import host_load, write_json
 
 TREES = {
     # name: (d_model, n_layers, d_ff)
@@ -92,12 +70,6 @@ _row("dion4-aol", ns_coeffs="dion", ns_steps=4, preconditioning="aol")
 ROOFLINE_ROWS = ("amemory", "dion4-aol")
 
 
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> None:  # one-line error, exit 2
-        sys.stderr.write(f"amemory bench optim: error: {message}\n")
-        raise SystemExit(2)
-
-
 def gpt_tree(d: int, n_layers: int, d_ff: int, seed: int = 0) -> dict[str, Any]:
     """Hidden matrices of a GPT block stack, Flax layout ``[fan_in, fan_out]``, fp32."""
     rng = np.random.default_rng(seed)
@@ -112,12 +84,36 @@ def gpt_tree(d: int, n_layers: int, d_ff: int, seed: int = 0) -> dict[str, Any]:
     return tree
 
 
-def ns_flops(shape: tuple[int, int], steps: int = NS_STEPS, method: str = "direct") -> float:
-    """FLOPs of amemory's NS on one fp32 matrix (matmuls only, 2 per multiply-add), counted
-    from its program: ``"direct"`` is ``steps (4 k^2 l + 2 k^3)`` for ``k x l``, ``k <= l``
-    (optax's, too); ``"gram"`` the Gram form (no restart in float32)."""
-    x = jax.ShapeDtypeStruct(tuple(shape), jnp.float32)
-    return _dot_flops(jax.make_jaxpr(lambda m: newton_schulz(m, steps=steps, method=method))(x))
+def tree_parser(prog: str, description: str, trees: dict, gpt2_layers: int) -> Parser:
+    """A parser with the arguments of both optimizer benchmarks (trees, repetitions, JSON)."""
+    p = Parser(prog=prog, description=description)
+    p.add_argument("--quick", action="store_true", help="cpu tree only, 3 reps")
+    p.add_argument("--trees", default=None, help=f"comma list from {sorted(trees)} (default: all)")
+    p.add_argument("--reps", type=int, default=None, help="timed repetitions (gpt2-small: <= 3)")
+    p.add_argument("--gpt2-layers", type=int, default=gpt2_layers, help="gpt2-small's layers")
+    p.add_argument("--json", type=pathlib.Path, default=None, help="write figures here")
+    return p
+
+
+def parse_trees(parser: Parser, argv: list[str], trees: dict) -> tuple[Any, list[str], int]:
+    """``(args, tree names, repetitions)``; a bad tree or count is a one-line error."""
+    args = parser.parse_args(argv)
+    names = args.trees.split(",") if args.trees else (["cpu"] if args.quick else list(trees))
+    bad = [t for t in names if t not in trees]
+    if bad:
+        parser.error(f"unknown tree(s) {bad}; choose from {sorted(trees)}")
+    reps = args.reps if args.reps is not None else (3 if args.quick else 5)
+    if reps < 1 or args.gpt2_layers < 1:
+        parser.error("--reps and --gpt2-layers must be >= 1")
+    return args, names, reps
+
+
+def each_tree(names: list[str], trees: dict, gpt2_layers: int):
+    """``(name, gpt_tree, shape dict)`` per name; gpt2-small with ``gpt2_layers`` layers."""
+    for name in names:
+        d, layers, d_ff = trees[name]
+        layers = gpt2_layers if name == "gpt2-small" else layers
+        yield name, gpt_tree(d, layers, d_ff), {"d_model": d, "n_layers": layers, "d_ff": d_ff}
 
 
 def _groups(params: dict) -> dict[tuple[int, int], int]:
@@ -228,10 +224,22 @@ def _orth_fn(options: dict) -> Callable:
     return options_from(options, preset_options("optax")).orth_fn
 
 
-def _timed(fn, *args) -> float:
-    t0 = time.perf_counter()
-    jax.block_until_ready(fn(*args))
-    return time.perf_counter() - t0
+def round_robin(timers: dict[str, tuple[Callable, tuple]], reps: int) -> dict[str, list[float]]:
+    """Seconds of ``reps`` calls of each ``fn(*args)``, interleaved (load hits all alike)."""
+    times: dict[str, list[float]] = {k: [] for k in timers}
+    for _ in range(reps):
+        for key, (fn, args) in timers.items():
+            t0 = time.perf_counter()
+            jax.block_until_ready(fn(*args))
+            times[key].append(time.perf_counter() - t0)
+    return times
+
+
+def timing(times: dict[str, list[float]], compile_s: dict[str, float], reps: int) -> dict:
+    """The timing fields of a benchmark row: medians and every run in ms, compile seconds."""
+    return {"reps": reps, "time_ms": {k: 1e3 * float(np.median(v)) for k, v in times.items()},
+            "time_ms_all": {k: [1e3 * t for t in v] for k, v in times.items()},
+            "compile_s": compile_s}  # fmt: skip
 
 
 def _ortho_errors(updates: dict, lr: float) -> np.ndarray:
@@ -262,7 +270,7 @@ def bench_tree(name: str, params: dict, reps: int, mm_n: int) -> dict[str, Any]:
     groups = _groups(params)
     stacks = [_semi_orthogonal(b, k, l, i) for i, ((k, l), b) in enumerate(sorted(groups.items()))]
     shapes = [tuple(x.shape) for x in jax.tree.leaves(params)]
-    nominal = sum(ns_flops(s) for s in shapes)
+    nominal = sum(ns_flops(s, NS_STEPS, "direct") for s in shapes)
     flops = {"optax": nominal}  # optax: direct NS, one matrix at a time
     for row, (_, opts) in ROWS.items():
         if row != "optax":  # contrib runs amemory's kernels with optax's options
@@ -283,10 +291,7 @@ def bench_tree(name: str, params: dict, reps: int, mm_n: int) -> dict[str, Any]:
     matmul = jax.jit(lambda x: x @ x)
     jax.block_until_ready(matmul(a))
     timers["matmul"] = (matmul, (a,))
-    times: dict[str, list[float]] = {k: [] for k in timers}
-    for _ in range(reps):
-        for key, (fn, args) in timers.items():
-            times[key].append(_timed(fn, *args))
+    times = round_robin(timers, reps)
     med = {k: float(np.median(v)) for k, v in times.items()}
     fastest = {k: float(np.min(v)) for k, v in times.items()}
     ref_mean, ref_max = errs["optax"].mean(), errs["optax"].max()
@@ -301,10 +306,7 @@ def bench_tree(name: str, params: dict, reps: int, mm_n: int) -> dict[str, Any]:
         "n_matrices": len(shapes),
         "n_params": int(sum(np.prod(s) for s in shapes)),
         "groups": {f"{k}x{l}": b for (k, l), b in sorted(groups.items())},
-        "reps": reps,
-        "time_ms": {k: 1e3 * v for k, v in med.items()},
-        "time_ms_all": {k: [1e3 * t for t in v] for k, v in times.items()},
-        "compile_s": compile_s,
+        **timing(times, compile_s, reps),
         "ratio": med["amemory"] / med["optax"],
         "ratio_contrib": med["contrib"] / med["optax"],
         "best": best,
@@ -365,27 +367,9 @@ def main(argv: list[str]) -> int:
         from experiments.bench import optim_distributed
 
         return optim_distributed.main(argv)
-    parser = _Parser(prog="amemory bench optim", description=__doc__.split("\n")[0])
-    parser.add_argument("--quick", action="store_true", help="cpu tree only, 3 reps")
-    parser.add_argument(
-        "--trees", default=None, help=f"comma list from {sorted(TREES)} (default: all)"
-    )
-    parser.add_argument(
-        "--reps", type=int, default=None, help="timed repetitions (gpt2-small: at most 3)"
-    )
-    parser.add_argument(
-        "--gpt2-layers", type=int, default=12, help="layers of the gpt2-small tree (default 12)"
-    )
+    parser = tree_parser("amemory bench optim", __doc__.split("\n")[0], TREES, 12)
     parser.add_argument("--matmul-n", type=int, default=None, help="size of the peak matmul")
-    parser.add_argument("--json", type=pathlib.Path, default=None, help="write figures here")
-    args = parser.parse_args(argv)
-    trees = args.trees.split(",") if args.trees else (["cpu"] if args.quick else list(TREES))
-    bad = [t for t in trees if t not in TREES]
-    if bad:
-        parser.error(f"unknown tree(s) {bad}; choose from {sorted(TREES)}")
-    reps = args.reps if args.reps is not None else (3 if args.quick else 5)
-    if reps < 1 or args.gpt2_layers < 1:
-        parser.error("--reps and --gpt2-layers must be >= 1")
+    args, trees, reps = parse_trees(parser, argv, TREES)
     mm_n = args.matmul_n or (1024 if args.quick else 2048)
     dev = jax.devices()[0]
     print(
@@ -393,29 +377,13 @@ def main(argv: list[str]) -> int:
         f"{dev.platform} ({dev.device_kind}), {os.cpu_count()} host cores"
     )
     results = []
-    for name in trees:
-        d, n_layers, d_ff = TREES[name]
-        if name == "gpt2-small":
-            n_layers = args.gpt2_layers
-        tree_reps = reps if name == "cpu" else max(1, min(reps, 3))
-        r = bench_tree(name, gpt_tree(d, n_layers, d_ff), tree_reps, mm_n)
-        r["shape"] = {"d_model": d, "n_layers": n_layers, "d_ff": d_ff}
+    for name, params, shape in each_tree(trees, TREES, args.gpt2_layers):
+        r = bench_tree(name, params, reps if name == "cpu" else max(1, min(reps, 3)), mm_n)
+        r["shape"] = shape
         _print_row(r)
         results.append(r)
     if args.json:
-        payload = {
-            "command": "amemory bench optim " + " ".join(argv),
-            "jax": jax.__version__,
-            "optax": optax.__version__,
-            "platform": dev.platform,
-            "device_kind": dev.device_kind,
-            "machine": platform.machine(),
-            **host_load(),
-            "results": results,
-        }
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        atomic.write_json(args.json, payload)
-        print(f"\nwrote {args.json}")
+        write_json(args.json, "amemory bench optim " + " ".join(argv), host_load(), results=results)
     return 0
 
 

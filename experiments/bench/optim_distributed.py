@@ -1,41 +1,24 @@
 """`amemory bench optim --devices N`: Muon on FSDP-sharded parameters, owner vs GSPMD vs optax.
 
-On an ``N``-device mesh with one axis ``"fsdp"`` (fake CPU devices on a CPU host), every
-leaf of a GPT-shaped tree of hidden matrices (``experiments.bench.optim.gpt_tree``) is
-split along its largest axis divisible by ``N`` (``amemory.train.parallel.fsdp_spec``),
-and so are gradients and optimizer states. Three jitted updates see the same inputs
-and keep their outputs in that sharding:
-
-  (a) ``amemory-owner``  ``muon(lr, preset="optax", ns_mesh=(mesh, "fsdp"))``: the owner
-      layout (``amemory.optim.distributed``): all-to-all in, Newton-Schulz on whole
-      matrices with no collective, all-to-all out;
-  (b) ``amemory-gspmd``  the same with ``distributed="gspmd"``: XLA's partitioner places
-      Newton-Schulz on the split matrices;
-  (c) ``optax``          ``optax.contrib.muon(lr)`` (preset ``"optax"`` is its maths).
-
-Timings are interleaved in one process (medians), beside the same two optimizers
-unsharded on one device (context rows ``amemory-1dev``, ``optax-1dev``). Bytes moved per
-update are read from
-each compiled HLO (every all-to-all / all-gather / all-reduce / reduce-scatter /
-collective-permute, ring model, summed over devices) and printed beside the bytes of one
-ring all-reduce of the gradient (``2 (n-1) P`` over devices for ``P`` parameter bytes) and
-beside the owner layout's model (``amemory.optim.distributed``). The model is checked on
-sub-meshes of 2, 4 and 8 devices.
-
-Note: fake CPU devices share the host's cores, so a time here is the total work of all
-devices (plus copies), not the critical path of one device as on real accelerators.
-
-Usage:
-  amemory bench optim --devices 8 [--quick] [--trees cpu,gpt2-small] [--reps N]
-                      [--gpt2-layers N] [--json PATH]
+On an ``N``-device mesh ``("fsdp",)`` (fake CPU devices on a CPU host), every leaf of the
+GPT-shaped tree of ``experiments.bench.optim.gpt_tree``, its gradient and its optimizer
+state are split along the largest axis divisible by ``N`` (``parallel.fsdp_spec``). Three
+jitted updates keep that sharding: (a) ``amemory-owner``, ``muon(lr, preset="optax",
+ns_mesh=(mesh, "fsdp"))``, the owner layout of ``amemory.optim.distributed`` (all-to-all
+in, Newton-Schulz on whole matrices, all-to-all out); (b) ``amemory-gspmd``, the same with
+``distributed="gspmd"`` (XLA's partitioner places Newton-Schulz on the split matrices);
+(c) ``optax``, ``optax.contrib.muon(lr)``. They are timed interleaved (medians) beside the
+two optimizers unsharded on one device (context rows ``*-1dev``). The bytes each update
+moves are read from its compiled HLO (``planner.hlo_stats``' ring model, summed over
+devices), beside one ring all-reduce of the gradient (``2 (n-1) P`` for ``P`` parameter
+bytes) and the owner layout's model, which is checked on sub-meshes of 2, 4 and 8 devices.
+Fake CPU devices share the host's cores: a time is the work of all devices, not the
+critical path of one.
 """
 
 from __future__ import annotations
 
-import argparse
 import os
-import pathlib
-import platform
 import subprocess
 import sys
 import time
@@ -48,21 +31,16 @@ import optax
 from jax.sharding import NamedSharding
 from optax.contrib import muon as optax_muon
 
-from amemory import atomic
+from amemory.cli import Parser
 from amemory.optim import muon
 from amemory.optim._matrices import leaf_layouts
 from amemory.optim.distributed import OwnerLayout
 from amemory.train.parallel import fsdp_spec
 from amemory.train.planner import hlo_stats
-from experiments.bench import host_load
+from experiments.bench import host_load, optim, write_json
 
 LR = 0.02
 TREES = {"cpu": (256, 4, 1024), "gpt2-small": (768, 4, 3072)}  # (d_model, layers, d_ff)
-
-
-def _error(message: str) -> None:
-    sys.stderr.write(f"amemory bench optim: error: {message}\n")
-    raise SystemExit(2)
 
 
 def hlo_bytes(text: str, n: int) -> dict[str, Any]:
@@ -127,12 +105,7 @@ def bench_tree(name: str, params: dict, n: int, reps: int) -> dict[str, Any]:
         state = tx.init(params)
         fns[key], args[key] = jax.jit(tx.update), (grads, state, params)
         jax.block_until_ready(fns[key](*args[key]))
-    times: dict[str, list[float]] = {k: [] for k in fns}
-    for _ in range(reps):
-        for key, fn in fns.items():
-            t0 = time.perf_counter()
-            jax.block_until_ready(fn(*args[key]))
-            times[key].append(time.perf_counter() - t0)
+    times = optim.round_robin({k: (fn, args[k]) for k, fn in fns.items()}, reps)
     med = {k: float(np.median(v)) for k, v in times.items()}
     p_bytes = sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(params))
     return {
@@ -141,10 +114,7 @@ def bench_tree(name: str, params: dict, n: int, reps: int) -> dict[str, Any]:
         "n_matrices": len(jax.tree.leaves(params)),
         "param_bytes": p_bytes,
         "grad_allreduce_bytes": 2 * (n - 1) * p_bytes,
-        "reps": reps,
-        "time_ms": {k: 1e3 * v for k, v in med.items()},
-        "time_ms_all": {k: [1e3 * t for t in v] for k, v in times.items()},
-        "compile_s": compile_s,
+        **optim.timing(times, compile_s, reps),
         "ratio_vs_optax": med["amemory-owner"] / med["optax"],
         "ratio_gspmd_vs_optax": med["amemory-gspmd"] / med["optax"],
         "ratio_owner_vs_gspmd": med["amemory-owner"] / med["amemory-gspmd"],
@@ -195,7 +165,7 @@ def _print_row(r: dict[str, Any]) -> None:
     )
 
 
-def _ensure_devices(n: int, argv: list[str]) -> int | None:
+def _ensure_devices(n: int, argv: list[str], parser: Parser) -> int | None:
     """Make ``n`` CPU devices visible; re-run in a fresh process if JAX already started."""
     try:
         jax.config.update("jax_num_cpu_devices", n)
@@ -204,7 +174,7 @@ def _ensure_devices(n: int, argv: list[str]) -> int | None:
     if jax.device_count() >= n:
         return None
     if jax.default_backend() != "cpu" or os.environ.get("AMEMORY_BENCH_CHILD"):
-        _error(f"--devices {n}: only {jax.device_count()} {jax.default_backend()} devices")
+        parser.error(f"--devices {n}: only {jax.device_count()} {jax.default_backend()} devices")
     env = dict(os.environ, AMEMORY_BENCH_CHILD="1")
     env["XLA_FLAGS"] = (
         env.get("XLA_FLAGS", "") + f" --xla_force_host_platform_device_count={n}"
@@ -215,23 +185,14 @@ def _ensure_devices(n: int, argv: list[str]) -> int | None:
 
 def main(argv: list[str]) -> int:
     """Run the distributed benchmark; ``argv`` excludes the program name."""
-    parser = argparse.ArgumentParser(prog="amemory bench optim", description=__doc__)
+    parser = optim.tree_parser("amemory bench optim", __doc__.split("\n")[0], TREES, 4)
     parser.add_argument("--devices", type=int, required=True, help="mesh size (fake CPU devices)")
-    parser.add_argument("--quick", action="store_true", help="cpu tree only, 3 reps")
-    parser.add_argument("--trees", default=None, help=f"comma list from {sorted(TREES)}")
-    parser.add_argument("--reps", type=int, default=None, help="timed repetitions per tree")
-    parser.add_argument("--gpt2-layers", type=int, default=4, help="gpt2-small layers (4)")
-    parser.add_argument("--json", type=pathlib.Path, default=None, help="write figures here")
-    args = parser.parse_args(argv)
-    trees = args.trees.split(",") if args.trees else (["cpu"] if args.quick else list(TREES))
-    if [t for t in trees if t not in TREES] or args.devices < 2:
-        _error(f"--trees from {sorted(TREES)}; --devices >= 2")
-    reps = args.reps if args.reps is not None else (3 if args.quick else 5)
-    code = _ensure_devices(args.devices, argv)
+    args, trees, reps = optim.parse_trees(parser, argv, TREES)
+    if args.devices < 2:
+        parser.error(f"--devices must be >= 2, got {args.devices}")
+    code = _ensure_devices(args.devices, argv, parser)
     if code is not None:
         return code
-    from experiments.bench.optim import gpt_tree
-
     n = args.devices
     load = host_load()
     print(
@@ -240,16 +201,14 @@ def main(argv: list[str]) -> int:
         f"load {load['load_average'][0]:.1f}"
     )
     results = []
-    for name in trees:
-        d, layers, d_ff = TREES[name]
-        layers = args.gpt2_layers if name == "gpt2-small" else layers
-        r = bench_tree(name, gpt_tree(d, layers, d_ff), n, reps)
-        r["shape"] = {"d_model": d, "n_layers": layers, "d_ff": d_ff}
+    for name, params, shape in optim.each_tree(trees, TREES, args.gpt2_layers):
+        r = bench_tree(name, params, n, reps)
+        r["shape"] = shape
         _print_row(r)
         results.append(r)
     counts = [c for c in (2, 4, 8) if c <= n]
     d, layers, d_ff = TREES[trees[0]]
-    scale = scaling(gpt_tree(d, layers, d_ff), counts)
+    scale = scaling(optim.gpt_tree(d, layers, d_ff), counts)
     print(f"\nbytes per update vs devices ({trees[0]} tree, MB summed over devices):")
     print(
         f"  {'devices':>7s} {'owner':>8s} {'model':>8s} {'gspmd':>8s} {'optax':>8s} {'params':>8s}"
@@ -261,23 +220,12 @@ def main(argv: list[str]) -> int:
             f"{row['optax'] / 1e6:8.2f} {row['param_bytes'] / 1e6:8.2f}"
         )
     if args.json:
-        payload = {
-            "command": "amemory bench optim " + " ".join(argv),
-            "jax": jax.__version__,
-            "optax": optax.__version__,
-            "platform": jax.devices()[0].platform,
-            "machine": platform.machine(),
-            **load,
-            "distributed": {
-                # (a)/(c) per tree: amemory owner layout over optax.contrib.muon, both sharded
-                "ratio_vs_optax": {r["tree"]: r["ratio_vs_optax"] for r in results},
-                "results": results,
-                "scaling": scale,
-            },
-        }
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        atomic.write_json(args.json, payload)
-        print(f"\nwrote {args.json}")
+        # ratio_vs_optax per tree: amemory's owner layout over optax.contrib.muon, both sharded
+        ratios = {r["tree"]: r["ratio_vs_optax"] for r in results}
+        distributed = {"ratio_vs_optax": ratios, "results": results, "scaling": scale}
+        write_json(
+            args.json, "amemory bench optim " + " ".join(argv), load, distributed=distributed
+        )
     return 0
 
 

@@ -11,11 +11,12 @@ appended to the JSON file as they finish, so an interrupted sweep keeps what it 
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import pathlib
 
+from amemory import atomic
+from amemory.cli import Parser
 from experiments.bench import host_load
 
 SMALL = {"model.preset": "small", "model.dtype": "bfloat16", "data.batch_size": 32,
@@ -82,15 +83,13 @@ def main(argv: list[str]) -> int:
     from amemory.train import planner
     from amemory.train.config import load_config
 
-    parser = argparse.ArgumentParser(prog="amemory bench plan", description=__doc__)
+    parser = Parser(prog="amemory bench plan", description=__doc__.splitlines()[0])
     parser.add_argument("--out", default="experiments/bench/results_plan_tpu.json")
     parser.add_argument("--only", default="", help="run the cases whose name has this prefix")
     parser.add_argument("--ns", metavar="TOPOLOGY", help="only the Muon update: ours vs optax")
     args = parser.parse_args(argv)
     out = pathlib.Path(args.out)
     if args.ns:
-        from amemory import atomic
-
         atomic.write_json(out, {**host_load(), "rows": ns_view(args.ns)})
         return 0
     done = json.loads(out.read_text()) if out.exists() else []
@@ -105,8 +104,6 @@ def main(argv: list[str]) -> int:
             report = {"topology": topo, "error": str(e)}
         report |= {"case": name, "overrides": kw, **load0, "load_end": os.getloadavg()[0]}
         done.append(report)
-        from amemory import atomic
-
         atomic.write_json(out, done)
         print(planner.format_table([report]).splitlines()[-1], f"| {name}", flush=True)
     return 0

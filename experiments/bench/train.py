@@ -1,56 +1,25 @@
 """`amemory bench train`: train-step time of Muon, SignGD and Adam; the engine's overhead.
 
-What is measured: the real jitted training step of ``amemory.train`` (forward,
-backward, optimizer update, per-role update RMS; donated buffers) of the
-``small`` transformer preset (d=256, 4 layers, d_ff=1024, V=8192; 7.3M
-parameters) on random tokens, batch 32 x 128 (``--quick``: the same model,
-batch 8 x 128). Three optimizers share the routing of the training configs:
+``--part optimizers``: the real jitted training step of ``amemory.train`` (forward,
+backward, update, per-role update RMS; donated buffers) of the ``--preset`` model (default
+``small``: d=256, 4 layers, V=8192, 7.3M parameters) on random tokens, batch 32 x 128
+(``--quick``: 8 x 128): Adam on everything, or Muon (Jordan's settings) or SignGD on the
+hidden matrices and Adam on the rest. Steps run round-robin (load hits all alike); medians
+are reported. Predicted Muon/Adam: ``1 + NS FLOPs / step FLOPs`` (``planner.ns_flops``,
+``planner.model_flops_per_token``: ``6 N + 12 L T d`` per token), and from the updates
+timed alone, ``1 + (t_update(X) - t_update(Adam)) / t_step(Adam)`` (the step and
+Newton-Schulz run at different FLOP rates); SignGD: 1.00 by FLOPs.
 
-  adam     Adam on every parameter;
-  muon     Muon (Keller Jordan's settings, 5 Newton-Schulz steps) on the hidden
-           matrices (q, k, v, o, w_in, w_out), Adam on embed / head / norm;
-  signgd   SignGD on the hidden matrices, Adam on the rest.
-
-Steps of the three are interleaved in one process (round-robin, one step each),
-so load on a shared machine hits them alike; medians are reported.
-
-Predicted ratio. If the step runs at one FLOP rate, Muon's extra time is the
-Newton-Schulz FLOPs at that rate, so
-
-    predicted Muon/Adam = 1 + NS FLOPs / step FLOPs,
-
-with step FLOPs = 6 N_matmul tokens + 12 L T d tokens (matmul parameters incl.
-the LM head, plus attention scores and values; ``amemory.train.planner``) and the NS
-FLOPs those amemory performs (direct quintic ``5 (4k^2 l + 2k^3)`` per ``k x l``
-matrix, ``k <= l``, or its Gram form for ``l >= 2k``; see experiments/bench/optim.py).
-SignGD adds only elementwise work: predicted 1.00 by FLOPs. A second prediction
-uses the optimizer updates timed alone on the same parameters (random gradients):
-``1 + (t_update(X) - t_update(Adam)) / t_step(Adam)``; it accounts for the step
-and Newton-Schulz running at different FLOP rates.
-
-Three more parts measure the training engine (``--part``, repeatable; default all):
-
-  engine   ``amemory.train``'s loop (Grain input, prefetch, metrics reduced on the
-           device, TensorBoard) against a bare loop calling the same jitted step on
-           batches already on the device, on the quick LM config (Shakespeare, d=128, 2
-           layers, batch 16 x 128, Muon), by the run's records and timed from outside
-           (whole run less compile); runs alternate (goal >= 0.97);
-  scan     compile time and step time of ``gpt2-small`` (124M parameters, Adam, batch
-           2 x 128) with ``scan_layers`` on and off, steps interleaved (goal: compile
-           >= 4x faster scanned, step within 5%), and of its one-layer version (the part
-           of the compile time that does not grow with depth);
-  dtype    step time of the ``--preset`` model with bfloat16 compute against float32
-           (float32 master weights), steps interleaved.
-
-Usage:
-  amemory bench train [--part optimizers|engine|scan|dtype ...] [--quick] [--reps N]
-                      [--preset small] [--batch B] [--seq T] [--dtype float32|bfloat16]
-                      [--json PATH]
+``engine``: ``amemory.train``'s loop (Grain input, prefetch, TensorBoard) against a bare
+loop of the same jitted step on batches already on the device (the quick LM config), by
+the run's records and timed from outside; runs alternate (goal >= 0.97). ``scan``:
+compile and step time of ``gpt2-small`` (Adam, batch 2 x 128) with ``scan_layers`` on and
+off, and with one layer (goal: compile >= 4x faster scanned, step within 5%). ``dtype``:
+the ``--preset`` model with bfloat16 compute against float32 (float32 master weights).
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import pathlib
@@ -64,11 +33,12 @@ import jax.numpy as jnp
 import numpy as np
 
 from amemory import atomic
+from amemory.cli import Parser
 from amemory.models import transformer
 from amemory.train import optimizers, planner
 from amemory.train.config import load_config
 from amemory.train.engine import make_train_step
-from amemory.train.planner import CHIPS
+from amemory.train.planner import CHIPS, ns_flops
 from amemory.train.state import TrainState
 from experiments.bench import host_load
 
@@ -77,40 +47,9 @@ PARTS = ("optimizers", "engine", "scan", "dtype")
 REPO = pathlib.Path(__file__).resolve().parents[2]
 
 
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> None:  # one-line error, exit 2
-        sys.stderr.write(f"amemory bench train: error: {message}\n")
-        raise SystemExit(2)
-
-
-def ns_flops(shape: tuple[int, ...], steps: int = 5) -> float:
-    """Newton-Schulz FLOPs amemory performs on one ``k x l`` matrix (Gram form if l >= 2k)."""
-    k, l = sorted(shape)
-    if l < 2 * k:
-        return steps * (4.0 * k * k * l + 2.0 * k**3)
-    per = 2.0 * k**3
-    return 4.0 * k * k * l + steps * per + (steps - 1) * per + (steps - 1) * 2 * per
-
-
 def _random_like(tree: Any, seed: int) -> Any:
     rng = np.random.default_rng(seed)
     return jax.tree.map(lambda p: jnp.asarray(rng.standard_normal(p.shape), p.dtype), tree)
-
-
-def _setup(name: str, mc, batch: int, seq: int, lr_overrides: list[str]):
-    cfg = load_config(
-        str(REPO / "experiments" / "configs" / "lm.py") + ":full",
-        [f"optimizer.name={name}", "optimizer.muon_roles=hidden", "optimizer.diagnostics=false"]
-        + lr_overrides,
-    )
-    params = transformer.init_params(mc, jax.random.PRNGKey(0))
-    roles = transformer.param_roles(params)
-    opt = optimizers.build(cfg, params, roles)
-    graphdef = transformer._graphdef(mc)
-
-    step = jax.jit(make_train_step(_lm_loss(graphdef), opt, roles), donate_argnums=0)
-    state = TrainState(jnp.zeros((), jnp.int32), params, opt.tx.init(params), jax.random.PRNGKey(1))
-    return step, state, params, opt
 
 
 def _lm_loss(graphdef):
@@ -128,13 +67,11 @@ def bench_optimizers(args, batch: int, reps: int) -> dict:
     """Step and update times of Adam, Muon and SignGD, interleaved (see the module doc)."""
     base = transformer.PRESETS[args.preset]
     mc = transformer.preset(args.preset, max_len=max(args.seq, base.max_len), dtype=args.dtype)
-    rng = np.random.default_rng(0)
-    tokens = jnp.asarray(rng.integers(0, mc.vocab_size, (batch, args.seq + 1)), jnp.int32)
-
     runs = {}
     grads = None
     for name in OPTIMIZERS:
-        step, state, params, opt = _setup(name, mc, batch, args.seq, [])
+        step, state, tokens, opt = _step_setup(mc, batch, args.seq, name)
+        params = state.params
         if grads is None:
             grads = _random_like(params, seed=1)
         update = jax.jit(opt.tx.update)
@@ -143,12 +80,11 @@ def bench_optimizers(args, batch: int, reps: int) -> dict:
         t0 = time.perf_counter()
         state, m = step(state, tokens)
         jax.block_until_ready(m["loss"])
-        runs[name] = {"step": step, "state": state, "compile_s": time.perf_counter() - t0}
-        state, m = step(runs[name]["state"], tokens)  # one warm step
+        compile_s = time.perf_counter() - t0
+        state, m = step(state, tokens)  # one warm step
         jax.block_until_ready(m["loss"])
-        runs[name]["state"], runs[name]["times"] = state, []
-        runs[name]["update"] = (update, upd_state, params)
-        runs[name]["update_times"] = []
+        runs[name] = {"step": step, "state": state, "compile_s": compile_s, "times": [],
+                      "update": (update, upd_state, params), "update_times": []}  # fmt: skip
     for _ in range(reps):
         for name in OPTIMIZERS:
             r = runs[name]
@@ -161,14 +97,9 @@ def bench_optimizers(args, batch: int, reps: int) -> dict:
             jax.block_until_ready(update(grads, upd_state, p0))
             r["update_times"].append(time.perf_counter() - t0)
 
-    hidden = [
-        p.shape
-        for p, r in zip(
-            jax.tree.leaves(params), jax.tree.leaves(transformer.param_roles(params)), strict=True
-        )
-        if r in ("q", "k", "v", "o", "w_in", "w_gate", "w_out")
-    ]
     roles = transformer.param_roles(params)
+    hidden = [p.shape for p, r in zip(jax.tree.leaves(params), jax.tree.leaves(roles), strict=True)
+              if r in ("q", "k", "v", "o", "w_in", "w_gate", "w_out")]  # fmt: skip
     f_step = planner.model_flops_per_token(mc, params, roles, args.seq) * batch * args.seq
     f_ns = sum(ns_flops(s) for s in hidden)
     tokens_per_step = batch * args.seq
@@ -243,7 +174,7 @@ def bench_optimizers(args, batch: int, reps: int) -> dict:
 
 def main(argv: list[str]) -> int:
     """Run the benchmark; print a table; optionally write ``--json``. Returns the exit status."""
-    ap = _Parser(prog="amemory bench train", description=__doc__.split("\n\n")[0])
+    ap = Parser(prog="amemory bench train", description=__doc__.split("\n\n")[0])
     ap.add_argument("--part", action="append", choices=PARTS, help="what to measure (repeatable)")
     ap.add_argument("--quick", action="store_true", help="smaller sizes, fewer reps (minutes)")
     ap.add_argument("--reps", type=int, default=None, help="timed steps per optimizer")
@@ -354,22 +285,18 @@ def bench_engine(quick: bool) -> dict:
     outside = [x["outside_ratio"] for x in rows]
     print(f"engine/bare tokens/s: median {np.median(ratios):.3f} by the records, "
           f"{np.median(outside):.3f} timed from outside (goal >= 0.97)")  # fmt: skip
-    return {
-        "config": "experiments/configs/lm.py (quick): d=128, 2 layers, batch 16x128, muon",
-        "steps": steps,
-        "log_every": log_every,
-        "rounds": rows,
-        "ratio_median": float(np.median(ratios)),
-        "outside_ratio_median": float(np.median(outside)),
-        "goal": ">= 0.97",
-    }
+    return {"config": "experiments/configs/lm.py (quick): d=128, 2 layers, batch 16x128, muon",
+            "steps": steps, "log_every": log_every, "rounds": rows,
+            "ratio_median": float(np.median(ratios)),
+            "outside_ratio_median": float(np.median(outside)), "goal": ">= 0.97"}  # fmt: skip
 
 
 # ----------------------------------------------------------------------------- scan, dtype
 
 
 def _step_setup(mc, batch: int, seq: int, optimizer: str = "adam"):
-    """A jitted train step of model ``mc`` (Adam on everything), its state and tokens."""
+    """A jitted train step of model ``mc`` (``optimizer`` on the hidden matrices, Adam on the
+    rest), its state, random tokens ``[batch, seq + 1]`` and the optimizer."""
     cfg = load_config(
         str(REPO / "experiments" / "configs" / "lm.py") + ":full",
         [f"optimizer.name={optimizer}", "optimizer.diagnostics=false"],
@@ -382,25 +309,20 @@ def _step_setup(mc, batch: int, seq: int, optimizer: str = "adam"):
     state = TrainState(jnp.zeros((), jnp.int32), params, opt.tx.init(params), jax.random.PRNGKey(1))
     rng = np.random.default_rng(0)
     tokens = jnp.asarray(rng.integers(0, mc.vocab_size, (batch, seq + 1)), jnp.int32)
-    return step, state, tokens
+    return step, state, tokens, opt
 
 
 def _compare_steps(variants: dict, reps: int) -> dict:
     """Compile each variant's step (lower + compile, timed), then time steps round-robin."""
     runs = {}
-    for name, (step, state, tokens) in variants.items():
+    for name, (step, state, tokens, _) in variants.items():
         t0 = time.perf_counter()
         compiled = step.lower(state, tokens).compile()
         compile_s = time.perf_counter() - t0
         state, m = compiled(state, tokens)  # warm
         jax.block_until_ready(m["loss"])
-        runs[name] = {
-            "fn": compiled,
-            "state": state,
-            "tokens": tokens,
-            "compile_s": compile_s,
-            "times": [],
-        }
+        runs[name] = {"fn": compiled, "state": state, "tokens": tokens, "compile_s": compile_s,
+                      "times": []}  # fmt: skip
         print(f"  {name}: compiled in {compile_s:.1f} s")
     for _ in range(reps):
         for r in runs.values():
@@ -441,17 +363,9 @@ def bench_scan(quick: bool) -> dict:
         f"scan: compile {compile_x:.2f}x faster scanned (goal >= 4); step time "
         f"scanned/per-layer {step_ratio:.3f} (goal within 5%)"
     )
-    return {
-        "preset": preset,
-        "n_layers": mc.n_layers,
-        "batch": batch,
-        "seq": seq,
-        "reps": reps,
-        "optimizer": "adam",
-        **res,
-        "compile_speedup": compile_x,
-        "step_ratio_scanned_over_per_layer": step_ratio,
-    }
+    return {"preset": preset, "n_layers": mc.n_layers, "batch": batch, "seq": seq, "reps": reps,
+            "optimizer": "adam", **res, "compile_speedup": compile_x,
+            "step_ratio_scanned_over_per_layer": step_ratio}  # fmt: skip
 
 
 def bench_dtype(args, batch: int, reps: int) -> dict:
@@ -465,15 +379,8 @@ def bench_dtype(args, batch: int, reps: int) -> dict:
     )
     ratio = res["bfloat16"]["step_ms_median"] / res["float32"]["step_ms_median"]
     print(f"dtype: step time bfloat16/float32 {ratio:.3f}")
-    return {
-        "preset": args.preset,
-        "batch": batch,
-        "seq": args.seq,
-        "reps": reps,
-        "optimizer": "adam",
-        **res,
-        "step_ratio_bf16_over_fp32": ratio,
-    }
+    return {"preset": args.preset, "batch": batch, "seq": args.seq, "reps": reps,
+            "optimizer": "adam", **res, "step_ratio_bf16_over_fp32": ratio}  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -6,22 +6,15 @@ SCALES = ("quick", "full")
 
 
 def check_scale(scale: str) -> bool:
-    """Return whether ``scale`` is ``"quick"``.
-
-    Raises:
-      ValueError: if ``scale`` is not one of ``SCALES``.
-    """
+    """Whether ``scale`` is ``"quick"``; ``ValueError`` if it is not one of ``SCALES``."""
     if scale not in SCALES:
         raise ValueError(f"scale={scale!r}; allowed values: {SCALES}")
     return scale == "quick"
 
 
 def new_config(scale: str) -> tuple[ConfigDict, bool]:
-    """An experiment config holding only ``scale``, and whether ``scale`` is ``"quick"``.
-
-    Raises:
-      ValueError: if ``scale`` is not one of ``SCALES``.
-    """
+    """An experiment config holding only ``scale``, and whether ``scale`` is ``"quick"``
+    (:func:`check_scale`)."""
     quick = check_scale(scale)
     c = ConfigDict()
     c.scale = scale

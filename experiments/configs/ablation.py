@@ -37,11 +37,8 @@ PAPER_TABLE = {
 
 
 def get_config(scale: str = "quick") -> ConfigDict:
-    """Return the ablation config (tail_lm's base model and LR grids plus the subsets).
-
-    Raises:
-      ValueError: if ``scale`` is not one of ``SCALES``.
-    """
+    """The ablation config: tail_lm's base model and LR grids plus the subsets; ``ValueError``
+    if ``scale`` is not one of ``SCALES``."""
     c = tail_lm.get_config(scale)
     c.optimizers = ("adam", "muon")  # only these two LRs are needed
     # Roles given to Muon ("all" = every hidden matrix, "none" = Adam everywhere).

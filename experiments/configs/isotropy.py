@@ -25,11 +25,7 @@ from experiments.configs.tail_lm import SEEDS, base_lm
 
 
 def get_config(scale: str = "quick") -> ConfigDict:
-    """Return the isotropy experiment config.
-
-    Raises:
-      ValueError: if ``scale`` is not one of ``SCALES``.
-    """
+    """The isotropy experiment config; ``ValueError`` if ``scale`` is not one of ``SCALES``."""
     c, quick = new_config(scale)
     c.base = base_lm(scale)
     c.seeds = SEEDS if quick else tuple(range(10))  # vmapped seeds (paper A: 10)
@@ -37,9 +33,7 @@ def get_config(scale: str = "quick") -> ConfigDict:
     c.base.spectrum_roles = "vo+ffn"
     c.optimizers = ("adam", "muon")
     c.muon_roles = "hidden"
-    c.lr = ConfigDict()
-    c.lr.adam = 3e-3
-    c.lr.muon = 0.02
+    c.lr = ConfigDict({"adam": 3e-3, "muon": 0.02})
     c.lr_source = "config defaults (tail_lm's quick-scale choice)"  # stated in the report
     c.metrics = ("entropy", "effective_rank", "top10_energy", "q75_25")
     return c

@@ -5,13 +5,10 @@ Launch::
     amemory train --config experiments/configs/lm.py --workdir runs/lm_muon \
         --config.optimizer.name=muon --config.steps=2000
 
-Quick scale (default): Shakespeare with a 2048-token BPE, the ``small`` preset
-shrunk to d=128 and 2 layers (0.92M parameters), batch 16x128, 500 steps: about
-0.1 s per step on 2 idle CPU cores (measured on this project's CI machine); 300 steps took 3 minutes
-on a machine shared with five other jobs and reached validation loss 4.16
-(Muon). Full scale: ``--config experiments/configs/lm.py:full`` (``small``
-preset, 8192-token BPE, batch 32x128, 5000 steps; about 1.1 s per step on 2
-idle CPU cores).
+Quick scale (default): Shakespeare with a 2048-token BPE, the ``small`` preset shrunk to
+d=128 and 2 layers (0.92M parameters), batch 16x128, 500 steps (CPU minutes). Full scale:
+``--config experiments/configs/lm.py:full`` (``small`` preset, 8192-token BPE, batch
+32x128, 5000 steps).
 Biographies (heavy-tailed knowledge QA, paper A, arXiv 2509.26030)::
 
     amemory train --config experiments/configs/lm.py --workdir runs/bio \

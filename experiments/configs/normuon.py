@@ -19,23 +19,17 @@ from __future__ import annotations
 
 from ml_collections import ConfigDict
 
-from experiments.configs import new_config
+from experiments.configs import new_config, tail_lm
 from experiments.configs.tail_lm import SEEDS, base_lm
 
 
 def get_config(scale: str = "quick") -> ConfigDict:
-    """Return the normuon experiment config.
-
-    Raises:
-      ValueError: if ``scale`` is not one of ``SCALES``.
-    """
-    c, quick = new_config(scale)
+    """The normuon experiment config; ``ValueError`` if ``scale`` is not one of ``SCALES``."""
+    c, _ = new_config(scale)
     c.base = base_lm(scale)
     c.seeds = SEEDS  # held-out initialisation seeds (vmapped; same data order)
-    c.lr_grid = ConfigDict()
-    c.lr_grid.adam = (1e-3, 3e-3, 1e-2) if quick else (3e-4, 1e-3, 3e-3, 1e-2)  # tail_lm's
-    c.lr_grid.muon = (0.01, 0.02, 0.05) if quick else (0.005, 0.01, 0.02, 0.05)  # tail_lm's
-    c.lr_grid.normuon = (0.01, 0.02, 0.05) if quick else (0.005, 0.01, 0.02, 0.05)
+    grid = tail_lm.get_config(scale).lr_grid  # tail_lm's grids; NorMuon on Muon's
+    c.lr_grid = ConfigDict({"adam": grid.adam, "muon": grid.muon, "normuon": grid.muon})
     c.muon_roles = "hidden"  # roles given to Muon / NorMuon (Adam elsewhere)
     c.log_every = 10  # steps between records of the update's neuron-norm statistics
     return c

@@ -16,11 +16,7 @@ from experiments.configs import new_config
 
 
 def get_config(scale: str = "quick") -> ConfigDict:
-    """Return the one_layer experiment config.
-
-    Raises:
-      ValueError: if ``scale`` is not one of ``SCALES``.
-    """
+    """The one_layer experiment config; ``ValueError`` if ``scale`` is not one of ``SCALES``."""
     c, quick = new_config(scale)
     c.K = 150 if quick else 999  # classes = embedding dim d (Assumption 5.1); K % 3 == 0 (coupled)
     c.alpha = 0.8  # two-level prior: head mass (paper A, arXiv 2509.26030, Fig. 4: 0.8)
@@ -39,10 +35,7 @@ def get_config(scale: str = "quick") -> ConfigDict:
     # largest class frequency: eta_GD = gd_lr_times_pmax_inv / p_max (linear stability needs
     # eta p_max <~ 1, paper B, arXiv 2602.05725; docs/science.md). Muon moves every correct logit by ~eta per step, SignGD
     # (decoupled) by eta on the correct logit and -eta on each wrong one, hence eta/2 for it.
-    c.lr = ConfigDict()
-    c.lr.gd_times_pmax_inv = 0.5
-    c.lr.signgd = 0.025
-    c.lr.muon = 0.05
+    c.lr = ConfigDict({"gd_times_pmax_inv": 0.5, "signgd": 0.025, "muon": 0.05})
     # Thresholds of the verdicts (stated in the report): a path is "balanced" when its
     # largest gap stays below `balanced`, "imbalanced" when it exceeds `imbalanced`.
     c.balanced = 0.2

@@ -23,11 +23,7 @@ from experiments.configs import new_config, tail_lm
 
 
 def get_config(scale: str = "quick") -> ConfigDict:
-    """Return the scaling experiment config.
-
-    Raises:
-      ValueError: if ``scale`` is not one of ``SCALES``.
-    """
+    """The scaling experiment config; ``ValueError`` if ``scale`` is not one of ``SCALES``."""
     c, quick = new_config(scale)
     c.parts = ("synthetic", "envelope")  # which parts to run
     # ---- synthetic (paper B) ----
@@ -46,7 +42,5 @@ def get_config(scale: str = "quick") -> ConfigDict:
     c.base = lm.base
     c.muon_roles = "hidden"
     c.budgets = (75, 150, 300) if quick else (1250, 2500, 5000)  # steps; the last = base.steps
-    c.lr_grid = ConfigDict()
-    c.lr_grid.adam = lm.lr_grid.adam
-    c.lr_grid.muon = lm.lr_grid.muon
+    c.lr_grid = ConfigDict({"adam": lm.lr_grid.adam, "muon": lm.lr_grid.muon})
     return c

@@ -34,11 +34,7 @@ from experiments.configs import new_config, tail_lm
 
 
 def get_config(scale: str = "quick") -> ConfigDict:
-    """Return the steps_ratio config.
-
-    Raises:
-      ValueError: if ``scale`` is not one of ``SCALES``.
-    """
+    """Return the steps_ratio config; ``ValueError`` if ``scale`` is not one of ``SCALES``."""
     c, quick = new_config(scale)
     # tail_lm's quick model and schedule at every size (the full tail_lm model would make
     # every point an hour of CPU); the sizes below override width, depth and vocabulary.
@@ -53,14 +49,10 @@ def get_config(scale: str = "quick") -> ConfigDict:
     # Sizes searched on the smaller grid `lr_grid_small` (none by default; a way to add a
     # large size within a budget); the grid used is stated per size in the report.
     c.small_grid_sizes = ()
-    c.lr_grid_small = ConfigDict()
-    c.lr_grid_small.adam = (1e-3, 3e-3)
-    c.lr_grid_small.muon = (0.01, 0.02)
+    c.lr_grid_small = ConfigDict({"adam": (1e-3, 3e-3), "muon": (0.01, 0.02)})
     # Sizes whose grid is skipped: the LRs in `lr` are used (stated in the report).
     c.fixed_lr_sizes = ()
-    c.lr = ConfigDict()
-    c.lr.adam = 3e-3
-    c.lr.muon = 0.02
+    c.lr = ConfigDict({"adam": 3e-3, "muon": 0.02})
     c.lr_source = "tail_lm's quick-scale grid choice"
     # Plain optax + flax reference (experiments/reference_lm.py) at these sizes: Adam and
     # optax.contrib.muon, same seeds, initialisation and data order as the engine's runs.

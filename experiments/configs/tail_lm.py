@@ -44,33 +44,16 @@ def base_lm(scale: str = "quick") -> ConfigDict:
     c = lm.get_config(scale)
     c.model.preset = "small"
     if quick:
-        c.model.d_model = 128
-        c.model.n_layers = 2
-        c.model.n_heads = 4
-        c.model.d_ff = 512
-        c.data.vocab_size = 512
-        c.data.seq_len = 64
-        c.data.batch_size = 16
-        c.data.eval_batches = 8
-        c.steps = 300
+        c.model.update(d_model=128, n_layers=2, n_heads=4, d_ff=512)
+        c.data.update(vocab_size=512, seq_len=64, batch_size=16, eval_batches=8)
         c.schedule.warmup_steps = 30
-        c.eval_every = 25
-        c.spectrum_every = 25  # the isotropy experiment reads these runs' spectra
+        c.update(steps=300, eval_every=25, spectrum_every=25)  # isotropy reads the spectra
     else:
-        c.data.vocab_size = 8192
-        c.data.seq_len = 128
-        c.data.batch_size = 32
-        c.data.eval_batches = 16
-        c.steps = 5000
+        c.data.update(vocab_size=8192, seq_len=128, batch_size=32, eval_batches=16)
         c.schedule.warmup_steps = 200
-        c.eval_every = 250
-        c.spectrum_every = 500
+        c.update(steps=5000, eval_every=250, spectrum_every=500)
     c.data.n_buckets = 5
-    c.optimizer.b1 = 0.8
-    c.optimizer.b2 = 0.95
-    c.optimizer.momentum = 0.95
-    c.optimizer.nesterov = False
-    c.optimizer.weight_decay = 0.0
+    c.optimizer.update(b1=0.8, b2=0.95, momentum=0.95, nesterov=False, weight_decay=0.0)
     c.checkpoint_every = 0  # only the final checkpoint
     c.keep_checkpoints = 1
     c.progress = False  # amemory reproduce shows one bar per stage instead
@@ -79,11 +62,7 @@ def base_lm(scale: str = "quick") -> ConfigDict:
 
 
 def get_config(scale: str = "quick") -> ConfigDict:
-    """Return the tail_lm experiment config.
-
-    Raises:
-      ValueError: if ``scale`` is not one of ``SCALES``.
-    """
+    """The tail_lm experiment config; ``ValueError`` if ``scale`` is not one of ``SCALES``."""
     c, quick = new_config(scale)
     c.base = base_lm(scale)
     c.optimizers = ("adam", "muon", "signgd")  # Adam first: its chosen LR drives the Adam half

@@ -37,22 +37,14 @@ def base_bio(scale: str = "quick") -> ConfigDict:
     """The LM run config on biographies (tail_lm's model and optimizer settings)."""
     quick = scale == "quick"
     c = base_lm(scale)
-    c.data.kind = "biographies"
-    c.data.batch_size = 32
-    c.data.biographies.m = 8 if quick else 15
-    c.data.biographies.eval_per_group = 256 if quick else 1200
-    c.steps = 300 if quick else 10000
-    c.eval_every = 50 if quick else 500
-    c.spectrum_every = 0
+    c.data.update(kind="biographies", batch_size=32)
+    c.data.biographies.update(m=8 if quick else 15, eval_per_group=256 if quick else 1200)
+    c.update(steps=300 if quick else 10000, eval_every=50 if quick else 500, spectrum_every=0)
     return c
 
 
 def get_config(scale: str = "quick") -> ConfigDict:
-    """Return the tail_qa experiment config.
-
-    Raises:
-      ValueError: if ``scale`` is not one of ``SCALES``.
-    """
+    """The tail_qa experiment config; ``ValueError`` if ``scale`` is not one of ``SCALES``."""
     c, quick = new_config(scale)
     c.base = base_bio(scale)
     # Variants: "<optimizer>" trains that optimizer (Muon on hidden matrices, Adam on the
@@ -67,10 +59,7 @@ def get_config(scale: str = "quick") -> ConfigDict:
     c.lr_grid.sgd = (0.03, 0.1, 0.3)  # heavy-ball momentum 0.9 (sgd_momentum)
     # Learning rates used when sweep is False (defaults: the middle of each grid;
     # amemory reproduce sets adam and muon to tail_lm's choice).
-    c.lr = ConfigDict()
-    c.lr.adam = 3e-3
-    c.lr.muon = 0.02
-    c.lr.sgd = 0.1
+    c.lr = ConfigDict({"adam": 3e-3, "muon": 0.02, "sgd": 0.1})
     c.lr_source = "config defaults, the middle of each grid"  # stated in the report
     c.sgd_momentum = 0.9  # SGD + momentum baseline of the paper
     # The tail groups whose FTA the paper reports (11, 13, 15 of m = 15): m-4, m-2, m.
