@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import datetime as _dt
 import importlib.metadata
+import math
 import os
 import pathlib
 import platform
@@ -29,6 +30,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from amemory import atomic
+from amemory.analysis import stats
 from amemory.cli import Parser
 from experiments import common
 
@@ -191,12 +193,26 @@ def claims(results: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     return sorted(all_claims, key=lambda c: order.get(c["key"], len(order)))
 
 
+def seeds_note(claim: dict[str, Any]) -> str:
+    """``" (n=3; 7 needed)"``: the seeds a 95% t interval of the observed effect would need
+    to exclude the claim's threshold (:func:`amemory.analysis.stats.seeds_needed`; "undecided"
+    with few needed is a power problem, with ∞ no effect); empty without a t interval."""
+    iv = claim.get("interval")
+    if not iv:
+        return ""
+    t = stats.Interval(iv["estimate"], iv["lo"], iv["hi"], iv["n"], iv["confidence"])
+    need = stats.seeds_needed(t, iv.get("threshold") or 0.0)
+    return "" if math.isnan(need) else f" (n={iv['n']}; {need:.0f} needed)".replace("inf", "∞")
+
+
 def claims_table(results: Sequence[dict[str, Any]]) -> str:
-    """Markdown table: claim | source | paper | ours | verdict (headline claims in bold)."""
+    """Markdown table: claim | source | paper | ours | verdict (headline claims in bold);
+    beside the verdict, the seeds its interval has and would need (:func:`seeds_note`)."""
     lines = ["| claim | source | paper | ours | verdict |", "|---|---|---|---|---|"]
     first = set(headline())
     for c in claims(results):
-        cells = [c["statement"], c["paper"], c["paper_value"], c["ours"], common.verdict(c["held"])]
+        verdict = common.verdict(c["held"]) + seeds_note(c)
+        cells = [c["statement"], c["paper"], c["paper_value"], c["ours"], verdict]
         cells = [str(x).replace("|", "/").replace("\n", " ") for x in cells]
         if c["key"] in first:
             cells[0] = f"**{cells[0]}**"

@@ -112,3 +112,45 @@ def test_band_matches_per_row_intervals_and_ignores_nan():
     np.testing.assert_allclose(one[0], one[1])
     with pytest.raises(ValueError, match="seeds"):
         stats.band(np.zeros(3))
+
+
+def test_slope_interval_is_the_interval_of_per_seed_polyfit_slopes():
+    x = [0.0, 0.5, 1.0, 1.5]
+    y = np.array([[0.0, 0.1, -0.1], [0.2, 0.1, 0.0], [0.3, 0.4, 0.1], [0.5, 0.4, 0.3]])
+    slopes = [np.polyfit(x, y[:, s], 1)[0] for s in range(3)]  # numpy's fit, seed by seed
+    iv = stats.slope_interval(x, y)
+    half = T_975[2] * np.std(slopes, ddof=1) / math.sqrt(3)
+    assert (iv.estimate, iv.lo, iv.hi) == pytest.approx(
+        (np.mean(slopes), np.mean(slopes) - half, np.mean(slopes) + half)
+    )
+    with pytest.raises(ValueError, match="distinct doses"):
+        stats.slope_interval([1.0, 1.0], [[0.0, 1.0], [1.0, 2.0]])
+
+
+def test_seeds_needed_by_brute_force():
+    # Observed: mean 0.088, sd s over 3 seeds (the tail_lm gain_in_tail numbers' shape).
+    d = [0.0, 0.088, 0.176]
+    iv = stats.mean_interval(d)
+    s = float(np.std(d, ddof=1))
+    # n = 6: t_5 s / sqrt(6) = 2.571 * 0.088 / 2.449 = 0.0924 > 0.088 (still contains 0);
+    # n = 7: t_6 s / sqrt(7) = 2.447 * 0.088 / 2.646 = 0.0814 < 0.088 (excludes it).
+    assert 2.571 * s / math.sqrt(6) > 0.088 > 2.447 * s / math.sqrt(7)
+    want = 7
+    assert stats.seeds_needed(iv) == want
+    assert stats.seeds_needed(stats.mean_interval([1.0, 1.1, 0.9])) == 2  # already decided
+    assert stats.seeds_needed(stats.mean_interval([-1.0, 0.0, 1.0])) == math.inf  # no effect
+    assert math.isnan(stats.seeds_needed(stats.variance_ratio_interval([1, 2, 4], [1, 1.5, 2])))
+    # against a threshold: the distance to it is the effect
+    assert stats.seeds_needed(stats.mean_interval(np.add(d, 0.5)), 0.5) == want
+
+
+def test_report_sets_the_seeds_needed_beside_the_verdict():
+    from experiments import report
+
+    # tail_lm/gain_in_tail's interval: 0.088 ± 0.091 with 3 seeds -> sd 0.0366, and
+    # t_3 * 0.0366 / 2 = 0.058 < 0.088: 4 seeds would exclude 0 at the observed effect.
+    iv = {"estimate": 0.0878, "lo": -0.0036, "hi": 0.1792, "n": 3, "confidence": 0.95}
+    assert report.seeds_note({"interval": {**iv, "threshold": 0.0}}) == " (n=3; 4 needed)"
+    assert report.seeds_note({"interval": None}) == ""
+    flat = {"estimate": 0.0, "lo": -1.0, "hi": 1.0, "n": 3, "confidence": 0.95}
+    assert report.seeds_note({"interval": flat}) == " (n=3; ∞ needed)"

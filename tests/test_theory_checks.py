@@ -43,7 +43,7 @@ def test_quick_suite_passes(quick_run):
     assert proc.returncode == (1 if failed else 0)
     cli._load()
     assert {r["name"] for r in results} == set(common.REGISTRY)
-    assert all(r["kind"] in ("paper", "derived") for r in results)
+    assert all(r["kind"] in common.KINDS for r in results)
     assert doc["meta"]["mode"] == "quick" and doc["meta"]["total"] == len(results)
     # the table is printed with one row per check and a verdict column
     rows = sum(proc.stdout.count(f"| {paper}.") for paper in ("wang2025", "li2026", "kim2026"))
@@ -69,8 +69,8 @@ def test_select_and_registry():
 
 def test_check_result_and_table():
     with pytest.raises(ValueError, match="kind"):
-        common.CheckResult("x", "s", "p", "m", "t", True, "maybe")
-    r = common.CheckResult("a.b", "stmt |x|", "1", "2", "±1", True, "paper", seconds=1.25)
+        common.CheckResult("s", "p", "m", "t", True, "maybe")
+    r = common.CheckResult("stmt |x|", "1", "2", "±1", True, "paper", name="a.b", seconds=1.25)
     table = common.markdown_table([r])
     lines = table.splitlines()
     assert lines[0].startswith("| check | kind | statement | predicted | measured")
@@ -123,3 +123,21 @@ def test_trajectory_per_step_rates_match_separate_runs():
         np.testing.assert_allclose(both[1], two, rtol=1e-5, atol=1e-6)
     with pytest.raises(ValueError, match="steps"):
         common.trajectory("gd", rates[:, :3], loss, jnp.zeros((K, K)), steps, rec)
+
+
+def test_gd_slope_check_fails_with_a_wrong_exponent():
+    """The finite-K bias is bounded from the closed form at K ≈ 1e6, not from the prediction:
+    exact ϱ values (the closed form, equal to the simulation to 1e-8) pass with r - 1 and
+    fail with an exponent 0.02 off (the old tolerance |closed - pred| grew with the error)."""
+    from theory_checks import wang2025 as W
+
+    Ks = [60, 120, 240, 480, 960]
+    ys = [W._gd_closed_form(K, W.EPS) for K in Ks]
+    grid, limit = W._closed_slope(Ks, [W.EPS]), W._closed_slope(W._LARGE_K, [W.EPS])
+    assert abs(limit - (W._r() - 1)) < 1e-3  # the closed form reaches the theorem's exponent
+
+    def check(pred):
+        return W._slope_check("s", Ks, ys, pred, grid, limit, "K").passed
+
+    assert check(W._r() - 1)
+    assert not check(W._r() - 1 + 0.02) and not check(W._r() - 1 - 0.02)

@@ -4,8 +4,9 @@ A *check* is a function ``fn(ctx: Context) -> CheckResult`` registered with
 :func:`register`. It simulates one statement of ``docs/science.md`` with amemory's own
 optimizers, model and priors, compares the measurement with the prediction and says
 whether it holds within a tolerance that its docstring justifies. ``kind`` is
-``"paper"`` for a statement the paper makes and ``"derived"`` for a consequence
-worked out in ``docs/science.md`` (marked ``[derived]`` there).
+``"paper"`` for a statement the paper makes, ``"derived"`` for a consequence
+worked out in ``docs/science.md`` (marked ``[derived]`` there) and ``"conjecture"`` for a
+statement a paper leaves open (marked ``[conjecture]``: a fail is a finding, not a bug).
 
 The runner (:func:`run_checks`) never lets one check's exception stop the others: an
 exception becomes a failed result whose ``measured`` field holds the error.
@@ -34,7 +35,7 @@ __all__ = [
     "update_readme",
 ]
 
-KINDS = ("paper", "derived")
+KINDS = ("paper", "derived", "conjecture")
 BEGIN_MARK = "<!-- BEGIN checks -->"
 END_MARK = "<!-- END checks -->"
 
@@ -44,25 +45,25 @@ class CheckResult:
     """Outcome of one check.
 
     Attributes:
-      name: registry name, ``"<paper>.<statement>"``.
       statement: the statement checked, in words (source in docs/science.md).
       predicted: what theory says, as text (numbers with units where relevant).
       measured: what the simulation gave, as text.
       tolerance: the tolerance used, as text (justified in the check's docstring).
       passed: the verdict.
-      kind: ``"paper"`` or ``"derived"``.
+      kind: one of :data:`KINDS`.
+      name: registry name, ``"<paper>.<statement>"`` (set by :func:`run_checks`).
       figure: path of a figure written by the check, or None.
       seconds: wall time of the check (filled in by the runner).
       details: extra numbers (JSON-serialisable) for ``--json`` output.
     """
 
-    name: str
     statement: str
     predicted: str
     measured: str
     tolerance: str
     passed: bool
-    kind: str
+    kind: str = "paper"
+    name: str = ""
     figure: str | None = None
     seconds: float = 0.0
     details: dict[str, Any] = dataclasses.field(default_factory=dict)
@@ -141,16 +142,14 @@ def run_checks(
         except Exception as e:  # noqa: BLE001 - a crashing check is a failed check
             tb = traceback.format_exc(limit=3).strip().splitlines()[-1]
             res = CheckResult(
-                name=name,
                 statement=(REGISTRY[name].fn.__doc__ or "").strip().splitlines()[0],
                 predicted="-",
                 measured=f"error: {type(e).__name__}: {e}"[:300],
                 tolerance="-",
                 passed=False,
-                kind="paper",
                 details={"traceback": tb},
             )
-        res.seconds = time.perf_counter() - t0
+        res.name, res.seconds = name, time.perf_counter() - t0
         results.append(res)
         if progress is not None:
             progress(res)

@@ -21,14 +21,19 @@ import numpy as np
 from theory_checks.common import CheckResult, Context, fmt, register
 
 ALPHA = 1.5
+STEPS = 3  # Muon steps of the multi-step conjecture (the one-step check reads step 1)
 
 
 @functools.cache
-def _recovered(d: int, N: int, alpha: float, seed: int) -> tuple[int, int]:
-    """Items whose correct answer is the top-1 prediction after one step, (SGD, Muon).
+def _recovered(d: int, N: int, alpha: float, seed: int, steps: int = 1) -> tuple[int, ...]:
+    """Items whose correct answer is the top-1 prediction: (SGD after one step, Muon after
+    1, ..., ``steps`` steps).
 
     A one-step update from W_0 = 0 has W_η = η U, and the argmax of ``η Ẽᵀ U E_k`` does not
-    depend on η > 0, so the count needs no step size.
+    depend on η > 0, so one step needs no step size. Later Muon steps (exact polar factor of
+    the population gradient, no momentum) use η = 2 ln N: a recovered item's logit margin
+    can then pass ln N, what the softmax needs against N - 1 rivals, so learned items drop
+    out of the gradient as in the thresholded dynamics of Kim et al. (Section 5).
     """
     import jax
     import jax.numpy as jnp
@@ -37,19 +42,23 @@ def _recovered(d: int, N: int, alpha: float, seed: int) -> tuple[int, int]:
     from amemory.data import frequencies
     from amemory.models import memory
 
+    def hits(W, E, Et):
+        logits = memory.logits(W, E, Et)  # [query k, answer i]
+        return N - jnp.sum(balance.per_class_top1_error(logits))
+
     @jax.jit
     def counts(E, Et, p):
-        g = jax.grad(memory.population_loss)(jnp.zeros((d, d), jnp.float32), E, Et, p)
-        out = []
-        for name in ("gd", "muon"):
-            logits = memory.logits(one_step.unit_update(name, g), E, Et)  # [query k, answer i]
-            out.append(N - jnp.sum(balance.per_class_top1_error(logits)))
+        W = jnp.zeros((d, d), jnp.float32)
+        grad = jax.grad(memory.population_loss)
+        out = [hits(one_step.unit_update("gd", grad(W, E, Et, p)), E, Et)]
+        for _ in range(steps):
+            W = W + 2 * np.log(N) * one_step.unit_update("muon", grad(W, E, Et, p))
+            out.append(hits(W, E, Et))
         return jnp.stack(out)
 
     E, Et = memory.gaussian(N, d, jax.random.key(seed), dtype=jnp.float32)
     p = jnp.asarray(frequencies.power_law(N, alpha), jnp.float32)
-    sgd, muon = np.asarray(counts(E, Et, p)).astype(int)
-    return int(sgd), int(muon)
+    return tuple(int(x) for x in np.asarray(counts(E, Et, p)))
 
 
 @register("kim2026.one_step_capacity")
@@ -60,34 +69,42 @@ def one_step_capacity(ctx: Context) -> CheckResult:
     ``p_i ∝ i^-α`` one Muon step recovers the top Θ̃(d^(1 + 1/(2α))) items, more than d,
     while one SGD step recovers Θ̃(d^(1/(2α))) ([derived]: the answer of the most frequent
     item leaks ≈ p_1/√d into every other query's logits, so item i survives only while p_i ≳
-    p_1/√d). Θ̃ hides log factors, so the fitted exponents are reported against 1 + 1/(2α)
-    and 1/(2α), not gated. Setting: α = 1.5, N = 4096 items (quick 1024), d ∈ {32, 64, 128,
-    256}, 3 embedding seeds (quick 1), counts averaged over seeds; an item is recovered when
-    its correct answer has the largest logit. d = 16 is reported (full suite) but not gated:
-    there both recover 2-4 items (the scale where the Θ̃ factors dominate; with N = 2048
-    Muon recovered 2 items and SGD 3). Pass: (a) Muon recovers more items than SGD at every
-    gated d; (b) the Muon/SGD ratio grows with d (non-decreasing); (c) the 95% interval of
-    Muon's fitted exponent lies above SGD's.
+    p_1/√d). Θ̃ hides log factors of a power we do not know: log^j d tilts a fitted slope
+    by about j / ln d ≈ 0.2 j here, more than the intervals' width
+    (``docs/science.md#kim-2026``), so the exact exponents are reported, not gated.
+    Gated instead (d), the capacity claim itself: Muon's exponent interval lies above 1
+    (more items than dimensions), SGD's below 1. Setting: α = 1.5, N = 4096 items (quick
+    1024), d ∈ {32, 64, 128, 256}, 3 embedding seeds (quick 1), counts averaged over seeds;
+    an item is recovered when its correct answer has the largest logit. d = 16 is reported
+    (full suite) but not gated: there both recover 2-4 items (the scale where the Θ̃
+    factors dominate; with N = 2048 Muon recovered 2 items and SGD 3). Pass: (a) Muon
+    recovers more items than SGD at every gated d; (b) the Muon/SGD ratio grows with d
+    (non-decreasing); (c) the 95% interval of Muon's fitted exponent lies above SGD's; (d) as above.
     """
     from amemory.analysis import scaling
 
     N = 1024 if ctx.quick else 4096
     ds = [32, 64, 128, 256]
     seeds = [0] if ctx.quick else [0, 1, 2]
-    counts = np.array([[_recovered(d, N, ALPHA, s) for s in seeds] for d in ds], float)
+    counts = np.array([[_recovered(d, N, ALPHA, s, STEPS)[:2] for s in seeds] for d in ds], float)
     sgd, muon = counts[:, :, 0].mean(axis=1), counts[:, :, 1].mean(axis=1)
-    small = None if ctx.quick else np.mean([_recovered(16, N, ALPHA, s) for s in seeds], axis=0)
+    small = (
+        None
+        if ctx.quick
+        else np.mean([_recovered(16, N, ALPHA, s, STEPS)[:2] for s in seeds], axis=0)
+    )
     fs = scaling.fit_power_law(ds, np.maximum(sgd, 0.5))
     fm = scaling.fit_power_law(ds, np.maximum(muon, 0.5))
     ratio = muon / np.maximum(sgd, 0.5)
     ok = bool(np.all(muon > sgd)) and bool(np.all(np.diff(ratio) >= 0))
     ok &= fm.slope_ci[0] > fs.slope_ci[1]
+    ok &= fm.slope_ci[0] > 1 > fs.slope_ci[1]
+    pred = {"sgd": 0.5 / ALPHA, "muon": 1 + 0.5 / ALPHA}
     return CheckResult(
-        name="kim2026.one_step_capacity",
         statement="One-step Muon stores far more items than one-step SGD (Gaussian embeddings, "
         "N > d, p_i ∝ i^-α)",
-        predicted=f"Muon > SGD, ratio growing with d; exponents ≈ {fmt(1 + 0.5 / ALPHA, 3)} "
-        f"(Muon) vs {fmt(0.5 / ALPHA, 3)} (SGD) up to log factors",
+        predicted=f"Muon > SGD, ratio growing with d; exponents {fmt(pred['muon'], 3)} (Muon) "
+        f"vs {fmt(pred['sgd'], 3)} (SGD) up to log factors",
         measured=f"items recovered (d={ds}, N={N}): SGD {', '.join(fmt(x, 3) for x in sgd)}; "
         f"Muon {', '.join(fmt(x, 3) for x in muon)}; exponents SGD {fs.describe()}, "
         f"Muon {fm.describe()}"
@@ -96,9 +113,9 @@ def one_step_capacity(ctx: Context) -> CheckResult:
             if small is None
             else f"; d=16 (not gated): SGD {fmt(small[0], 3)}, Muon {fmt(small[1], 3)}"
         ),
-        tolerance="counts and ratio trend exact; exponent intervals disjoint",
+        tolerance="counts and ratio trend exact; exponent intervals disjoint, Muon's above 1, "
+        "SGD's below 1",
         passed=ok,
-        kind="paper",
         details={
             "d": ds,
             "N": N,
@@ -110,3 +127,43 @@ def one_step_capacity(ctx: Context) -> CheckResult:
             "muon_fit": [fm.slope, *fm.slope_ci],
         },
     )
+
+
+@register("kim2026.multi_step_conjecture")
+def multi_step_conjecture(ctx: Context) -> CheckResult:
+    """[conjecture] Exact multi-step Muon follows the recovery law d^(2 - (1 - 1/(2α))^t).
+
+    Kim et al. 2026 (Section 5) derive the multi-step rate under a thresholded-gradient
+    approximation and leave the exact iterates open. Measured: items recovered after t = 1,
+    2, 3 exact Muon steps (population gradient, exact polar factor, no momentum, η = 2 ln N:
+    see :func:`_recovered`) on the one-step check's setting (α = 1.5, N = 4096, quick 1024,
+    d ∈ {32, 64, 128, 256}); the exponent of count against d is fitted per t with its 95%
+    interval. Pass (the conjecture survives): at t = 2 and 3 the interval contains
+    2 - (1 - 1/(2α))^t (1.556, 1.704) and the count at the largest d grows with t. Θ̃ hides
+    log factors, as in the one-step check, and η is our choice: a fail says the exact
+    iterates at this η do not follow the law, not that the approximate theorem is wrong.
+    """
+    from amemory.analysis import scaling
+
+    N = 1024 if ctx.quick else 4096
+    ds = [32, 64, 128, 256]
+    seeds = [0] if ctx.quick else [0, 1, 2]
+    muon = np.array([[_recovered(d, N, ALPHA, s, STEPS)[1:] for s in seeds] for d in ds], float)
+    muon = muon.mean(axis=1)  # [d, t]
+    fits = [scaling.fit_power_law(ds, np.maximum(muon[:, t], 0.5)) for t in range(STEPS)]
+    pred = [2 - (1 - 0.5 / ALPHA) ** (t + 1) for t in range(STEPS)]
+    ok = all(f.slope_ci[0] <= q <= f.slope_ci[1] for f, q in zip(fits[1:], pred[1:], strict=True))
+    ok &= bool(np.all(np.diff(muon[-1]) > 0))
+    return CheckResult(
+        statement="[conjecture] exact multi-step Muon recovers Θ̃(d^(2-(1-1/(2α))^t)) items "
+        "(Gaussian embeddings, N > d, p_i ∝ i^-α)",
+        predicted="exponents t=1..3: " + ", ".join(fmt(q, 4) for q in pred),
+        measured=f"items recovered (d={ds}, N={N}) per t: "
+        + "; ".join(f"t={t + 1}: " + ", ".join(fmt(x, 3) for x in muon[:, t]) for t in range(STEPS))
+        + "; exponents " + ", ".join(f.describe() for f in fits),
+        tolerance="t = 2, 3: 95% interval contains the prediction; count grows with t",
+        passed=ok,
+        kind="conjecture",
+        details={"d": ds, "N": N, "seeds": seeds, "muon": muon.tolist(),
+                 "fits": [[f.slope, *f.slope_ci] for f in fits], "predicted": pred},
+    )  # fmt: skip

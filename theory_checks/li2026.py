@@ -193,14 +193,12 @@ def gd_noiseless(ctx: Context) -> CheckResult:
     tol = 2 * (K - 1) * math.log(K * s.min()) / (K * s.min()) + 1e-3
     err = float(np.max(np.abs(c - pred)))
     return CheckResult(
-        name="li2026.gd_noiseless_per_class",
         statement="Noiseless GD: L_j(t) ≍ 1/(p_j η t) (total ≍ K/(ηt))",
         predicted=f"L_j p_j η t → {fmt(pred, 4)} for every j [constant derived]",
         measured=f"L_j p_j η T ∈ [{fmt(c.min(), 4)}, {fmt(c.max(), 4)}] (T={T}, "
         f"s_j ≥ {fmt(s.min())}); total·ηT/K = {fmt(float(pr @ losses[-1]) * eta * T / K, 4)}",
         tolerance=f"±{fmt(tol)}",
         passed=err <= tol,
-        kind="paper",
         details={"c": c.tolist(), "s": s.tolist()},
     )
 
@@ -235,7 +233,6 @@ def muon_noiseless(ctx: Context) -> CheckResult:
     expo = float(np.max(np.abs(np.log(task[-1] / (K * math.exp(-eta * T))))) / (eta * T))
     ok = abs(rate / eta - 1) <= 0.05 + half(f) / eta and expo <= 0.1 and inv < 1e-9
     return CheckResult(
-        name="li2026.muon_noiseless_exponential",
         statement="Noiseless Muon: L_j(t) ≍ K e^{-(1+o(1))ηt}, uniformly in j",
         predicted=f"rate η = {eta}; max_j |log(L_j/(K e^-ηT))|/(ηT) = o(1); embedding-free",
         measured=f"rate {fmt(rate, 4)} (CI ±{fmt(half(f))}); L(T)/(K e^-ηT) = "
@@ -243,7 +240,6 @@ def muon_noiseless(ctx: Context) -> CheckResult:
         f"{fmt(expo, 3)}; full vs task rel. diff {fmt(inv)}",
         tolerance="rate ±5%+CI; exponent dev. ≤ 0.1; 1e-9",
         passed=ok,
-        kind="paper",
     )
 
 
@@ -296,7 +292,6 @@ def muon_noisy(ctx: Context) -> CheckResult:
             ok &= 0.8 <= ratio <= 1.25 and osc < 1 and bool(np.all(np.diff(L[: ts + 1]) <= 0))
             ok &= desc <= 0.05
     return CheckResult(
-        name="li2026.muon_noisy_switch",
         statement="Noisy Muon: descent ≈ K e^{-ηt} + αηt, then oscillation ≈ η² + L*; "
         "switch time Θ(log K/η)",
         predicted="t_s·η/m* ≈ 1 (m* = log(1+K(1-α)/α)); descent excess = ℓ(ηt) - L*; "
@@ -308,7 +303,6 @@ def muon_noisy(ctx: Context) -> CheckResult:
         ),
         tolerance="t_sη/m* ∈ [0.8, 1.25]; exc/η² < 1; descent dev ≤ 5%",
         passed=ok,
-        kind="paper",
         details={"rows": rows},
     )
 
@@ -368,14 +362,12 @@ def gd_stability(ctx: Context) -> CheckResult:
             rows.append((beta, f, g))
             ok &= (g < 1) if f < 1 else (g > 1)
     return CheckResult(
-        name="li2026.gd_stability_threshold",
         statement="GD at the minimiser is linearly stable only if η p_1 ≲ 1",
         predicted=f"threshold η p_1 = 2/λ_max(diag q - qqᵀ) = {fmt(thr, 4)} (α = {noise}) "
         "[derived constant], same for every prior",
         measured=", ".join(f"β={b} f={f}: ×{fmt(g, 2)}" for b, f, g in rows),
         tolerance="decay for f < 1, growth for f > 1 (±2% bracket)",
         passed=ok,
-        kind="paper",
         details={"rows": rows, "threshold": thr},
     )
 
@@ -433,13 +425,11 @@ def step_counts(ctx: Context) -> CheckResult:
     ok_g = abs(fg.slope - 1) <= half(fg) + corr
     muon_loglog = fit(1 / eps_m, nm).slope
     return CheckResult(
-        name="li2026.noiseless_step_counts",
         statement="Noiseless: steps to reach loss ε are O(log 1/ε) for Muon, O(1/ε) for GD",
         predicted="Muon n = a + (1/η) ln(1/ε), 1/η = 2; GD n ∝ ε^-1",
         measured=f"Muon {fm.describe()} (n = {nm[0]}..{nm[-1]} for ε = 1e-2..1e-12; log-log "
         f"slope {fmt(muon_loglog, 3)}); GD log-log {fg.describe()} (n = {ng[0]}..{ng[-1]})",
         tolerance=f"Muon ±5%+CI; GD ±{fmt(half(fg) + corr)}",
         passed=ok_m and ok_g,
-        kind="paper",
         details={"muon": {"eps": eps_m.tolist(), "n": nm}, "gd": {"eps": eps_g.tolist(), "n": ng}},
     )

@@ -68,14 +68,12 @@ def gd_exponent(ctx: Context) -> CheckResult:
         rows.append((beta, pred, f.slope, tol))
         ok &= abs(f.slope - pred) <= tol
     return CheckResult(
-        name="li2026.gd_excess_exponent",
         statement="GD lower bound: L^GD(T) - L* ≳ log K·T^{-(1-1/β)} for T ≪ M^β",
         predicted=", ".join(f"β={b}: {fmt(p, 3)}" for b, p, _, _ in rows),
         measured=", ".join(f"{fmt(s, 3)}" for _, _, s, _ in rows)
         + f" (T=128..4096); scalar reduction err {fmt(red)}",
         tolerance=", ".join(f"±{fmt(t, 2)}" for *_, t in rows) + "; 1e-10",
         passed=ok,
-        kind="paper",
         details={"rows": rows},
     )
 
@@ -109,7 +107,6 @@ def gd_log_k(ctx: Context) -> CheckResult:
     logk = [math.log(M * C) for C in Cs]
     slopes = [fit(logk, excess[:, j]) for j in range(len(Ts))]
     return CheckResult(
-        name="li2026.gd_log_k_factor",
         statement="GD lower bound L - L* ≳ log K·T^-(1-1/β) holds with one constant over K",
         predicted="R = excess·T^(1-1/β)/log K non-decreasing in K at every T; [derived] "
         f"excess ∝ (log K)^{fmt(2 - 1 / beta, 3)}",
@@ -118,7 +115,6 @@ def gd_log_k(ctx: Context) -> CheckResult:
         f"log K exponent {', '.join(fmt(s.slope, 3) for s in slopes)} (T = {Ts.tolist()})",
         tolerance="non-decreasing (1e-9)",
         passed=nondecreasing,
-        kind="paper",
         details={
             "Cs": Cs,
             "Ts": Ts.tolist(),
@@ -164,13 +160,11 @@ def muon_bound(ctx: Context) -> CheckResult:
         f" (log K exponent {fmt(kfit.slope, 2)}); c=2: A = {', '.join(fmt(a, 2) for a in A2)}"
     )
     return CheckResult(
-        name="li2026.muon_excess_bound",
         statement="Muon, η = Θ(log K/T): L(T) - L* ≲ (log K/T)², independent of β, over K",
         predicted="A = excess·(T/log K)² ≤ one constant for all T, β, K",
         measured=measured,
         tolerance=f"A ≤ c²/8 = {fmt(c**2 / 8, 3)}",
         passed=top <= c**2 / 8,
-        kind="paper",
         details={
             "Ts": Ts,
             "A_beta": A_beta,
@@ -204,13 +198,11 @@ def advantage(ctx: Context) -> CheckResult:
     ratio = np.array([(gd[T] - ls) / _muon_excess(M, C, beta, int(T)) for T in Ts])
     f = fit(Ts, ratio)
     return CheckResult(
-        name="li2026.muon_advantage_grows",
         statement="Muon's advantage over GD, (L^GD - L*)/(L^Muon - L*), grows with T",
         predicted="slope of log ratio vs log T > 0 (95% interval above 0)",
         measured=f"{f.describe()}; ratio {fmt(ratio[0], 3)} at T={Ts[0]} .. "
         f"{fmt(ratio[-1], 3)} at T={Ts[-1]} (K={K}, M={M}, β={beta}, {len(Ts)} horizons)",
         tolerance="interval excludes 0",
         passed=f.slope_ci[0] > 0,
-        kind="paper",
         details={"T": Ts.tolist(), "ratio": ratio.tolist(), "slope": f.slope, "ci": f.slope_ci},
     )

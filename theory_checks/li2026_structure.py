@@ -43,7 +43,6 @@ def preconditioner(ctx: Context) -> CheckResult:
         rows.append((C, bound, float(joint), float(cond), float(after), ts))
         ok &= joint <= bound
     return CheckResult(
-        name="li2026.implicit_preconditioner",
         statement="Muon keeps ‖msgn(P - P̂_t) - I‖_max <= (1+M)/C along the trajectory",
         predicted=", ".join(f"C={C}: ≤ {fmt(b, 3)}" for C, b, *_ in rows),
         measured="; ".join(
@@ -52,7 +51,6 @@ def preconditioner(ctx: Context) -> CheckResult:
         ),
         tolerance="none (descent phase)",
         passed=ok,
-        kind="paper",
         details={"rows": rows},
     )
 
@@ -92,7 +90,6 @@ def tra_signgd(ctx: Context) -> CheckResult:
     ok = bool(np.all(g[1:] <= 1.05 * g[:-1])) and g[-1] <= 0.5 * g[0]
     f = fit(Cs, gaps_p)
     return CheckResult(
-        name="li2026.tra_signgd_equals_muon_2eta",
         statement="TRA-SignGD(η) = Muon(2η) in predictions and losses, asymptotically in C",
         predicted="max |p̂_TRA - p̂_Muon| → 0 as C grows",
         measured=f"prob gap {', '.join(fmt(x) for x in gaps_p)}; loss gap "
@@ -172,7 +169,6 @@ def block_symmetry(ctx: Context) -> CheckResult:
         rows.append((C, devs["muon"], err, devs["signgd"]))
         ok &= devs["muon"] <= 1e-10 and err <= 1e-10
     return CheckResult(
-        name="li2026.block_symmetry",
         statement="Muon keeps Ŵ_t = diag(d_t)⊗I + B_t⊗11ᵀ (group block-symmetric) from W_0 = 0",
         predicted="deviation 0 (round-off) for Muon; reduction = dense run",
         measured="; ".join(
@@ -182,7 +178,6 @@ def block_symmetry(ctx: Context) -> CheckResult:
         ),
         tolerance="1e-10",
         passed=ok,
-        kind="paper",
         details={"rows": rows},
     )
 
@@ -221,7 +216,6 @@ def signgd_original(ctx: Context) -> CheckResult:
         best_k.append(kb)
     ok = tra[-1] <= 0.5 * tra[0] and orig[-1] > 0.5 * orig[0]
     return CheckResult(
-        name="li2026.signgd_original_coordinates",
         statement="SignGD in the original coordinates does not match Muon (gap does not shrink "
         "with C); TRA-SignGD does",
         predicted="TRA gap → 0 as C grows; original-coordinate gap does not shrink",
@@ -230,6 +224,5 @@ def signgd_original(ctx: Context) -> CheckResult:
         f"(C={Cs}, descent phase)",
         tolerance="TRA last ≤ ½ first; original last > ½ first",
         passed=ok,
-        kind="paper",
         details={"Cs": Cs, "tra": tra, "original": orig, "best_kappa": best_k},
     )

@@ -118,14 +118,12 @@ def signgd_coupled_svd(ctx: Context) -> CheckResult:
     dec = _sign_svs(Ks[0], "decoupled")
     worst = max(c[0] for c in coup)
     return CheckResult(
-        name="wang2025.thm53_signgd_coupled_svd",
         statement="Thm 5.3 (SignGD): coupled E', Ẽ' give σ_min/σ_max of the update <= 25%",
         predicted="σ_min/σ_2 ≤ 0.25 (coupled); 1 (decoupled)",
         measured=f"coupled σ_min/σ_2 = {', '.join(fmt(c[0], 4) for c in coup)} (K={Ks}); "
         f"decoupled {fmt(dec[-1] / dec[1], 4)}; full σ_min/σ_max = {fmt(coup[0][1])} (K={Ks[0]})",
         tolerance="none (exact bound)",
         passed=worst <= 0.25 and abs(dec[-1] / dec[1] - 1) < 1e-9,
-        kind="paper",
         details={"Ks": Ks, "coupled": coup},
     )
 
@@ -171,7 +169,6 @@ def block_reduction(ctx: Context) -> CheckResult:
             worst_q, worst_rho = max(worst_q, dq), max(worst_rho, dr)
             rows.append((K, L, dq, rho_d, rho_r))
     return CheckResult(
-        name="wang2025.thm53_signgd_block_reduction",
         statement="[derived] one coupled SignGD step reduces exactly to 3x3 blocks of three "
         "types (head, tail, the block straddling L)",
         predicted="reduction = dense computation",
@@ -217,7 +214,6 @@ def signgd_coupled_rho(ctx: Context) -> CheckResult:
             inf_read.append(float(signgd_blocks.correct_probabilities(m, [1e4]).min()))
     top = max(ratios)
     return CheckResult(
-        name="wang2025.thm53_signgd_coupled_rho",
         statement="Thm 5.3 (SignGD): coupled E', Ẽ' give ϱ^ε = O(ε^-0.7 K^-0.3) (imbalanced), "
         "first-crossing reading",
         predicted="ϱ ≤ ε^-0.7 K^-0.3 for all K, ε, L mod 3",
@@ -226,7 +222,6 @@ def signgd_coupled_rho(ctx: Context) -> CheckResult:
         f"infimum reading: min_k q_k(η=1e4) ≤ {fmt(max(inf_read))}, so ϱ_inf = 0",
         tolerance="O-constant 1",
         passed=top[0] <= 1.0,
-        kind="paper",
         details={"max_ratio": top, "max_rho": max(rhos), "inf_reading_max": max(inf_read)},
     )
 
@@ -306,7 +301,6 @@ def signgd_coupled_exponents(ctx: Context) -> CheckResult:
         return f"{fmt(f.slope, 4)} [{fmt(f.slope_ci[0], 4)}, {fmt(f.slope_ci[1], 4)}]"
 
     return CheckResult(
-        name="wang2025.thm53_signgd_coupled_exponents",
         statement="[derived] coupled SignGD at large K: ϱ ∝ K^-(1-r) ε^-r with r set by the "
         "margins of the worst and best class, per L mod 3",
         predicted="; ".join(
@@ -393,7 +387,6 @@ def signgd_regime_change(ctx: Context) -> CheckResult:
         ok &= lo - 1e-9 <= a.regime_exponent <= hi + 1e-9
         rows.append((res, a.regime_exponent, [_k_star(res, 1e-1), _k_star(res, 1e-2), *ks], fit))
     return CheckResult(
-        name="wang2025.thm53_signgd_regime_change",
         statement="[derived] coupled SignGD changes regime (own block → other blocks) at "
         "K*(ε) ∝ ε^-s, s from the margins, per L mod 3",
         predicted=", ".join(f"L≡{r}: s = {fmt(s, 3)}" for r, s, *_ in rows),

@@ -38,6 +38,8 @@ __all__ = [
     "band",
     "mean_interval",
     "paired_difference",
+    "seeds_needed",
+    "slope_interval",
     "variance_ratio_interval",
     "verdict",
 ]
@@ -155,6 +157,60 @@ def paired_difference(a: object, b: object, *, confidence: float = 0.95) -> Inte
     if aa.shape != bb.shape:
         raise ValueError(f"paired arms must have the same shape, got {aa.shape} and {bb.shape}")
     return mean_interval(aa - bb, confidence=confidence)
+
+
+def slope_interval(x: object, values: object, *, confidence: float = 0.95) -> Interval:
+    """Interval of a dose-response slope: per-seed least-squares slopes, then their t interval.
+
+    Args:
+      x: ``[k]`` doses (k >= 2 distinct values, e.g. a Zipf exponent or log2 of a vocabulary).
+      values: ``[k, seeds]`` the response of every seed at every dose (seeds >= 2).
+      confidence: level in (0, 1).
+
+    Returns:
+      :func:`mean_interval` of the ``[seeds]`` slopes of ``values[:, s]`` against ``x``
+      (units of values per unit of x).
+
+    Raises:
+      ValueError: if the shapes disagree, x has fewer than 2 distinct values, or as
+        :func:`mean_interval`.
+    """
+    xs, ys = np.asarray(x, dtype=np.float64), np.asarray(values, dtype=np.float64)
+    if xs.ndim != 1 or ys.ndim != 2 or ys.shape[0] != xs.size or np.unique(xs).size < 2:
+        raise ValueError(f"x must be [k] with >= 2 distinct doses and values [k, seeds], got "
+                         f"{xs.shape} and {ys.shape}")  # fmt: skip
+    xc = xs - xs.mean()
+    return mean_interval(xc @ ys / (xc @ xc), confidence=confidence)
+
+
+def seeds_needed(interval: Interval, threshold: float = 0.0, *, cap: int = 10_000) -> float:
+    """Seeds a t interval of the observed effect would need to exclude ``threshold``.
+
+    The per-seed standard deviation is recovered from the interval itself,
+    ``sd = half_width · sqrt(n) / t_{n-1}``, and the effect ``|estimate - threshold|`` is
+    held at its observed size: the answer is the smallest n >= 2 with
+    ``t_{n-1} · sd / sqrt(n) < |estimate - threshold|`` (so "undecided" reads as a power
+    problem when it is small, as no effect when it is huge). A power calculation at the
+    observed effect, not a promise: the next seeds move the estimate too.
+
+    Returns:
+      n as a float; ``inf`` when the effect is 0 or needs more than ``cap`` seeds, NaN for
+      an undefined interval or one not symmetric about its estimate (not a t interval of
+      a mean, e.g. :func:`variance_ratio_interval`'s); 0-width intervals need 2.
+    """
+    n, c = int(interval.n), float(interval.confidence)
+    effect = abs(float(interval.estimate) - float(threshold))
+    if n < 2 or not all(math.isfinite(v) for v in (interval.lo, interval.hi, effect)):
+        return math.nan
+    up, down = interval.hi - interval.estimate, interval.estimate - interval.lo
+    if abs(up - down) > 1e-9 * max(abs(up), abs(down), 1e-300):
+        return math.nan
+    sd = interval.half_width * math.sqrt(n) / float(stats.t.ppf(0.5 + c / 2.0, n - 1))
+    if sd == 0.0:
+        return 2.0 if effect > 0 else math.inf
+    k = np.arange(2, cap + 1)
+    ok = np.flatnonzero(stats.t.ppf(0.5 + c / 2.0, k - 1) * sd / np.sqrt(k) < effect)
+    return float(k[ok[0]]) if ok.size else math.inf
 
 
 def variance_ratio_interval(a: object, b: object, *, confidence: float = 0.95) -> Interval:

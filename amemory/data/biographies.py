@@ -20,7 +20,9 @@ Exact data design
 * **Groups** (heavy tail): group g = 0..m holds N_0 = 1, N_g = 2^(g-1) individuals
   (individual ids are ordered by group); every individual of group g appears in
   S_g = 2^(m-g) *selections*. Group 0 is the head (seen 2^m times), group m the
-  tail (2^(m-1) individuals seen once).
+  tail (2^(m-1) individuals seen once). ``zipf`` = s generalises this to
+  S_g = round(2^(s (m-g))): frequency ∝ rank^-s over the same individuals (s = 1 the
+  paper's law, s = 0 uniform).
 * **Training rows**: each selection of an individual contributes
     - one biography row (if ``cfg.biographies``): ``<bos>`` + six sentences, one
       per attribute, each naming the person (paraphrase: a sentence template drawn
@@ -129,6 +131,7 @@ class BiographyConfig:
       n_paraphrases: biographies per individual (>= 1).
       biographies: include biography rows in training.
       qa: include QA rows in training (at least one of the two must be on).
+      zipf: exponent s of the selection law S_g = round(2^(s (m-g))), in [0, 3].
     """
 
     m: int = 8
@@ -142,6 +145,7 @@ class BiographyConfig:
     n_paraphrases: int = 5
     biographies: bool = True
     qa: bool = True
+    zipf: float = 1.0
 
     def validate(self) -> None:
         """Raise ValueError naming the first invalid field."""
@@ -161,6 +165,8 @@ class BiographyConfig:
                 f"n_first_names * n_surnames = {self.n_first_names * self.n_surnames} must be "
                 f">= 2^m = {2**self.m} so that every individual has a unique name"
             )
+        if not (isinstance(self.zipf, numbers.Real) and 0.0 <= self.zipf <= 3.0):
+            raise ValueError(f"zipf must be a number in [0, 3], got {self.zipf!r}")
         if not (self.biographies or self.qa):
             raise ValueError("biographies and qa are both False; enable at least one")
 
@@ -170,9 +176,10 @@ def group_sizes(m: int) -> np.ndarray:
     return np.array([1] + [2 ** (g - 1) for g in range(1, m + 1)], dtype=np.int64)
 
 
-def group_repetitions(m: int) -> np.ndarray:
-    """S_g = 2^(m-g) for g = 0..m: selections per individual of group g. int64 [m + 1]."""
-    return np.array([2 ** (m - g) for g in range(m + 1)], dtype=np.int64)
+def group_repetitions(m: int, zipf: float = 1.0) -> np.ndarray:
+    """S_g = round(2^(zipf (m-g))) for g = 0..m (2^(m-g) at zipf = 1): selections per
+    individual of group g. int64 [m + 1]; frequency ∝ rank^-zipf, rank ≈ 2^g."""
+    return np.array([round(2 ** (zipf * (m - g))) for g in range(m + 1)], dtype=np.int64)
 
 
 class BiographyTokenizer:
@@ -423,7 +430,7 @@ def make_biographies(cfg: BiographyConfig | None = None) -> BiographyData:
     pools, tok = _vocabulary(rng, cfg)
     attrs = _individuals(rng, cfg, pools, tok.index)
     group = np.repeat(np.arange(cfg.m + 1), group_sizes(cfg.m)).astype(np.int32)
-    reps = group_repetitions(cfg.m)[group]
+    reps = group_repetitions(cfg.m, cfg.zipf)[group]
     write = _Writer(tok, attrs)
     people = range(2**cfg.m)
     bios = [[write.biography(rng, p) for _ in range(cfg.n_paraphrases)] for p in people]

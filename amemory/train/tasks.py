@@ -315,7 +315,8 @@ class BiographyTask(_Transformer):
         d = config.data
         parallel.check_batch(int(d.batch_size), place.data_shards, "data.batch_size")
         bc = d.biographies
-        self.data = B.make_biographies(B.BiographyConfig(m=int(bc.m), seed=int(bc.seed)))
+        zipf = float(bc.get("zipf", 1.0))  # absent in older configs: the paper's law
+        self.data = B.make_biographies(B.BiographyConfig(m=int(bc.m), seed=int(bc.seed), zipf=zipf))
         self.eval_set = self.data.eval.per_group(int(bc.eval_per_group), seed=int(bc.seed))
         T = self.data.seq_len
         max_len = max(T - 1, int(self.eval_set.prompts.shape[1]))

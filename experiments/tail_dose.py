@@ -1,0 +1,229 @@
+"""Dose-response: does Muon's lead over Adam grow as the frequency tail gets heavier?
+
+Paper A (Wang et al. 2025, arXiv 2509.26030, Secs. 4-5) argues that Muon beats Adam
+*because* real data are heavy-tailed: it learns the rare classes Adam starves. If so,
+the lead should respond to the tail alone. Each leg holds the model, the steps, the batch
+(so the tokens) and the facts fixed and moves only the frequency law
+(``experiments/configs/tail_dose.py``):
+
+* ``qa``: biography QA over the same 2^m people, selection law S_g = round(2^(alpha (m-g)))
+  (frequency ∝ rank^-alpha; alpha = 0 uniform, 1 the paper's law). Score: first-token
+  accuracy (FTA) of every person's 6 questions: ``all`` (each person weighs the same),
+  ``head`` (groups g <= m/2), ``tail`` (group m, the rarest half of the people).
+* ``lm``: Shakespeare with a BPE vocabulary of V tokens (dose x = log2 V). Score: minus
+  the validation loss (nats/token), ``all``, ``head`` (bucket 0) and ``tail`` (the last
+  bucket of seen tokens). The buckets are :func:`amemory.data.stats.frequency_buckets`'s
+  log-spaced rank bands of each vocabulary, so bucket b covers the same fifth of log-rank
+  at every V (the tail band is ranks S^(4/5)..S of the S seen tokens).
+
+At every point Adam, Muon and SignGD (hidden matrices; Adam elsewhere) get learning rates
+chosen on a grid by seed 0 (grid edges flagged), then run on the held-out seeds. Lead of
+an optimizer = its final score - Adam's (same seed); the steps ratio = steps Muon needs to
+reach Adam's final ``all`` score / steps. Claims (three-way, 95% seed intervals): the lead
+grows with the dose (per-seed slope, :func:`amemory.analysis.stats.slope_interval`); it
+vanishes at alpha = 0; SignGD, the coordinate-wise control, does not match Muon.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+from ml_collections import ConfigDict
+
+from amemory.analysis import plots, stats
+from amemory.data.biographies import group_sizes
+from experiments import common, tail_qa
+
+PARTS = ("all", "head", "tail")
+
+
+def point_config(cfg: ConfigDict, leg: str, x: float) -> ConfigDict:
+    """The run config of one dose: ``qa`` at Zipf exponent ``x``, ``lm`` at vocabulary ``x``."""
+    c = ConfigDict((cfg.qa_base if leg == "qa" else cfg.lm_base).to_dict())
+    if leg == "qa":
+        c.data.biographies.zipf = float(x)
+    else:
+        c.data.vocab_size = int(x)
+    return c
+
+
+def scores(leg: str, run: dict[str, Any], m: int) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+    """(eval steps [n], part -> score [n, seeds]); higher is better (FTA, or -loss)."""
+    if leg == "qa":
+        steps, fta = tail_qa.fta_curves(run, m)  # (n, m + 1, seeds)
+        w = group_sizes(m).astype(float)
+        head = np.arange(m + 1) <= m // 2
+        return steps, {"all": np.einsum("ngs,g->ns", fta, w / w.sum()),
+                       "head": np.einsum("ngs,g->ns", fta[:, head], w[head] / w[head].sum()),
+                       "tail": fta[:, m]}  # fmt: skip
+    steps, loss = common.eval_series(run["records"], "loss")
+    _, buckets, labels = common.bucket_curves(run)
+    seen = [i for i, lab in enumerate(labels) if lab != "unseen"]
+    return steps, {"all": -loss.reshape(len(steps), -1), "head": -buckets[:, 0],
+                   "tail": -buckets[:, seen[-1]]}  # fmt: skip
+
+
+def grid(cfg: ConfigDict, leg: str) -> ConfigDict:
+    """The learning-rate grids of a leg: ``qa_lr_grid`` or ``lr_grid``."""
+    return cfg.qa_lr_grid if leg == "qa" else cfg.lr_grid
+
+
+def n_units(cfg: ConfigDict) -> int:
+    """Training runs: per point, every optimizer's grid and one seeded run."""
+    return sum(sum(len(grid(cfg, leg)[o]) + 1 for o in cfg.optimizers)
+               * len(cfg.alphas if leg == "qa" else cfg.vocabs) for leg in cfg.legs)  # fmt: skip
+
+
+def run(cfg: ConfigDict, stage: common.Stage) -> dict[str, Any]:
+    """Train every leg and point; figures under ``stage.out_dir``. See the module docstring.
+
+    Raises:
+      ValueError: for a leg other than qa / lm, an optimizer list without adam and muon,
+        or fewer than 2 seeds (before training).
+    """
+    if set(cfg.legs) - {"qa", "lm"} or not {"adam", "muon"} <= set(cfg.optimizers):
+        raise ValueError(f"tail_dose legs must be from ('qa', 'lm') and optimizers include adam "
+                         f"and muon, got {cfg.legs} and {cfg.optimizers}")  # fmt: skip
+    if len(cfg.seeds) < 2:
+        raise ValueError(f"tail_dose config field 'seeds' needs >= 2 seeds, got {cfg.seeds}")
+    out_dir, cache_dir, progress = stage.out_dir, stage.cache_dir, stage.progress
+    m = int(cfg.qa_base.data.biographies.m)
+    metrics: dict[str, Any] = {"seeds": list(cfg.seeds), "legs": {}}
+    figures, claims = [], []
+    for leg in cfg.legs:
+        doses = sorted(cfg.alphas if leg == "qa" else cfg.vocabs)  # the last is the heaviest
+        points, panels = [], {}
+        for x in doses:
+            tl = ConfigDict({"base": point_config(cfg, leg, x), "seeds": tuple(cfg.seeds),
+                             "optimizers": tuple(cfg.optimizers), "muon_roles": "hidden",
+                             "lr_grid": grid(cfg, leg)})  # fmt: skip
+            score = common.final_train_loss if leg == "qa" else None  # QA evals: FTA only
+            given = cfg.given_lr.get(f"{'alpha' if leg == 'qa' else 'V'}{x:g}")
+            if given:  # rates stated in the config: no grid at this point
+                chosen, tables = {o: float(given[o]) for o in cfg.optimizers}, {}
+            else:
+                chosen, _, tables = common.choose_lrs(tl, cache_dir, progress=progress,
+                                                       score=score)  # fmt: skip
+            runs = common.seeded_runs(tl, chosen, cache_dir, progress=progress)
+            curves = {o: scores(leg, r, m) for o, r in runs.items()}
+            steps, adam = curves["adam"]
+            final = {o: {p: c[1][p][-1] for p in PARTS} for o, c in curves.items()}
+            reach = common.steps_to_target(steps, -curves["muon"][1]["all"], -adam["all"][-1])
+            points.append({
+                "dose": x, "chosen_lr": chosen, "lr_sweep": tables, "eval_steps": steps,
+                "final": final, "curves": {o: c[1] for o, c in curves.items()},
+                "lead": {o: {p: final[o][p] - final["adam"][p] for p in PARTS}
+                         for o in runs if o != "adam"},
+                "ratio": np.where(np.isfinite(reach), reach, steps[-1]) / steps[-1],
+            })  # fmt: skip
+            for p in ("head", "tail"):
+                panels[f"{'alpha' if leg == 'qa' else 'V'}={x:g}, {p}"] = {
+                    o: (c[0], c[1][p]) for o, c in curves.items()
+                }
+        xs = np.array([float(x) if leg == "qa" else math.log2(x) for x in doses])
+        lead = {(o, p): np.stack([pt["lead"][o][p] for pt in points])
+                for o in points[0]["lead"] for p in PARTS}  # fmt: skip
+        metrics["legs"][leg] = {
+            "dose": "alpha" if leg == "qa" else "V", "x": xs, "points": points,
+            "slope": {f"{o}/{p}": common.interval_dict(stats.slope_interval(xs, v), "greater")
+                      for (o, p), v in lead.items() if len(xs) > 1},
+        }  # fmt: skip
+        figures += leg_figures(leg, xs, lead, panels, out_dir)
+        claims += leg_claims(leg, xs, points, lead)
+    metrics["report_md"] = report_md(metrics)
+    return {"metrics": metrics, "figures": figures, "claims": claims}
+
+
+def leg_figures(leg: str, xs, lead, panels, out_dir) -> list[str]:
+    """Lead against the dose (95% seed bands); head and tail score curves per dose."""
+    what = "FTA" if leg == "qa" else "-val loss (nats/token)"
+    p1 = plots.plot_curves(
+        {f"{o} - adam, {p}": (xs, v) for (o, p), v in lead.items() if p != "head"},
+        out_dir / "figures" / f"tail_dose_{leg}_lead.png",
+        xlabel="Zipf exponent alpha" if leg == "qa" else "log2 vocabulary",
+        ylabel=f"lead over Adam ({what})", title=f"{leg}: lead vs tail heaviness (95% seed bands)",
+        hline=0.0, marker="o",
+    )  # fmt: skip
+    p2 = plots.plot_band_curves(
+        panels, out_dir / "figures" / f"tail_dose_{leg}_curves.png", ncols=2
+    )
+    return [str(p.relative_to(out_dir)) for p in (p1, p2)]
+
+
+def _claim(key, statement, ours, iv, held, test, direction, threshold=0.0) -> common.Claim:
+    return common.Claim(f"tail_dose/{key}", "A, Secs. 4-5 (tail-end thesis)", statement,
+                        "not measured by the paper (its thesis predicts yes)", ours, held, test,
+                        common.interval_dict(iv, direction, threshold))  # fmt: skip
+
+
+def leg_claims(leg: str, xs, points, lead) -> list[common.Claim]:
+    """Lead grows with the dose; none at alpha = 0 (qa); SignGD below Muon at the heaviest."""
+    dose, unit = ("alpha", "FTA") if leg == "qa" else ("log2 V", "nats/token")
+    iv = stats.slope_interval(xs, lead["muon", "all"]) if len(xs) > 1 else None
+    per = ", ".join(f"{pt['dose']:g}: {common.seed_mean(v)}"
+                    for pt, v in zip(points, lead["muon", "all"], strict=True))  # fmt: skip
+    out = [_claim(f"{leg}_lead_grows", f"Muon's lead over Adam grows as the tail gets heavier "
+                  f"({leg}: {dose})", f"slope {common.describe(iv)} {unit} per unit {dose}; "
+                  f"lead per dose {per}", iv, iv and stats.verdict(iv, "greater"),
+                  "95% interval of the per-seed least-squares slope of (Muon - Adam final score) "
+                  f"against {dose} > 0", "greater")]  # fmt: skip
+    if leg == "qa" and 0.0 in [float(pt["dose"]) for pt in points]:
+        i0 = [float(pt["dose"]) for pt in points].index(0.0)
+        iv0, _ = common.seed_verdict(lead["muon", "all"][i0], direction="greater")
+        margin = abs(float(np.mean(lead["muon", "all"][-1])))
+        held = None if iv0 is None else (False if iv0.lo > 0 or iv0.hi < 0 else
+                                         True if iv0.half_width < margin else None)  # fmt: skip
+        out.append(_claim("qa_no_lead_uniform", "With uniform frequencies (alpha = 0) Muon has "
+                          "no lead over Adam", f"lead {common.describe(iv0)} FTA; margin (mean "
+                          f"lead at the heaviest alpha) {margin:.3f}", iv0, held,
+                          "not held if the 95% interval of the per-seed lead at alpha = 0 "
+                          "excludes 0; held if it contains 0 and its half-width is below the "
+                          "margin; else undecided", "greater"))  # fmt: skip
+    if ("signgd", "all") in lead:
+        d = lead["muon", "all"][-1] - lead["signgd", "all"][-1]
+        ivs, held = common.seed_verdict(d, direction="greater")
+        out.append(_claim(f"{leg}_signgd_not_muon", "SignGD (coordinate-wise) does not match "
+                          f"Muon's lead at the heaviest tail ({leg}: {dose.split()[-1]} = "
+                          f"{points[-1]['dose']:g})", f"Muon - SignGD {common.describe(ivs)} "
+                          f"{unit}", ivs, held, "95% interval of the per-seed Muon - SignGD final "
+                          "score at the heaviest dose > 0", "greater"))  # fmt: skip
+    return out
+
+
+def report_md(m: dict[str, Any]) -> str:
+    """Markdown per leg: LRs (grid edges), leads (all / head / tail), steps ratio, slopes."""
+    lines = [
+        f"Seeds {', '.join(map(str, m['seeds']))} (held out from the LR choice); mean ± "
+        "95% interval. Lead = final score - Adam's (FTA, or nats/token of -val loss)."
+    ]
+    for leg, v in m["legs"].items():
+        lines += [
+            "",
+            f"| {leg}: {v['dose']} | LR adam / muon / signgd | Muon lead all / head "
+            "/ tail | SignGD lead all / tail | steps ratio |",
+            "|---|---|---|---|---|",
+        ]
+        for pt in v["points"]:
+            edge = any(r["at_edge"] for rows in pt["lr_sweep"].values() for r in rows)
+            lr = " / ".join(f"{x:g}" for x in pt["chosen_lr"].values())
+            lr += "" if pt["lr_sweep"] else " (given, not tuned here)"
+            lead = {o: " / ".join(common.seed_mean(pt["lead"][o][p]) for p in ps)
+                    for o, ps in (("muon", PARTS), ("signgd", ("all", "tail")))
+                    if o in pt["lead"]}  # fmt: skip
+            lines.append(f"| {pt['dose']:g} | {lr}{' (grid edge)' if edge else ''} | "
+                         f"{lead['muon']} | {lead.get('signgd', '-')} | "
+                         f"{common.seed_mean(pt['ratio'], 2)} |")  # fmt: skip
+        lines += ["", f"Slopes against {'alpha' if leg == 'qa' else 'log2 V'}: " + "; ".join(
+            f"{k} {s['estimate']:.3g} [{s['lo']:.3g}, {s['hi']:.3g}]"
+            for k, s in v["slope"].items() if s)]  # fmt: skip
+    return "\n".join(lines)
+
+
+EXPERIMENT = common.Experiment(  # not in the default run: CPU hours at quick scale
+    "tail_dose",
+    run,
+    units=n_units,
+    sources=("experiments/tail_qa.py", "experiments/configs/tail_*.py"),
+)
