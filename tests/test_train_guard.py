@@ -553,3 +553,14 @@ def test_print_config_shows_each_field_comment(capsys):
     for dotted, (_, comment) in ENGINE_DEFAULTS.items():
         leaf = dotted.split(".")[-1]
         assert any(x.lstrip().startswith(f"{leaf}: ") and x.endswith(f"# {comment}") for x in out)
+
+
+def test_stop_right_after_an_eval_point_saves_cleanly(tmp_path, tiny_corpus, monkeypatch):
+    # A stop at a step that was a sync point (eval) but not a log point: no step ran since
+    # the throughput mark, so the stop's train record must not divide by zero.
+    monkeypatch.setattr(guard.RunGuard, "stop_requested", lambda self, step: step == 2)
+    cfg = lm_config(tiny_corpus, **{**_STOP_RUN, "eval_every": 2, "log_every": 100, "steps": 6})
+    with pytest.raises(guard.RunInterrupted):
+        run(cfg, tmp_path / "wd")
+    assert ckpt_lib.Checkpointer(tmp_path / "wd" / "checkpoints").all_steps() == [2]
+    assert [r["step"] for r in _records(tmp_path / "wd") if r["kind"] == "train"] == [2]

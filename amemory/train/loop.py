@@ -416,7 +416,7 @@ class _SyncPoints:
         self.check_finite(host, s)
         rec = {k: _per_seed(v, self.multi) for k, v in engine_lib.interval_metrics(host).items()}
         t0, s0 = self.mark
-        if s0 >= self.first:  # the interval excludes compilation
+        if s0 >= self.first and s > s0:  # excludes compilation; a stop may follow a sync
             tps = self.task.tokens_per_step * (s - s0) / (now - t0)
             rec["tokens_per_s"], rec["step_time_s"] = tps, (now - t0) / (s - s0)
             self.throughput.append(tps)
