@@ -32,13 +32,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from amemory.optim._matrices import (
-    Layout,
-    MatrixAxes,
-    _resolve_dtype,
-    check_ns_mesh,
-    leaf_layouts,
-)
+from amemory.optim._matrices import Layout, MatrixAxes, _resolve_dtype, check_ns_mesh, leaf_layouts
 from amemory.optim.distributed import DISTRIBUTED_MODES, OwnerLayout, resolve_layout
 from amemory.optim.orthogonalize import (
     NORMS,

@@ -52,13 +52,7 @@ from typing import Any, NoReturn
 
 import numpy as np
 
-from amemory.train.lock import (
-    EXIT_BUSY,
-    WorkdirBusyError,
-    WorkdirLock,
-    busy_message,
-    holder_info,
-)
+from amemory.train.lock import EXIT_BUSY, WorkdirBusyError, WorkdirLock, busy_message, holder_info
 
 # Exit statuses of ``amemory train`` (README, "Reliability").
 EXIT_NONFINITE = 1
