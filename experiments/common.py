@@ -432,8 +432,6 @@ def fmt(x: Any, digits: int = 3) -> str:
     return f"{xf:.{digits}f}"
 
 
-# ----------------------------------------------------------------------------- training runs
-
 # Config fields that do not change what a run computes (excluded from the cache key).
 _NON_SEMANTIC = ("progress",)
 
@@ -617,9 +615,6 @@ def lr_sweep(
         for i, lr in enumerate(grid)
     ]
     return float(grid[best]), runs[best], rows
-
-
-# ------------------------------------------------------------------ language-model runs
 
 
 def run_config(

@@ -51,11 +51,7 @@ def run(cfg: ConfigDict, stage: common.Stage) -> dict[str, Any]:
     tl = _tail_cfg(cfg)
     chosen, _, tables = common.choose_lrs(tl, cache_dir, progress=progress)
     runs = common.seeded_runs(tl, chosen, cache_dir, progress=progress, optimizers=OPTIMIZERS)
-    metrics: dict[str, Any] = {
-        "chosen_lr": chosen,
-        "lr_sweep": tables,
-        "seeds": list(cfg.seeds),
-    }
+    metrics: dict[str, Any] = {"chosen_lr": chosen, "lr_sweep": tables, "seeds": list(cfg.seeds)}
     curves, cv = {}, {}
     for opt in OPTIMIZERS:
         steps, loss = common.eval_series(runs[opt]["records"], "loss")

@@ -43,9 +43,6 @@ EMBEDDINGS = ("decoupled", "coupled")
 PRIORS = ("two_level", "corpus")
 
 
-# ----------------------------------------------------------------------------- pieces
-
-
 def embeddings(kind: str, K: int) -> tuple[jax.Array, jax.Array]:
     """``(E, Et)`` ``[K, K]`` for ``kind`` in ``("decoupled", "coupled")``.
 
@@ -211,9 +208,6 @@ def learning_rate(name: str, cfg: Any, prior: np.ndarray) -> float:
     if name == "gd":
         return float(cfg.lr.gd_times_pmax_inv / np.max(prior))
     return float(cfg.lr[name])
-
-
-# ----------------------------------------------------------------------------- experiment
 
 
 def run(cfg: Any, stage: common.Stage) -> dict[str, Any]:

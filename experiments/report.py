@@ -42,9 +42,6 @@ PACKAGES = ("jax", "jaxlib", "flax", "optax", "orbax-checkpoint", "numpy", "ml-c
 MAX_NUMBERS = 32
 
 
-# ----------------------------------------------------------------------------- results files
-
-
 def _curve(x: Any) -> bool:
     """Whether ``x`` is a (nested) list of more than :data:`MAX_NUMBERS` numbers only."""
     flat, todo = 0, [x]
@@ -176,9 +173,6 @@ def load_results(scale: str = "quick", root: os.PathLike | str = RESULTS) -> lis
     paths = sorted(pathlib.Path(root, scale).glob("*.json"))
     results = [common.load_json(p) for p in paths]
     return sorted(results, key=lambda r: (order.get(r["name"], len(order)), r["name"]))
-
-
-# ----------------------------------------------------------------------------- rendering
 
 
 def headline() -> list[str]:
@@ -356,9 +350,6 @@ def readme_table(readme: pathlib.Path) -> str:
     """The generated block of ``readme`` (markers included), for comparison."""
     text = readme.read_text()
     return text[text.index(README_BEGIN) : text.index(README_END) + len(README_END)]
-
-
-# ----------------------------------------------------------------------------- main
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -86,9 +86,6 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-# ----------------------------------------------------------------------------- stages
-
-
 def run_check(cfg: Any, stage: common.Stage) -> dict[str, Any]:
     """Stage ``check``: ``amemory check --quick`` (``--scale full``: without ``--quick``).
 
@@ -191,9 +188,6 @@ def _failed(name: str, scale: str, err: BaseException, wall: float) -> dict[str,
         name, scale, metrics={"error": f"{type(err).__name__}: {err}"}, figures=[],
         claims=[claim], wall_s=wall, notes=[f"stage failed: {type(err).__name__}: {err}"],
     )  # fmt: skip
-
-
-# ----------------------------------------------------------------------------- main
 
 
 def reproduce(

@@ -226,7 +226,6 @@ def update_readme(path: Path, table: str) -> None:
     Path(path).write_text("".join(new))
 
 
-# ----------------------------------------------------------------------------- simulation
 # The helpers below import jax/optax lazily so that `amemory check --help` stays cheap.
 # They assume float64 (the runner turns on jax_enable_x64 before any check runs).
 

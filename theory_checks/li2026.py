@@ -29,8 +29,6 @@ from amemory.analysis.one_step import optimizer
 from amemory.analysis.scaling import fit_line
 from theory_checks.common import CheckResult, Context, fmt, register, trajectory
 
-# ----------------------------------------------------------------------------- helpers
-
 
 def lstar(K: int, noise: float) -> float:
     """Bayes loss: entropy of p(·|j) = (1-α) 1[i=j] + α/K, in nats."""
@@ -167,9 +165,6 @@ def full_space_run(K: int, class_prior, noise: float, opt: str, lr: float, steps
     return trajectory(opt, lr, loss, jnp.zeros((K, K)), steps, rec)
 
 
-# ----------------------------------------------------------------------------- noiseless GD
-
-
 @register("li2026.gd_noiseless_per_class")
 def gd_noiseless(ctx: Context) -> CheckResult:
     """Noiseless GD: L_j(t) ≍ 1/(p_j η t), i.e. L_j·p_j·η·t tends to one constant.
@@ -201,9 +196,6 @@ def gd_noiseless(ctx: Context) -> CheckResult:
         passed=err <= tol,
         details={"c": c.tolist(), "s": s.tolist()},
     )
-
-
-# ----------------------------------------------------------------------------- noiseless Muon
 
 
 @register("li2026.muon_noiseless_exponential")
@@ -241,9 +233,6 @@ def muon_noiseless(ctx: Context) -> CheckResult:
         tolerance="rate ±5%+CI; exponent dev. ≤ 0.1; 1e-9",
         passed=ok,
     )
-
-
-# ----------------------------------------------------------------------------- noisy Muon
 
 
 @register("li2026.muon_noisy_switch")
@@ -307,9 +296,6 @@ def muon_noisy(ctx: Context) -> CheckResult:
     )
 
 
-# ----------------------------------------------------------------------------- GD stability
-
-
 @register("li2026.gd_stability_threshold")
 def gd_stability(ctx: Context) -> CheckResult:
     """Linear stability of GD at the minimiser requires η p_1 ≲ 1.
@@ -370,9 +356,6 @@ def gd_stability(ctx: Context) -> CheckResult:
         passed=ok,
         details={"rows": rows, "threshold": thr},
     )
-
-
-# ----------------------------------------------------------------------------- step counts
 
 
 def _steps_to(losses: np.ndarray, targets) -> list[int]:

@@ -33,9 +33,6 @@ def _muon_excess(M: int, C: int, beta: float, T: int, c: float = C_MUON) -> floa
     )
 
 
-# ----------------------------------------------------------------------------- GD scaling
-
-
 @register("li2026.gd_excess_exponent")
 def gd_exponent(ctx: Context) -> CheckResult:
     """GD with power-law groups: L(T) - L* ≳ log K · T^{-(1-1/β)} inside T ≪ M^β.
@@ -122,9 +119,6 @@ def gd_log_k(ctx: Context) -> CheckResult:
             "log_k_exponents": [(s.slope, *s.slope_ci) for s in slopes],
         },
     )
-
-
-# ----------------------------------------------------------------------------- Muon scaling
 
 
 @register("li2026.muon_excess_bound")

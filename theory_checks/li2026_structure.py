@@ -14,8 +14,6 @@ import numpy as np
 from theory_checks.common import CheckResult, Context, fmt, register, trajectory
 from theory_checks.li2026 import fit, mstar, prior, runner
 
-# ----------------------------------------------------------------------------- preconditioner
-
 
 @register("li2026.implicit_preconditioner")
 def preconditioner(ctx: Context) -> CheckResult:
@@ -53,9 +51,6 @@ def preconditioner(ctx: Context) -> CheckResult:
         passed=ok,
         details={"rows": rows},
     )
-
-
-# ----------------------------------------------------------------------------- TRA-SignGD
 
 
 @register("li2026.tra_signgd_equals_muon_2eta")
@@ -100,9 +95,6 @@ def tra_signgd(ctx: Context) -> CheckResult:
         kind="derived",
         details={"Cs": Cs, "prob_gap": gaps_p, "loss_gap": gaps_l},
     )
-
-
-# ----------------------------------------------------------------------------- symmetry
 
 
 ETA = 0.1  # SignGD step of the symmetry checks; Muon runs at 2η (paper B's match)

@@ -29,9 +29,6 @@ ALPHA, BETA = 0.8, 0.2
 EPS = 0.01
 
 
-# ----------------------------------------------------------------------------- helpers
-
-
 def k_grid(ctx: Context) -> list[int]:
     """K grid shared by the one-step checks (multiples of 3 and of 5: the coupled
     construction needs 3 | K, and β = 0.2 then gives an integer L = K/5)."""
@@ -102,9 +99,6 @@ def _r(alpha: float = ALPHA, beta: float = BETA) -> float:
     return min(u, 1 / u)
 
 
-# ----------------------------------------------------------------------------- Prop F.3
-
-
 @register("wang2025.propF3_singular_values_of_X")
 def prop_f3(ctx: Context) -> CheckResult:
     """Singular values of -∇L(W_0) = Ẽ X Eᵀ (paper A, Appendix F, Prop. F.3).
@@ -142,9 +136,6 @@ def prop_f3(ctx: Context) -> CheckResult:
         passed=worst <= 1e-12,
         details={"Ks": Ks, "max_rel_err": worst},
     )
-
-
-# ----------------------------------------------------------------------------- Thm 5.3 GD
 
 
 def _gd_grid(ctx: Context):
@@ -255,9 +246,6 @@ def gd_slope_eps(ctx: Context) -> CheckResult:
     )  # fmt: skip
 
 
-# ----------------------------------------------------------------------------- Thm 5.3 Muon
-
-
 @register("wang2025.thm53_muon_balance")
 def muon_balance(ctx: Context) -> CheckResult:
     """ϱ_Muon >= 1 - ε(1 + O(log K / K)), decoupled and coupled embeddings.
@@ -325,9 +313,6 @@ def muon_direction(ctx: Context) -> CheckResult:
     )
 
 
-# ----------------------------------------------------------------------------- Thm 5.3 SignGD
-
-
 @register("wang2025.thm53_signgd_decoupled")
 def signgd_decoupled(ctx: Context) -> CheckResult:
     """SignGD with E = Ẽ = I is balanced: ϱ^ε = 1 - ε.
@@ -344,9 +329,6 @@ def signgd_decoupled(ctx: Context) -> CheckResult:
         tolerance="1e-10",
         passed=err <= 1e-10,
     )
-
-
-# ----------------------------------------------------------------------------- Thm 5.4
 
 
 SCHEDULES = ("cosine", "step")
@@ -496,9 +478,6 @@ def pg_max(K: int) -> float:
     from amemory.data import frequencies
 
     return float(frequencies.two_level(K, ALPHA, BETA).max())
-
-
-# ----------------------------------------------------------------------------- Fig 4b/c
 
 
 @functools.cache

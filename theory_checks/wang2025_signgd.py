@@ -91,9 +91,6 @@ def _best_at(K: int, res: int, eps: float) -> str:
     return m.names[int(np.argmax(signgd_blocks.correct_probabilities(m, [r.eta_boundary])[0]))]
 
 
-# ----------------------------------------------------------------------------- σ ratio
-
-
 def _sign_svs(K: int, emb: str):
     from amemory.analysis import one_step
 
@@ -126,9 +123,6 @@ def signgd_coupled_svd(ctx: Context) -> CheckResult:
         passed=worst <= 0.25 and abs(dec[-1] / dec[1] - 1) < 1e-9,
         details={"Ks": Ks, "coupled": coup},
     )
-
-
-# ----------------------------------------------------------------------------- reduction
 
 
 @register("wang2025.thm53_signgd_block_reduction")
@@ -181,9 +175,6 @@ def block_reduction(ctx: Context) -> CheckResult:
     )
 
 
-# ----------------------------------------------------------------------------- the bound
-
-
 @register("wang2025.thm53_signgd_coupled_rho")
 def signgd_coupled_rho(ctx: Context) -> CheckResult:
     """Coupled SignGD is imbalanced: ϱ^ε <= C ε^-0.7 K^-0.3, C = 1, at the first crossing.
@@ -224,9 +215,6 @@ def signgd_coupled_rho(ctx: Context) -> CheckResult:
         passed=top[0] <= 1.0,
         details={"max_ratio": top, "max_rho": max(rhos), "inf_reading_max": max(inf_read)},
     )
-
-
-# ----------------------------------------------------------------------------- exponents
 
 
 def _fit(xs, ys):
@@ -332,9 +320,6 @@ def signgd_coupled_exponents(ctx: Context) -> CheckResult:
             ]
         },
     )
-
-
-# ----------------------------------------------------------------------------- regime change
 
 
 def _off_dominates(m_index: int, res: int, eps: float) -> bool:

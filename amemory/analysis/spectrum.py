@@ -25,14 +25,7 @@ from __future__ import annotations
 
 import numpy as np
 
-METRICS = (
-    "entropy",
-    "effective_rank",
-    "top10_energy",
-    "q75_25",
-    "stable_rank",
-    "condition_number",
-)
+METRICS = ("entropy", "effective_rank", "top10_energy", "q75_25", "stable_rank", "condition_number")
 
 
 def spectrum_metrics(x, *, k: int = 10, rtol: float | None = None) -> dict[str, np.ndarray | float]:

@@ -32,14 +32,7 @@ from collections.abc import Iterator
 import grain
 import numpy as np
 
-__all__ = [
-    "MaskedRows",
-    "RandomCrop",
-    "TokenWindows",
-    "eval_batches",
-    "row_loader",
-    "token_loader",
-]
+__all__ = ["MaskedRows", "RandomCrop", "TokenWindows", "eval_batches", "row_loader", "token_loader"]
 
 
 def _check_pos_int(name: str, v, lo: int = 1) -> int:

@@ -23,13 +23,7 @@ import numpy as np
 
 from amemory.data.frequencies import _check_int, _check_real
 
-__all__ = [
-    "sample_pairs",
-    "make_sampler",
-    "conditional",
-    "joint",
-    "optimal_loss",
-]
+__all__ = ["sample_pairs", "make_sampler", "conditional", "joint", "optimal_loss"]
 
 
 def _check_noise(noise) -> float:

@@ -80,9 +80,6 @@ def data_dir() -> pathlib.Path:
     return pathlib.Path(root).expanduser()
 
 
-# --------------------------------------------------------------------------- text
-
-
 _START_RE = re.compile(r"^\*\*\*\s*START OF (THE|THIS) PROJECT GUTENBERG.*$", re.I | re.M)
 _END_RE = re.compile(r"^\*\*\*\s*END OF (THE|THIS) PROJECT GUTENBERG.*$", re.I | re.M)
 _END_OLD_RE = re.compile(r"^\s*End of (the )?Project Gutenberg.*$", re.I | re.M)
@@ -463,9 +460,6 @@ def load_text_corpus(
         tuple(names[i] for i in va),
         cache,
     )
-
-
-# --------------------------------------------------------------------------- .bin tokens
 
 
 def read_bin_tokens(path: str | os.PathLike) -> np.ndarray:

@@ -88,11 +88,7 @@ def cache_bytes_per_token(config: Any, *, per_layer: bool = False) -> int:
 
 
 def extend(
-    graphdef: nnx.GraphDef,
-    params: Any,
-    tokens: jax.Array,
-    cache: list,
-    pos: jax.Array | int,
+    graphdef: nnx.GraphDef, params: Any, tokens: jax.Array, cache: list, pos: jax.Array | int
 ) -> tuple[jax.Array, list]:
     """Run S new tokens through the model with the cache (pure; jit it).
 

@@ -62,9 +62,6 @@ COUPLED_VALUE_ANGLES = (3.638, 2.949, 5.218)
 COUPLED_KEY_ANGLES = (1.715, 0.876, 3.098)
 
 
-# ----------------------------------------------------------------------------- validation
-
-
 def _check_shapes(W: Any, E: Any, Et: Any) -> int:
     """Validates W [d_out, d_in], E [d_in, K], Et [d_out, K]; returns K."""
     w, e, et = (jnp.shape(a) for a in (W, E, Et))
@@ -90,9 +87,6 @@ def _check_int(name: str, value: Any, minimum: int) -> int:
 def _float_dtype(dtype: Any) -> Any:
     """The requested dtype, or the default float (float64 under x64, else float32)."""
     return jnp.zeros(()).dtype if dtype is None else jnp.dtype(dtype)
-
-
-# ----------------------------------------------------------------------------- model
 
 
 def task_space(W: jax.Array, E: jax.Array, Et: jax.Array) -> jax.Array:
@@ -236,9 +230,6 @@ def sampled_loss(
     z = (W @ E[:, queries]).T @ Et  # [B, K]
     logp = jax.nn.log_softmax(z, axis=-1)
     return -jnp.mean(jnp.take_along_axis(logp, answers[:, None], axis=-1))
-
-
-# ----------------------------------------------------------------------------- builders
 
 
 def zyz_rotation(a: float, b: float, c: float) -> np.ndarray:

@@ -127,9 +127,6 @@ def layer_views(blocks: nnx.Module, n: int) -> list[nnx.Module]:
     return [nnx.merge(graphdef, jax.tree.map(lambda v, i=i: v[i], state)) for i in range(n)]
 
 
-# ----------------------------------------------------------------------------- layouts
-
-
 def is_scanned(params: Mapping[str, Any]) -> bool:
     """True for the stacked layout (``layers/attn/q/kernel [L, ...]``), False for the
     per-layer one (``layers/i/attn/q/kernel``).

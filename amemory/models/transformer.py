@@ -145,9 +145,6 @@ __all__ = [
 _DTYPES = ("float32", "bfloat16", "float16", "float64")
 
 
-# ----------------------------------------------------------------------------- config
-
-
 @dataclasses.dataclass(frozen=True)
 class TransformerConfig:
     """Shape and options of the decoder. Frozen and hashable (usable as a static jit arg).
@@ -364,9 +361,6 @@ def preset(name: str, **overrides: Any) -> TransformerConfig:
     return dataclasses.replace(PRESETS[name], **overrides)
 
 
-# ----------------------------------------------------------------------------- modules
-
-
 class Block(nnx.Module):
     """Pre-norm block: ``x + attn(norm(x))`` then ``x + ffn(norm(x))``.
 
@@ -515,9 +509,6 @@ def _check_tokens(config: TransformerConfig, tokens: Any) -> None:
         raise ValueError(f"tokens must be an integer array, got dtype {jnp.result_type(tokens)}")
     if shape[1] > config.max_len:
         raise ValueError(f"tokens seq length {shape[1]} exceeds TransformerConfig.max_len")
-
-
-# ----------------------------------------------------------------------------- functional API
 
 
 def _is_key_batch(key: jax.Array) -> bool:

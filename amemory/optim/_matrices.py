@@ -57,9 +57,6 @@ Axes = int | Sequence[int]
 MatrixAxes = None | tuple[Axes, Axes] | Callable[[tuple, jax.Array], "tuple[Axes, Axes] | None"]
 
 
-# --------------------------------------------------------------------------- layouts
-
-
 @dataclasses.dataclass(frozen=True)
 class Layout:
     """How one leaf maps to a stack of matrices ``[batch, fan_in, fan_out]``."""
@@ -198,9 +195,6 @@ def leaf_layouts(tree: Any, matrix_axes: MatrixAxes) -> tuple[list[Any], Any, li
     return leaves, treedef, layouts
 
 
-# --------------------------------------------------------------------------- grouping
-
-
 def wide(m: jax.Array, tall: bool) -> jax.Array:
     """``[b, p, q]`` -> ``[b, q, p]`` when ``tall`` (its own inverse)."""
     return jnp.swapaxes(m, 1, 2) if tall else m
@@ -303,9 +297,6 @@ def nuclear_scaled(u: jax.Array, o: jax.Array, mode: str) -> jax.Array:
     if mode == "leaf":
         ip = jnp.sum(ip, axis=0, keepdims=True)
     return o * ip
-
-
-# --------------------------------------------------------------------------- kernel
 
 
 def check_ns_mesh(ns_mesh: Any) -> None:

@@ -32,13 +32,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from amemory.optim._matrices import (
-    Layout,
-    MatrixAxes,
-    _resolve_dtype,
-    check_ns_mesh,
-    leaf_layouts,
-)
+from amemory.optim._matrices import Layout, MatrixAxes, _resolve_dtype, check_ns_mesh, leaf_layouts
 from amemory.optim.distributed import DISTRIBUTED_MODES, OwnerLayout, resolve_layout
 from amemory.optim.orthogonalize import (
     NORMS,
@@ -98,9 +92,6 @@ def shape_scale_factor(
     raise ValueError(f"shape_scale={kind!r}; allowed: {SHAPE_SCALES}")
 
 
-# --------------------------------------------------------------------------- validation
-
-
 def _check_choice(name: str, value: Any, allowed: Sequence[str]) -> None:
     if isinstance(value, jax.core.Tracer) or value not in allowed:
         raise ValueError(f"{name}={value!r}; allowed: {tuple(allowed)}")
@@ -123,9 +114,6 @@ def _check_static(name: str, value: Any) -> None:
             f"{name} must be static (a Python value); with optax.inject_hyperparams pass "
             f"static_args=({name!r},)"
         )
-
-
-# --------------------------------------------------------------------------- options
 
 
 @dataclasses.dataclass(frozen=True)
@@ -290,9 +278,6 @@ class MuonOptions:
         return resolve_layout(self.distributed, self.ns_mesh)
 
 
-# --------------------------------------------------------------------------- steps
-
-
 def init_state(params: Any, opts: MuonOptions) -> tuple[list[Layout], Any, dict[str, Any]]:
     """Validate every leaf and make the state fields shared by the family.
 
@@ -372,9 +357,6 @@ def scale(
         rms = [jnp.sqrt(jnp.mean(jnp.abs(x.astype(jnp.float32)) ** 2)) for x in out]
         diag = {"ortho_error": treedef.unflatten(errors), "update_rms": treedef.unflatten(rms)}
     return treedef.unflatten(out), diag
-
-
-# --------------------------------------------------------------------------- signatures
 
 
 class _Unset:

@@ -33,13 +33,7 @@ from optax.contrib import MuonDimensionNumbers, MuonState
 
 from amemory.optim._chain import weight_decay as _decay
 from amemory.optim._matrices import leaf_layouts, matrix_layout, orthogonalize
-from amemory.optim._muon_core import (
-    MuonOptions,
-    init_state,
-    momentum,
-    scale,
-    shape_scale_factor,
-)
+from amemory.optim._muon_core import MuonOptions, init_state, momentum, scale, shape_scale_factor
 from amemory.optim._paths import path_keys
 from amemory.optim.distributed import auto_sharded
 from amemory.optim.orthogonalize import COEFFICIENT_SETS, PRECONDITIONINGS, newton_schulz
@@ -235,8 +229,7 @@ def scale_by_muon(
 
 
 def scale_by_shape(
-    weight_dimension_numbers: WeightDimNumOrFn | None = None,
-    consistent_rms: Any | None = None,
+    weight_dimension_numbers: WeightDimNumOrFn | None = None, consistent_rms: Any | None = None
 ) -> optax.GradientTransformation:
     """Scale each matrix update by a factor of its shape (``optax.contrib.scale_by_shape``).
 

@@ -159,8 +159,6 @@ class OwnerLayout:
         """Copies of each parameter shard (product of the replica axes' sizes; ``r``)."""
         return self.n_devices // self.n_splits
 
-    # ------------------------------------------------------------------ plan
-
     def _split(self, lay: Any) -> tuple[int | None, int | None]:
         """``(leaf axis split over split_axes, the wide stack dim (1|2) it splits or None)``.
 
@@ -236,8 +234,6 @@ class OwnerLayout:
         if group.kind == "gather":
             return e * (n - 1)
         return e * (r - 1) / s
-
-    # ------------------------------------------------------------------ maps
 
     def _coords(self) -> list[tuple[int, int]]:
         """``(i, j)`` (replica index, split index) of each device, in mesh order."""
@@ -396,9 +392,6 @@ def _fill(res):
     return y, v, (jnp.zeros((), jnp.float32) if err is None else err)
 
 
-# --------------------------------------------------------------------------- explicit axes
-
-
 def _explicit_mesh(tree: Any) -> tuple[Any, tuple[str, ...]]:
     """The mesh in effect (context, else the leaves' types) and its ``Explicit`` axes."""
     mesh = jax.sharding.get_abstract_mesh()
@@ -450,9 +443,6 @@ def auto_sharded(tx: optax.GradientTransformation) -> optax.GradientTransformati
             EXPLICIT_SPECS.reset(token)
 
     return optax.GradientTransformation(tx.init, update_fn)
-
-
-# --------------------------------------------------------------------------- resolution
 
 
 def _split_axes(axis: Any) -> tuple[str, ...]:

@@ -99,16 +99,10 @@ def scale_by_muon(**options: Any) -> optax.GradientTransformation:
     papers' ``W <- W - lr msgn(G)``; the same with ``norm="sign"`` is SignGD.
 
     Args:
-      **options: every field of :class:`amemory.optim.MuonOptions` (its docstring lists
-        them, their defaults and allowed values): ``momentum`` (may be injected by
-        ``optax.inject_hyperparams``), ``momentum_form``, ``nesterov``,
-        ``bias_correction``, ``norm``, ``orthogonalizer``, ``ns_coeffs``, ``ns_steps``
-        (static), ``ns_eps``, ``ns_dtype``, ``ns_method``, ``preconditioning``,
-        ``gram_restarts``, ``presign``, ``nuclear_scale``, ``shape_scale``, ``rms_scale``,
-        ``mu_dtype``, ``matrix_axes``, ``batch_leaves``, ``ns_mesh``, ``distributed``,
-        ``diagnostics``.
-        With ``optax.inject_hyperparams``, pass a callable ``matrix_axes`` or a dtype
-        object ``ns_dtype`` in ``static_args`` (they would be taken for schedules).
+      **options: any field of :class:`amemory.optim.MuonOptions` (its docstring lists
+        them, their defaults and allowed values). With ``optax.inject_hyperparams``, pass
+        a callable ``matrix_axes`` or a dtype object ``ns_dtype`` in ``static_args``
+        (they would be taken for schedules).
 
     Returns:
       ``optax.GradientTransformation`` with state :class:`MuonState`. Updates have

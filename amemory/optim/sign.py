@@ -23,10 +23,7 @@ __all__ = ["signgd", "signum"]
 
 
 def signgd(
-    learning_rate: optax.ScalarOrSchedule,
-    *,
-    weight_decay: Any = 0.0,
-    weight_decay_mask: Any = None,
+    learning_rate: optax.ScalarOrSchedule, *, weight_decay: Any = 0.0, weight_decay_mask: Any = None
 ) -> optax.GradientTransformation:
     """SignGD: ``theta <- theta - lr * (sign(g) + wd * theta)`` coordinate-wise (``sign(0) = 0``).
 

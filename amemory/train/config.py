@@ -374,8 +374,6 @@ def validate(config: ConfigDict) -> None:
         raise ValueError(f"config.noise={noise!r}; must be in [0, 1)")
 
 
-# ----------------------------------------------------------------------------- --print-config
-
 _ASSIGN_RE = re.compile(r"^\s*[A-Za-z_]\w*\.([A-Za-z_][\w.]*)\s*=(?!=)")
 
 

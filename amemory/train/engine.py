@@ -208,8 +208,6 @@ class Engine:
         with jax.sharding.set_mesh(self.place.mesh):
             return self._step.lower(self.restore_target, acc, batch)
 
-    # -- state and data -----------------------------------------------------------------
-
     def init_state(self) -> TrainState:
         """Fresh state of every seed, placed on the mesh."""
         return self._init(self.keys)

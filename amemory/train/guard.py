@@ -52,13 +52,7 @@ from typing import Any, NoReturn
 
 import numpy as np
 
-from amemory.train.lock import (
-    EXIT_BUSY,
-    WorkdirBusyError,
-    WorkdirLock,
-    busy_message,
-    holder_info,
-)
+from amemory.train.lock import EXIT_BUSY, WorkdirBusyError, WorkdirLock, busy_message, holder_info
 
 # Exit statuses of ``amemory train`` (README, "Reliability").
 EXIT_NONFINITE = 1
@@ -134,9 +128,6 @@ def exit_code(error: BaseException) -> int:
     return EXIT_CONFIG
 
 
-# ----------------------------------------------------------------------------- CLI output
-
-
 @contextlib.contextmanager
 def held_background_errors() -> Any:
     """Hold ERROR logs and unraisable exceptions of background threads while a run lasts.
@@ -176,9 +167,6 @@ def held_background_errors() -> Any:
                 previous_hook(args)
 
 
-# ----------------------------------------------------------------------------- signals
-
-
 class StopSignals:
     """SIGTERM / SIGINT handlers that only set a flag (restored on exit).
 
@@ -209,9 +197,6 @@ class StopSignals:
         for sig, handler in self._previous.items():
             signal.signal(sig, handler)
         self._previous.clear()
-
-
-# ----------------------------------------------------------------------------- divergence
 
 
 class DivergenceMonitor:
@@ -298,9 +283,6 @@ class DivergenceMonitor:
         return healthy, None
 
 
-# ----------------------------------------------------------------------------- resume contract
-
-
 def _flat(d: Any, prefix: str = "") -> dict[str, Any]:
     if not isinstance(d, dict):
         return {prefix[:-1]: d}
@@ -381,9 +363,6 @@ def check_resume(
     return allowed, free
 
 
-# ----------------------------------------------------------------------------- the run guard
-
-
 def _say(text: str) -> None:
     sys.stderr.write(f"amemory train: {text}\n")
     sys.stderr.flush()
@@ -426,8 +405,6 @@ class RunGuard:
         self.healthy_through: int | None = None  # newest step whose train record was healthy
         self._last_record: int | None = None  # step of the newest train record
 
-    # -- enter / leave
-
     def __enter__(self) -> RunGuard:
         error: BaseException | None = None
         if self.is_main:
@@ -449,8 +426,6 @@ class RunGuard:
 
     def __exit__(self, *exc: Any) -> None:
         self._stack.close()
-
-    # -- restore and the resume contract
 
     def restore(
         self, ckpt: Any, target: Any, *, data: bool = False, meta: dict | None = None,
@@ -536,8 +511,6 @@ class RunGuard:
         for step, fields in self._pending:
             log.write("event", step, **fields)
         self._pending.clear()
-
-    # -- health, non-finite and divergence stops
 
     def _healthy_checkpoint(self) -> int | None:
         self._ckpt.wait()
@@ -637,8 +610,6 @@ class RunGuard:
             ckpt.save(step, state, {**extra, "healthy_through": self.healthy_through}, data)
         except NonFiniteStateError as e:
             self.fail(NonFiniteLossError, step, str(e), {"event": "nonfinite", "state": e.counts})
-
-    # -- preemption
 
     def stop_requested(self, step: int) -> bool:
         """True when the run should save ``step`` and stop (call after every step).

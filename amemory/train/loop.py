@@ -145,9 +145,6 @@ def _per_seed(x: Any, multi: bool) -> Any:
     return a.item() if a.ndim == 0 else a.tolist()
 
 
-# ----------------------------------------------------------------------------- train
-
-
 def train(
     config: ConfigDict, workdir: str | pathlib.Path, *, resume: bool = False,
     allow_changed: tuple[str, ...] = (),

@@ -57,7 +57,7 @@ gpu_device_info { threads_per_block_limit: 1024 threads_per_warp: 32
   registers_per_block_limit: 65536 }
 platform_name: "CUDA" dnn_version_info { major: 9 minor: 1 }
 device_description_str: "NVIDIA H100 80GB HBM3"
-""",
+"""
 }
 TARGETS = tuple(c for c in CHIPS if c.startswith("v") or c in GPU_TARGETS)  # plannable chips
 COLLECTIVES = ("all-to-all", "all-gather", "all-reduce", "reduce-scatter", "collective-permute")

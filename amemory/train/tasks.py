@@ -99,9 +99,6 @@ def build(config: Any, place: parallel.Placement) -> Task:
     return LMTask(config, place)
 
 
-# ----------------------------------------------------------------------------- transformer
-
-
 def model_config(config: Any, vocab_size: int, max_len: int | None = None):
     """``TransformerConfig`` from ``config.model``, translated once: the preset, then every
     field that is not None (``mla`` / ``moe`` as ``MLAConfig`` / ``MoEConfig``;

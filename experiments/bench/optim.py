@@ -133,8 +133,6 @@ def _semi_orthogonal(b: int, k: int, l: int, seed: int) -> jax.Array:
     return jnp.swapaxes(q, 1, 2)
 
 
-# --------------------------------------------------------------------------- roofline
-
 _LAYOUT_OPS = ("transpose", "reshape", "broadcast_in_dim", "squeeze", "iota", "slice")
 
 

@@ -50,9 +50,6 @@ def hlo_bytes(text: str, n: int) -> dict[str, Any]:
     return {"ops": st["collective_ops"], "bytes": n * sum(st["collectives"].values())}
 
 
-# --------------------------------------------------------------------------- set-up
-
-
 def _candidates(mesh) -> dict[str, optax.GradientTransformation]:
     ns = (mesh, "fsdp")
     return {

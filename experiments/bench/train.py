@@ -210,9 +210,6 @@ def main(argv: list[str]) -> int:
     return 0
 
 
-# ----------------------------------------------------------------------------- engine
-
-
 def _interval_tokens_per_s(workdir: pathlib.Path) -> float:
     """Tokens/s of a run from its train records (intervals after compilation only)."""
     recs = [json.loads(x) for x in (workdir / "metrics.jsonl").read_text().splitlines()]
@@ -289,9 +286,6 @@ def bench_engine(quick: bool) -> dict:
             "steps": steps, "log_every": log_every, "rounds": rows,
             "ratio_median": float(np.median(ratios)),
             "outside_ratio_median": float(np.median(outside)), "goal": ">= 0.97"}  # fmt: skip
-
-
-# ----------------------------------------------------------------------------- scan, dtype
 
 
 def _step_setup(mc, batch: int, seq: int, optimizer: str = "adam"):
