@@ -24,16 +24,16 @@ import numpy as np
 from ml_collections import ConfigDict
 
 from amemory.analysis import plots, stats
-from experiments import common
+from experiments import common, train_runs
 from experiments.configs.ablation import PAPER_TABLE
 
 
 def subset_config(base: ConfigDict, subset: str, muon_lr: float, adam_lr: float) -> ConfigDict:
     """Run config with Muon on ``subset`` ("none" = all Adam, "all" = every hidden matrix)."""
     if subset == "none":
-        return common.run_config(base, "adam", adam_lr, adam_lr)
+        return train_runs.run_config(base, "adam", adam_lr, adam_lr)
     roles = "hidden" if subset == "all" else subset
-    return common.run_config(base, "muon", muon_lr, adam_lr, roles)
+    return train_runs.run_config(base, "muon", muon_lr, adam_lr, roles)
 
 
 def gain_share(l_none: Any, l_subset: Any, l_all: Any) -> Any:
@@ -69,7 +69,7 @@ def run(cfg: ConfigDict, stage: common.Stage) -> dict[str, Any]:
     if bad:
         raise ValueError(f"ablation config field 'ffn_kinds': unknown {bad}; allowed gelu, swiglu")
     out_dir, cache_dir, progress = stage.out_dir, stage.cache_dir, stage.progress
-    chosen, _, tables = common.choose_lrs(
+    chosen, _, tables = train_runs.choose_lrs(
         cfg, cache_dir, progress=progress, optimizers=("adam", "muon")
     )
     losses: dict[str, dict[str, np.ndarray]] = {}
@@ -80,10 +80,10 @@ def run(cfg: ConfigDict, stage: common.Stage) -> dict[str, Any]:
         losses[ffn] = {}
         for subset in cfg.subsets:
             rc = subset_config(base, subset, chosen["muon"], chosen["adam"])
-            r = common.train_cached(
-                common.seeded(rc, cfg.seeds), cache_dir, f"ablation-{ffn}-{subset}-seeds"
+            r = train_runs.train_cached(
+                train_runs.seeded(rc, cfg.seeds), cache_dir, f"ablation-{ffn}-{subset}-seeds"
             )
-            losses[ffn][subset] = common.final_eval_seeds(r)
+            losses[ffn][subset] = train_runs.final_eval_seeds(r)
             progress(f"{ffn} {subset}")
     shares = {
         ffn: {

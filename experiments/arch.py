@@ -37,7 +37,7 @@ import numpy as np
 from ml_collections import ConfigDict
 
 from amemory.analysis import plots
-from experiments import common
+from experiments import common, train_runs
 
 OPTIMIZERS = ("adam", "muon")
 SEED = "seed (arXiv 2509.24406), abstract"
@@ -59,7 +59,7 @@ def run_config(cfg: ConfigDict, arch: str, optimizer: str, muon_roles: str = "hi
             f"arch config field 'architectures': unknown {arch!r}; allowed {ARCHITECTURES}"
         )
     lr = cfg.lr.adam if optimizer == "adam" else cfg.lr.muon
-    c = common.run_config(cfg.base, optimizer, lr, cfg.lr.adam, muon_roles)
+    c = train_runs.run_config(cfg.base, optimizer, lr, cfg.lr.adam, muon_roles)
     if "mla" in arch:
         c.model.attention = "mla"
         for k in ("kv_rank", "rope_dim", "q_rank"):
@@ -86,7 +86,7 @@ def frontier_config(cfg: ConfigDict, arch: str, arm: str, tau: float = 0.0) -> C
     """The Muon run of ``arch`` on ``cfg.frontier.seeds`` with the arm's optimizer change."""
     from amemory.models import transformer
 
-    c = common.seeded(run_config(cfg, arch, "muon"), cfg.frontier.seeds)
+    c = train_runs.seeded(run_config(cfg, arch, "muon"), cfg.frontier.seeds)
     o, mc = c.optimizer, transformer.preset(c.model.preset)
     if arm == "per_head":
         o.per_head = True
@@ -118,12 +118,12 @@ def frontier(cfg: ConfigDict, stage: common.Stage) -> tuple:
                 tau = round(float(cfg.frontier.clip_fraction * peak), 3)
             rc = frontier_config(cfg, arch, arm, tau)
             label = f"arch-frontier-{arch}-{arm}-lr{rc.optimizer.lr:g}-tau{tau:g}"
-            runs[f"{arch}/{arm}"] = common.train_cached(rc, stage.cache_dir, label)
+            runs[f"{arch}/{arm}"] = train_runs.train_cached(rc, stage.cache_dir, label)
             stage.progress(f"frontier {arch} {arm}")
     last = f"loss/bucket_{int(cfg.base.data.n_buckets) - 1}"
-    cells = {k: {"val_loss": common.final_eval_seeds(r).tolist(),
-                 "head_loss": common.final_eval_seeds(r, "loss/bucket_0").tolist(),
-                 "tail_loss": common.final_eval_seeds(r, last).tolist(),
+    cells = {k: {"val_loss": train_runs.final_eval_seeds(r).tolist(),
+                 "head_loss": train_runs.final_eval_seeds(r, "loss/bucket_0").tolist(),
+                 "tail_loss": train_runs.final_eval_seeds(r, last).tolist(),
                  "peak_max_logit": np.max(_peak_logit(r), axis=0).tolist(),
                  "late_max_logit": float(np.max(_peak_logit(r)[1:]))}
              for k, r in runs.items()}  # fmt: skip
@@ -302,14 +302,14 @@ def run(cfg: ConfigDict, stage: common.Stage) -> dict[str, Any]:
         name = opt if roles == "hidden" or opt == "adam" else f"muon_{roles}"
         rc = run_config(cfg, arch, opt, roles)
         lr = rc.optimizer.lr
-        runs.setdefault(arch, {})[name] = common.train_cached(
+        runs.setdefault(arch, {})[name] = train_runs.train_cached(
             rc, cache_dir, f"arch-{arch}-{name}-lr{lr:g}"
         )
         progress(f"{arch} {name}")
     models = load_models({a: runs[a]["muon"]["workdir"] for a in archs})
     dec = decode_measurements(cfg, models)
     progress("decoding")
-    target = common.final_eval(runs["dense"]["adam"])
+    target = train_runs.final_eval(runs["dense"]["adam"])
     cellm: dict[str, dict[str, Any]] = {}
     for arch, by_opt in runs.items():
         _, params, mc, _ = models[arch]
@@ -318,15 +318,15 @@ def run(cfg: ConfigDict, stage: common.Stage) -> dict[str, Any]:
             roles = parse_roles(r["summary"]["muon_roles"], role_of) if name != "adam" else ()
             costs = model_costs(mc, params, roles)
             step_flops = costs["flops_per_token"] * tokens + costs["ns_flops_per_step"]
-            steps, loss = common.eval_series(r["records"], "loss")
-            own = common.final_eval(by_opt["adam"])
-            s_dense = common.steps_to_reach(steps, loss, target)
-            s_own = common.steps_to_reach(steps, loss, own)
+            steps, loss = train_runs.eval_series(r["records"], "loss")
+            own = train_runs.final_eval(by_opt["adam"])
+            s_dense = train_runs.steps_to_reach(steps, loss, target)
+            s_own = train_runs.steps_to_reach(steps, loss, own)
             cellm[f"{arch}/{name}"] = {
                 "arch": arch, "optimizer": name, "workdir": r["workdir"],
                 **costs, "flops_per_step": step_flops,
-                "final_val_loss": common.final_eval(r),
-                "perplexity": math.exp(common.final_eval(r)),
+                "final_val_loss": train_runs.final_eval(r),
+                "perplexity": math.exp(train_runs.final_eval(r)),
                 "eval_steps": steps, "val_loss": loss, "total_steps": float(steps[-1]),
                 "steps_to_dense_adam": s_dense, "flops_to_dense_adam": s_dense * step_flops,
                 "steps_to_own_adam": s_own, "flops_to_own_adam": s_own * step_flops,

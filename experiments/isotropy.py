@@ -19,7 +19,7 @@ import numpy as np
 from ml_collections import ConfigDict
 
 from amemory.analysis import plots, stats
-from experiments import common
+from experiments import common, train_runs
 
 
 def spectrum_series(records: Sequence[dict[str, Any]]) -> dict[str, tuple[np.ndarray, np.ndarray]]:
@@ -29,7 +29,7 @@ def spectrum_series(records: Sequence[dict[str, Any]]) -> dict[str, tuple[np.nda
     )
     out = {}
     for k in keys:
-        steps, vals = common.eval_series(records, k, kind="spectrum")
+        steps, vals = train_runs.eval_series(records, k, kind="spectrum")
         if vals.ndim == 1:
             vals = vals[:, None]
         out[k] = (steps, vals)
@@ -41,8 +41,8 @@ def run(cfg: ConfigDict, stage: common.Stage) -> dict[str, Any]:
     out_dir, cache_dir, progress = stage.out_dir, stage.cache_dir, stage.progress
     series = {}
     for opt in cfg.optimizers:
-        rc = common.run_config(cfg.base, opt, cfg.lr[opt], cfg.lr.adam, cfg.muon_roles)
-        r = common.train_cached(common.seeded(rc, cfg.seeds), cache_dir, f"iso-{opt}")
+        rc = train_runs.run_config(cfg.base, opt, cfg.lr[opt], cfg.lr.adam, cfg.muon_roles)
+        r = train_runs.train_cached(train_runs.seeded(rc, cfg.seeds), cache_dir, f"iso-{opt}")
         series[opt] = spectrum_series(r["records"])
         progress(opt)
     summary: dict[str, Any] = {}

@@ -27,7 +27,7 @@ import numpy as np
 from ml_collections import ConfigDict
 
 from amemory.analysis import plots
-from experiments import common, reference_lm
+from experiments import common, reference_lm, train_runs
 
 OPTIMIZERS = ("muon", "normuon")
 
@@ -49,14 +49,14 @@ def run(cfg: ConfigDict, stage: common.Stage) -> dict[str, Any]:
         raise ValueError(f"normuon config field 'seeds' needs >= 2 seeds, got {cfg.seeds}")
     out_dir, cache_dir, progress = stage.out_dir, stage.cache_dir, stage.progress
     tl = _tail_cfg(cfg)
-    chosen, _, tables = common.choose_lrs(tl, cache_dir, progress=progress)
-    runs = common.seeded_runs(tl, chosen, cache_dir, progress=progress, optimizers=OPTIMIZERS)
+    chosen, _, tables = train_runs.choose_lrs(tl, cache_dir, progress=progress)
+    runs = train_runs.seeded_runs(tl, chosen, cache_dir, progress=progress, optimizers=OPTIMIZERS)
     metrics: dict[str, Any] = {"chosen_lr": chosen, "lr_sweep": tables, "seeds": list(cfg.seeds)}
     curves, cv = {}, {}
     for opt in OPTIMIZERS:
-        steps, loss = common.eval_series(runs[opt]["records"], "loss")
+        steps, loss = train_runs.eval_series(runs[opt]["records"], "loss")
         curves[opt] = (steps, loss.reshape(len(steps), -1))
-        rc = common.run_config(cfg.base, opt, chosen[opt], chosen["adam"], cfg.muon_roles)
+        rc = train_runs.run_config(cfg.base, opt, chosen[opt], chosen["adam"], cfg.muon_roles)
         ref = reference_lm.cached_run(rc, opt, tuple(cfg.seeds), cache_dir)
         cv[opt] = {
             "steps": np.asarray(ref["cv_steps"], float),

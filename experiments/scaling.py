@@ -31,7 +31,7 @@ from amemory.analysis import one_step, plots
 from amemory.analysis.scaling import fit_power_law
 from amemory.data import frequencies, memory_tasks
 from amemory.models import memory
-from experiments import common
+from experiments import common, train_runs
 
 
 def _loss(W: jax.Array, prior: jax.Array, noise: jax.Array) -> jax.Array:
@@ -118,18 +118,18 @@ def envelope(
         base.steps = int(b)
         base.schedule.warmup_steps = min(int(base.schedule.warmup_steps), max(1, b // 10))
         base.eval_every = max(1, min(int(base.eval_every), b))
-        a_lr, a_run, _ = common.lr_sweep(
-            lambda lr, base=base: common.run_config(base, "adam", lr, lr),
+        a_lr, a_run, _ = train_runs.lr_sweep(
+            lambda lr, base=base: train_runs.run_config(base, "adam", lr, lr),
             cfg.lr_grid.adam, cache_dir, "lm-adam", progress=progress,
         )  # fmt: skip
-        m_lr, m_run, _ = common.lr_sweep(
-            lambda lr, base=base, a_lr=a_lr: common.run_config(
+        m_lr, m_run, _ = train_runs.lr_sweep(
+            lambda lr, base=base, a_lr=a_lr: train_runs.run_config(
                 base, "muon", lr, a_lr, cfg.muon_roles
             ),
             cfg.lr_grid.muon, cache_dir, f"lm-muon-{cfg.muon_roles}", progress=progress,
         )  # fmt: skip
-        res["adam"].append(common.final_eval(a_run))
-        res["muon"].append(common.final_eval(m_run))
+        res["adam"].append(train_runs.final_eval(a_run))
+        res["muon"].append(train_runs.final_eval(m_run))
         res["lr"].append({"adam": a_lr, "muon": m_lr})
     return res
 

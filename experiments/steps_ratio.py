@@ -33,7 +33,7 @@ import numpy as np
 from ml_collections import ConfigDict
 
 from amemory.analysis import plots
-from experiments import common, reference_lm
+from experiments import common, reference_lm, train_runs
 
 AXES = ("width", "depth", "vocab")
 
@@ -113,7 +113,7 @@ def grid(cfg: ConfigDict, name: str) -> dict[str, tuple[float, ...]]:
 
 
 def _ratio(steps: np.ndarray, muon: np.ndarray, adam_final: np.ndarray, total: float):
-    reach = common.steps_to_target(steps, muon, adam_final)
+    reach = train_runs.steps_to_target(steps, muon, adam_final)
     return reach / float(total)
 
 
@@ -146,11 +146,11 @@ def run(cfg: ConfigDict, stage: common.Stage) -> dict[str, Any]:
         if name in cfg.fixed_lr_sizes:
             chosen, tables = {"adam": float(cfg.lr.adam), "muon": float(cfg.lr.muon)}, {}
         else:
-            chosen, _, tables = common.choose_lrs(tl, cache_dir, progress=progress)
-        runs = common.seeded_runs(tl, chosen, cache_dir, progress=progress)
+            chosen, _, tables = train_runs.choose_lrs(tl, cache_dir, progress=progress)
+        runs = train_runs.seeded_runs(tl, chosen, cache_dir, progress=progress)
         curves = {}
         for opt, r in runs.items():
-            steps, loss = common.eval_series(r["records"], "loss")
+            steps, loss = train_runs.eval_series(r["records"], "loss")
             curves[opt] = (steps, loss.reshape(len(steps), -1))
         adam_final = curves["adam"][1][-1]
         by_size[name] = {
@@ -184,11 +184,11 @@ def reference_block(
     cfg: ConfigDict, base: ConfigDict, chosen: dict[str, float], runs: dict[str, Any], cache_dir
 ) -> dict[str, Any]:
     """Plain optax + flax runs at one size beside the engine's: Adam match and optax's ratio."""
-    adam_cfg = common.run_config(base, "adam", chosen["adam"], chosen["adam"])
-    muon_cfg = common.run_config(base, "muon", chosen["muon"], chosen["adam"])
+    adam_cfg = train_runs.run_config(base, "adam", chosen["adam"], chosen["adam"])
+    muon_cfg = train_runs.run_config(base, "muon", chosen["muon"], chosen["adam"])
     ref_adam = reference_lm.cached_run(adam_cfg, "adam", tuple(cfg.seeds), cache_dir)
     ref_muon = reference_lm.cached_run(muon_cfg, "optax_muon", tuple(cfg.seeds), cache_dir)
-    engine_adam = common.final_eval_seeds(runs["adam"])
+    engine_adam = train_runs.final_eval_seeds(runs["adam"])
     plain_adam = np.asarray(ref_adam["val_loss"], float)[-1]
     plain_muon = np.asarray(ref_muon["val_loss"], float)
     steps = np.asarray(ref_muon["eval_steps"], float)
@@ -217,18 +217,20 @@ def budget_block(cfg, points, by_size, cache_dir, progress) -> dict[str, Any]:
     finals = []
     fractions = sorted(float(f) for f in cfg.budget_fractions)
     for f in fractions:
-        c = common.run_config(base, "muon", chosen["muon"], chosen["adam"])
+        c = train_runs.run_config(base, "muon", chosen["muon"], chosen["adam"])
         c.steps = max(2, int(round(f * base.steps)))
         c.schedule.warmup_steps = max(1, int(round(f * base.schedule.warmup_steps)))
         c.eval_every = max(1, int(round(f * base.eval_every)))
-        r = common.train_cached(common.seeded(c, cfg.seeds), cache_dir, f"sr-budget-{f:g}")
-        finals.append(common.final_eval_seeds(r))
+        r = train_runs.train_cached(train_runs.seeded(c, cfg.seeds), cache_dir, f"sr-budget-{f:g}")
+        finals.append(train_runs.final_eval_seeds(r))
         progress(f"muon budget {f:g}")
     finals.append(np.asarray(by_size[name]["final"]["muon"], float))
     fr = np.array(fractions + [1.0])
     finals = np.stack(finals)  # (k + 1, seeds)
     adam = np.asarray(by_size[name]["final"]["adam"], float)
-    need = np.array([common.steps_to_reach(fr, finals[:, s], adam[s]) for s in range(adam.size)])
+    need = np.array(
+        [train_runs.steps_to_reach(fr, finals[:, s], adam[s]) for s in range(adam.size)]
+    )
     return {"fractions": fr, "muon_final": finals, "adam_final": adam, "fraction_needed": need}
 
 
@@ -244,10 +246,12 @@ def betas_block(cfg, points, by_size, cache_dir, progress) -> dict[str, Any]:
     steps, muon = np.asarray(v["eval_steps"], float), np.asarray(v["val_loss"]["muon"], float)
     out = {}
     for b1, b2 in cfg.adam_betas:
-        c = common.run_config(base, "adam", v["chosen_lr"]["adam"], v["chosen_lr"]["adam"])
+        c = train_runs.run_config(base, "adam", v["chosen_lr"]["adam"], v["chosen_lr"]["adam"])
         c.optimizer.b1, c.optimizer.b2 = float(b1), float(b2)
-        r = common.train_cached(common.seeded(c, cfg.seeds), cache_dir, f"sr-adam-b{b1:g}-{b2:g}")
-        final = common.final_eval_seeds(r)
+        r = train_runs.train_cached(
+            train_runs.seeded(c, cfg.seeds), cache_dir, f"sr-adam-b{b1:g}-{b2:g}"
+        )
+        final = train_runs.final_eval_seeds(r)
         out[f"{b1:g},{b2:g}"] = {"final": final, "ratio": _ratio(steps, muon, final, base.steps)}
         progress(f"adam betas {b1:g}, {b2:g}")
     return out

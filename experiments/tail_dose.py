@@ -34,7 +34,7 @@ from ml_collections import ConfigDict
 
 from amemory.analysis import plots, stats
 from amemory.data.biographies import group_sizes
-from experiments import common, tail_qa
+from experiments import common, tail_qa, train_runs
 
 PARTS = ("all", "head", "tail")
 
@@ -58,8 +58,8 @@ def scores(leg: str, run: dict[str, Any], m: int) -> tuple[np.ndarray, dict[str,
         return steps, {"all": np.einsum("ngs,g->ns", fta, w / w.sum()),
                        "head": np.einsum("ngs,g->ns", fta[:, head], w[head] / w[head].sum()),
                        "tail": fta[:, m]}  # fmt: skip
-    steps, loss = common.eval_series(run["records"], "loss")
-    _, buckets, labels = common.bucket_curves(run)
+    steps, loss = train_runs.eval_series(run["records"], "loss")
+    _, buckets, labels = train_runs.bucket_curves(run)
     seen = [i for i, lab in enumerate(labels) if lab != "unseen"]
     return steps, {"all": -loss.reshape(len(steps), -1), "head": -buckets[:, 0],
                    "tail": -buckets[:, seen[-1]]}  # fmt: skip
@@ -99,18 +99,18 @@ def run(cfg: ConfigDict, stage: common.Stage) -> dict[str, Any]:
             tl = ConfigDict({"base": point_config(cfg, leg, x), "seeds": tuple(cfg.seeds),
                              "optimizers": tuple(cfg.optimizers), "muon_roles": "hidden",
                              "lr_grid": grid(cfg, leg)})  # fmt: skip
-            score = common.final_train_loss if leg == "qa" else None  # QA evals: FTA only
+            score = train_runs.final_train_loss if leg == "qa" else None  # QA evals: FTA only
             given = cfg.given_lr.get(f"{'alpha' if leg == 'qa' else 'V'}{x:g}")
             if given:  # rates stated in the config: no grid at this point
                 chosen, tables = {o: float(given[o]) for o in cfg.optimizers}, {}
             else:
-                chosen, _, tables = common.choose_lrs(tl, cache_dir, progress=progress,
+                chosen, _, tables = train_runs.choose_lrs(tl, cache_dir, progress=progress,
                                                        score=score)  # fmt: skip
-            runs = common.seeded_runs(tl, chosen, cache_dir, progress=progress)
+            runs = train_runs.seeded_runs(tl, chosen, cache_dir, progress=progress)
             curves = {o: scores(leg, r, m) for o, r in runs.items()}
             steps, adam = curves["adam"]
             final = {o: {p: c[1][p][-1] for p in PARTS} for o, c in curves.items()}
-            reach = common.steps_to_target(steps, -curves["muon"][1]["all"], -adam["all"][-1])
+            reach = train_runs.steps_to_target(steps, -curves["muon"][1]["all"], -adam["all"][-1])
             points.append({
                 "dose": x, "chosen_lr": chosen, "lr_sweep": tables, "eval_steps": steps,
                 "final": final, "curves": {o: c[1] for o, c in curves.items()},

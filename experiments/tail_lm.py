@@ -28,7 +28,7 @@ import numpy as np
 from ml_collections import ConfigDict
 
 from amemory.analysis import plots
-from experiments import common
+from experiments import common, train_runs
 
 
 def run(cfg: ConfigDict, stage: common.Stage) -> dict[str, Any]:
@@ -37,17 +37,17 @@ def run(cfg: ConfigDict, stage: common.Stage) -> dict[str, Any]:
     ``metrics["chosen_lr"]`` holds the chosen learning rates (``lr_from`` of other stages).
     """
     out_dir, cache_dir, progress = stage.out_dir, stage.cache_dir, stage.progress
-    chosen, _, tables = common.choose_lrs(cfg, cache_dir, progress=progress)
-    runs = common.seeded_runs(cfg, chosen, cache_dir, progress=progress)
+    chosen, _, tables = train_runs.choose_lrs(cfg, cache_dir, progress=progress)
+    runs = train_runs.seeded_runs(cfg, chosen, cache_dir, progress=progress)
     metrics: dict[str, Any] = {
         "chosen_lr": chosen, "lr_sweep": tables, "runs": {}, "seeds": list(cfg.seeds),
         "sweep_seed": int(cfg.base.seed),
     }  # fmt: skip
     curves_steps, curves_loss, bucket_losses, labels = {}, {}, {}, []
     for opt, r in runs.items():
-        steps, loss = common.eval_series(r["records"], "loss")
+        steps, loss = train_runs.eval_series(r["records"], "loss")
         loss = loss.reshape(len(steps), -1)  # (n, seeds)
-        _, barr, labels_r = common.bucket_curves(r)
+        _, barr, labels_r = train_runs.bucket_curves(r)
         labels = labels_r or labels
         curves_steps[opt], curves_loss[opt] = steps, loss
         bucket_losses[opt] = barr
@@ -59,14 +59,15 @@ def run(cfg: ConfigDict, stage: common.Stage) -> dict[str, Any]:
             "bucket_loss": barr,
             "final_val_loss": loss[-1] if loss.size else [],
             "final_bucket_loss": barr[-1] if barr.size else [],
-            "spectrum": common.final_spectrum(r),
+            "spectrum": train_runs.final_spectrum(r),
             "wall_s": r["summary"].get("wall_s"),
             "tokens_per_s": r["summary"].get("tokens_per_s"),
         }
     metrics["bucket_labels"] = labels
     adam_final = curves_loss["adam"][-1]  # (seeds,)
     metrics["steps_to_adam_final"] = {
-        opt: common.steps_to_target(curves_steps[opt], curves_loss[opt], adam_final) for opt in runs
+        opt: train_runs.steps_to_target(curves_steps[opt], curves_loss[opt], adam_final)
+        for opt in runs
     }
     figures = []
     if labels:

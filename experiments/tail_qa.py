@@ -24,7 +24,7 @@ import numpy as np
 from ml_collections import ConfigDict
 
 from amemory.analysis import plots
-from experiments import common
+from experiments import common, train_runs
 from experiments.configs.tail_qa import PAPER_FTA
 
 
@@ -37,17 +37,17 @@ def variant_config(
       ValueError: for an unknown variant.
     """
     if variant == "adam":
-        return common.run_config(base, "adam", lr["adam"], lr["adam"])
+        return train_runs.run_config(base, "adam", lr["adam"], lr["adam"])
     if variant == "muon":
-        return common.run_config(base, "muon", lr["muon"], lr["adam"], "hidden")
+        return train_runs.run_config(base, "muon", lr["muon"], lr["adam"], "hidden")
     if variant.startswith("muon_"):
-        return common.run_config(base, "muon", lr["muon"], lr["adam"], variant[5:])
+        return train_runs.run_config(base, "muon", lr["muon"], lr["adam"], variant[5:])
     if variant == "sgd":
-        c = common.run_config(base, "sgd", lr["sgd"], lr["adam"], "all")
+        c = train_runs.run_config(base, "sgd", lr["sgd"], lr["adam"], "all")
         c.optimizer.momentum = float(sgd_momentum)
         return c
     if variant == "signgd":
-        return common.run_config(base, "signgd", lr["signgd"], lr["adam"], "hidden")
+        return train_runs.run_config(base, "signgd", lr["signgd"], lr["adam"], "hidden")
     raise ValueError(
         f"tail_qa variant must be adam, muon, sgd, signgd or muon_<roles>, got {variant!r}"
     )
@@ -64,7 +64,7 @@ def fta_curves(run: dict[str, Any], m: int) -> tuple[np.ndarray, np.ndarray]:
     cols = []
     steps = np.zeros(0)
     for g in range(m + 1):
-        steps, v = common.eval_series(run["records"], f"fta/group_{g}")
+        steps, v = train_runs.eval_series(run["records"], f"fta/group_{g}")
         cols.append(v.reshape(len(steps), -1))
     return steps, np.stack(cols, axis=1)
 
@@ -80,20 +80,22 @@ def run(cfg: ConfigDict, stage: common.Stage) -> dict[str, Any]:
     if cfg.sweep:
         order = [v for v in ("adam", "muon", "sgd") if v in cfg.variants]
         for v in order:  # Adam first: its LR is the Adam half of the others
-            chosen, _, rows = common.lr_sweep(
+            chosen, _, rows = train_runs.lr_sweep(
                 lambda x, v=v: variant_config(cfg.base, v, {**lr, v: x}, cfg.sgd_momentum),
                 cfg.lr_grid[v],
                 cache_dir,
                 f"bio-{v}",
                 progress=progress,
                 key="train_loss",
-                score=common.final_train_loss,  # biographies evals report FTA only
+                score=train_runs.final_train_loss,  # biographies evals report FTA only
             )
             lr[v], tables[v] = chosen, rows
     runs: dict[str, Any] = {}
     for v in cfg.variants:
         rc = variant_config(cfg.base, v, lr, cfg.sgd_momentum)
-        runs[v] = common.train_cached(common.seeded(rc, cfg.seeds), cache_dir, f"bio-{v}-seeds")
+        runs[v] = train_runs.train_cached(
+            train_runs.seeded(rc, cfg.seeds), cache_dir, f"bio-{v}-seeds"
+        )
         progress(v)
     used = {"muon", "adam"} | {v.split("_")[0] for v in cfg.variants}
     lr = {k: v for k, v in lr.items() if k in used}
@@ -118,7 +120,7 @@ def run(cfg: ConfigDict, stage: common.Stage) -> dict[str, Any]:
             "eval_steps": steps,
             "fta": fta,
             "final_fta": final_fta[v],  # (m + 1, seeds)
-            "final_train_loss": common.final_train_loss_seeds(r),
+            "final_train_loss": train_runs.final_train_loss_seeds(r),
             "tail_fta": final_fta[v][tail_groups],  # (tail groups, seeds)
         }
     metrics["tail_groups"] = tail_groups

@@ -11,7 +11,7 @@ import chex
 import numpy as np
 import pytest
 
-from experiments import ablation, common, one_layer, report, reproduce, tail_lm, tail_qa
+from experiments import ablation, common, one_layer, report, reproduce, tail_lm, tail_qa, train_runs
 
 # ----------------------------------------------------------------------------- references
 
@@ -126,8 +126,8 @@ def test_gain_share_reproduces_paper_arithmetic():
 def test_steps_to_reach_and_overrides():
     steps = np.array([0, 10, 20, 30.0])
     vals = np.array([5.0, 4.0, 3.0, 2.0])
-    assert common.steps_to_reach(steps, vals, 3.5) == pytest.approx(15.0)
-    assert math.isnan(common.steps_to_reach(steps, vals, 1.0))
+    assert train_runs.steps_to_reach(steps, vals, 3.5) == pytest.approx(15.0)
+    assert math.isnan(train_runs.steps_to_reach(steps, vals, 1.0))
     cfg = common.experiments()["tail_lm"].config("quick")
     common.apply_override(cfg, *common.parse_set("base.steps=7"))
     assert cfg.base.steps == 7
@@ -285,14 +285,16 @@ def test_steps_ratio_and_plain_optax_reference(tiny_tail_lm, tmp_path):
     steps = np.asarray(d16["eval_steps"])
     mu, ad = np.asarray(d16["val_loss"]["muon"]), np.asarray(d16["val_loss"]["adam"])
     for s in range(3):
-        want = common.steps_to_reach(steps, mu[:, s], ad[-1, s]) / cfg.base.steps
+        want = train_runs.steps_to_reach(steps, mu[:, s], ad[-1, s]) / cfg.base.steps
         got = d16["ratio"][s]
         assert (math.isnan(want) and math.isnan(got)) or got == pytest.approx(want)
     b = out["metrics"]["budget"]  # Muon on a 2-step schedule, then the full run
     np.testing.assert_allclose(b["fractions"], [0.5, 1.0])
     np.testing.assert_allclose(np.asarray(b["muon_final"])[1], d16["final"]["muon"])
     for s in range(3):
-        want = common.steps_to_reach(b["fractions"], np.asarray(b["muon_final"])[:, s], ad[-1, s])
+        want = train_runs.steps_to_reach(
+            b["fractions"], np.asarray(b["muon_final"])[:, s], ad[-1, s]
+        )
         got = b["fraction_needed"][s]
         assert (math.isnan(want) and math.isnan(got)) or got == pytest.approx(want)
     keys = {c["key"] for c in out["claims"]}
@@ -314,10 +316,12 @@ def test_neuron_norm_cv_and_normuon_first_step(tiny_tail_lm, tmp_path):
     got = float(reference_lm.neuron_norm_cv(jnp.asarray(u, jnp.float32)))
     assert got == pytest.approx(norms.std() / norms.mean(), rel=1e-5)
     cfg, cache, _, _ = tiny_tail_lm
-    rc = common.run_config(cfg.base, "normuon", 0.02, 3e-3)
+    rc = train_runs.run_config(cfg.base, "normuon", 0.02, 3e-3)
     rc.steps, rc.eval_every, rc.schedule.warmup_steps = 1, 1, 0  # first step at the peak LR
     plain = reference_lm.run(rc, "normuon", (1, 2), log_every=1)
-    muon = reference_lm.run(common.run_config(rc, "muon", 0.02, 3e-3), "muon", (1, 2), log_every=1)
+    muon = reference_lm.run(
+        train_runs.run_config(rc, "muon", 0.02, 3e-3), "muon", (1, 2), log_every=1
+    )
     # NorMuon's first update: v = (1 - beta2) mean_rows(O^2), so every neuron of O / sqrt(v)
     # has the same norm: CV 0. Muon's orthogonalised w_in, kernel [16, 32], has orthonormal
     # rows: its 32 column norms are the square roots of a rank-16 projection's diagonal,

@@ -5,7 +5,7 @@ import jax
 import pytest
 
 from amemory.models import transformer as T
-from experiments import arch, common, reproduce
+from experiments import arch, common, reproduce, train_runs
 
 
 def test_cells_share_the_dense_runs_of_tail_lm():
@@ -13,7 +13,7 @@ def test_cells_share_the_dense_runs_of_tail_lm():
     tl = common.experiments()["tail_lm"].config("quick")
     for opt, lr in (("adam", 3e-3), ("muon", 0.02)):
         ours = arch.run_config(cfg, "dense", opt)
-        theirs = common.run_config(tl.base, opt, lr, 3e-3, "hidden")
+        theirs = train_runs.run_config(tl.base, opt, lr, 3e-3, "hidden")
         assert common.config_hash(ours) == common.config_hash(theirs)  # trained once
     c = arch.run_config(cfg, "mla_moe", "muon", "ffn")
     assert (c.model.attention, c.model.mla.kv_rank, c.model.moe.experts) == ("mla", 64, 8)

@@ -19,7 +19,7 @@ from ml_collections import ConfigDict
 from train_helpers import memory_config
 
 from amemory.train import lock
-from experiments import common, report, reproduce
+from experiments import common, report, reproduce, train_runs
 
 TESTS = pathlib.Path(__file__).parent
 REPO = TESTS.parent
@@ -33,9 +33,9 @@ def get_config(scale: str) -> ConfigDict:  # the recipe's experiments/configs/<n
 
 
 def run(cfg: ConfigDict, stage: common.Stage) -> dict:  # the recipe's experiments/<name>.py
-    r = common.train_cached(cfg.run, stage.cache_dir, "toy")
+    r = train_runs.train_cached(cfg.run, stage.cache_dir, "toy")
     stage.progress("toy")
-    _, loss = common.eval_series(r["records"], "loss")
+    _, loss = train_runs.eval_series(r["records"], "loss")
     held = bool(loss[-1] < loss[0])
     claim = common.Claim("toy/lower", "-", "training lowers the loss", "lower", f"{loss[-1]:.3f}",
                          held, "last evaluation below the first")  # fmt: skip
@@ -85,10 +85,10 @@ def test_reproduce_refuses_an_out_in_use_and_touches_nothing(toy, tmp_path, caps
 
 def test_the_run_cache_is_keyed_by_config_and_code_version(tmp_path, monkeypatch):
     cfg = get_config("quick").run
-    first = common.train_cached(cfg, tmp_path, "mem")
-    assert common.train_cached(cfg, tmp_path, "mem")["cached"] is True
+    first = train_runs.train_cached(cfg, tmp_path, "mem")
+    assert train_runs.train_cached(cfg, tmp_path, "mem")["cached"] is True
     monkeypatch.setattr(common, "amemory_version", lambda: "changed")  # the code changed
-    again = common.train_cached(cfg, tmp_path, "mem")
+    again = train_runs.train_cached(cfg, tmp_path, "mem")
     assert again["cached"] is False and again["workdir"] != first["workdir"]
 
 

@@ -439,18 +439,18 @@ def test_atomic_write_keeps_the_old_file_when_interrupted(tmp_path, monkeypatch)
 
 
 def test_train_cached_retrains_an_unreadable_cache_entry(tmp_path, capfd):
-    from experiments import common
+    from experiments import train_runs
 
     cfg = memory_config(steps=3, **{"optimizer.name": "signgd", "optimizer.lr": 0.3})
-    first = common.train_cached(cfg, tmp_path, "mem")
+    first = train_runs.train_cached(cfg, tmp_path, "mem")
     summary = pathlib.Path(first["workdir"]) / "summary.json"
     summary.write_text(summary.read_text()[:40])  # a summary.json cut short
     capfd.readouterr()
-    again = common.train_cached(cfg, tmp_path, "mem")
+    again = train_runs.train_cached(cfg, tmp_path, "mem")
     assert "unreadable" in capfd.readouterr().err
     assert again["cached"] is False and again["workdir"] == first["workdir"]
     assert again["summary"]["final_eval"] == first["summary"]["final_eval"]
-    assert common.train_cached(cfg, tmp_path, "mem")["cached"] is True
+    assert train_runs.train_cached(cfg, tmp_path, "mem")["cached"] is True
 
 
 # ----------------------------------------------------------------------------- 7. validation
