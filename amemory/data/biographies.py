@@ -57,8 +57,6 @@ import numbers
 
 import numpy as np
 
-from amemory.data.biography_eval import first_token_accuracy, first_token_predictions
-
 __all__ = [
     "BiographyConfig",
     "BiographyTokenizer",
@@ -69,8 +67,6 @@ __all__ = [
     "make_biographies",
     "group_sizes",
     "group_repetitions",
-    "first_token_predictions",
-    "first_token_accuracy",
 ]
 
 PAD, BOS, EOS = "<pad>", "<bos>", "<eos>"

@@ -1,8 +1,7 @@
 """Where corpus text and tokens come from: the data cache, Shakespeare, user files, .bin tokens.
 
-Part of the corpus pipeline (:mod:`amemory.data.corpus` is the entry point and
-re-exports everything public here). This module reads raw material and splits it
-into training and validation documents; tokenizing is :mod:`amemory.data.tokenizer`.
+Part of the corpus pipeline (entry point :mod:`amemory.data.corpus`): reads raw material
+and splits it into training and validation documents.
 
 Corpora (the first argument of :func:`load_text_corpus` and
 :func:`amemory.data.corpus.prepare_corpus`):
