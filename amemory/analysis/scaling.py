@@ -56,10 +56,6 @@ class PowerLawFit(LineFit):
 
     __slots__ = ()
 
-    def predict(self, x: np.ndarray | float) -> np.ndarray:
-        """The fitted curve ``exp(intercept) * x**slope`` at ``x`` (any shape, x > 0)."""
-        return np.exp(self.intercept) * np.asarray(x, dtype=np.float64) ** self.slope
-
     def describe(self, name: str = "s") -> str:
         """One-line summary ``s = -0.937 [-0.941, -0.933] (95% CI, n=6)``."""
         return super().describe(name)

@@ -109,12 +109,8 @@ class Corpus:
 
 
 def _is_bin_spec(spec: list[str]) -> bool:
-    for s in spec:
-        p = pathlib.Path(os.path.expanduser(s))
-        if s.endswith(".bin") or (p.is_dir() and (p / "train.bin").is_file()):
-            continue
-        return False
-    return True
+    train = [pathlib.Path(os.path.expanduser(s)) / "train.bin" for s in spec]
+    return all(s.endswith(".bin") or t.is_file() for s, t in zip(spec, train, strict=True))
 
 
 def _prepare_bin(spec: list[str], vocab_size: int | None, val_fraction: float) -> Corpus:

@@ -33,13 +33,9 @@ def _check_real(name: str, value, lo: float, hi: float, lo_open: bool, hi_open: 
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
         raise ValueError(f"{name} must be a real number, got {value!r}")
     v = float(value)
-    lo_ok = (v > lo) if lo_open else (v >= lo)
-    hi_ok = (v < hi) if hi_open else (v <= hi)
-    if not math.isfinite(v):
-        lo_ok = False
-    if not (lo_ok and hi_ok):
-        lb = "(" if lo_open else "["
-        rb = ")" if hi_open else "]"
+    inside = (v > lo if lo_open else v >= lo) and (v < hi if hi_open else v <= hi)
+    if not (inside and math.isfinite(v)):
+        lb, rb = ("(" if lo_open else "["), (")" if hi_open else "]")
         raise ValueError(f"{name} must lie in {lb}{lo}, {hi}{rb}, got {value!r}")
     return v
 

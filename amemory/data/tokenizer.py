@@ -50,7 +50,7 @@ def _check_kind(kind) -> str:
 
 
 #: Longer runs of non-space characters are cut into pieces for training only (BPE
-#: training time grows with the square of a pre-token's length: a 360 kB word, 107 s).
+#: training time grows with the square of a pre-token's length).
 LONGEST_TRAINING_RUN = 1000
 
 

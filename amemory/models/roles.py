@@ -79,12 +79,10 @@ _STACKED: dict[tuple[str, ...], str] = {("mlp", "experts", r): f"expert_{r}" for
 
 
 def _key_name(entry: Any) -> str | int:
-    if isinstance(entry, str) and entry.isdigit():
-        return int(entry)
+    if isinstance(entry, str):
+        return int(entry) if entry.isdigit() else entry
     if isinstance(entry, (int, np.integer)) and not isinstance(entry, bool):
         return int(entry)
-    if isinstance(entry, str):
-        return entry
     raise ValueError(f"unrecognised path entry {entry!r}")
 
 
