@@ -21,8 +21,6 @@ from typing import NamedTuple
 import numpy as np
 from scipy import stats
 
-__all__ = ["LineFit", "PowerLawFit", "fit_line", "fit_power_law"]
-
 
 class LineFit(NamedTuple):
     """Result of :func:`fit_line` for ``y ≈ intercept + slope * x``.

@@ -34,8 +34,6 @@ import numpy as np
 
 from amemory.data.frequencies import _check_int
 
-__all__ = ["MaskedRows", "RandomCrop", "TokenWindows", "eval_batches", "row_loader", "token_loader"]
-
 
 def _fingerprint(a: np.ndarray) -> int:
     """CRC32 of up to 4096 evenly spaced entries: identifies an array in a loader's repr."""

@@ -57,18 +57,6 @@ import numbers
 
 import numpy as np
 
-__all__ = [
-    "BiographyConfig",
-    "BiographyTokenizer",
-    "EvalSet",
-    "BiographyData",
-    "ATTRIBUTES",
-    "QUESTION_TEMPLATES",
-    "make_biographies",
-    "group_sizes",
-    "group_repetitions",
-]
-
 PAD, BOS, EOS = "<pad>", "<bos>", "<eos>"
 
 #: The 7 attributes of an individual (the name identifies; the other 6 are asked about).

@@ -17,8 +17,6 @@ from amemory.data.frequencies import _check_int
 if TYPE_CHECKING:
     from amemory.data.biographies import EvalSet
 
-__all__ = ["first_token_predictions", "first_token_accuracy"]
-
 
 def first_token_predictions(
     logits_fn: Callable, eval_set: EvalSet, *, batch_size: int = 256, seq_len: int | None = None

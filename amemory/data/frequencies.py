@@ -20,8 +20,6 @@ import numbers
 
 import numpy as np
 
-__all__ = ["two_level", "two_level_split", "power_law", "hierarchical", "from_counts"]
-
 
 def _check_int(name: str, value, minimum: int) -> int:
     if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < minimum:

@@ -14,8 +14,6 @@ from amemory.data.frequencies import _check_int
 if TYPE_CHECKING:
     from amemory.data.corpus import Corpus
 
-__all__ = ["frequency_buckets", "zipf_exponent", "corpus_stats"]
-
 
 def _check_counts(counts) -> np.ndarray:
     c = np.asarray(counts)

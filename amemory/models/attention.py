@@ -48,8 +48,6 @@ from flax import nnx
 
 from amemory.models.layers import attend, causal_mask, check_ints, linear, rope
 
-__all__ = ["ATTENTIONS", "Attention", "MLAConfig", "MLAttention"]
-
 
 @dataclasses.dataclass(frozen=True)
 class MLAConfig:

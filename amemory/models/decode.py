@@ -35,15 +35,6 @@ from flax import nnx
 
 from amemory.models.attention import ATTENTIONS
 
-__all__ = [
-    "cache_bytes_per_token",
-    "extend",
-    "generate",
-    "generate_memory",
-    "init_cache",
-    "sample_logits",
-]
-
 
 def _check_config(config: Any) -> None:
     from amemory.models.transformer import TransformerConfig

@@ -28,19 +28,6 @@ import numpy as np
 
 from amemory.optim import Roles, path_keys
 
-__all__ = [
-    "ATTN_ROLES",
-    "FFN_ROLES",
-    "HIDDEN_ROLES",
-    "MLA_ROLES",
-    "MOE_ROLES",
-    "GROUPS",
-    "ROLES",
-    "matrix_axes",
-    "param_roles",
-    "role_of",
-]
-
 ATTN_ROLES = ("q", "k", "v", "o")
 MLA_ROLES = ("q", "q_down", "q_up", "q_rope", "kv_down", "k_up", "v_up", "k_rope", "o")
 FFN_ROLES = ("w_in", "w_gate", "w_out")
