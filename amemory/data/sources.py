@@ -437,17 +437,11 @@ def load_text_corpus(
     order = sorted(
         range(len(files)), key=lambda i: hashlib.sha1(pathlib.Path(names[i]).name.encode()).digest()
     )
-    n_val = max(1, math.ceil(vf * len(files)))
-    val_idx = set(order[:n_val])
-    tr = [i for i in range(len(files)) if i not in val_idx]
-    va = [i for i in range(len(files)) if i in val_idx]
+    va = sorted(order[: max(1, math.ceil(vf * len(files)))])
+    tr = sorted(set(range(len(files))) - set(va))
+    pick = lambda xs, idx: tuple(xs[i] for i in idx)
     return TextCorpus(
-        short,
-        tuple(texts[i] for i in tr),
-        tuple(texts[i] for i in va),
-        tuple(names[i] for i in tr),
-        tuple(names[i] for i in va),
-        cache,
+        short, pick(texts, tr), pick(texts, va), pick(names, tr), pick(names, va), cache
     )
 
 

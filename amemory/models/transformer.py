@@ -160,11 +160,9 @@ class TransformerConfig:
       remat_policy: what a rematerialised block keeps from the forward pass, a name of
         ``jax.checkpoint_policies`` (:data:`REMAT_POLICIES`; ``"nothing_saveable"``
         recomputes everything, ``"dots_with_no_batch_dims_saveable"`` keeps the matmuls).
-      scan_layers: store the blocks' parameters stacked with a leading layer axis
-        ``[L, ...]`` (paths ``layers/attn/q/kernel``) and run them with one
-        ``jax.lax.scan`` over a single compiled block, instead of ``L`` separate blocks
-        (paths ``layers/i/attn/q/kernel``) unrolled in the program. Same function, so
-        :func:`stack_layers` / :func:`unstack_layers` convert parameters between the two.
+      scan_layers: the blocks' parameters stacked ``[L, ...]`` and run by one
+        ``jax.lax.scan`` (:mod:`amemory.models.scan`; the same function as ``L`` unrolled
+        blocks: :func:`stack_layers` / :func:`unstack_layers` convert the parameters).
       dtype: compute dtype name (``"float32"``, ``"bfloat16"``, ...); logits are float32.
         With ``param_dtype="float32"`` this is the usual mixed-precision policy: float32
         master weights (and optimizer state), matmuls and activations in ``dtype``.
