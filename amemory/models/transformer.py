@@ -86,8 +86,8 @@ import numpy as np
 from flax import nnx
 
 from amemory.models.attention import ATTENTIONS, MLAConfig
+from amemory.models.layers import check_ints, linear
 from amemory.models.layers import dropout as _dropout
-from amemory.models.layers import linear
 from amemory.models.layers import norm as _norm
 from amemory.models.matrices import ffn_matrices, hidden_matrices, vo_maps
 from amemory.models.moe import MLP, MoE, MoEConfig
@@ -209,10 +209,8 @@ class TransformerConfig:
     moe: MoEConfig = MoEConfig()
 
     def __post_init__(self):
-        for name in ("vocab_size", "d_model", "n_layers", "n_heads", "d_ff", "max_len"):
-            v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 1:
-                raise ValueError(f"TransformerConfig.{name} must be a positive integer, got {v!r}")
+        sizes = ("vocab_size", "d_model", "n_layers", "n_heads", "d_ff", "max_len")
+        check_ints(self, "TransformerConfig", dict.fromkeys(sizes, 1))
         choices = {
             "ffn": ("gelu", "swiglu"),
             "norm": ("layernorm", "rmsnorm"),
@@ -221,11 +219,9 @@ class TransformerConfig:
             "attention": tuple(ATTENTIONS),
         }
         for name, allowed in choices.items():
-            value = getattr(self, name)
-            if value not in allowed:
-                raise ValueError(
-                    f"TransformerConfig.{name} must be one of {allowed}, got {value!r}"
-                )
+            v = getattr(self, name)
+            if v not in allowed:
+                raise ValueError(f"TransformerConfig.{name} must be one of {allowed}, got {v!r}")
         for name in ("dtype", "param_dtype"):
             v = getattr(self, name)
             try:
