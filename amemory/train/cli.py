@@ -77,10 +77,12 @@ def main(argv: list[str]) -> int:
             sys.stderr.write(f"amemory train: error: {e}\n")
             return lock.EXIT_BUSY
     from amemory.train import guard
-    from amemory.train.config import format_config, load_config
+    from amemory.train.config import format_config, load_config, validate
 
-    try:
+    try:  # validated once: here for --print-config, else at the start of train()
         config = load_config(args.config, _split_overrides(rest))
+        if args.print_config:
+            validate(config)
     except ValueError as e:
         return parser.fail(e)
     if args.print_config:

@@ -5,8 +5,11 @@ A config file is a Python file with ``get_config(scale="quick") -> ConfigDict``
 ``get_config``, as ``ml_collections.config_flags`` does. Overrides are parsed
 here (no absl flags) so that ``amemory train`` keeps one argparse parser.
 
-Every check that can fail runs before any JAX compilation and raises a
-``ValueError`` naming the field and the allowed values.
+:func:`validate` runs once, at the start of ``amemory.train.loop.run`` (and of ``amemory
+plan`` and ``--print-config``), before any JAX compilation; it raises a ``ValueError``
+naming the dotted field and the allowed values. It checks run-level fields itself and
+the fields a component owns by building that component (``MuonOptions``,
+``TransformerConfig``, the schedule), re-raising its error with the dotted name.
 
 Engine fields (:data:`ENGINE_DEFAULTS`): options of the training engine itself
 (scanned layers, remat policy, Newton-Schulz dtype, profiling) that every
@@ -56,9 +59,6 @@ CHOICES: dict[str, tuple] = {
     "parallel.cpu_collectives": ("gloo", "mpi"),
     "data.kind": ("corpus", "biographies"),
     "data.tokenizer": ("bpe", "word"),
-    "model.dtype": ("float32", "bfloat16"),
-    "model.param_dtype": ("float32", "bfloat16"),
-    "optimizer.ns_dtype": ("auto", "float32", "bfloat16"),
 }
 
 # Fields that accept None ("keep the preset's value" / "auto-detect").
@@ -99,7 +99,6 @@ MINIMUMS: dict[str, int] = {
     "data.eval_batches": 1,
     "data.vocab_size": 2,
     "parallel.fsdp": 1,
-    "optimizer.ns_steps": 1,
     "schedule.warmup_steps": 0,
     "memory.K": 2,
     "batch_size": 0,
@@ -108,31 +107,14 @@ MINIMUMS: dict[str, int] = {
 
 
 def optimizer_choices() -> dict[str, tuple]:
-    """Allowed values of the optimizer fields, read from their registries (one place each).
-
-    ``optimizer.name`` from ``amemory.train.optimizers.names()`` ("adam" and
-    ``amemory.optim.OPTIMIZERS``); ``optimizer.preset`` from ``amemory.optim.PRESETS``;
-    ``optimizer.orthogonalizer`` and ``optimizer.shape_scale`` from
-    ``amemory.optim.ORTHOGONALIZERS`` / ``SHAPE_SCALES``; ``task`` from
-    ``amemory.train.tasks.TASKS``; ``schedule.name`` from ``amemory.train.optimizers.
-    SCHEDULES``; ``memory.embeddings`` / ``prior.kind`` from ``amemory.train.memory_task``.
-    Imported lazily (jax).
-    """
+    """Allowed values of ``task``, ``optimizer.name`` and ``optimizer.preset``, read from
+    ``amemory.train.tasks.TASKS``, ``amemory.train.optimizers.names()`` and
+    ``amemory.optim.PRESETS`` (imported lazily: jax)."""
     from amemory import optim
-    from amemory.train.memory_task import EMBEDDINGS, PRIORS
-    from amemory.train.optimizers import SCHEDULES, names
+    from amemory.train.optimizers import names
     from amemory.train.tasks import TASKS
 
-    return {
-        "task": TASKS,
-        "memory.embeddings": EMBEDDINGS,
-        "prior.kind": PRIORS,
-        "schedule.name": tuple(SCHEDULES),
-        "optimizer.name": names(),
-        "optimizer.orthogonalizer": optim.ORTHOGONALIZERS,
-        "optimizer.shape_scale": optim.SHAPE_SCALES,
-        "optimizer.preset": (None, *optim.PRESETS),
-    }
+    return {"task": TASKS, "optimizer.name": names(), "optimizer.preset": (None, *optim.PRESETS)}
 
 
 def load_config(path: str, overrides: Sequence[str] = ()) -> ConfigDict:
@@ -143,11 +125,11 @@ def load_config(path: str, overrides: Sequence[str] = ()) -> ConfigDict:
       overrides: strings ``"a.b=value"`` (the ``--config.`` prefix already removed).
 
     Returns:
-      the validated, locked ``ConfigDict``.
+      the locked ``ConfigDict``, not yet validated (:func:`validate`, at ``run()``).
 
     Raises:
-      ValueError: file not found, no ``get_config``, unknown field, unparsable or
-        disallowed value.
+      ValueError: file not found, no ``get_config``, unknown field, unparsable value, or
+        an override of an option ``optimizer.preset`` sets.
     """
     file, _, arg = path.partition(":")
     p = pathlib.Path(file)
@@ -162,7 +144,6 @@ def load_config(path: str, overrides: Sequence[str] = ()) -> ConfigDict:
     with_engine_defaults(config)
     apply_overrides(config, overrides)
     check_preset_overrides(config, overrides)
-    validate(config)
     config.lock()
     return config
 
@@ -262,7 +243,6 @@ INTERVALS: dict[str, tuple[float, float, bool, bool]] = {
     "optimizer.adam_lr": (0.0, _INF, False, False),
     "optimizer.b1": (0.0, 1.0, True, False),
     "optimizer.b2": (0.0, 1.0, True, False),
-    "optimizer.momentum": (0.0, 1.0, True, False),
     "optimizer.signum_beta": (0.0, 1.0, True, False),
     "optimizer.eps": (0.0, _INF, False, False),  # 0: 0/0 = NaN on a zero gradient entry
     "optimizer.weight_decay": (0.0, _INF, True, False),
@@ -316,13 +296,18 @@ def validate_numbers(config: ConfigDict) -> None:
 
 
 def validate(config: ConfigDict) -> None:
-    """Check enumerated fields, integer ranges and role specs of a run config.
+    """Check a run config once, before compiling: enumerated fields, integer ranges,
+    intervals, role specs, and the fields a component owns, by building it
+    (``optimizer.*`` of ``MuonOptions``, ``model`` as ``TransformerConfig``, ``schedule``).
 
     Raises:
-      ValueError: naming the field and the allowed values.
+      ValueError: naming the dotted field and the allowed values.
     """
+    import dataclasses
+
+    from amemory import optim
     from amemory.models.roles import role_of  # lazy, as every registry: loading imports no jax
-    from amemory.optim import routing
+    from amemory.train.optimizers import multiplier
 
     for field, allowed in {**CHOICES, **optimizer_choices()}.items():
         present, value = _get(config, field)
@@ -334,20 +319,17 @@ def validate(config: ConfigDict) -> None:
             raise ValueError(f"config.{field}={value!r}; must be an integer >= {lo}")
     validate_numbers(config)
     check_consistent(config)
-    present, roles = _get(config, "optimizer.muon_roles")
-    if present and config.task == "lm":
-        routing.parse_roles(roles, role_of, "optimizer.muon_roles")
-    present, roles = _get(config, "spectrum_roles")
-    if present and config.task == "lm":
-        routing.parse_roles(roles, role_of, "spectrum_roles")
-    present, policy = _get(config, "model.remat_policy")
-    if present:
-        from amemory.models.scan import REMAT_POLICIES  # lazy: imports flax
-
-        if policy not in REMAT_POLICIES:
-            raise ValueError(
-                f"config.model.remat_policy={policy!r}; allowed values: {REMAT_POLICIES}"
-            )
+    for field in ("optimizer.muon_roles", "spectrum_roles"):
+        present, roles = _get(config, field)
+        if present and config.task == "lm":
+            optim.parse_roles(roles, role_of, field)
+    for field in (f.name for f in dataclasses.fields(optim.MuonOptions)):
+        if field in config.optimizer:  # MuonOptions owns these fields' ranges and choices
+            try:
+                optim.MuonOptions(**{field: config.optimizer[field]})
+            except ValueError as e:
+                raise ValueError(f"config.optimizer.{field}: {e}") from None
+    multiplier(config.schedule, int(config.steps))  # SCHEDULES owns schedule.name
     if "model" in config:  # the model's own config validates its fields, translated once
         from amemory.train.tasks import model_config
 
@@ -364,11 +346,6 @@ def validate(config: ConfigDict) -> None:
     seeds = config.get("seeds", ())
     if not all(isinstance(s, int) for s in seeds) or len(set(seeds)) != len(seeds):
         raise ValueError(f"config.seeds={seeds!r}; must be distinct integers (or empty)")
-    if seeds and config.parallel.mode == "pmap":
-        raise ValueError(
-            "config.seeds with config.parallel.mode='pmap': multi-seed runs vmap over seeds; "
-            "use parallel.mode 'single' or 'sharded'"
-        )
     noise = config.get("noise", 0.0)
     if not 0.0 <= float(noise) < 1.0:
         raise ValueError(f"config.noise={noise!r}; must be in [0, 1)")
