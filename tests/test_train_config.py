@@ -143,6 +143,10 @@ def test_cli_rejects_bad_overrides_before_training(capsys, tmp_path):
     assert cli.main(["--config", LM_CONFIG, "--print-config", *args]) == 0
     assert "steps: 3" in capsys.readouterr().out
     assert not any(tmp_path.iterdir())  # nothing was written, nothing compiled
+    with pytest.raises(SystemExit):
+        cli.main(["--help"])
+    helptext = " ".join(capsys.readouterr().out.split())  # the --resume rule, as loop.train's
+    assert "required when it holds checkpoints" in helptext and "records no training" in helptext
 
 
 def _np_newton_schulz(m, a=3.4445, b=-4.7750, c=2.0315, steps=5):

@@ -53,7 +53,12 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--config", required=True, help="config file, optionally PATH:ARG")
     parser.add_argument("--workdir", help="run directory (required unless --print-config)")
     parser.add_argument(
-        "--resume", action="store_true", help="continue from the newest checkpoint in --workdir"
+        "--resume",
+        action="store_true",
+        help="continue exactly from the newest intact checkpoint in --workdir; required when it "
+        "holds checkpoints, refused (nothing touched) when a field that changes what the run "
+        "computes differs from the checkpoint's (see --allow-changed); with no checkpoint, "
+        "starts at step 0 only if the workdir records no training",
     )
     parser.add_argument(
         "--allow-changed",
