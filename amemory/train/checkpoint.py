@@ -1,4 +1,4 @@
-"""Checkpoints: a thin wrapper over Orbax ``CheckpointManager``.
+"""Checkpoints: Orbax ``CheckpointManager`` with digests and a verified, fail-safe restore.
 
 One checkpoint step holds up to three items:
   state   the ``TrainState`` (params, opt_state, step, rng), saved with

@@ -238,6 +238,7 @@ def _get(config: ConfigDict, dotted: str) -> tuple[bool, Any]:
 # be a finite number in that interval (checked when the field exists and is not None).
 _INF = float("inf")
 _F32_MAX = 3.4028234663852886e38
+_F32_TINY = 1.1754943508222875e-38  # the smallest normal float32
 INTERVALS: dict[str, tuple[float, float, bool, bool]] = {
     "optimizer.lr": (0.0, _INF, False, False),
     "optimizer.adam_lr": (0.0, _INF, False, False),
@@ -266,8 +267,9 @@ def validate_numbers(config: ConfigDict) -> None:
     """Check the real-valued fields of ``INTERVALS`` and ``schedule.warmup_steps <= steps``.
 
     Catches what would otherwise compile and train silently or blow up later:
-    ``lr=inf`` or ``nan``, ``lr=0`` (nothing trains), ``b1=1.5`` (Adam's moment
-    estimates diverge), a warmup longer than the run (the peak rate is never reached).
+    ``lr=inf`` or ``nan``, ``lr=0`` or ``1e-46`` (0 in float32, the precision the optimizer
+    computes in: nothing trains), ``b1=1.5`` (Adam's moment estimates diverge), a warmup
+    longer than the run (the peak rate is never reached).
 
     Raises:
       ValueError: naming the field, its value and the allowed interval.
@@ -286,6 +288,11 @@ def validate_numbers(config: ConfigDict) -> None:
             raise ValueError(
                 f"config.{field}={value!r}; must be a finite float32 number "
                 f"{_interval(lo, hi, lo_in, hi_in)}"
+            )
+        if lo == 0 and not lo_in and 0 < value < _F32_TINY:
+            raise ValueError(
+                f"config.{field}={value!r} is 0 or subnormal in float32, the precision the "
+                f"optimizer computes in; must be >= {_F32_TINY:.4g}"
             )
     present, warmup = _get(config, "schedule.warmup_steps")
     if present and isinstance(warmup, int) and warmup > int(config.steps):
@@ -318,7 +325,12 @@ def validate(config: ConfigDict) -> None:
         if present and (not isinstance(value, int) or isinstance(value, bool) or value < lo):
             raise ValueError(f"config.{field}={value!r}; must be an integer >= {lo}")
     validate_numbers(config)
-    check_consistent(config)
+    missing = [g for g in TASK_GROUPS.get(config.get("task"), ()) if g not in config]
+    if missing:
+        raise ValueError(
+            f"config.task={config.task!r} reads config groups {missing} that this config "
+            f"lacks; it must match the config file ({', '.join(TASK_GROUPS)})"
+        )
     for field in ("optimizer.muon_roles", "spectrum_roles"):
         present, roles = _get(config, field)
         if present and config.task == "lm":
@@ -430,25 +442,6 @@ def format_config(config: ConfigDict, path: str | pathlib.Path | None = None) ->
 
 #: The config groups each ``config.task`` reads (a memory config has no ``model``/``data``).
 TASK_GROUPS = {"lm": ("model", "data"), "memory": ("memory",)}
-
-
-def check_consistent(config: ConfigDict) -> None:
-    """The task has the config groups it reads, and each rate that must be > 0 is a normal
-    float32 (``lr=1e-46`` rounds to 0: nothing trains). Raises ValueError naming the field."""
-    missing = [g for g in TASK_GROUPS.get(config.get("task"), ()) if g not in config]
-    if missing:
-        raise ValueError(
-            f"config.task={config.task!r} reads config groups {missing} that this config "
-            f"lacks; it must match the config file ({', '.join(TASK_GROUPS)})"
-        )
-    tiny = 1.1754943508222875e-38  # the smallest normal float32
-    for field, (lo, _, lo_in, _) in INTERVALS.items():
-        value = _get(config, field)[1]
-        if lo == 0 and not lo_in and isinstance(value, float) and 0 < value < tiny:
-            raise ValueError(
-                f"config.{field}={value!r} is 0 or subnormal in float32, the precision the "
-                f"optimizer computes in; must be >= {tiny:.4g}"
-            )
 
 
 def check_preset_overrides(config: ConfigDict, overrides: Sequence[str]) -> None:

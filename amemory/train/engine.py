@@ -5,11 +5,9 @@ the metrics of every step are reduced on the device into an accumulator (sum of 
 loss and aux metrics, last value of the others, first non-finite step), which the loop
 reads only at log steps: no device-to-host copy happens between them.
 
-:class:`Engine` compiles init / step for one placement. There are two paths: ``pmap``
-(state replicated with a leading device axis, batches split per device, gradients
-averaged with ``lax.pmean``), and ``jit`` over a ``Mesh`` (``single`` = one-device mesh,
-``sharded`` = FSDP layout from :mod:`amemory.train.parallel`). Multi-seed runs ``vmap``
-the step over a leading seed axis of the state.
+:class:`Engine` compiles init / step for one placement: ``jit`` over a ``Mesh`` of
+:mod:`amemory.train.parallel` (every mode). Multi-seed runs ``vmap`` the step over a
+leading seed axis of the state.
 """
 
 from __future__ import annotations

@@ -14,27 +14,13 @@ the host only at log steps:
   ``g.stop_requested(step)``         after every step: SIGTERM/SIGINT/preemption notice
   ``g.stop(ckpt, step)``             after the loop saved that step: "stopped" event, raise
 
-Guarantees (README, "Reliability"; tests in ``tests/test_train_guard.py``):
-
-* SIGTERM or SIGINT (single-process runs): the current step finishes, a checkpoint
-  of it is written synchronously, metrics.jsonl gets a ``stopped`` event and the run
-  raises :class:`RunInterrupted`; ``amemory train`` prints one line and exits with
-  status 75 (SIGTERM, ``EX_TEMPFAIL``: resume to continue) or 130 (SIGINT). A second
-  Ctrl-C aborts at once. ``--resume`` then continues exactly as if never stopped.
-* Multi-process runs (``jax.distributed``): SIGTERM is left to JAX's preemption
-  service, which catches the notice on any host and lets every host agree on the
-  same step through ``jax.experimental.multihost_utils.reached_preemption_sync_point``
-  (Orbax's ``CheckpointManager.reached_preemption``); all hosts save that step and
-  stop. SIGINT keeps its default there (a KeyboardInterrupt; the newest checkpoint
-  stays intact).
-* Workdir lock (:mod:`amemory.train.lock`): a second run on the same directory
-  fails at once with :class:`WorkdirBusyError` naming the holder's PID and host.
-* A checkpoint is "healthy" when a train record after it had a finite loss that the
-  divergence test did not flag, or the step that failed after it had a finite loss the
-  test would not flag (a step's loss is computed on the previous step's parameters)
-  and the record before was healthy. The non-finite and divergence stops name the
-  newest healthy checkpoint, move newer ones to ``checkpoints-rejected/`` so that
-  ``--resume`` continues from it, and never write a non-finite state.
+The guarantees (stop signals, preemption on several hosts, the lock, healthy checkpoints)
+are README's "Reliability" table, each with its test. A checkpoint is *healthy* when a
+train record after it had a finite loss the divergence test did not flag, or the step that
+failed after it had such a loss (computed on the checkpoint's parameters) after a healthy
+record; non-finite and divergence stops name the newest healthy one and move newer ones to
+``checkpoints-rejected/``. Multi-process runs leave SIGTERM to JAX's preemption service
+(Orbax ``CheckpointManager.reached_preemption``: every host stops at the same step).
 """
 
 from __future__ import annotations
