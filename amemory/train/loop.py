@@ -1,13 +1,8 @@
 """``train(config, workdir)``: the training loop for every task.
 
-Run directory (``workdir``)
-  config.json      the resolved config (after command-line overrides and engine defaults)
-  metrics.jsonl    one JSON object per line, see below
-  events.out.tfevents.*  the same scalars for TensorBoard (``tensorboard --logdir runs/``)
-  plugins/profile/ a ``jax.profiler`` trace of ``config.profile_steps`` (when set)
-  checkpoints/     Orbax steps: params, opt_state, step, rng, input position, config, digest
-  summary.json     the dict ``train`` returns (written last: its presence marks a finished run)
-  run.lock         held while a run is live (``amemory.train.lock``)
+The run directory (config.json, metrics.jsonl, TensorBoard events, a profile trace,
+checkpoints/, summary.json, run.lock) and the schema of every metrics.jsonl record are in
+``docs/metrics.md``.
 
 The loop never waits for the device between log steps: metrics are reduced on the
 device (:mod:`amemory.train.engine`) and read every ``config.log_every`` steps; the
@@ -17,55 +12,6 @@ is an error. Batches are read by the task's Grain iterator and put on the device
 ``PREFETCH`` steps ahead. The host syncs only at the points of :class:`_SyncPoints`: log,
 evaluation, spectrum, checkpoint, profile, and the guards of :mod:`amemory.train.guard`
 (stop signals, divergence, the resume contract) run there.
-
-metrics.jsonl records. Every record has ``"kind"`` and ``"step"`` (optimizer
-steps completed, int). In multi-seed runs (``config.seeds`` non-empty) every
-numeric value below is a list with one entry per seed, in ``config.seeds`` order.
-
-``kind == "train"`` (every ``config.log_every`` steps and at the last step):
-  loss            mean training loss over the steps since the previous train record,
-                  nats per token (LM) / per query (memory)
-  aux/<name>      scalars the task's loss returns beside the loss, averaged like the loss
-                  (MoE models: ce_loss, the cross-entropy alone; moe_lb_loss, the
-                  load-balancing loss averaged over layers; moe_lb_coef, its coefficient
-                  in ``loss``; moe_drop_fraction)
-  lr              learning rate of ``optimizer.name`` at this step
-  adam_lr         learning rate of the Adam part at this step
-  grad_norm       global L2 norm of this step's gradient (before clipping)
-  param_norm      global L2 norm of the parameters after the step
-  update_rms/<role>   RMS of this step's parameter update (new - old) over that role
-  max_logit/<i>   transformer tasks: the largest pre-softmax attention logit of layer i
-                  over its heads in this step's forward pass (QK-Clip's statistic)
-  ortho_error/<path>  orthogonality error of the Muon direction (amemory.optim.collect_diagnostics)
-  tokens_per_s    training throughput since the previous train record (global tokens / wall second)
-  step_time_s     mean wall seconds per step since the previous train record
-
-``kind == "eval"`` (every ``config.eval_every`` steps and at the end):
-  LM on a corpus:  loss (mean validation nats/token), loss/bucket_<b> for frequency bucket b
-                   (0 = most frequent tokens), bucket_labels (token-count range of each bucket)
-  biographies:     fta/group_<g> first-token accuracy of group g, fta (all questions)
-  memory:          loss (population loss, nats), acc (prior-weighted accuracy),
-                   loss/head, loss/tail, acc/head, acc/tail, correct_prob/min, gap (Delta(W) of
-                   docs/science.md), per_class_loss and per_class_prob (lists of length K)
-
-``kind == "spectrum"`` (every ``config.spectrum_every`` steps):
-  spectrum/<role>/<metric>  isotropy metrics (amemory.analysis.spectrum.spectrum_metrics) of the
-                   role's matrices, averaged over layers ("vo" is the per-layer product
-                   W_O W_V); metrics: entropy, effective_rank, top10_energy, q75_25,
-                   stable_rank, condition_number
-
-``kind == "event"``: ``event`` in {"start", "resume", "compiled", "nonfinite", "end"} with
-details ("start" holds the routing table: rows [path, shape, role, transform, matrices],
-``matrices`` = "n x (fan_in, fan_out)" for leaves orthogonalised as n matrices, e.g. the
-layer axis of scanned layers; and ``layout``: one row per Muon-family orthogonalisation
-group, amemory.optim.describe_layout, saying whether it runs in the owner layout of sharded
-mode or is left to XLA); from ``amemory.train.guard``: "checkpoint_rejected" (checkpoint,
-reason), "config_changed" (allowed, bookkeeping: {field: [old, new]}), "nonfinite" and
-"diverged" (healthy_checkpoint), "stopped" (reason: SIGTERM | SIGINT | preemption,
-checkpoint).
-
-Memory-task records count queries, not tokens: ``tokens_per_s`` is queries per second
-(``batch_size`` per step, or K per step for the exact population loss).
 """
 
 from __future__ import annotations

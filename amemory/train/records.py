@@ -1,7 +1,7 @@
 """Run records: ``metrics.jsonl`` and the same scalars as TensorBoard events.
 
 :class:`RunLog` is the one writer of a run's records (process 0 only). Every record goes
-to ``metrics.jsonl`` (schema in :mod:`amemory.train.loop`) and each of its scalars to a
+to ``metrics.jsonl`` (schema: ``docs/metrics.md``) and each of its scalars to a
 TensorBoard event file in the run directory (``tensorboardX``, no TensorFlow), so
 ``tensorboard --logdir runs/`` compares runs. Tags are ``<kind>/<field>`` (``train/loss``,
 ``eval/loss/bucket_0``, ``spectrum/spectrum/vo/entropy``; events: ``event/<event>/<field>``);

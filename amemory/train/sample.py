@@ -132,16 +132,7 @@ def main(argv: list[str]) -> int:
     p.add_argument("--seed-index", type=int, default=0, help="seed of a multi-seed run")
     args = p.parse_args(argv)
     try:
-        text = sample_text(
-            args.workdir,
-            args.prompt,
-            args.max_new_tokens,
-            temperature=args.temperature,
-            top_k=args.top_k,
-            seed=args.seed,
-            step=args.step,
-            seed_index=args.seed_index,
-        )
+        text = sample_text(**vars(args))  # the flags are sample_text's parameters
     except ValueError as e:
         return p.fail(e)
     print(text)
