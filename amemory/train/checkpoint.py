@@ -1,28 +1,17 @@
 """Checkpoints: Orbax ``CheckpointManager`` with digests and a verified, fail-safe restore.
 
-One checkpoint step holds up to three items:
-  state   the ``TrainState`` (params, opt_state, step, rng), saved with
-          ``StandardSave``; restored against an abstract target so optax states
-          come back as their NamedTuples and arrays land with the target's sharding;
-  extra   JSON: the run config, the fields that fix the parameter layout
-          (``task_meta``, e.g. ``model.scan_layers``) and free metadata;
-  data    the Grain iterator state of the training input, one JSON file per process
-          (``grain.checkpoint.CheckpointHandler``), present when the task reads data:
-          the position after the last batch the saved state was trained on, so a
-          resumed run reads exactly the batch that followed.
+One checkpoint step holds up to three items: ``state`` (the ``TrainState``, restored
+against an abstract target so optax states come back as NamedTuples with the target's
+sharding); ``extra`` (JSON: the run config, ``task_meta`` such as ``model.scan_layers``,
+the integrity digest); ``data`` (the Grain position after the saved step's batch, one JSON
+file per process, when the task reads data: a resumed run reads the batch that followed).
 
-Saves are asynchronous (training continues while the arrays are written) and
-atomic (Orbax writes to a temporary directory and renames it when complete), so a
-process killed mid-save leaves the previous step as the latest one. ``max_to_keep``
-bounds the number of steps on disk. Multi-process runs call every method on every
-process; Orbax writes each process's shards and the JSON once.
-
-Integrity. Orbax checks the index of each TensorStore shard (crc32c) but not the
-array bytes, so a flipped byte restores silently. ``save`` therefore stores, in
-``extra["integrity"]``, a digest of every leaf computed on the device before the
-write (:func:`state_digest`), and refuses to write a state with a non-finite value
-(:class:`NonFiniteStateError`). ``restore_intact`` restores the newest step that fits
-the run and reads back intact, moving aside only steps whose damage is proven.
+Saves are asynchronous and atomic (Orbax writes a temporary directory and renames it), so
+a process killed mid-save leaves the previous step as the latest. Multi-process runs call
+every method on every process. Orbax checks each TensorStore shard's index but not the
+array bytes, so ``save`` stores a per-leaf digest computed on the device
+(:func:`state_digest`) and refuses a non-finite state; ``restore_intact`` restores the
+newest step that fits the run and reads back intact, moving aside only proven damage.
 """
 
 from __future__ import annotations

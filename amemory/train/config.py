@@ -10,11 +10,6 @@ plan`` and ``--print-config``), before any JAX compilation; it raises a ``ValueE
 naming the dotted field and the allowed values. It checks run-level fields itself and
 the fields a component owns by building that component (``MuonOptions``,
 ``TransformerConfig``, the schedule), re-raising its error with the dotted name.
-
-Engine fields (:data:`ENGINE_DEFAULTS`): options of the training engine itself
-(scanned layers, remat policy, Newton-Schulz dtype, profiling) that every
-run config gets when its file does not set them, so they are named once, here, and
-still overridable and printed (``--print-config``) like any other field.
 """
 
 from __future__ import annotations
@@ -32,9 +27,10 @@ from typing import Any
 
 from ml_collections import ConfigDict
 
-# Engine fields added to a run config that lacks them (`with_engine_defaults`): dotted
-# name -> (default, comment). A field is added only where its parent group exists
-# (the memory task has no `model` or `data` group).
+# Options of the training engine itself, added to a run config that lacks them
+# (`with_engine_defaults`), so they are named once, here, and still overridable and printed
+# (--print-config): dotted name -> (default, comment). A field is added only where its
+# parent group exists (the memory task has no `model` or `data` group).
 ENGINE_DEFAULTS: dict[str, tuple[Any, str]] = {
     "model.scan_layers": (
         False,

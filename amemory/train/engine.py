@@ -197,11 +197,7 @@ class Engine:
         accumulator and a global batch shaped like ``local_batch`` (one process's rows)."""
         sds = jax.ShapeDtypeStruct
         batch = jax.tree.map(lambda x: sds(np.shape(x), np.asarray(x).dtype), local_batch)
-        acc = jax.tree.map(
-            lambda x: sds(x.shape, x.dtype, sharding=self._rep),
-            empty_accumulator(jax.eval_shape(lambda s, b: self._plain_step(s, b)[1],
-                                             self.abstract, batch)),
-        )  # fmt: skip
+        acc = jax.tree.map(lambda x: sds(x.shape, x.dtype, sharding=self._rep), self._zeros(batch))
         batch = jax.tree.map(lambda x: sds(x.shape, x.dtype, sharding=self.batch_sh), batch)
         with jax.sharding.set_mesh(self.place.mesh):
             return self._step.lower(self.restore_target, acc, batch)
@@ -220,9 +216,12 @@ class Engine:
     def new_accumulator(self, batch: Any) -> dict:
         """A zero accumulator on the devices (``batch``: a placed batch, for the shapes)."""
         if self._empty_acc is None:
-            metrics = lambda s, b: self._plain_step(s, b)[1]  # noqa: E731
-            self._empty_acc = empty_accumulator(jax.eval_shape(metrics, self.abstract, batch))
+            self._empty_acc = self._zeros(batch)
         return jax.device_put(self._empty_acc, self._rep)
+
+    def _zeros(self, batch: Any) -> dict:
+        metrics = jax.eval_shape(lambda s, b: self._plain_step(s, b)[1], self.abstract, batch)
+        return empty_accumulator(metrics)
 
     def fetch(self, tree: Any) -> Any:
         """Replicated device values -> numpy."""

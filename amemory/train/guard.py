@@ -118,12 +118,10 @@ def exit_code(error: BaseException) -> int:
 def held_background_errors() -> Any:
     """Hold ERROR logs and unraisable exceptions of background threads while a run lasts.
 
-    For ``amemory train``: when an Orbax save fails (a full disk, say) its writer threads
-    log the error with tracebacks several times (absl logger), and TensorStore callbacks
-    leave "Event loop is closed" errors to ``sys.unraisablehook``, about 400 lines in all,
-    before the main thread raises the same error. Held here, they are dropped when the
-    run fails (the CLI reports that failure in one line) and replayed when it does not,
-    so nothing is lost.
+    For ``amemory train``: a failed Orbax save (a full disk) makes its writer threads log
+    tracebacks (absl) and TensorStore leave "Event loop is closed" errors to
+    ``sys.unraisablehook`` before the main thread raises the same error. They are dropped
+    when the run fails (the CLI reports it in one line) and replayed when it does not.
     """
     held_logs: list = []
     held_unraisable: list = []
@@ -376,12 +374,8 @@ class RunGuard:
         self.config, self.allow_changed = config, tuple(allow_changed)
         self.workdir = pathlib.Path(workdir).absolute()
         self.processes, self.is_main = jax.process_count(), jax.process_index() == 0
-        div = config.get("divergence", None)
-        self.monitor = DivergenceMonitor(
-            loss_factor=div.loss_factor if div is not None else 10.0,
-            patience=div.patience if div is not None else 3,
-            enabled=bool(div.enabled) if div is not None else True,
-        )
+        div = config.get("divergence", None)  # enabled, loss_factor, patience
+        self.monitor = DivergenceMonitor(**(div.to_dict() if div is not None else {}))
         self._lock = WorkdirLock(self.workdir, processes=self.processes)
         self._signals = StopSignals(enabled=self.processes == 1)
         self._stack = contextlib.ExitStack()
