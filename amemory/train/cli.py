@@ -5,11 +5,8 @@
     amemory train --config experiments/configs/memory.py:full --workdir runs/mem
     amemory train --config experiments/configs/lm.py --workdir runs/lm_muon --resume
 
-``--config PATH[:ARG]`` names a file with ``get_config(ARG)``; every
-``--config.a.b=VALUE`` (or ``--config.a.b VALUE``) overrides one field. An
-unknown field or a disallowed value fails before anything is compiled, with the
-allowed values. The run directory is ``--workdir`` (config.json, metrics.jsonl,
-checkpoints/, summary.json, run.lock).
+``--config PATH[:ARG]`` names a file with ``get_config(ARG)``; every ``--config.a.b=VALUE``
+(or ``--config.a.b VALUE``) overrides one field. The run directory is ``--workdir``.
 
 Exit status (``amemory.train.guard``): 0 done; 1 non-finite loss; 2 bad config, data,
 workdir or resume; 3 diverged; 4 workdir in use by another run; 75 stopped by SIGTERM

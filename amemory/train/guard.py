@@ -442,19 +442,17 @@ class RunGuard:
             return changes["allowed"]
 
         found = ckpt.restore_intact(target, data=data, accept=accept, fresh=fresh)
-        for moved, reason in found.skipped:
+
+        def warn(text: str, **event: Any) -> None:  # on stderr now, in metrics.jsonl later
             if self.is_main:
-                _say(f"warning: checkpoint {moved.name} was damaged ({reason}); moved to {moved}")
-            self._pending.append(
-                (
-                    found.step,
-                    {"event": "checkpoint_rejected", "checkpoint": str(moved), "reason": reason},
-                )
-            )
+                _say(f"warning: {text}")
+            self._pending.append((found.step, event))
+
+        for moved, why in found.skipped:
+            warn(f"checkpoint {moved.name} was damaged ({why}); moved to {moved}",
+                 event="checkpoint_rejected", checkpoint=str(moved), reason=why)  # fmt: skip
         for note in found.notes:
-            if self.is_main:
-                _say(f"warning: {note}")
-            self._pending.append((found.step, {"event": "restore_note", "note": note}))
+            warn(note, event="restore_note", note=note)
         allowed, free = changes["allowed"], changes["free"]
         if allowed or free:
             self._pending.append(
