@@ -71,16 +71,13 @@ class CheckpointWriteError(OSError):
 
 
 class IncompatibleCheckpointError(ValueError):
-    """A readable checkpoint whose leaves do not fit the model/optimizer (a config error)."""
+    """A checkpoint this run refuses (a config error; nothing is moved): its leaves do not fit
+    the model/optimizer, the resume contract refused it, or it reads back intact but cannot
+    be restored into this run."""
 
 
 class CorruptCheckpointError(RuntimeError):
     """A checkpoint step cannot be read back as saved (raised and caught inside restore)."""
-
-
-class CheckpointRefused(ValueError):
-    """The resume contract refused a checkpoint, or one that reads back intact cannot be
-    restored into this run; nothing was moved."""
 
 
 class Restored(NamedTuple):
@@ -362,7 +359,7 @@ class Checkpointer:
         try:
             allowed = accept(step, extra) if accept is not None else {}
         except ValueError as e:  # the resume contract: nothing is read or moved
-            raise CheckpointRefused(str(e)) from e
+            raise IncompatibleCheckpointError(str(e)) from e
         reset = fresh is not None and any(k.startswith("optimizer.") for k in allowed)
         cast = any(k.endswith("dtype") for k in allowed)
         reset = self.check_compatible(step, target, cast=cast, fresh_opt=reset)
@@ -442,7 +439,7 @@ class Checkpointer:
                         step, target, data, accept, fresh
                     )
                     ok, reason = True, ""
-                except (IncompatibleCheckpointError, CheckpointRefused):
+                except IncompatibleCheckpointError:
                     replay[0] = True
                     raise  # the checkpoint reads fine (or was not read); the config does not fit
                 except Exception as e:  # noqa: BLE001 - damaged only if a plain re-read says so
@@ -451,7 +448,7 @@ class Checkpointer:
                     reason = str(e) if corrupt else self._diagnose(step)
                     if reason is None:
                         replay[0] = True
-                        raise CheckpointRefused(
+                        raise IncompatibleCheckpointError(
                             f"checkpoint {self.path(step)} reads back intact but cannot be "
                             f"restored into this run ({_first_line(e)}); nothing was moved"
                         ) from e

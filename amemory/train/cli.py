@@ -22,22 +22,19 @@ from amemory.cli import Parser
 
 
 def _split_overrides(rest: list[str]) -> list[str]:
-    out, i = [], 0
-    while i < len(rest):
-        a = rest[i]
+    out, args = [], iter(rest)
+    for a in args:
         if not a.startswith("--config."):
             raise ValueError(
                 f"unrecognised argument {a!r} (overrides look like --config.a.b=VALUE)"
             )
-        key = a[len("--config.") :]
-        if "=" in key:
-            out.append(key)
-            i += 1
-        elif i + 1 < len(rest):
-            out.append(f"{key}={rest[i + 1]}")
-            i += 2
-        else:
-            raise ValueError(f"{a}: missing value")
+        key = a.removeprefix("--config.")
+        if "=" not in key:  # --config.a.b VALUE
+            value = next(args, None)
+            if value is None:
+                raise ValueError(f"{a}: missing value")
+            key = f"{key}={value}"
+        out.append(key)
     return out
 
 

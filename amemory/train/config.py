@@ -94,7 +94,6 @@ MINIMUMS: dict[str, int] = {
     "data.n_buckets": 1,
     "data.eval_batches": 1,
     "data.vocab_size": 2,
-    "parallel.fsdp": 1,
     "schedule.warmup_steps": 0,
     "memory.K": 2,
     "batch_size": 0,

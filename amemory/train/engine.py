@@ -41,10 +41,8 @@ def make_train_step(
       diagnostics: add ``amemory.optim.collect_diagnostics(opt_state)`` to the metrics.
 
     Returns:
-      the step function; metrics are scalars: loss, grad_norm, param_norm, lr, adam_lr,
-      update_rms/<role>, aux/<name>, max_logit/<layer> (from a transformer task's
-      ``max_logit [L, H]`` aux, max over heads; ``opt.clip`` gets it: QK-Clip), and
-      ortho_error/<path> when ``diagnostics``. The update runs under
+      the step function; its metrics are the scalars of a train record (docs/metrics.md;
+      ``max_logit [L, H]`` also goes to ``opt.clip``: QK-Clip). The update runs under
       ``jax.named_scope(OPTIMIZER_SCOPE)``: compiled HLO names its ops.
     """
     leaf_roles = jax.tree.leaves(roles)

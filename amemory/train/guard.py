@@ -38,7 +38,7 @@ from typing import Any, NoReturn
 
 import numpy as np
 
-from amemory.train.lock import EXIT_BUSY, WorkdirBusyError, WorkdirLock, busy_message, holder_info
+from amemory.train.lock import WorkdirBusyError, WorkdirLock, busy_message, holder_info
 
 # Exit statuses of ``amemory train`` (README, "Reliability").
 EXIT_NONFINITE = 1
@@ -73,9 +73,13 @@ class NonFiniteLossError(RuntimeError):
     The message names the step and the newest healthy checkpoint.
     """
 
+    exit_code = EXIT_NONFINITE
+
 
 class DivergenceError(RuntimeError):
     """The divergence test fired (``config.divergence``); the message says which rule and where."""
+
+    exit_code = EXIT_DIVERGED
 
 
 class RunInterrupted(KeyboardInterrupt):
@@ -101,17 +105,9 @@ class RunInterrupted(KeyboardInterrupt):
 
 
 def exit_code(error: BaseException) -> int:
-    """``amemory train``'s exit status for an exception raised by ``train``."""
-    if isinstance(error, RunInterrupted):
-        return error.exit_code
-    for cls, code in (
-        (WorkdirBusyError, EXIT_BUSY),
-        (DivergenceError, EXIT_DIVERGED),
-        (NonFiniteLossError, EXIT_NONFINITE),
-    ):
-        if isinstance(error, cls):
-            return code
-    return EXIT_CONFIG
+    """``amemory train``'s exit status for an exception raised by ``train``: its class's
+    ``exit_code``, else ``EXIT_CONFIG``."""
+    return getattr(error, "exit_code", EXIT_CONFIG)
 
 
 @contextlib.contextmanager
@@ -208,11 +204,8 @@ class DivergenceMonitor:
 
     def __init__(self, loss_factor: float = 10.0, patience: int = 3, enabled: bool = True):
         self.loss_factor, self.patience, self.enabled = float(loss_factor), int(patience), enabled
-        self.first: np.ndarray | None = None
-        self.best: np.ndarray | None = None
-        self.high: np.ndarray | None = None
-        self.dead: np.ndarray | None = None
-        self.since: np.ndarray | None = None
+        # per seed: first and smallest loss, high / dead streak lengths, streak start step
+        self.first = self.best = self.high = self.dead = self.since = None
 
     def high_loss(self, loss: Any) -> np.ndarray:
         """Per seed: the *high* rule on ``loss`` (False before the first record)."""
@@ -231,14 +224,11 @@ class DivergenceMonitor:
         """
         loss = np.atleast_1d(np.asarray(loss, np.float64))
         gn = None if grad_norm is None else np.atleast_1d(np.asarray(grad_norm, np.float64))
+        high = self.high_loss(loss)
         if self.first is None:
             self.first, self.best = loss.copy(), loss.copy()
-            self.high = np.zeros(loss.shape, int)
-            self.dead = np.zeros(loss.shape, int)
+            self.high = self.dead = np.zeros(loss.shape, int)  # replaced, never updated in place
             self.since = np.full(loss.shape, step)
-            high = np.zeros(loss.shape, bool)
-        else:
-            high = self.high_loss(loss)
         dead = (gn == 0) & (loss > 0) if gn is not None else np.zeros(loss.shape, bool)
         streak_start = (self.high == 0) & (self.dead == 0)
         self.since = np.where(streak_start, step, self.since)
