@@ -144,10 +144,8 @@ def state_digest(state: Any) -> tuple[dict[str, list[int]], dict[str, int]]:
 
 
 def _first_line(e: BaseException, tail: bool = False) -> str:
-    """``Type: first line of the message`` without TensorStore's spec dump, at most 240 chars.
-
-    ``tail`` keeps the end of a long line instead (where TensorStore puts the OS error).
-    """
+    """``Type: first line of the message`` without TensorStore's spec dump, at most 240 chars
+    (``tail``: the end of a long line, where TensorStore puts the OS error)."""
     text = str(e).split(" See full TensorStore details")[0].strip().splitlines()
     line = f"{type(e).__name__}: {text[0] if text else ''}"
     if len(line) <= 240:

@@ -163,15 +163,12 @@ class Engine:
         mesh = place.mesh
         self._rep = rep = parallel.replicated(mesh)
         lead = 1 if multi else 0
+        opt_sh = parallel.state_shardings(a.opt_state, mesh, leading_axes=lead)
         self.state_sh = TrainState(
             step=jax.tree.map(lambda _: rep, a.step),
             params=parallel.state_shardings(a.params, mesh, leading_axes=lead),
-            opt_state=optim.owner_state_shardings(  # NorMuon's moments stay with owners
-                a.opt_state,
-                mesh,
-                parallel.state_shardings(a.opt_state, mesh, leading_axes=lead),
-                leading_axes=lead,
-            ),
+            # NorMuon's moments stay with their owners
+            opt_state=optim.owner_state_shardings(a.opt_state, mesh, opt_sh, leading_axes=lead),
             rng=jax.tree.map(lambda _: rep, a.rng),
         )
         self._init = jax.jit(init, out_shardings=self.state_sh)
@@ -260,9 +257,7 @@ def build(config: Any, place: parallel.Placement, task: Any = None) -> Built:
     task = task if task is not None else tasks.build(config, place)
     multi = bool(config.seeds)
     seeds = [int(s) for s in config.seeds] if multi else [int(config.seed)]
-    keys = (
-        jnp.stack([jax.random.PRNGKey(s) for s in seeds]) if multi else jax.random.PRNGKey(seeds[0])
-    )
+    keys = jnp.stack([jax.random.PRNGKey(s) for s in seeds])  # [S, 2]
     abstract_params = jax.eval_shape(task.init_params, jax.random.PRNGKey(0))
     roles = task.roles(abstract_params)
     opt = optimizers.build(
@@ -270,9 +265,7 @@ def build(config: Any, place: parallel.Placement, task: Any = None) -> Built:
         matrix_axes=task.matrix_axes, mesh=place.mesh if place.mode == "sharded" else None,
         head_view=getattr(task, "head_view", None),
     )  # fmt: skip
-    diagnostics = (
-        bool(config.optimizer.diagnostics) and config.optimizer.name in optimizers.MUON_LIKE
-    )
-    engine = Engine(place, task, opt, roles, keys, multi, diagnostics)
+    diagnostics = config.optimizer.diagnostics and config.optimizer.name in optimizers.MUON_LIKE
+    engine = Engine(place, task, opt, roles, keys if multi else keys[0], multi, diagnostics)
     n_params = int(sum(np.prod(x.shape) for x in jax.tree.leaves(abstract_params)))
     return Built(task, opt, engine, seeds, multi, n_params)

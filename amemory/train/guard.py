@@ -68,10 +68,8 @@ RESUME_FREE = (
 
 
 class NonFiniteLossError(RuntimeError):
-    """The training loss (or the state to be saved) became NaN or infinite.
-
-    The message names the step and the newest healthy checkpoint.
-    """
+    """The training loss (or the state to be saved) became NaN or infinite; the message names
+    the step and the newest healthy checkpoint."""
 
     exit_code = EXIT_NONFINITE
 
@@ -513,12 +511,9 @@ class RunGuard:
         whose message is ``what`` and the newest healthy checkpoint (newer ones are moved
         aside, so ``--resume`` continues from it)."""
         where, good = self._describe_healthy()
-        event = {
-            **event,
-            "healthy_checkpoint": str(self._ckpt.path(good)) if good is not None else None,
-        }
+        healthy = str(self._ckpt.path(good)) if good is not None else None
         if self._log is not None:
-            self._log.write("event", step, **event)
+            self._log.write("event", step, **event, healthy_checkpoint=healthy)
         raise error(f"{what}; {where}")
 
     def confirm_by_failed_step(self, step: int, loss: Any) -> None:

@@ -236,7 +236,7 @@ def _announce(config, workdir, b: engine_lib.Built, mode: str, log, ckpt, resume
 
 def _train_steps(config, b, state, inputs, start, points, g, closing) -> TrainState:
     """Steps ``start + 1 .. config.steps``; between two sync points no host read is allowed."""
-    steps = int(config.steps)
+    steps = points.steps
     bar = tqdm(
         total=steps, initial=start, disable=not (config.progress and jax.process_index() == 0),
         desc=f"{b.task.kind}/{config.optimizer.name}", unit="step", dynamic_ncols=True,
@@ -325,8 +325,7 @@ class _SyncPoints:
                 self.last_eval = _evaluate(self.engine, self.task, state, self.multi)
                 self.log.write("eval", s, **self.last_eval)
             if due["spectrum"]:
-                spectra = _spectrum(self.engine, self.task, state, self.multi)
-                self.log.write("spectrum", s, **spectra)
+                self.log.write("spectrum", s, **_spectrum(self.task, state, self.multi))
             if due["save"]:
                 self.save_point(s, state, acc, position)
         self.mark = (time.perf_counter(), s)
@@ -401,7 +400,7 @@ def _is_label(v: Any) -> bool:
     return isinstance(v, str) or (isinstance(v, list) and all(isinstance(x, str) for x in v))
 
 
-def _spectrum(engine: engine_lib.Engine, task, state: TrainState, multi: bool) -> dict:
+def _spectrum(task, state: TrainState, multi: bool) -> dict:
     mats = task.spectrum_matrices(parallel.to_host(state.params))
     out = {}
     for role, stack in mats.items():  # stack: [L, (S,) m, n]

@@ -82,16 +82,9 @@ def load_run(workdir: str | pathlib.Path, *, step: int | None = None, seed_index
 
 
 def sample_text(
-    workdir: str | pathlib.Path,
-    prompt: str,
-    max_new_tokens: int,
-    *,
-    temperature: float = 1.0,
-    top_k: int = 0,
-    seed: int = 0,
-    step: int | None = None,
-    seed_index: int = 0,
-) -> str:
+    workdir: str | pathlib.Path, prompt: str, max_new_tokens: int, *, temperature: float = 1.0,
+    top_k: int = 0, seed: int = 0, step: int | None = None, seed_index: int = 0,
+) -> str:  # fmt: skip
     """The prompt and its continuation by a trained run, decoded together as text.
 
     (See the module docstring; a word-level tokenizer re-spaces the prompt.)

@@ -1,15 +1,10 @@
 """What the training loop trains: model + data + loss + evaluation, behind one interface.
 
 :class:`Task` (a ``typing.Protocol``) is everything the loop needs from a model family;
-the loop never asks which task it runs. :func:`build` picks the task from
-``config.task`` / ``config.data.kind``:
-
-* :class:`LMTask`: transformer on a tokenized corpus; Grain windows of ``seq_len + 1``
-  tokens; evaluation = validation loss per token-frequency bucket (on device).
-* :class:`BiographyTask`: transformer on synthetic biographies; Grain rows with a loss
-  mask; evaluation = first-token accuracy per group (arXiv 2509.26030; docs/science.md).
-* :class:`~amemory.train.memory_task.MemoryTask`: one-layer associative memory; pairs
-  sampled on the device from the step's key (no host input); exact evaluation.
+the loop never asks which task it runs. :func:`build` picks :class:`LMTask` (a tokenized
+corpus), :class:`BiographyTask` (synthetic biographies, arXiv 2509.26030) or
+:class:`~amemory.train.memory_task.MemoryTask` (the one-layer associative memory) from
+``config.task`` / ``config.data.kind``.
 """
 
 from __future__ import annotations
