@@ -255,6 +255,20 @@ def interval_dict(iv: Any, direction: str, threshold: float = 0.0) -> dict[str, 
     }  # fmt: skip
 
 
+def seed_claim(
+    key: str, paper: str, statement: str, paper_value: str, ours: str, test: str,
+    a: Any, b: Any = None, *, direction: str = "greater", threshold: float = 0.0,
+) -> Claim:  # fmt: skip
+    """A :class:`Claim` decided by :func:`seed_verdict` of ``a`` (or ``a - b``).
+
+    ``ours`` is followed by the interval in words (:func:`describe`); the arguments are
+    :class:`Claim`'s fields and :func:`seed_verdict`'s.
+    """
+    iv, held = seed_verdict(a, b, direction=direction, threshold=threshold)
+    return Claim(key, paper, statement, paper_value, ours + describe(iv), held, test,
+                 interval_dict(iv, direction, threshold))  # fmt: skip
+
+
 def describe(iv: Any, digits: int = 3) -> str:
     """``0.087 ± 0.012 (95% CI, n=3)``, or ``no interval`` for None."""
     return "no interval (fewer than 2 seeds)" if iv is None else iv.describe(digits)

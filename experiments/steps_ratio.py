@@ -1,28 +1,19 @@
 """Steps Muon needs to reach Adam's final validation loss, against model size.
 
 Peers report that Muon reaches AdamW's loss with about half of its compute (Moonlight,
-Liu et al. 2025, arXiv 2502.16982, Sec. 3; Muon with MLA/MoE, arXiv 2509.24406: 48-52%);
-tail_lm's quick model measures far less of a lead. This experiment asks what controls the
-ratio at CPU scale. At every size of a one-factor sweep around tail_lm's quick model
-(width, depth, vocabulary; ``experiments/configs/steps_ratio.py``):
+arXiv 2502.16982, Sec. 3; arXiv 2509.24406: 48-52%). At every size of a one-factor sweep
+around tail_lm's quick model (width, depth, vocabulary), Adam's and Muon's learning rates
+are chosen on a grid by seed 0's final validation loss (grid edges flagged), both are
+trained on held-out initialisation seeds (same data order), and per seed the ratio =
+(first step, interpolated, at which Muon reaches Adam's final validation loss of the same
+seed) / steps, with a 95% Student-t interval (:mod:`amemory.analysis.stats`).
 
-1. the peak learning rates of Adam and Muon are chosen on their grids by the final
-   validation loss of seed 0 (per optimizer and size; the grid edge is flagged);
-2. both are trained at the chosen rates on held-out initialisation seeds (one vmapped
-   run each; every seed reads the same data order, so seed s of Muon and of Adam start
-   from the same weights and see the same batches);
-3. per seed, the ratio = (first step at which Muon's validation loss reaches Adam's
-   final validation loss of the same seed, interpolated between evaluations) / steps;
-   NaN-free seeds give a 95% Student-t interval (:mod:`amemory.analysis.stats`).
-
-Fairness of the baseline: at ``reference_sizes`` the same model, initialisation and
-batches are trained by a plain optax + flax loop (``experiments/reference_lm.py``) with
-``optax.adam`` and with ``optax.contrib.muon``; the engine's Adam must match the plain
-Adam to within seed noise, and the plain pair gives its own ratio. ``budget_fractions``
-trains Muon on shorter schedules (the ratio when Muon's whole schedule is shorter).
-
-Claim (tested at ``test_size``): Muon reaches Adam's final validation loss in about half
-the steps, i.e. the seed interval of the ratio lies below ``half_threshold``.
+Fairness of the baseline: at ``reference_sizes`` a plain optax + flax loop
+(``experiments/reference_lm.py``) trains the same model, initialisation and batches with
+``optax.adam`` and ``optax.contrib.muon``; the engine's Adam must match the plain Adam to
+within seed noise. ``budget_fractions`` trains Muon on shorter schedules, ``adam_betas``
+Adam with other betas. Claim (at ``test_size``): the ratio's interval lies below
+``half_threshold`` ("about half the steps").
 """
 
 from __future__ import annotations
