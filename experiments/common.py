@@ -379,6 +379,18 @@ def parse_set(item: str) -> tuple[str, Any]:
         return key, raw
 
 
+def check_values(stage: str, cfg: Any, **allowed: Sequence[Any]) -> None:
+    """Check that every entry of the list field ``cfg.<field>`` is in ``allowed[field]``.
+
+    Raises:
+      ValueError: naming the stage, the field, the unknown entries and the allowed ones.
+    """
+    for field, ok in allowed.items():
+        bad = [v for v in cfg[field] if v not in ok]
+        if bad:
+            raise ValueError(f"{stage} config field {field!r}: unknown {bad}; allowed {list(ok)}")
+
+
 def has_field(cfg: Any, key: str) -> bool:
     """Whether the ConfigDict ``cfg`` has the dotted field ``key``."""
     node = cfg

@@ -117,10 +117,8 @@ def run(cfg: ConfigDict, stage: common.Stage) -> dict[str, Any]:
         that is not one of the sweep's sizes, or fewer than 2 seeds (before training).
     """
     points = sizes(cfg)
-    for field in ("reference_sizes", "fixed_lr_sizes", "small_grid_sizes"):
-        bad = [s for s in cfg[field] if s not in points]
-        if bad:
-            raise ValueError(f"steps_ratio config field {field!r}: {bad} not in {list(points)}")
+    fields = ("reference_sizes", "fixed_lr_sizes", "small_grid_sizes")
+    common.check_values("steps_ratio", cfg, **dict.fromkeys(fields, points))
     if cfg.test_size not in points:
         raise ValueError(f"steps_ratio config field 'test_size': {cfg.test_size!r} not in "
                          f"{list(points)}")  # fmt: skip
