@@ -351,35 +351,24 @@ def make_notes(cells: dict[str, dict[str, Any]]) -> list[str]:
 
 def make_figures(cfg: ConfigDict, m: dict[str, Any], out_dir: Any) -> list[str]:
     """Validation curves of every cell; decoding speed (largest batch) and memory per arch."""
-    cells = m["cells"]
+    cells, dec, fig = m["cells"], m["decode"], out_dir / "figures"
+    b, n = max(cfg.decode.batches), max(cfg.decode.memory_lengths)
     paths = [
         plots.plot_curves(
             {k: (c["eval_steps"], c["val_loss"]) for k, c in cells.items()},
-            out_dir / "figures" / "arch_val_loss.png",
-            xlabel="step",
-            ylabel="validation loss (nats/token)",
-            title="dense / MLA / MoE / MLA+MoE, AdamW vs Muon",
-            hline=m["target_loss"],
-        )
-    ]
-    b, n = max(cfg.decode.batches), max(cfg.decode.memory_lengths)
-    dec = m["decode"]
-    paths.append(
+            fig / "arch_val_loss.png", xlabel="step", ylabel="validation loss (nats/token)",
+            title="dense / MLA / MoE / MLA+MoE, AdamW vs Muon", hline=m["target_loss"],
+        ),
         plots.plot_bars(
-            {a: d["tokens_per_s"][b] for a, d in dec.items()},
-            out_dir / "figures" / "arch_decode_speed.png",
-            ylabel=f"tokens/s (batch {b}, greedy)",
-            title="KV-cache decoding speed",
-        )
-    )
-    paths.append(
+            {a: d["tokens_per_s"][b] for a, d in dec.items()}, fig / "arch_decode_speed.png",
+            ylabel=f"tokens/s (batch {b}, greedy)", title="KV-cache decoding speed",
+        ),
         plots.plot_bars(
             {a: d["memory"][n]["total"] / 2**20 for a, d in dec.items()},
-            out_dir / "figures" / "arch_decode_memory.png",
-            ylabel=f"MiB (batch {cfg.decode.memory_batch}, {n} tokens)",
-            title="decoding memory (XLA buffer assignment)",
-        )
-    )
+            fig / "arch_decode_memory.png", ylabel=f"MiB (batch {cfg.decode.memory_batch}, "
+            f"{n} tokens)", title="decoding memory (XLA buffer assignment)",
+        ),
+    ]  # fmt: skip
     return [str(p.relative_to(out_dir)) for p in paths]
 
 

@@ -250,26 +250,15 @@ def figure(cfg: ConfigDict, by_size: dict[str, Any], out_dir: Any) -> str:
     """Ratio (seed mean, 95% band) against parameter count, one series per sweep axis."""
     series = {}
     for axis in AXES:
-        pts = sorted(
-            (v["n_params"], np.asarray(v["ratio"], float))
-            for v in by_size.values()
-            if axis in v["axes"] and v["n_params"]
-        )  # fmt: skip
-        if len(pts) >= 1:
-            series[f"{axis}"] = (
-                np.array([p[0] for p in pts], float),
-                np.stack([p[1] for p in pts]),
-            )
+        pts = sorted((v["n_params"], np.asarray(v["ratio"], float)) for v in by_size.values()
+                     if axis in v["axes"] and v["n_params"])  # fmt: skip
+        if pts:
+            series[axis] = (np.array([p[0] for p in pts], float), np.stack([p[1] for p in pts]))
     p = plots.plot_curves(
-        series,
-        out_dir / "figures" / "steps_ratio.png",
-        xlabel="parameters",
-        ylabel="Muon steps to Adam's final loss / steps",
-        title="steps-to-Adam ratio vs size (95% seed bands)",
-        logx=True,
-        hline=float(cfg.half_threshold),
-        marker="o",
-    )
+        series, out_dir / "figures" / "steps_ratio.png", xlabel="parameters",
+        ylabel="Muon steps to Adam's final loss / steps", logx=True, marker="o",
+        title="steps-to-Adam ratio vs size (95% seed bands)", hline=float(cfg.half_threshold),
+    )  # fmt: skip
     return str(p.relative_to(out_dir))
 
 

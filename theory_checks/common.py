@@ -23,17 +23,8 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
-__all__ = [
-    "CheckResult",
-    "Context",
-    "REGISTRY",
-    "fmt",
-    "markdown_table",
-    "register",
-    "run_checks",
-    "select",
-    "update_readme",
-]
+__all__ = ["CheckResult", "Context", "REGISTRY", "fmt", "markdown_table", "register",
+           "run_checks", "select", "update_readme"]  # fmt: skip
 
 KINDS = ("paper", "derived", "conjecture")
 BEGIN_MARK = "<!-- BEGIN checks -->"
