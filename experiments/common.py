@@ -341,16 +341,9 @@ def config_hash(cfg: Any) -> str:
 
 
 def result_dict(
-    name: str,
-    scale: str,
-    *,
-    metrics: dict[str, Any],
-    figures: Sequence[str],
-    claims: Iterable[Claim],
-    wall_s: float,
-    config: Any = None,
-    notes: Sequence[str] = (),
-) -> dict[str, Any]:
+    name: str, scale: str, *, metrics: dict[str, Any], figures: Sequence[str],
+    claims: Iterable[Claim], wall_s: float, config: Any = None, notes: Sequence[str] = (),
+) -> dict[str, Any]:  # fmt: skip
     """Assemble the standard result dict of an experiment (see module docstring)."""
     return {
         "name": name,
