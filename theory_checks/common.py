@@ -274,6 +274,18 @@ def trajectory(
     return jax.tree.map(np.asarray, out)
 
 
+def fit(x: Any, y: Any) -> Any:
+    """Least-squares power law ``y ≈ c x^s`` with its 95% interval (``fit_power_law``)."""
+    from amemory.analysis import scaling
+
+    return scaling.fit_power_law(x, y)
+
+
+def half(f: Any) -> float:
+    """Half-width of a fit's 95% slope interval."""
+    return 0.5 * (f.slope_ci[1] - f.slope_ci[0])
+
+
 def savefig(fig: Any, ctx: Context, name: str) -> str | None:
     """Saves a matplotlib figure under ``ctx.out_dir`` (None: closes it, returns None)."""
     import matplotlib.pyplot as plt
