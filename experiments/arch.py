@@ -12,10 +12,11 @@ decode memory. Paper A's component question (arXiv 2509.26030, Table 1): Muon on
 experts only against Muon on attention only.
 
 FLOPs are model FLOPs (PaLM, arXiv 2204.02311, App. B): ``6 N + 6 L H T (d_qk + d_v)`` per
-training token, N the active matrix parameters (routed experts at ``top_k / E``), plus
-every Muon step's Newton-Schulz FLOPs (``amemory.train.planner.ns_flops``). A claim is
-held when we measure at least 80% of the paper's effect (compute ratio <= 0.6, memory
-reduction >= 54.4%, speed-up >= 2.56x, perplexity improvement >= 6.4%).
+training token, N the active matrix parameters (routed experts at ``top_k / E``; the
+one-hot dispatch not counted), plus every Muon step's Newton-Schulz FLOPs
+(``amemory.train.planner.ns_flops``). A claim is held when we measure at least 80% of the
+paper's effect (compute ratio <= 0.6, memory reduction >= 54.4%, speed-up >= 2.56x,
+perplexity improvement >= 6.4%).
 """
 
 from __future__ import annotations

@@ -138,7 +138,8 @@ def make_claims(m: dict[str, Any]) -> list[common.Claim]:
             "Muon reaches a lower validation loss than Adam on the rarest token bucket "
             f"({labels[-1]})", "Muon < Adam on tail tokens",
             f"Muon {common.seed_mean(mu[-1])} vs Adam {common.seed_mean(ad[-1])} nats/token; "
-            "Adam − Muon ", "95% interval of the per-seed difference Adam − Muon (tail bucket) > 0",
+            "Adam − Muon ",
+            "95% interval of the per-seed difference Adam − Muon (tail bucket) > 0",
             ad[-1], mu[-1],
         ),
         common.seed_claim(
@@ -146,8 +147,9 @@ def make_claims(m: dict[str, Any]) -> list[common.Claim]:
             "Muon's gain over Adam is larger on the tail bucket than on the head bucket",
             "gain concentrated in the tail",
             f"Adam − Muon: head {common.seed_mean(gain_head)}, tail "
-            f"{common.seed_mean(gain_tail)}; tail − head ", "95% interval of the per-seed "
-            "(gain tail − gain head) > 0, gain = Adam − Muon final loss of the bucket",
+            f"{common.seed_mean(gain_tail)}; tail − head ",
+            "95% interval of the per-seed (gain tail − gain head) > 0, "
+            "gain = Adam − Muon final loss of the bucket",
             gain_tail, gain_head,
         ),
     ]  # fmt: skip

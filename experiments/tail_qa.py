@@ -168,9 +168,10 @@ def make_claims(m: dict[str, Any]) -> list[common.Claim]:
             "groups 11/13/15: Muon 1.000/1.000/0.976 vs Adam 1.000/0.890/0.264",
             "groups " + "/".join(map(str, groups)) + ": Muon "
             + "/".join(common.seed_mean(x) for x in mu) + " vs Adam "
-            + "/".join(common.seed_mean(x) for x in ad) + "; Muon − Adam (mean over these "
-            "groups) ", "95% interval of the per-seed difference Muon − Adam of the mean FTA "
-            "over the listed tail groups > 0", mu.mean(axis=0), ad.mean(axis=0),
+            + "/".join(common.seed_mean(x) for x in ad) + "; Muon − Adam (mean over these groups) ",
+            "95% interval of the per-seed difference Muon − Adam of the mean FTA over the listed "
+            "tail groups > 0",
+            mu.mean(axis=0), ad.mean(axis=0),
         ))  # fmt: skip
     if "muon_vo+ffn" in runs and "muon_qk" in runs:
         vf = np.asarray(runs["muon_vo+ffn"]["tail_fta"])[-1]
@@ -180,8 +181,9 @@ def make_claims(m: dict[str, Any]) -> list[common.Claim]:
             "Muon on VO+FFN alone keeps the tail gain; Muon on QK alone does not",
             "group 15: VO+FFN 0.954 vs QK 0.286",
             f"group {groups[-1]}: VO+FFN {common.seed_mean(vf)} vs QK {common.seed_mean(qk)}; "
-            "VO+FFN − QK ", "95% interval of the per-seed rarest-group FTA difference "
-            "VO+FFN − QK > 0", vf, qk,
+            "VO+FFN − QK ",
+            "95% interval of the per-seed rarest-group FTA difference VO+FFN − QK > 0",
+            vf, qk,
         ))  # fmt: skip
     return claims
 
