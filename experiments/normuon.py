@@ -125,7 +125,8 @@ def make_claims(m: dict[str, Any]) -> list[common.Claim]:
             f"CV of neuron norms: Muon {common.seed_mean(cv['muon']['all'])}, NorMuon "
             f"{common.seed_mean(cv['normuon']['all'])}; Muon − NorMuon ",
             "95% interval of the per-seed difference of the CV (Muon − NorMuon, average "
-            "over logged steps and hidden matrices) > 0", cv["muon"]["all"], cv["normuon"]["all"],
+            "over logged steps and hidden matrices) > 0",
+            cv["muon"]["all"], cv["normuon"]["all"],
         ),
         common.seed_claim(
             "normuon/val_loss", "NorMuon, arXiv 2510.05491, Sec. 4 (+11.3% over Muon at 1.1B)",
