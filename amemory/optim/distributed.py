@@ -395,8 +395,10 @@ def _fill(res):
 def _explicit_mesh(tree: Any) -> tuple[Any, tuple[str, ...]]:
     """The mesh in effect (context, else the leaves' types) and its ``Explicit`` axes."""
     mesh = jax.sharding.get_abstract_mesh()
-    if mesh.empty:  # jit of explicitly sharded arrays without jax.set_mesh
-        meshes = (getattr(jax.typeof(x).sharding, "mesh", None) for x in jax.tree.leaves(tree))
+    if mesh.empty:  # explicitly sharded arrays without jax.set_mesh (concrete ones: eager)
+        concrete = lambda x: isinstance(x, jax.Array) and not isinstance(x, jax.core.Tracer)  # noqa: E731
+        shs = (x.sharding if concrete(x) else jax.typeof(x).sharding for x in jax.tree.leaves(tree))
+        meshes = (getattr(sh, "mesh", None) for sh in shs)
         mesh = next((m for m in meshes if m is not None and not m.empty), mesh)
     if mesh.empty:
         return mesh, ()
@@ -405,44 +407,60 @@ def _explicit_mesh(tree: Any) -> tuple[Any, tuple[str, ...]]:
 
 
 def auto_sharded(tx: optax.GradientTransformation) -> optax.GradientTransformation:
-    """``tx`` with its update run on ``Auto`` mesh axes, for parameters with ``Explicit`` ones.
+    """``tx`` run on ``Auto`` mesh axes, for parameters with ``Explicit`` ones.
 
     Under ``Explicit`` axes (``jax.make_mesh``'s default in JAX 0.10) every reshape and
     matmul must state its output sharding; Muon reshapes leaves into matrix stacks and
-    contracts over their (possibly sharded) axes. The wrapper leaves the update's
-    sharding to XLA's partitioner (``jax.sharding.auto_axes``, which the owner layout
-    then overrides with its ``shard_map``) and gives every output the input's sharding
-    (updates like the gradients, new state like the old): the same numbers as the
-    unsharded update. Meshes with only ``Auto`` axes, or none, call ``tx`` unchanged.
+    contracts over their (possibly sharded) axes. The wrapper leaves the sharding of
+    ``init`` and ``update`` to XLA's partitioner (``jax.sharding.auto_axes``, which the
+    owner layout then overrides with its ``shard_map``): the same numbers as unsharded.
+    ``update``'s outputs take their inputs' shardings (updates like the gradients, new
+    state like the old); ``init``'s state leaves shaped like their parameter take its
+    sharding (momenta), the others are replicated (counts, norms). Meshes with only
+    ``Auto`` axes, or none, call ``tx`` unchanged.
 
     Args:
       tx: a transform whose update returns a state of the same structure as it gets.
 
-    Returns:
-      ``tx`` with the same ``init`` and the wrapped ``update``.
-
     Source: JAX's explicit-sharding guide ("Explicit sharding", ``jax.sharding.auto_axes``).
     """
 
-    def update_fn(updates, state, params=None):
-        mesh, explicit = _explicit_mesh((updates, state, params))
+    def on_auto(fn, out_sharding, *args):
+        mesh, explicit = _explicit_mesh(args)
         if not explicit:
-            return tx.update(updates, state, params)
+            return fn(*args)
 
         def spec(x):
             sh = jax.typeof(x).sharding
             return NamedSharding(mesh, sh.spec if isinstance(sh, NamedSharding) else P())
 
-        out = jax.tree.map(spec, (updates, state))
-        token = EXPLICIT_SPECS.set(tuple(spec(x).spec for x in jax.tree.leaves(updates)))
+        token = EXPLICIT_SPECS.set(tuple(spec(x).spec for x in jax.tree.leaves(args[0])))
         try:  # the owner layout plans from the specs (the types inside no longer name them)
-            return jax.sharding.auto_axes(tx.update, axes=explicit, out_sharding=out)(
-                updates, state, params
-            )
+
+            def run(out):
+                return jax.sharding.auto_axes(fn, axes=explicit, out_sharding=out)(*args)
+
+            return run(out_sharding(spec, NamedSharding(mesh, P()), run))
         finally:
             EXPLICIT_SPECS.reset(token)
 
-    return optax.GradientTransformation(tx.init, update_fn)
+    def init_fn(params):
+        like = lambda n: jax.tree.structure(n) == jax.tree.structure(params)  # noqa: E731
+
+        def out(spec, replicated, run):
+            def pick(node):  # a params-like subtree (momenta, norms), or another leaf
+                same = lambda s, p: spec(p) if s.shape == p.shape else replicated  # noqa: E731
+                return jax.tree.map(same, node, params) if like(node) else replicated
+
+            return jax.tree.map(pick, jax.eval_shape(lambda: run(replicated)), is_leaf=like)
+
+        return on_auto(tx.init, out, params)
+
+    def update_fn(updates, state, params=None):
+        out = lambda spec, *_: jax.tree.map(spec, (updates, state))  # noqa: E731
+        return on_auto(tx.update, out, updates, state, params)
+
+    return optax.GradientTransformation(init_fn, update_fn)
 
 
 def _split_axes(axis: Any) -> tuple[str, ...]:
