@@ -1,21 +1,11 @@
 """Leaves as stacks of matrices, and their batched orthogonalisation (Muon family internals).
 
-Three pieces shared by the Muon family (``muon``, ``normuon``, ``contrib``):
-
-- Layouts. :func:`leaf_layouts` maps every leaf of a pytree to a stack of matrices
-  ``[batch, fan_in, fan_out]`` under the ``matrix_axes`` rule documented in
-  :mod:`amemory.optim.muon` (2-D leaves default to ``(0, 1)``; other axes are batch
-  axes; a leaf that is not a matrix raises ``ValueError`` naming its path and shape).
-- Grouping. :func:`group_stacks` groups the stacks by wide shape ``(rows, cols)``
-  (tall matrices transposed, so ``[256, 1024]`` and ``[1024, 256]`` leaves share a
-  group), for both placements.
-- :func:`orthogonalize`: the direction of every leaf (the one dispatcher: owner layout of
-  :mod:`amemory.optim.distributed`, batched Newton-Schulz / polar, norm-ball LMO), one
-  batched call per group. The result is the same as per-leaf calls (orthogonalisation
-  commutes with transposition and acts on each matrix of a batch independently).
-
-Sources: Jordan (2024) https://kellerjordan.github.io/posts/muon/ (NS on the wide
-side).
+:func:`leaf_layouts` maps every leaf to a stack ``[batch, fan_in, fan_out]`` under the
+``matrix_axes`` rule of :mod:`amemory.optim.muon`; :func:`group_stacks` groups stacks by
+wide shape (tall matrices transposed); :func:`orthogonalize` is the one dispatcher of the
+direction (owner layout, batched Newton-Schulz / polar, norm-ball LMO), one batched call
+per group: the same result as per-leaf calls. Source: Jordan (2024)
+https://kellerjordan.github.io/posts/muon/ (NS on the wide side).
 """
 
 from __future__ import annotations
@@ -33,22 +23,9 @@ import numpy as np
 from amemory.optim._paths import path_keys, path_str
 from amemory.optim.orthogonalize import norm_ball_lmo, orthogonality_error
 
-__all__ = [
-    "Axes",
-    "Layout",
-    "MatrixAxes",
-    "check_ns_mesh",
-    "leaf_layouts",
-    "matrix_layout",
-    "group_stacks",
-    "nuclear_scaled",
-    "orthogonalize",
-    "wide",
-]
-
-#: The ``PartitionSpec`` of each leaf (flattening order) of the update being traced, set by
-#: ``distributed.auto_sharded`` while it runs an update on ``Auto`` axes, where the leaves'
-#: types no longer name the ``Explicit`` axes they arrived split along.
+#: The ``PartitionSpec`` of each leaf (flattening order) of the tree being traced, set by
+#: ``distributed.auto_sharded`` while it runs ``init`` or ``update`` on ``Auto`` axes, where
+#: the leaves' types no longer name the ``Explicit`` axes they arrived split along.
 EXPLICIT_SPECS: contextvars.ContextVar[tuple | None] = contextvars.ContextVar(
     "EXPLICIT_SPECS", default=None
 )
@@ -317,10 +294,9 @@ def check_ns_mesh(ns_mesh: Any) -> None:
 
 
 def _resolve_dtype(ns_dtype: Any, ns_mesh: Any = None) -> Any:
-    """``"auto"`` -> bf16 unless the target devices are CPUs (then None: fp32). The target
-    is ``ns_mesh``'s devices, else those of the mesh set by ``jax.sharding.set_mesh`` (the
-    train engine traces under its mesh: ahead-of-time compilation for a TPU topology on a
-    CPU host gets bf16), else the default backend. Call at trace time."""
+    """``"auto"`` -> bf16 unless the target devices (``ns_mesh``'s, else the ``set_mesh``
+    mesh's: a TPU topology compiled ahead of time on a CPU host gets bf16, else the default
+    backend's) are CPUs (then None: fp32). Call at trace time."""
     if not (isinstance(ns_dtype, str) and ns_dtype == "auto"):
         return ns_dtype
     if ns_mesh is not None:
