@@ -86,7 +86,13 @@ def _norm_axes(axes: Any, ndim: int, where: str) -> tuple[int, ...]:
     return tuple(out)
 
 
-def _layout(path: tuple, x: Any, matrix_axes: MatrixAxes, spec: tuple = ()) -> Layout:
+def matrix_layout(x: Any, matrix_axes: MatrixAxes, path: tuple = (), spec: tuple = ()) -> Layout:
+    """The :class:`Layout` of one array ``x`` under ``matrix_axes`` (see :func:`leaf_layouts`);
+    ``spec``: its ``PartitionSpec`` where its type does not name it (``EXPLICIT_SPECS``).
+
+    Raises:
+      ValueError: ``x`` is not a matrix under ``matrix_axes`` (names ``path`` and shape).
+    """
     shape = tuple(int(d) for d in np.shape(x))
     name = path_str(path)
     where = f"Muon leaf {name!r} with shape {shape}"
@@ -142,15 +148,6 @@ def _layout(path: tuple, x: Any, matrix_axes: MatrixAxes, spec: tuple = ()) -> L
     )
 
 
-def matrix_layout(x: Any, matrix_axes: MatrixAxes, path: tuple = ()) -> Layout:
-    """The :class:`Layout` of one array ``x`` under ``matrix_axes`` (see :func:`leaf_layouts`).
-
-    Raises:
-      ValueError: ``x`` is not a matrix under ``matrix_axes`` (names ``path`` and shape).
-    """
-    return _layout(path, x, matrix_axes)
-
-
 def leaf_layouts(tree: Any, matrix_axes: MatrixAxes) -> tuple[list[Any], Any, list[Layout]]:
     """Flatten ``tree`` and lay out every leaf as a matrix stack.
 
@@ -167,7 +164,8 @@ def leaf_layouts(tree: Any, matrix_axes: MatrixAxes) -> tuple[list[Any], Any, li
     specs = EXPLICIT_SPECS.get()
     specs = specs if specs and len(specs) == len(leaves) else [()] * len(leaves)
     layouts = [
-        _layout(p, x, matrix_axes, sp) for (p, x), sp in zip(leaves_with_path, specs, strict=True)
+        matrix_layout(x, matrix_axes, p, sp)
+        for (p, x), sp in zip(leaves_with_path, specs, strict=True)
     ]
     return leaves, treedef, layouts
 

@@ -250,7 +250,8 @@ class OwnerLayout:
 
         def core(w, v):  # w: [c, k, l] whole matrices owned here
             o = opts.orth_fn(w)
-            err = orthogonality_error(o).astype(jnp.float32) if opts.diagnostics else None
+            err = orthogonality_error(o) if opts.diagnostics else jnp.zeros(())  # [c] or []
+            err = err.astype(jnp.float32)
             if opts.nuclear_scale == "matrix":
                 o = nuclear_scaled(w, o, "matrix")
             if post is not None:
@@ -332,7 +333,7 @@ class OwnerLayout:
             v = post_state.stacks[g.name] if post else jnp.zeros((g.padded, 0), jnp.float32)
             v_spec = P(*owned, *([None] * (v.ndim - 1)))
             fn = jax.shard_map(
-                lambda a, b, body=body: _fill(body(a, b)),
+                body,
                 mesh=self.mesh.update(axis_types=(AxisType.Auto,) * len(self.mesh.axis_names)),
                 in_specs=(spec, v_spec),
                 out_specs=(spec, v_spec, owned if opts.diagnostics else P()),
@@ -365,11 +366,6 @@ class OwnerLayout:
         groups = self.plan(layouts, batch_leaves=batch_leaves, by_orientation=True)
         shape = shape or (lambda g: (g.width,))
         return OwnerStacks({g.name: jnp.zeros((g.padded, *shape(g)), dtype) for g in groups})
-
-
-def _fill(res):
-    y, v, err = res
-    return y, v, (jnp.zeros((), jnp.float32) if err is None else err)
 
 
 def _explicit_mesh(tree: Any) -> tuple[Any, tuple[str, ...]]:
