@@ -22,7 +22,7 @@ matrix's sharding onto a stack axis with one all-to-all):
    dividing its batch (experts split by expert) stays in place.
 
 Under ``Explicit`` mesh axes a leaf's type names its split axis (:func:`auto_sharded`
-runs the update on ``Auto`` axes). Under ``Auto`` axes the layout follows the FSDP
+runs ``init`` and ``update`` on ``Auto`` axes). Under ``Auto`` axes the layout follows the FSDP
 convention of ``amemory.train``: a leaf is split along its largest axis divisible by
 ``s`` (ties to the first); a stack along its larger matrix axis divisible by ``s`` (ties
 to rows). A leaf split differently still gets the exact update, resharded by XLA at the
