@@ -221,20 +221,20 @@ class MuonOptions:
             return int(np.shape(self.ns_coeffs)[0])
         return 5
 
-    @functools.cached_property
+    @property
     def orth_fn(self) -> Callable[[jax.Array], jax.Array]:
         """The ``[b, k, l] -> [b, k, l]`` orthogonaliser of ``norm="spectral"``: exact
         ``polar``, or ``newton_schulz`` with these options (``ns_dtype="auto"``: bf16 unless
-        the target devices, ``ns_mesh``'s or the ``jax.sharding.set_mesh`` mesh's, are CPUs)."""
+        the target devices, ``ns_mesh``'s or the ``jax.sharding.set_mesh`` mesh's, are CPUs;
+        read it at trace time, for the devices the update is compiled for)."""
         if self.orthogonalizer == "polar":
             return polar
-        ns = functools.partial(
+        return functools.partial(
             newton_schulz, coeffs=self.ns_coeffs, steps=self.steps, eps=self.ns_eps,
             eps_mode=self.ns_eps_mode, method=self.ns_method,
             preconditioning=self.preconditioning, gram_restarts=self.gram_restarts,
+            dtype=_resolve_dtype(self.ns_dtype, self.ns_mesh),
         )  # fmt: skip
-        # "auto" is resolved at trace time, for the devices the update is compiled for
-        return lambda x: ns(x, dtype=_resolve_dtype(self.ns_dtype, self.ns_mesh))
 
     @functools.cached_property
     def layout(self) -> OwnerLayout | None:

@@ -401,38 +401,38 @@ def auto_sharded(tx: optax.GradientTransformation) -> optax.GradientTransformati
     Source: JAX's explicit-sharding guide ("Explicit sharding", ``jax.sharding.auto_axes``).
     """
 
-    def on_auto(fn, out_sharding, *args):
-        mesh, explicit = _explicit_mesh(args)
-        if not explicit:
-            return fn(*args)
+    def on_auto(fn, out_sharding):
+        def call(*args, **kwargs):  # one frame around ``fn``
+            args = (*args, *kwargs.values())  # update(updates, state, params=...) in order
+            mesh, explicit = _explicit_mesh(args)
+            if not explicit:
+                return fn(*args)
 
-        def spec(x):
-            sh = jax.typeof(x).sharding
-            return NamedSharding(mesh, sh.spec if isinstance(sh, NamedSharding) else P())
+            def spec(x):
+                sh = jax.typeof(x).sharding
+                return NamedSharding(mesh, sh.spec if isinstance(sh, NamedSharding) else P())
 
-        token = EXPLICIT_SPECS.set(tuple(spec(x).spec for x in jax.tree.leaves(args[0])))
-        try:  # the owner layout plans from the specs (the types inside no longer name them)
-            run = lambda out: jax.sharding.auto_axes(fn, axes=explicit, out_sharding=out)(*args)
-            return run(out_sharding(spec, NamedSharding(mesh, P()), run))
-        finally:
-            EXPLICIT_SPECS.reset(token)
+            token = EXPLICIT_SPECS.set(tuple(spec(x).spec for x in jax.tree.leaves(args[0])))
+            try:  # the owner layout plans from the specs (the types inside no longer name them)
+                run = lambda out: jax.sharding.auto_axes(fn, axes=explicit, out_sharding=out)(*args)
+                return run(out_sharding(args, spec, NamedSharding(mesh, P()), run))
+            finally:
+                EXPLICIT_SPECS.reset(token)
 
-    def init_fn(params):
+        return call
+
+    def init_out(args, spec, replicated, run):
+        (params,) = args
         like = lambda n: jax.tree.structure(n) == jax.tree.structure(params)
 
-        def out(spec, replicated, run):
-            def pick(node):  # a params-like subtree (momenta, norms), or another leaf
-                same = lambda s, p: spec(p) if s.shape == p.shape else replicated
-                return jax.tree.map(same, node, params) if like(node) else replicated
+        def pick(node):  # a params-like subtree (momenta, norms), or another leaf
+            same = lambda s, p: spec(p) if s.shape == p.shape else replicated
+            return jax.tree.map(same, node, params) if like(node) else replicated
 
-            return jax.tree.map(pick, jax.eval_shape(lambda: run(replicated)), is_leaf=like)
+        return jax.tree.map(pick, jax.eval_shape(lambda: run(replicated)), is_leaf=like)
 
-        return on_auto(tx.init, out, params)
-
-    def update_fn(updates, state, params=None):
-        out = lambda spec, *_: jax.tree.map(spec, (updates, state))
-        return on_auto(tx.update, out, updates, state, params)
-
+    update_out = lambda args, spec, *_: jax.tree.map(spec, tuple(args[:2]))  # updates, state
+    init_fn, update_fn = on_auto(tx.init, init_out), on_auto(tx.update, update_out)
     return optax.GradientTransformation(init_fn, update_fn)
 
 
