@@ -1,13 +1,10 @@
 """Atomic file writes: a reader sees the old file or the new one, never a torn one.
 
-Every result amemory writes (``summary.json``, ``config.json``, ``result.json``,
-``report.md``, figures, tokenizer and token caches) goes through this module:
-the bytes are written to a temporary file in the destination's directory,
-flushed and ``fsync``-ed, then ``os.replace``-d over the destination (atomic on
-POSIX file systems when source and destination share a directory), and the
-directory is ``fsync``-ed so the rename itself survives a crash. A process
-killed mid-write leaves at most a stray ``<name>.tmp*`` file, which later
-writes ignore.
+Every result amemory writes (summaries, configs, reports, figures, tokenizer and token
+caches) goes through this module: a temporary sibling is written and ``fsync``-ed, then
+``os.replace``-d over the destination (atomic on POSIX within one directory), and the
+directory is ``fsync``-ed so the rename survives a crash. A process killed mid-write
+leaves at most a stray ``.<name>.tmp*`` file, which later writes ignore.
 
 Source: the POSIX ``rename(2)`` guarantees and SQLite's "Atomic Commit" notes.
 This module imports nothing of amemory, so every layer may use it.

@@ -5,6 +5,8 @@ Reference: the update rule theta <- theta - lr (u + wd theta) written in numpy w
 optimizer's direction (sign of the gradient / of the EMA momentum, heavy-ball momentum).
 """
 
+import re
+
 import jax.numpy as jnp
 import numpy as np
 import optax
@@ -74,8 +76,13 @@ def test_allowed_names_come_from_the_registries():
     choices = C.optimizer_choices()
     assert choices["optimizer.name"] == ("adam", *optim.OPTIMIZERS)
     assert choices["optimizer.preset"] == (None, *optim.PRESETS)
-    assert choices["optimizer.shape_scale"] == optim.SHAPE_SCALES
-    assert choices["optimizer.orthogonalizer"] == optim.ORTHOGONALIZERS
+    for field, allowed in [
+        ("shape_scale", optim.SHAPE_SCALES),
+        ("orthogonalizer", optim.ORTHOGONALIZERS),
+    ]:
+        match = re.escape(f"config.optimizer.{field}: {field}='x'; allowed: {allowed}")
+        with pytest.raises(ValueError, match=match):  # MuonOptions' own check, dotted name
+            C.validate(C.load_config(LM_CONFIG, [f"optimizer.{field}=x"]))
     params = {"w": jnp.ones((4, 6)), "s": jnp.ones(6)}
     for name in choices["optimizer.name"]:  # every allowed name builds and steps
         c = C.load_config(LM_CONFIG, [f"optimizer.name={name}", "optimizer.muon_roles=q"])
@@ -83,7 +90,7 @@ def test_allowed_names_come_from_the_registries():
         u, _ = built.tx.update(params, built.tx.init(params), params)
         assert np.isfinite(np.asarray(u["w"])).all() and u["w"].shape == (4, 6)
     with pytest.raises(ValueError, match=r"optimizer.name='lion'; allowed values: \('adam'"):
-        C.load_config(LM_CONFIG, ["optimizer.name=lion"])
+        C.validate(C.load_config(LM_CONFIG, ["optimizer.name=lion"]))
 
 
 def test_an_optimizer_added_as_one_row_trains_through_the_config(monkeypatch):

@@ -36,14 +36,18 @@ def test_overrides_typed_and_locked():
         ("optimizer.muon_roles=vo+xx", r"unknown role or group 'xx'"),
         ("seeds=1,1", r"distinct integers"),
         ("data", r"expected --config.field=value"),
-        ("model.remat_policy=dots", r"remat_policy='dots'; allowed values: \('nothing_saveable'"),
+        ("model.remat_policy=dots", r"model: TransformerConfig.remat_policy must be one of \("),
         ("profile_steps=5,2", r"profile_steps=\(5, 2\); must be \(\) or \(first, last\)"),
-        ("optimizer.ns_dtype=fp8", r"ns_dtype='fp8'; allowed values: \('auto', 'float32'"),
+        ("optimizer.ns_dtype=fp8", r"optimizer.ns_dtype: ns_dtype='fp8'; allowed: None, 'auto'"),
+        ("optimizer.ns_steps=0", r"optimizer.ns_steps: steps must be an int >= 1, got 0"),
+        ("optimizer.shape_scale=x", r"optimizer.shape_scale: shape_scale='x'; allowed: \('none'"),
+        ("schedule.name=step", r"schedule.name='step'; allowed values: \('constant'"),
+        ("model.dtype=fp8", r"model: TransformerConfig.dtype must be one of \("),
     ],
 )
 def test_bad_overrides_name_field_and_allowed_values(override, match):
     with pytest.raises(ValueError, match=match):
-        C.load_config(LM_CONFIG, [override])
+        C.validate(C.load_config(LM_CONFIG, [override]))
 
 
 def test_engine_fields_added_once_and_overridable():
@@ -57,9 +61,23 @@ def test_engine_fields_added_once_and_overridable():
         C.load_config(LM_CONFIG, ["optimizer.scan_layers=true"])
 
 
-def test_seeds_with_pmap_rejected():
-    with pytest.raises(ValueError, match="multi-seed"):
-        C.load_config(LM_CONFIG, ["seeds=0,1", "parallel.mode=pmap"])
+def test_seeds_with_pmap_train_as_on_one_device(tmp_path):
+    """parallel.mode=pmap is the data-parallel mesh, so multi-seed runs work there: each
+    seed draws its own pairs and matches the same run on one device."""
+    from train_helpers import memory_config
+
+    from amemory.train.loop import train
+
+    runs = {
+        mode: train(
+            memory_config(steps=3, seeds="0,1", batch_size=16, **{"parallel.mode": mode}),
+            tmp_path / mode,
+        )  # fmt: skip
+        for mode in ("pmap", "single")
+    }
+    loss = runs["pmap"]["final_train_loss"]
+    assert runs["pmap"]["mode"] == "pmap" and len(loss) == 2 and loss[0] != loss[1]
+    assert loss == pytest.approx(runs["single"]["final_train_loss"], rel=1e-5)
 
 
 def test_parse_roles_groups():
@@ -125,6 +143,10 @@ def test_cli_rejects_bad_overrides_before_training(capsys, tmp_path):
     assert cli.main(["--config", LM_CONFIG, "--print-config", *args]) == 0
     assert "steps: 3" in capsys.readouterr().out
     assert not any(tmp_path.iterdir())  # nothing was written, nothing compiled
+    with pytest.raises(SystemExit):
+        cli.main(["--help"])
+    helptext = " ".join(capsys.readouterr().out.split())  # the --resume rule, as loop.train's
+    assert "required when it holds checkpoints" in helptext and "records no training" in helptext
 
 
 def _np_newton_schulz(m, a=3.4445, b=-4.7750, c=2.0315, steps=5):

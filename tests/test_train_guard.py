@@ -478,7 +478,10 @@ def test_an_option_the_preset_sets_cannot_be_overridden():
         ("optimizer.adam_lr=-0.1", r"optimizer\.adam_lr=-0\.1"),
         ("optimizer.b1=1.5", r"optimizer\.b1=1\.5; must be a finite float32 number in \[0, 1\)"),
         ("optimizer.b2=1.0", r"optimizer\.b2=1\.0"),
-        ("optimizer.momentum=-0.5", r"optimizer\.momentum=-0\.5"),
+        (
+            "optimizer.momentum=-0.5",
+            r"optimizer\.momentum: momentum must be in \[0, 1\), got -0\.5",
+        ),
         ("schedule.warmup_steps=501", r"warmup_steps=501 exceeds config\.steps=500"),
         ("optimizer.lr=1e-46", r"optimizer\.lr=1e-46 is 0 or subnormal in float32"),
         ("optimizer.adam_lr=1e-40", r"optimizer\.adam_lr=1e-40 is 0 or subnormal in float32"),

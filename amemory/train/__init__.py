@@ -10,12 +10,7 @@ Public API (imported lazily, so ``amemory train --help`` and config errors stay 
   NonFiniteLossError, DivergenceError, RunInterrupted, WorkdirBusyError
                                                 (amemory.train.guard, .lock)
 
-Modules: config (load/override/validate, engine defaults), tasks (the Task protocol; LM and
-biographies), memory_task, optimizers (names -> optax), state, parallel (meshes,
-multi-host), engine (the step builder, on-device metrics), planner (``amemory plan``), loop
-(the host loop), records (metrics.jsonl + TensorBoard), checkpoint (Orbax + Grain, verified
-restore), guard (stop signals, divergence, resume contract), lock (workdir lock), cli
-(``amemory train``).
+The modules, one job each, are listed in README's Architecture section.
 """
 
 from __future__ import annotations

@@ -1,28 +1,17 @@
-"""Checkpoints: a thin wrapper over Orbax ``CheckpointManager``.
+"""Checkpoints: Orbax ``CheckpointManager`` with digests and a verified, fail-safe restore.
 
-One checkpoint step holds up to three items:
-  state   the ``TrainState`` (params, opt_state, step, rng), saved with
-          ``StandardSave``; restored against an abstract target so optax states
-          come back as their NamedTuples and arrays land with the target's sharding;
-  extra   JSON: the run config, the fields that fix the parameter layout
-          (``task_meta``, e.g. ``model.scan_layers``) and free metadata;
-  data    the Grain iterator state of the training input, one JSON file per process
-          (``grain.checkpoint.CheckpointHandler``), present when the task reads data:
-          the position after the last batch the saved state was trained on, so a
-          resumed run reads exactly the batch that followed.
+One checkpoint step holds up to three items: ``state`` (the ``TrainState``, restored
+against an abstract target so optax states come back as NamedTuples with the target's
+sharding); ``extra`` (JSON: the run config, ``task_meta`` such as ``model.scan_layers``,
+the integrity digest); ``data`` (the Grain position after the saved step's batch, one JSON
+file per process, when the task reads data: a resumed run reads the batch that followed).
 
-Saves are asynchronous (training continues while the arrays are written) and
-atomic (Orbax writes to a temporary directory and renames it when complete), so a
-process killed mid-save leaves the previous step as the latest one. ``max_to_keep``
-bounds the number of steps on disk. Multi-process runs call every method on every
-process; Orbax writes each process's shards and the JSON once.
-
-Integrity. Orbax checks the index of each TensorStore shard (crc32c) but not the
-array bytes, so a flipped byte restores silently. ``save`` therefore stores, in
-``extra["integrity"]``, a digest of every leaf computed on the device before the
-write (:func:`state_digest`), and refuses to write a state with a non-finite value
-(:class:`NonFiniteStateError`). ``restore_intact`` restores the newest step that fits
-the run and reads back intact, moving aside only steps whose damage is proven.
+Saves are asynchronous and atomic (Orbax writes a temporary directory and renames it), so
+a process killed mid-save leaves the previous step as the latest. Multi-process runs call
+every method on every process. Orbax checks each TensorStore shard's index but not the
+array bytes, so ``save`` stores a per-leaf digest computed on the device
+(:func:`state_digest`) and refuses a non-finite state; ``restore_intact`` restores the
+newest step that fits the run and reads back intact, moving aside only proven damage.
 """
 
 from __future__ import annotations
@@ -82,16 +71,13 @@ class CheckpointWriteError(OSError):
 
 
 class IncompatibleCheckpointError(ValueError):
-    """A readable checkpoint whose leaves do not fit the model/optimizer (a config error)."""
+    """A checkpoint this run refuses (a config error; nothing is moved): its leaves do not fit
+    the model/optimizer, the resume contract refused it, or it reads back intact but cannot
+    be restored into this run."""
 
 
 class CorruptCheckpointError(RuntimeError):
     """A checkpoint step cannot be read back as saved (raised and caught inside restore)."""
-
-
-class CheckpointRefused(ValueError):
-    """The resume contract refused a checkpoint, or one that reads back intact cannot be
-    restored into this run; nothing was moved."""
 
 
 class Restored(NamedTuple):
@@ -158,10 +144,8 @@ def state_digest(state: Any) -> tuple[dict[str, list[int]], dict[str, int]]:
 
 
 def _first_line(e: BaseException, tail: bool = False) -> str:
-    """``Type: first line of the message`` without TensorStore's spec dump, at most 240 chars.
-
-    ``tail`` keeps the end of a long line instead (where TensorStore puts the OS error).
-    """
+    """``Type: first line of the message`` without TensorStore's spec dump, at most 240 chars
+    (``tail``: the end of a long line, where TensorStore puts the OS error)."""
     text = str(e).split(" See full TensorStore details")[0].strip().splitlines()
     line = f"{type(e).__name__}: {text[0] if text else ''}"
     if len(line) <= 240:
@@ -373,7 +357,7 @@ class Checkpointer:
         try:
             allowed = accept(step, extra) if accept is not None else {}
         except ValueError as e:  # the resume contract: nothing is read or moved
-            raise CheckpointRefused(str(e)) from e
+            raise IncompatibleCheckpointError(str(e)) from e
         reset = fresh is not None and any(k.startswith("optimizer.") for k in allowed)
         cast = any(k.endswith("dtype") for k in allowed)
         reset = self.check_compatible(step, target, cast=cast, fresh_opt=reset)
@@ -453,7 +437,7 @@ class Checkpointer:
                         step, target, data, accept, fresh
                     )
                     ok, reason = True, ""
-                except (IncompatibleCheckpointError, CheckpointRefused):
+                except IncompatibleCheckpointError:
                     replay[0] = True
                     raise  # the checkpoint reads fine (or was not read); the config does not fit
                 except Exception as e:  # noqa: BLE001 - damaged only if a plain re-read says so
@@ -462,7 +446,7 @@ class Checkpointer:
                     reason = str(e) if corrupt else self._diagnose(step)
                     if reason is None:
                         replay[0] = True
-                        raise CheckpointRefused(
+                        raise IncompatibleCheckpointError(
                             f"checkpoint {self.path(step)} reads back intact but cannot be "
                             f"restored into this run ({_first_line(e)}); nothing was moved"
                         ) from e

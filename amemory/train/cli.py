@@ -5,11 +5,8 @@
     amemory train --config experiments/configs/memory.py:full --workdir runs/mem
     amemory train --config experiments/configs/lm.py --workdir runs/lm_muon --resume
 
-``--config PATH[:ARG]`` names a file with ``get_config(ARG)``; every
-``--config.a.b=VALUE`` (or ``--config.a.b VALUE``) overrides one field. An
-unknown field or a disallowed value fails before anything is compiled, with the
-allowed values. The run directory is ``--workdir`` (config.json, metrics.jsonl,
-checkpoints/, summary.json, run.lock).
+``--config PATH[:ARG]`` names a file with ``get_config(ARG)``; every ``--config.a.b=VALUE``
+(or ``--config.a.b VALUE``) overrides one field. The run directory is ``--workdir``.
 
 Exit status (``amemory.train.guard``): 0 done; 1 non-finite loss; 2 bad config, data,
 workdir or resume; 3 diverged; 4 workdir in use by another run; 75 stopped by SIGTERM
@@ -25,22 +22,19 @@ from amemory.cli import Parser
 
 
 def _split_overrides(rest: list[str]) -> list[str]:
-    out, i = [], 0
-    while i < len(rest):
-        a = rest[i]
+    out, args = [], iter(rest)
+    for a in args:
         if not a.startswith("--config."):
             raise ValueError(
                 f"unrecognised argument {a!r} (overrides look like --config.a.b=VALUE)"
             )
-        key = a[len("--config.") :]
-        if "=" in key:
-            out.append(key)
-            i += 1
-        elif i + 1 < len(rest):
-            out.append(f"{key}={rest[i + 1]}")
-            i += 2
-        else:
-            raise ValueError(f"{a}: missing value")
+        key = a.removeprefix("--config.")
+        if "=" not in key:  # --config.a.b VALUE
+            value = next(args, None)
+            if value is None:
+                raise ValueError(f"{a}: missing value")
+            key = f"{key}={value}"
+        out.append(key)
     return out
 
 
@@ -53,7 +47,12 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--config", required=True, help="config file, optionally PATH:ARG")
     parser.add_argument("--workdir", help="run directory (required unless --print-config)")
     parser.add_argument(
-        "--resume", action="store_true", help="continue from the newest checkpoint in --workdir"
+        "--resume",
+        action="store_true",
+        help="continue exactly from the newest intact checkpoint in --workdir; required when it "
+        "holds checkpoints, refused (nothing touched) when a field that changes what the run "
+        "computes differs from the checkpoint's (see --allow-changed); with no checkpoint, "
+        "starts at step 0 only if the workdir records no training",
     )
     parser.add_argument(
         "--allow-changed",
@@ -77,10 +76,12 @@ def main(argv: list[str]) -> int:
             sys.stderr.write(f"amemory train: error: {e}\n")
             return lock.EXIT_BUSY
     from amemory.train import guard
-    from amemory.train.config import format_config, load_config
+    from amemory.train.config import format_config, load_config, validate
 
-    try:
+    try:  # validated once: here for --print-config, else at the start of train()
         config = load_config(args.config, _split_overrides(rest))
+        if args.print_config:
+            validate(config)
     except ValueError as e:
         return parser.fail(e)
     if args.print_config:

@@ -5,13 +5,11 @@ A config file is a Python file with ``get_config(scale="quick") -> ConfigDict``
 ``get_config``, as ``ml_collections.config_flags`` does. Overrides are parsed
 here (no absl flags) so that ``amemory train`` keeps one argparse parser.
 
-Every check that can fail runs before any JAX compilation and raises a
-``ValueError`` naming the field and the allowed values.
-
-Engine fields (:data:`ENGINE_DEFAULTS`): options of the training engine itself
-(scanned layers, remat policy, Newton-Schulz dtype, profiling) that every
-run config gets when its file does not set them, so they are named once, here, and
-still overridable and printed (``--print-config``) like any other field.
+:func:`validate` runs once, at the start of ``amemory.train.loop.run`` (and of ``amemory
+plan`` and ``--print-config``), before any JAX compilation; it raises a ``ValueError``
+naming the dotted field and the allowed values. It checks run-level fields itself and
+the fields a component owns by building that component (``MuonOptions``,
+``TransformerConfig``, the schedule), re-raising its error with the dotted name.
 """
 
 from __future__ import annotations
@@ -29,9 +27,10 @@ from typing import Any
 
 from ml_collections import ConfigDict
 
-# Engine fields added to a run config that lacks them (`with_engine_defaults`): dotted
-# name -> (default, comment). A field is added only where its parent group exists
-# (the memory task has no `model` or `data` group).
+# Options of the training engine itself, added to a run config that lacks them
+# (`with_engine_defaults`), so they are named once, here, and still overridable and printed
+# (--print-config): dotted name -> (default, comment). A field is added only where its
+# parent group exists (the memory task has no `model` or `data` group).
 ENGINE_DEFAULTS: dict[str, tuple[Any, str]] = {
     "model.scan_layers": (
         False,
@@ -56,9 +55,6 @@ CHOICES: dict[str, tuple] = {
     "parallel.cpu_collectives": ("gloo", "mpi"),
     "data.kind": ("corpus", "biographies"),
     "data.tokenizer": ("bpe", "word"),
-    "model.dtype": ("float32", "bfloat16"),
-    "model.param_dtype": ("float32", "bfloat16"),
-    "optimizer.ns_dtype": ("auto", "float32", "bfloat16"),
 }
 
 # Fields that accept None ("keep the preset's value" / "auto-detect").
@@ -98,8 +94,6 @@ MINIMUMS: dict[str, int] = {
     "data.n_buckets": 1,
     "data.eval_batches": 1,
     "data.vocab_size": 2,
-    "parallel.fsdp": 1,
-    "optimizer.ns_steps": 1,
     "schedule.warmup_steps": 0,
     "memory.K": 2,
     "batch_size": 0,
@@ -108,31 +102,14 @@ MINIMUMS: dict[str, int] = {
 
 
 def optimizer_choices() -> dict[str, tuple]:
-    """Allowed values of the optimizer fields, read from their registries (one place each).
-
-    ``optimizer.name`` from ``amemory.train.optimizers.names()`` ("adam" and
-    ``amemory.optim.OPTIMIZERS``); ``optimizer.preset`` from ``amemory.optim.PRESETS``;
-    ``optimizer.orthogonalizer`` and ``optimizer.shape_scale`` from
-    ``amemory.optim.ORTHOGONALIZERS`` / ``SHAPE_SCALES``; ``task`` from
-    ``amemory.train.tasks.TASKS``; ``schedule.name`` from ``amemory.train.optimizers.
-    SCHEDULES``; ``memory.embeddings`` / ``prior.kind`` from ``amemory.train.memory_task``.
-    Imported lazily (jax).
-    """
+    """Allowed values of ``task``, ``optimizer.name`` and ``optimizer.preset``, read from
+    ``amemory.train.tasks.TASKS``, ``amemory.train.optimizers.names()`` and
+    ``amemory.optim.PRESETS`` (imported lazily: jax)."""
     from amemory import optim
-    from amemory.train.memory_task import EMBEDDINGS, PRIORS
-    from amemory.train.optimizers import SCHEDULES, names
+    from amemory.train.optimizers import names
     from amemory.train.tasks import TASKS
 
-    return {
-        "task": TASKS,
-        "memory.embeddings": EMBEDDINGS,
-        "prior.kind": PRIORS,
-        "schedule.name": tuple(SCHEDULES),
-        "optimizer.name": names(),
-        "optimizer.orthogonalizer": optim.ORTHOGONALIZERS,
-        "optimizer.shape_scale": optim.SHAPE_SCALES,
-        "optimizer.preset": (None, *optim.PRESETS),
-    }
+    return {"task": TASKS, "optimizer.name": names(), "optimizer.preset": (None, *optim.PRESETS)}
 
 
 def load_config(path: str, overrides: Sequence[str] = ()) -> ConfigDict:
@@ -143,11 +120,11 @@ def load_config(path: str, overrides: Sequence[str] = ()) -> ConfigDict:
       overrides: strings ``"a.b=value"`` (the ``--config.`` prefix already removed).
 
     Returns:
-      the validated, locked ``ConfigDict``.
+      the locked ``ConfigDict``, not yet validated (:func:`validate`, at ``run()``).
 
     Raises:
-      ValueError: file not found, no ``get_config``, unknown field, unparsable or
-        disallowed value.
+      ValueError: file not found, no ``get_config``, unknown field, unparsable value, or
+        an override of an option ``optimizer.preset`` sets.
     """
     file, _, arg = path.partition(":")
     p = pathlib.Path(file)
@@ -162,7 +139,6 @@ def load_config(path: str, overrides: Sequence[str] = ()) -> ConfigDict:
     with_engine_defaults(config)
     apply_overrides(config, overrides)
     check_preset_overrides(config, overrides)
-    validate(config)
     config.lock()
     return config
 
@@ -257,12 +233,12 @@ def _get(config: ConfigDict, dotted: str) -> tuple[bool, Any]:
 # be a finite number in that interval (checked when the field exists and is not None).
 _INF = float("inf")
 _F32_MAX = 3.4028234663852886e38
+_F32_TINY = 1.1754943508222875e-38  # the smallest normal float32
 INTERVALS: dict[str, tuple[float, float, bool, bool]] = {
     "optimizer.lr": (0.0, _INF, False, False),
     "optimizer.adam_lr": (0.0, _INF, False, False),
     "optimizer.b1": (0.0, 1.0, True, False),
     "optimizer.b2": (0.0, 1.0, True, False),
-    "optimizer.momentum": (0.0, 1.0, True, False),
     "optimizer.signum_beta": (0.0, 1.0, True, False),
     "optimizer.eps": (0.0, _INF, False, False),  # 0: 0/0 = NaN on a zero gradient entry
     "optimizer.weight_decay": (0.0, _INF, True, False),
@@ -286,8 +262,9 @@ def validate_numbers(config: ConfigDict) -> None:
     """Check the real-valued fields of ``INTERVALS`` and ``schedule.warmup_steps <= steps``.
 
     Catches what would otherwise compile and train silently or blow up later:
-    ``lr=inf`` or ``nan``, ``lr=0`` (nothing trains), ``b1=1.5`` (Adam's moment
-    estimates diverge), a warmup longer than the run (the peak rate is never reached).
+    ``lr=inf`` or ``nan``, ``lr=0`` or ``1e-46`` (0 in float32, the precision the optimizer
+    computes in: nothing trains), ``b1=1.5`` (Adam's moment estimates diverge), a warmup
+    longer than the run (the peak rate is never reached).
 
     Raises:
       ValueError: naming the field, its value and the allowed interval.
@@ -307,6 +284,11 @@ def validate_numbers(config: ConfigDict) -> None:
                 f"config.{field}={value!r}; must be a finite float32 number "
                 f"{_interval(lo, hi, lo_in, hi_in)}"
             )
+        if lo == 0 and not lo_in and 0 < value < _F32_TINY:
+            raise ValueError(
+                f"config.{field}={value!r} is 0 or subnormal in float32, the precision the "
+                f"optimizer computes in; must be >= {_F32_TINY:.4g}"
+            )
     present, warmup = _get(config, "schedule.warmup_steps")
     if present and isinstance(warmup, int) and warmup > int(config.steps):
         raise ValueError(
@@ -316,13 +298,18 @@ def validate_numbers(config: ConfigDict) -> None:
 
 
 def validate(config: ConfigDict) -> None:
-    """Check enumerated fields, integer ranges and role specs of a run config.
+    """Check a run config once, before compiling: enumerated fields, integer ranges,
+    intervals, role specs, and the fields a component owns, by building it
+    (``optimizer.*`` of ``MuonOptions``, ``model`` as ``TransformerConfig``, ``schedule``).
 
     Raises:
-      ValueError: naming the field and the allowed values.
+      ValueError: naming the dotted field and the allowed values.
     """
+    import dataclasses
+
+    from amemory import optim
     from amemory.models.roles import role_of  # lazy, as every registry: loading imports no jax
-    from amemory.optim import routing
+    from amemory.train.optimizers import multiplier
 
     for field, allowed in {**CHOICES, **optimizer_choices()}.items():
         present, value = _get(config, field)
@@ -333,21 +320,23 @@ def validate(config: ConfigDict) -> None:
         if present and (not isinstance(value, int) or isinstance(value, bool) or value < lo):
             raise ValueError(f"config.{field}={value!r}; must be an integer >= {lo}")
     validate_numbers(config)
-    check_consistent(config)
-    present, roles = _get(config, "optimizer.muon_roles")
-    if present and config.task == "lm":
-        routing.parse_roles(roles, role_of, "optimizer.muon_roles")
-    present, roles = _get(config, "spectrum_roles")
-    if present and config.task == "lm":
-        routing.parse_roles(roles, role_of, "spectrum_roles")
-    present, policy = _get(config, "model.remat_policy")
-    if present:
-        from amemory.models.scan import REMAT_POLICIES  # lazy: imports flax
-
-        if policy not in REMAT_POLICIES:
-            raise ValueError(
-                f"config.model.remat_policy={policy!r}; allowed values: {REMAT_POLICIES}"
-            )
+    missing = [g for g in TASK_GROUPS.get(config.get("task"), ()) if g not in config]
+    if missing:
+        raise ValueError(
+            f"config.task={config.task!r} reads config groups {missing} that this config "
+            f"lacks; it must match the config file ({', '.join(TASK_GROUPS)})"
+        )
+    for field in ("optimizer.muon_roles", "spectrum_roles"):
+        present, roles = _get(config, field)
+        if present and config.task == "lm":
+            optim.parse_roles(roles, role_of, field)
+    for field in (f.name for f in dataclasses.fields(optim.MuonOptions)):
+        if field in config.optimizer:  # MuonOptions owns these fields' ranges and choices
+            try:
+                optim.MuonOptions(**{field: config.optimizer[field]})
+            except ValueError as e:
+                raise ValueError(f"config.optimizer.{field}: {e}") from None
+    multiplier(config.schedule, int(config.steps))  # SCHEDULES owns schedule.name
     if "model" in config:  # the model's own config validates its fields, translated once
         from amemory.train.tasks import model_config
 
@@ -364,11 +353,6 @@ def validate(config: ConfigDict) -> None:
     seeds = config.get("seeds", ())
     if not all(isinstance(s, int) for s in seeds) or len(set(seeds)) != len(seeds):
         raise ValueError(f"config.seeds={seeds!r}; must be distinct integers (or empty)")
-    if seeds and config.parallel.mode == "pmap":
-        raise ValueError(
-            "config.seeds with config.parallel.mode='pmap': multi-seed runs vmap over seeds; "
-            "use parallel.mode 'single' or 'sharded'"
-        )
     noise = config.get("noise", 0.0)
     if not 0.0 <= float(noise) < 1.0:
         raise ValueError(f"config.noise={noise!r}; must be in [0, 1)")
@@ -453,25 +437,6 @@ def format_config(config: ConfigDict, path: str | pathlib.Path | None = None) ->
 
 #: The config groups each ``config.task`` reads (a memory config has no ``model``/``data``).
 TASK_GROUPS = {"lm": ("model", "data"), "memory": ("memory",)}
-
-
-def check_consistent(config: ConfigDict) -> None:
-    """The task has the config groups it reads, and each rate that must be > 0 is a normal
-    float32 (``lr=1e-46`` rounds to 0: nothing trains). Raises ValueError naming the field."""
-    missing = [g for g in TASK_GROUPS.get(config.get("task"), ()) if g not in config]
-    if missing:
-        raise ValueError(
-            f"config.task={config.task!r} reads config groups {missing} that this config "
-            f"lacks; it must match the config file ({', '.join(TASK_GROUPS)})"
-        )
-    tiny = 1.1754943508222875e-38  # the smallest normal float32
-    for field, (lo, _, lo_in, _) in INTERVALS.items():
-        value = _get(config, field)[1]
-        if lo == 0 and not lo_in and isinstance(value, float) and 0 < value < tiny:
-            raise ValueError(
-                f"config.{field}={value!r} is 0 or subnormal in float32, the precision the "
-                f"optimizer computes in; must be >= {tiny:.4g}"
-            )
 
 
 def check_preset_overrides(config: ConfigDict, overrides: Sequence[str]) -> None:

@@ -5,11 +5,9 @@ the metrics of every step are reduced on the device into an accumulator (sum of 
 loss and aux metrics, last value of the others, first non-finite step), which the loop
 reads only at log steps: no device-to-host copy happens between them.
 
-:class:`Engine` compiles init / step for one placement. There are two paths: ``pmap``
-(state replicated with a leading device axis, batches split per device, gradients
-averaged with ``lax.pmean``), and ``jit`` over a ``Mesh`` (``single`` = one-device mesh,
-``sharded`` = FSDP layout from :mod:`amemory.train.parallel`). Multi-seed runs ``vmap``
-the step over a leading seed axis of the state.
+:class:`Engine` compiles init / step for one placement: ``jit`` over a ``Mesh`` of
+:mod:`amemory.train.parallel` (every mode). Multi-seed runs ``vmap`` the step over a
+leading seed axis of the state.
 """
 
 from __future__ import annotations
@@ -43,10 +41,8 @@ def make_train_step(
       diagnostics: add ``amemory.optim.collect_diagnostics(opt_state)`` to the metrics.
 
     Returns:
-      the step function; metrics are scalars: loss, grad_norm, param_norm, lr, adam_lr,
-      update_rms/<role>, aux/<name>, max_logit/<layer> (from a transformer task's
-      ``max_logit [L, H]`` aux, max over heads; ``opt.clip`` gets it: QK-Clip), and
-      ortho_error/<path> when ``diagnostics``. The update runs under
+      the step function; its metrics are the scalars of a train record (docs/metrics.md;
+      ``max_logit [L, H]`` also goes to ``opt.clip``: QK-Clip). The update runs under
       ``jax.named_scope(OPTIMIZER_SCOPE)``: compiled HLO names its ops.
     """
     leaf_roles = jax.tree.leaves(roles)
@@ -167,15 +163,12 @@ class Engine:
         mesh = place.mesh
         self._rep = rep = parallel.replicated(mesh)
         lead = 1 if multi else 0
+        opt_sh = parallel.state_shardings(a.opt_state, mesh, leading_axes=lead)
         self.state_sh = TrainState(
             step=jax.tree.map(lambda _: rep, a.step),
             params=parallel.state_shardings(a.params, mesh, leading_axes=lead),
-            opt_state=optim.owner_state_shardings(  # NorMuon's moments stay with owners
-                a.opt_state,
-                mesh,
-                parallel.state_shardings(a.opt_state, mesh, leading_axes=lead),
-                leading_axes=lead,
-            ),
+            # NorMuon's moments stay with their owners
+            opt_state=optim.owner_state_shardings(a.opt_state, mesh, opt_sh, leading_axes=lead),
             rng=jax.tree.map(lambda _: rep, a.rng),
         )
         self._init = jax.jit(init, out_shardings=self.state_sh)
@@ -199,11 +192,7 @@ class Engine:
         accumulator and a global batch shaped like ``local_batch`` (one process's rows)."""
         sds = jax.ShapeDtypeStruct
         batch = jax.tree.map(lambda x: sds(np.shape(x), np.asarray(x).dtype), local_batch)
-        acc = jax.tree.map(
-            lambda x: sds(x.shape, x.dtype, sharding=self._rep),
-            empty_accumulator(jax.eval_shape(lambda s, b: self._plain_step(s, b)[1],
-                                             self.abstract, batch)),
-        )  # fmt: skip
+        acc = jax.tree.map(lambda x: sds(x.shape, x.dtype, sharding=self._rep), self._zeros(batch))
         batch = jax.tree.map(lambda x: sds(x.shape, x.dtype, sharding=self.batch_sh), batch)
         with jax.sharding.set_mesh(self.place.mesh):
             return self._step.lower(self.restore_target, acc, batch)
@@ -222,9 +211,12 @@ class Engine:
     def new_accumulator(self, batch: Any) -> dict:
         """A zero accumulator on the devices (``batch``: a placed batch, for the shapes)."""
         if self._empty_acc is None:
-            metrics = lambda s, b: self._plain_step(s, b)[1]  # noqa: E731
-            self._empty_acc = empty_accumulator(jax.eval_shape(metrics, self.abstract, batch))
+            self._empty_acc = self._zeros(batch)
         return jax.device_put(self._empty_acc, self._rep)
+
+    def _zeros(self, batch: Any) -> dict:
+        metrics = jax.eval_shape(lambda s, b: self._plain_step(s, b)[1], self.abstract, batch)
+        return empty_accumulator(metrics)
 
     def fetch(self, tree: Any) -> Any:
         """Replicated device values -> numpy."""
@@ -265,9 +257,7 @@ def build(config: Any, place: parallel.Placement, task: Any = None) -> Built:
     task = task if task is not None else tasks.build(config, place)
     multi = bool(config.seeds)
     seeds = [int(s) for s in config.seeds] if multi else [int(config.seed)]
-    keys = (
-        jnp.stack([jax.random.PRNGKey(s) for s in seeds]) if multi else jax.random.PRNGKey(seeds[0])
-    )
+    keys = jnp.stack([jax.random.PRNGKey(s) for s in seeds])  # [S, 2]
     abstract_params = jax.eval_shape(task.init_params, jax.random.PRNGKey(0))
     roles = task.roles(abstract_params)
     opt = optimizers.build(
@@ -275,9 +265,7 @@ def build(config: Any, place: parallel.Placement, task: Any = None) -> Built:
         matrix_axes=task.matrix_axes, mesh=place.mesh if place.mode == "sharded" else None,
         head_view=getattr(task, "head_view", None),
     )  # fmt: skip
-    diagnostics = (
-        bool(config.optimizer.diagnostics) and config.optimizer.name in optimizers.MUON_LIKE
-    )
-    engine = Engine(place, task, opt, roles, keys, multi, diagnostics)
+    diagnostics = config.optimizer.diagnostics and config.optimizer.name in optimizers.MUON_LIKE
+    engine = Engine(place, task, opt, roles, keys if multi else keys[0], multi, diagnostics)
     n_params = int(sum(np.prod(x.shape) for x in jax.tree.leaves(abstract_params)))
     return Built(task, opt, engine, seeds, multi, n_params)

@@ -14,27 +14,13 @@ the host only at log steps:
   ``g.stop_requested(step)``         after every step: SIGTERM/SIGINT/preemption notice
   ``g.stop(ckpt, step)``             after the loop saved that step: "stopped" event, raise
 
-Guarantees (README, "Reliability"; tests in ``tests/test_train_guard.py``):
-
-* SIGTERM or SIGINT (single-process runs): the current step finishes, a checkpoint
-  of it is written synchronously, metrics.jsonl gets a ``stopped`` event and the run
-  raises :class:`RunInterrupted`; ``amemory train`` prints one line and exits with
-  status 75 (SIGTERM, ``EX_TEMPFAIL``: resume to continue) or 130 (SIGINT). A second
-  Ctrl-C aborts at once. ``--resume`` then continues exactly as if never stopped.
-* Multi-process runs (``jax.distributed``): SIGTERM is left to JAX's preemption
-  service, which catches the notice on any host and lets every host agree on the
-  same step through ``jax.experimental.multihost_utils.reached_preemption_sync_point``
-  (Orbax's ``CheckpointManager.reached_preemption``); all hosts save that step and
-  stop. SIGINT keeps its default there (a KeyboardInterrupt; the newest checkpoint
-  stays intact).
-* Workdir lock (:mod:`amemory.train.lock`): a second run on the same directory
-  fails at once with :class:`WorkdirBusyError` naming the holder's PID and host.
-* A checkpoint is "healthy" when a train record after it had a finite loss that the
-  divergence test did not flag, or the step that failed after it had a finite loss the
-  test would not flag (a step's loss is computed on the previous step's parameters)
-  and the record before was healthy. The non-finite and divergence stops name the
-  newest healthy checkpoint, move newer ones to ``checkpoints-rejected/`` so that
-  ``--resume`` continues from it, and never write a non-finite state.
+The guarantees (stop signals, preemption on several hosts, the lock, healthy checkpoints)
+are README's "Reliability" table, each with its test. A checkpoint is *healthy* when a
+train record after it had a finite loss the divergence test did not flag, or the step that
+failed after it had such a loss (computed on the checkpoint's parameters) after a healthy
+record; non-finite and divergence stops name the newest healthy one and move newer ones to
+``checkpoints-rejected/``. Multi-process runs leave SIGTERM to JAX's preemption service
+(Orbax ``CheckpointManager.reached_preemption``: every host stops at the same step).
 """
 
 from __future__ import annotations
@@ -52,7 +38,7 @@ from typing import Any, NoReturn
 
 import numpy as np
 
-from amemory.train.lock import EXIT_BUSY, WorkdirBusyError, WorkdirLock, busy_message, holder_info
+from amemory.train.lock import WorkdirBusyError, WorkdirLock, busy_message, holder_info
 
 # Exit statuses of ``amemory train`` (README, "Reliability").
 EXIT_NONFINITE = 1
@@ -82,14 +68,16 @@ RESUME_FREE = (
 
 
 class NonFiniteLossError(RuntimeError):
-    """The training loss (or the state to be saved) became NaN or infinite.
+    """The training loss (or the state to be saved) became NaN or infinite; the message names
+    the step and the newest healthy checkpoint."""
 
-    The message names the step and the newest healthy checkpoint.
-    """
+    exit_code = EXIT_NONFINITE
 
 
 class DivergenceError(RuntimeError):
     """The divergence test fired (``config.divergence``); the message says which rule and where."""
+
+    exit_code = EXIT_DIVERGED
 
 
 class RunInterrupted(KeyboardInterrupt):
@@ -115,29 +103,19 @@ class RunInterrupted(KeyboardInterrupt):
 
 
 def exit_code(error: BaseException) -> int:
-    """``amemory train``'s exit status for an exception raised by ``train``."""
-    if isinstance(error, RunInterrupted):
-        return error.exit_code
-    for cls, code in (
-        (WorkdirBusyError, EXIT_BUSY),
-        (DivergenceError, EXIT_DIVERGED),
-        (NonFiniteLossError, EXIT_NONFINITE),
-    ):
-        if isinstance(error, cls):
-            return code
-    return EXIT_CONFIG
+    """``amemory train``'s exit status for an exception raised by ``train``: its class's
+    ``exit_code``, else ``EXIT_CONFIG``."""
+    return getattr(error, "exit_code", EXIT_CONFIG)
 
 
 @contextlib.contextmanager
 def held_background_errors() -> Any:
     """Hold ERROR logs and unraisable exceptions of background threads while a run lasts.
 
-    For ``amemory train``: when an Orbax save fails (a full disk, say) its writer threads
-    log the error with tracebacks several times (absl logger), and TensorStore callbacks
-    leave "Event loop is closed" errors to ``sys.unraisablehook``, about 400 lines in all,
-    before the main thread raises the same error. Held here, they are dropped when the
-    run fails (the CLI reports that failure in one line) and replayed when it does not,
-    so nothing is lost.
+    For ``amemory train``: a failed Orbax save (a full disk) makes its writer threads log
+    tracebacks (absl) and TensorStore leave "Event loop is closed" errors to
+    ``sys.unraisablehook`` before the main thread raises the same error. They are dropped
+    when the run fails (the CLI reports it in one line) and replayed when it does not.
     """
     held_logs: list = []
     held_unraisable: list = []
@@ -224,11 +202,8 @@ class DivergenceMonitor:
 
     def __init__(self, loss_factor: float = 10.0, patience: int = 3, enabled: bool = True):
         self.loss_factor, self.patience, self.enabled = float(loss_factor), int(patience), enabled
-        self.first: np.ndarray | None = None
-        self.best: np.ndarray | None = None
-        self.high: np.ndarray | None = None
-        self.dead: np.ndarray | None = None
-        self.since: np.ndarray | None = None
+        # per seed: first and smallest loss, high / dead streak lengths, streak start step
+        self.first = self.best = self.high = self.dead = self.since = None
 
     def high_loss(self, loss: Any) -> np.ndarray:
         """Per seed: the *high* rule on ``loss`` (False before the first record)."""
@@ -247,14 +222,11 @@ class DivergenceMonitor:
         """
         loss = np.atleast_1d(np.asarray(loss, np.float64))
         gn = None if grad_norm is None else np.atleast_1d(np.asarray(grad_norm, np.float64))
+        high = self.high_loss(loss)
         if self.first is None:
             self.first, self.best = loss.copy(), loss.copy()
-            self.high = np.zeros(loss.shape, int)
-            self.dead = np.zeros(loss.shape, int)
+            self.high = self.dead = np.zeros(loss.shape, int)  # replaced, never updated in place
             self.since = np.full(loss.shape, step)
-            high = np.zeros(loss.shape, bool)
-        else:
-            high = self.high_loss(loss)
         dead = (gn == 0) & (loss > 0) if gn is not None else np.zeros(loss.shape, bool)
         streak_start = (self.high == 0) & (self.dead == 0)
         self.since = np.where(streak_start, step, self.since)
@@ -390,12 +362,8 @@ class RunGuard:
         self.config, self.allow_changed = config, tuple(allow_changed)
         self.workdir = pathlib.Path(workdir).absolute()
         self.processes, self.is_main = jax.process_count(), jax.process_index() == 0
-        div = config.get("divergence", None)
-        self.monitor = DivergenceMonitor(
-            loss_factor=div.loss_factor if div is not None else 10.0,
-            patience=div.patience if div is not None else 3,
-            enabled=bool(div.enabled) if div is not None else True,
-        )
+        div = config.get("divergence", None)  # enabled, loss_factor, patience
+        self.monitor = DivergenceMonitor(**(div.to_dict() if div is not None else {}))
         self._lock = WorkdirLock(self.workdir, processes=self.processes)
         self._signals = StopSignals(enabled=self.processes == 1)
         self._stack = contextlib.ExitStack()
@@ -462,19 +430,17 @@ class RunGuard:
             return changes["allowed"]
 
         found = ckpt.restore_intact(target, data=data, accept=accept, fresh=fresh)
-        for moved, reason in found.skipped:
+
+        def warn(text: str, **event: Any) -> None:  # on stderr now, in metrics.jsonl later
             if self.is_main:
-                _say(f"warning: checkpoint {moved.name} was damaged ({reason}); moved to {moved}")
-            self._pending.append(
-                (
-                    found.step,
-                    {"event": "checkpoint_rejected", "checkpoint": str(moved), "reason": reason},
-                )
-            )
+                _say(f"warning: {text}")
+            self._pending.append((found.step, event))
+
+        for moved, why in found.skipped:
+            warn(f"checkpoint {moved.name} was damaged ({why}); moved to {moved}",
+                 event="checkpoint_rejected", checkpoint=str(moved), reason=why)  # fmt: skip
         for note in found.notes:
-            if self.is_main:
-                _say(f"warning: {note}")
-            self._pending.append((found.step, {"event": "restore_note", "note": note}))
+            warn(note, event="restore_note", note=note)
         allowed, free = changes["allowed"], changes["free"]
         if allowed or free:
             self._pending.append(
@@ -545,12 +511,9 @@ class RunGuard:
         whose message is ``what`` and the newest healthy checkpoint (newer ones are moved
         aside, so ``--resume`` continues from it)."""
         where, good = self._describe_healthy()
-        event = {
-            **event,
-            "healthy_checkpoint": str(self._ckpt.path(good)) if good is not None else None,
-        }
+        healthy = str(self._ckpt.path(good)) if good is not None else None
         if self._log is not None:
-            self._log.write("event", step, **event)
+            self._log.write("event", step, **event, healthy_checkpoint=healthy)
         raise error(f"{what}; {where}")
 
     def confirm_by_failed_step(self, step: int, loss: Any) -> None:

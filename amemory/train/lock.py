@@ -24,6 +24,8 @@ EXIT_BUSY = 4  # ``amemory train``'s exit status when the workdir is in use
 class WorkdirBusyError(RuntimeError):
     """Another live run holds the workdir lock; the message names its PID and host."""
 
+    exit_code = EXIT_BUSY
+
 
 def holder_info(path: pathlib.Path) -> dict:
     """What the lock file at ``path`` says about its holder (empty if unreadable)."""
@@ -104,10 +106,8 @@ class WorkdirLock:
 def probe_workdir(workdir: str | os.PathLike) -> None:
     """Fail fast (before JAX is imported) if a single-process run holds ``workdir``.
 
-    ``amemory train`` calls this first, so a second run on a busy directory fails in
-    a fraction of a second. A multi-process holder is left to the full check in
-    ``RunGuard`` (its other processes legitimately share the directory). Does
-    nothing when the directory does not exist.
+    A multi-process holder is left to the full check in ``RunGuard`` (its other processes
+    share the directory). Does nothing when the directory does not exist.
 
     Raises:
       WorkdirBusyError: as :class:`WorkdirLock`.

@@ -1,13 +1,8 @@
 """``train(config, workdir)``: the training loop for every task.
 
-Run directory (``workdir``)
-  config.json      the resolved config (after command-line overrides and engine defaults)
-  metrics.jsonl    one JSON object per line, see below
-  events.out.tfevents.*  the same scalars for TensorBoard (``tensorboard --logdir runs/``)
-  plugins/profile/ a ``jax.profiler`` trace of ``config.profile_steps`` (when set)
-  checkpoints/     Orbax steps: params, opt_state, step, rng, input position, config, digest
-  summary.json     the dict ``train`` returns (written last: its presence marks a finished run)
-  run.lock         held while a run is live (``amemory.train.lock``)
+The run directory (config.json, metrics.jsonl, TensorBoard events, a profile trace,
+checkpoints/, summary.json, run.lock) and the schema of every metrics.jsonl record are in
+``docs/metrics.md``.
 
 The loop never waits for the device between log steps: metrics are reduced on the
 device (:mod:`amemory.train.engine`) and read every ``config.log_every`` steps; the
@@ -17,55 +12,6 @@ is an error. Batches are read by the task's Grain iterator and put on the device
 ``PREFETCH`` steps ahead. The host syncs only at the points of :class:`_SyncPoints`: log,
 evaluation, spectrum, checkpoint, profile, and the guards of :mod:`amemory.train.guard`
 (stop signals, divergence, the resume contract) run there.
-
-metrics.jsonl records. Every record has ``"kind"`` and ``"step"`` (optimizer
-steps completed, int). In multi-seed runs (``config.seeds`` non-empty) every
-numeric value below is a list with one entry per seed, in ``config.seeds`` order.
-
-``kind == "train"`` (every ``config.log_every`` steps and at the last step):
-  loss            mean training loss over the steps since the previous train record,
-                  nats per token (LM) / per query (memory)
-  aux/<name>      scalars the task's loss returns beside the loss, averaged like the loss
-                  (MoE models: ce_loss, the cross-entropy alone; moe_lb_loss, the
-                  load-balancing loss averaged over layers; moe_lb_coef, its coefficient
-                  in ``loss``; moe_drop_fraction)
-  lr              learning rate of ``optimizer.name`` at this step
-  adam_lr         learning rate of the Adam part at this step
-  grad_norm       global L2 norm of this step's gradient (before clipping)
-  param_norm      global L2 norm of the parameters after the step
-  update_rms/<role>   RMS of this step's parameter update (new - old) over that role
-  max_logit/<i>   transformer tasks: the largest pre-softmax attention logit of layer i
-                  over its heads in this step's forward pass (QK-Clip's statistic)
-  ortho_error/<path>  orthogonality error of the Muon direction (amemory.optim.collect_diagnostics)
-  tokens_per_s    training throughput since the previous train record (global tokens / wall second)
-  step_time_s     mean wall seconds per step since the previous train record
-
-``kind == "eval"`` (every ``config.eval_every`` steps and at the end):
-  LM on a corpus:  loss (mean validation nats/token), loss/bucket_<b> for frequency bucket b
-                   (0 = most frequent tokens), bucket_labels (token-count range of each bucket)
-  biographies:     fta/group_<g> first-token accuracy of group g, fta (all questions)
-  memory:          loss (population loss, nats), acc (prior-weighted accuracy),
-                   loss/head, loss/tail, acc/head, acc/tail, correct_prob/min, gap (Delta(W) of
-                   docs/science.md), per_class_loss and per_class_prob (lists of length K)
-
-``kind == "spectrum"`` (every ``config.spectrum_every`` steps):
-  spectrum/<role>/<metric>  isotropy metrics (amemory.analysis.spectrum.spectrum_metrics) of the
-                   role's matrices, averaged over layers ("vo" is the per-layer product
-                   W_O W_V); metrics: entropy, effective_rank, top10_energy, q75_25,
-                   stable_rank, condition_number
-
-``kind == "event"``: ``event`` in {"start", "resume", "compiled", "nonfinite", "end"} with
-details ("start" holds the routing table: rows [path, shape, role, transform, matrices],
-``matrices`` = "n x (fan_in, fan_out)" for leaves orthogonalised as n matrices, e.g. the
-layer axis of scanned layers; and ``layout``: one row per Muon-family orthogonalisation
-group, amemory.optim.describe_layout, saying whether it runs in the owner layout of sharded
-mode or is left to XLA); from ``amemory.train.guard``: "checkpoint_rejected" (checkpoint,
-reason), "config_changed" (allowed, bookkeeping: {field: [old, new]}), "nonfinite" and
-"diverged" (healthy_checkpoint), "stopped" (reason: SIGTERM | SIGINT | preemption,
-checkpoint).
-
-Memory-task records count queries, not tokens: ``tokens_per_s`` is queries per second
-(``batch_size`` per step, or K per step for the exact population loss).
 """
 
 from __future__ import annotations
@@ -90,7 +36,6 @@ from amemory.train import config as config_lib
 from amemory.train import engine as engine_lib
 from amemory.train import guard as guard_lib
 from amemory.train import optimizers, parallel, tasks
-from amemory.train.guard import NonFiniteLossError as NonFiniteLossError
 from amemory.train.records import RunLog, jsonable
 from amemory.train.state import TrainState
 
@@ -112,8 +57,7 @@ class _Feed:
     def _read(self) -> tuple[Any, bytes | None]:
         if self.it is None:
             return None, None
-        local = next(self.it)
-        return self.put(local), self.it.get_state()
+        return self.put(next(self.it)), self.it.get_state()
 
     def get(self) -> tuple[Any, bytes | None]:
         """The next step's batch and position."""
@@ -129,20 +73,16 @@ class _Feed:
 
 def _routes(table: list) -> str:
     """One line of the routing table: ``routing: q,k,v,o -> muon; embed,norm -> adam``."""
-    by_tx: dict[str, list[str]] = {}
+    by_tx: dict[str, dict[str, None]] = {}  # transform -> its roles, an ordered set
     for _, _, role, tx_name, *_ in table:
-        roles = by_tx.setdefault(tx_name, [])
-        if role not in roles:
-            roles.append(role)
+        by_tx.setdefault(tx_name, {})[role] = None
     return "routing: " + "; ".join(f"{','.join(r)} -> {t}" for t, r in by_tx.items())
 
 
 def _per_seed(x: Any, multi: bool) -> Any:
     """numpy scalar -> float; [S] -> list (multi-seed)."""
     a = np.asarray(x)
-    if multi:
-        return a.tolist()
-    return a.item() if a.ndim == 0 else a.tolist()
+    return a.item() if a.ndim == 0 and not multi else a.tolist()
 
 
 def train(
@@ -156,13 +96,11 @@ def train(
         engine fields of ``amemory.train.config.ENGINE_DEFAULTS`` are added if missing.
       workdir: run directory (created); holds config.json, metrics.jsonl, TensorBoard
         events, checkpoints/, summary.json.
-      resume: continue from the newest intact checkpoint in ``workdir`` (damaged ones are
-        moved aside with a warning); with none, a fresh start when the workdir records no
-        training, else an error (``RunGuard.resume_without_checkpoint``). Without it a
-        workdir that already has checkpoints is an error. The continuation is exact for
-        the same config (parameters, optimizer state, key and input position are
-        restored); fields that change what a run computes must equal the checkpoint's
-        (``amemory.train.guard.check_resume``).
+      resume: continue exactly (parameters, optimizer state, key, input position) from the
+        newest intact checkpoint in ``workdir`` (damaged ones are moved aside); fields that
+        change what a run computes must equal the checkpoint's (``guard.check_resume``).
+        A workdir with checkpoints needs it; with it and no checkpoint the run starts at
+        step 0 only where the workdir records no training (else a ValueError).
       allow_changed: config fields that may differ from the checkpoint's config on
         resume (recorded in metrics.jsonl as a ``config_changed`` event).
 
@@ -172,12 +110,10 @@ def train(
       resumed_from, last_checkpoint.
 
     Raises:
-      ValueError: bad config (names the field and allowed values), data not found,
-        or a checkpoint that does not fit the model (names the leaf or the layout
-        field) -- all before compiling the step.
-      NonFiniteLossError: loss, gradient or parameters became NaN/inf (any seed of a
-        multi-seed run); the message names the step and the newest healthy checkpoint
-        (a non-finite state is never saved).
+      ValueError: bad config (names the field and allowed values), data not found, or a
+        checkpoint that does not fit (names the leaf or field), all before compiling.
+      amemory.train.guard.NonFiniteLossError: loss, gradient or parameters of any seed
+        became NaN/inf; names the step and the newest healthy checkpoint (never saved).
       amemory.train.guard.DivergenceError: the divergence test fired (``config.divergence``).
       amemory.train.guard.RunInterrupted: SIGTERM/SIGINT/preemption; the step was saved.
       amemory.train.guard.WorkdirBusyError: another run holds ``workdir``.
@@ -187,13 +123,9 @@ def train(
 
 
 def run(
-    config: ConfigDict,
-    workdir: str | pathlib.Path,
-    *,
-    resume: bool = False,
-    allow_changed: tuple[str, ...] = (),
-    task: tasks.Task | None = None,
-) -> tuple[dict, TrainState]:
+    config: ConfigDict, workdir: str | pathlib.Path, *, resume: bool = False,
+    allow_changed: tuple[str, ...] = (), task: tasks.Task | None = None,
+) -> tuple[dict, TrainState]:  # fmt: skip
     """``train``, also returning the final ``TrainState`` as numpy arrays (host copy).
 
     ``task`` replaces the task ``config`` describes (``amemory.train.tasks.build``): any
@@ -214,92 +146,33 @@ def _run(
     g: guard_lib.RunGuard, t_start: float,
 ) -> tuple[dict, TrainState]:  # fmt: skip
     place = parallel.placement(config.parallel)
-    is_main = jax.process_index() == 0
     workdir = pathlib.Path(workdir).absolute()
     workdir.mkdir(parents=True, exist_ok=True)
-
     b = engine_lib.build(config, place, task)  # the step `amemory plan` compiles, too
-    task, engine, multi, seeds, table = b.task, b.engine, b.multi, b.seeds, b.opt.table
     with contextlib.ExitStack() as closing:  # checkpointer, records, bar, trace: closed on errors
-        ckpt = ckpt_lib.Checkpointer(
-            workdir / "checkpoints", max_to_keep=int(config.keep_checkpoints)
-        )
+        ckpt = ckpt_lib.Checkpointer(workdir / "checkpoints", max_to_keep=config.keep_checkpoints)
         closing.callback(ckpt.close)
-        latest = ckpt.latest_step()
-        if latest is not None and not resume:
-            raise ValueError(
-                f"workdir {workdir} already holds checkpoints (latest step {latest}); pass "
-                "--resume (resume=True) to continue it, or choose another --workdir"
-            )
-        if latest is None and resume:
-            g.resume_without_checkpoint(ckpt)
-        inputs = task.train_input()
-        if latest is not None:
-            latest, state, _, position = g.restore(
-                ckpt, engine.restore_target, data=inputs is not None,
-                meta=task.checkpoint_meta(), fresh=engine.init_state,
-            )  # fmt: skip
-            if inputs is not None:
-                inputs.set_state(position)
-            start = int(latest)
-        else:
-            state = engine.init_state()
-            start = 0
-        resumed = start if latest is not None else None
-        log = RunLog(workdir, is_main, resumed, seeds if multi else None)
+        state, inputs, resumed = _start_or_resume(b, ckpt, resume, g)
+        log = RunLog(workdir, jax.process_index() == 0, resumed, b.seeds if b.multi else None)
         closing.callback(log.close)
         g.attach(ckpt, log)
-        if is_main:
-            atomic.write_text(workdir / "config.json", config.to_json_best_effort(indent=2) + "\n")
-        if latest is not None:
-            log.write("event", start, event="resume", checkpoint=str(ckpt.path(latest)))
-        else:
-            log.write(
-                "event", 0, event="start", task=task.kind, optimizer=config.optimizer.name,
-                lr=optimizers.resolved_lr(config.optimizer), adam_lr=config.optimizer.adam_lr,
-                mode=place.mode, seeds=seeds, n_params=b.n_params, devices=jax.device_count(),
-                processes=jax.process_count(), routing=table, layout=b.opt.layout,
-            )  # fmt: skip
-        if is_main and config.progress:
-            tqdm.write(f"amemory train: {task.kind}, {b.n_params:,} parameters, {_routes(table)}")
-        extra = {
-            "config": json.loads(config.to_json_best_effort()),
-            "seeds": seeds,
-            "task_meta": task.checkpoint_meta(),
-        }
-        points = _SyncPoints(config, workdir, engine, task, ckpt, log, multi, extra, start, g)
+        _announce(config, workdir, b, place.mode, log, ckpt, resumed)
+        start = resumed or 0
+        points = _SyncPoints(config, workdir, b, ckpt, log, start, g)
         closing.callback(points.close)
-        steps = int(config.steps)
-        bar = tqdm(
-            total=steps, initial=start, disable=not (config.progress and is_main),
-            desc=f"{task.kind}/{config.optimizer.name}", unit="step", dynamic_ncols=True,
-        )  # fmt: skip
-        closing.callback(bar.close)
-        feed = _Feed(inputs, engine.put_batch, PREFETCH)
-        acc = engine.new_accumulator(feed.peek())
-        for s in range(start + 1, steps + 1):
-            # The whole stretch between two sync points is guarded; the points allow reads.
-            with jax.transfer_guard_device_to_host("disallow_explicit"):
-                points.before_step(s)
-                batch, position = feed.get()
-                state, acc = engine.step(state, acc, batch)
-                feed.refill()
-                bar.update(1)
-                acc = points.after_step(s, state, acc, position, bar)
-                if s < steps and g.stop_requested(s):  # SIGTERM/SIGINT/preemption: save, stop
-                    points.stop(s, state, acc, position, bar)
+        state = _train_steps(config, b, state, inputs, start, points, g, closing)
         ckpt.wait()
         final_host = parallel.to_host(state)
         final_step = int(np.asarray(final_host.step).ravel()[0])
         if not points.last_eval:
-            points.last_eval = _evaluate(engine, task, state, multi)
+            points.last_eval = _evaluate(b.engine, b.task, state, b.multi)
         summary = {
             "workdir": str(workdir),
-            "task": task.kind,
+            "task": b.task.kind,
             "optimizer": config.optimizer.name,
             "muon_roles": config.optimizer.muon_roles,
             "mode": place.mode,
-            "seeds": seeds,
+            "seeds": b.seeds,
             "steps": final_step,
             "n_params": b.n_params,
             "final_train_loss": points.last_loss,
@@ -307,14 +180,81 @@ def _run(
             "tokens_per_s": float(np.median(points.throughput)) if points.throughput else None,
             "compile_s": points.compile_s,
             "wall_s": time.perf_counter() - t_start,
-            "resumed_from": start if latest is not None else None,
+            "resumed_from": resumed,
             "last_checkpoint": str(ckpt.path(points.last_saved)) if points.last_saved else None,
         }
         summary = jsonable(summary)
         log.write("event", final_step, event="end", wall_s=summary["wall_s"])
-    if is_main:
+    if jax.process_index() == 0:
         atomic.write_json(workdir / "summary.json", summary)
     return summary, final_host
+
+
+def _start_or_resume(
+    b: engine_lib.Built, ckpt: ckpt_lib.Checkpointer, resume: bool, g: guard_lib.RunGuard
+) -> tuple[TrainState, Iterator | None, int | None]:
+    """``(state, train input, step resumed from or None)`` by :func:`train`'s resume rule."""
+    latest = ckpt.latest_step()
+    if latest is not None and not resume:
+        raise ValueError(
+            f"workdir {ckpt.directory.parent} already holds checkpoints (latest step {latest}); "
+            "pass --resume (resume=True) to continue it, or choose another --workdir"
+        )
+    if latest is None and resume:
+        g.resume_without_checkpoint(ckpt)
+    inputs = b.task.train_input()
+    if latest is None:
+        return b.engine.init_state(), inputs, None
+    latest, state, _, position = g.restore(
+        ckpt, b.engine.restore_target, data=inputs is not None,
+        meta=b.task.checkpoint_meta(), fresh=b.engine.init_state,
+    )  # fmt: skip
+    if inputs is not None:
+        inputs.set_state(position)
+    return state, inputs, int(latest)
+
+
+def _announce(config, workdir, b: engine_lib.Built, mode: str, log, ckpt, resumed) -> None:
+    """Write config.json and the start (routing table) or resume event; print one line."""
+    is_main = jax.process_index() == 0
+    if is_main:
+        atomic.write_text(workdir / "config.json", config.to_json_best_effort(indent=2) + "\n")
+    if resumed is not None:
+        log.write("event", resumed, event="resume", checkpoint=str(ckpt.path(resumed)))
+    else:
+        log.write(
+            "event", 0, event="start", task=b.task.kind, optimizer=config.optimizer.name,
+            lr=optimizers.resolved_lr(config.optimizer), adam_lr=config.optimizer.adam_lr,
+            mode=mode, seeds=b.seeds, n_params=b.n_params, devices=jax.device_count(),
+            processes=jax.process_count(), routing=b.opt.table, layout=b.opt.layout,
+        )  # fmt: skip
+    if is_main and config.progress:
+        tqdm.write(
+            f"amemory train: {b.task.kind}, {b.n_params:,} parameters, {_routes(b.opt.table)}"
+        )
+
+
+def _train_steps(config, b, state, inputs, start, points, g, closing) -> TrainState:
+    """Steps ``start + 1 .. config.steps``; between two sync points no host read is allowed."""
+    steps = points.steps
+    bar = tqdm(
+        total=steps, initial=start, disable=not (config.progress and jax.process_index() == 0),
+        desc=f"{b.task.kind}/{config.optimizer.name}", unit="step", dynamic_ncols=True,
+    )  # fmt: skip
+    closing.callback(bar.close)
+    feed = _Feed(inputs, b.engine.put_batch, PREFETCH)
+    acc = b.engine.new_accumulator(feed.peek())
+    for s in range(start + 1, steps + 1):
+        with jax.transfer_guard_device_to_host("disallow_explicit"):
+            points.before_step(s)
+            batch, position = feed.get()
+            state, acc = b.engine.step(state, acc, batch)
+            feed.refill()
+            bar.update(1)
+            acc = points.after_step(s, state, acc, position, bar)
+            if s < steps and g.stop_requested(s):  # SIGTERM/SIGINT/preemption: save, stop
+                points.stop(s, state, acc, position, bar)
+    return state
 
 
 class _SyncPoints:
@@ -323,9 +263,14 @@ class _SyncPoints:
     the stop on a signal; the guard ``g`` (``amemory.train.guard.RunGuard``) judges health,
     divergence and what a stop message names."""
 
-    def __init__(self, config, workdir, engine, task, ckpt, log, multi, extra, start, g):
-        self.config, self.workdir, self.engine, self.task = config, workdir, engine, task
-        self.ckpt, self.log, self.multi, self.extra, self.g = ckpt, log, multi, extra, g
+    def __init__(self, config, workdir, b: engine_lib.Built, ckpt, log, start: int, g):
+        self.config, self.workdir, self.engine, self.task = config, workdir, b.engine, b.task
+        self.ckpt, self.log, self.multi, self.g = ckpt, log, b.multi, g
+        self.extra = {  # what every checkpoint stores beside the state
+            "config": json.loads(config.to_json_best_effort()),
+            "seeds": b.seeds,
+            "task_meta": b.task.checkpoint_meta(),
+        }
         self.last_logged: int | None = None
         self.steps = int(config.steps)
         self.profile = tuple(config.get("profile_steps", ()))
@@ -380,8 +325,7 @@ class _SyncPoints:
                 self.last_eval = _evaluate(self.engine, self.task, state, self.multi)
                 self.log.write("eval", s, **self.last_eval)
             if due["spectrum"]:
-                spectra = _spectrum(self.engine, self.task, state, self.multi)
-                self.log.write("spectrum", s, **spectra)
+                self.log.write("spectrum", s, **_spectrum(self.task, state, self.multi))
             if due["save"]:
                 self.save_point(s, state, acc, position)
         self.mark = (time.perf_counter(), s)
@@ -401,7 +345,7 @@ class _SyncPoints:
         first = int(bad[bad >= 0].min())
         self.g.confirm_by_failed_step(first, np.asarray(acc["bad_loss"]).ravel()[bad == first])
         self.g.fail(
-            NonFiniteLossError, first,
+            guard_lib.NonFiniteLossError, first,
             f"non-finite training loss, gradient or parameters at step {first}",
             {"event": "nonfinite", "bad_step": bad.tolist()},
         )  # fmt: skip
@@ -456,7 +400,7 @@ def _is_label(v: Any) -> bool:
     return isinstance(v, str) or (isinstance(v, list) and all(isinstance(x, str) for x in v))
 
 
-def _spectrum(engine: engine_lib.Engine, task, state: TrainState, multi: bool) -> dict:
+def _spectrum(task, state: TrainState, multi: bool) -> dict:
     mats = task.spectrum_matrices(parallel.to_host(state.params))
     out = {}
     for role, stack in mats.items():  # stack: [L, (S,) m, n]

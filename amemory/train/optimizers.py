@@ -1,23 +1,11 @@
 """Resolve ``config.optimizer`` and ``config.schedule`` into one Optax transformation.
 
-The one place where optimizer names become objects (big_vision style), so sweeps
-need no code edits. Two halves:
-
-  matrix part   ``optimizer.name`` (a name of ``amemory.optim.OPTIMIZERS``) with learning
-                rate ``optimizer.lr``, on the roles of ``optimizer.muon_roles``;
-  Adam part     ``optax.adamw`` with ``optimizer.adam_lr`` on every other parameter.
-
-``optimizer.name == "adam"`` trains everything with the Adam part. The split is
-``optax.partition`` over labels resolved by ``amemory.optim.routing_table`` (the same
-role specs and checks as ``optim.routed``); the resolved table (path, shape, role,
-transform, how an orthogonaliser sees the leaf) is returned for logging. Both learning
-rates follow the same schedule shape (a multiplier in [0, 1]).
-
-Weight decay is decoupled in both halves and for every name:
-``theta <- theta - lr * (u + weight_decay * theta)`` with ``u`` the optimizer's direction.
-On a device mesh (``parallel.mode="sharded"``) the orthogonalising optimizers get
-``ns_mesh=(mesh, "fsdp")``, hence the owner layout of ``amemory.optim.distributed``;
-``Optimizer.layout`` lists the layout of every orthogonalisation group for the start event.
+The one place where optimizer names become objects (big_vision style), so sweeps need no
+code edits. The matrix part, ``optimizer.name`` (a name of ``amemory.optim.OPTIMIZERS``) at
+``optimizer.lr``, trains the roles of ``optimizer.muon_roles``; ``optax.adamw`` at
+``optimizer.adam_lr`` every other parameter (everything for ``name="adam"``). Both rates
+follow one schedule shape (a multiplier in [0, 1]); weight decay is decoupled in both
+halves: ``theta <- theta - lr * (u + weight_decay * theta)``, ``u`` the direction.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Run records: ``metrics.jsonl`` and the same scalars as TensorBoard events.
 
 :class:`RunLog` is the one writer of a run's records (process 0 only). Every record goes
-to ``metrics.jsonl`` (schema in :mod:`amemory.train.loop`) and each of its scalars to a
+to ``metrics.jsonl`` (schema: ``docs/metrics.md``) and each of its scalars to a
 TensorBoard event file in the run directory (``tensorboardX``, no TensorFlow), so
 ``tensorboard --logdir runs/`` compares runs. Tags are ``<kind>/<field>`` (``train/loss``,
 ``eval/loss/bucket_0``, ``spectrum/spectrum/vo/entropy``; events: ``event/<event>/<field>``);
@@ -12,9 +12,9 @@ On resume, records after the restored step are dropped from the jsonl, and Tenso
 told to purge events from that step on (``purge_step``), so both show one history; lines of
 the jsonl that do not read are moved to ``metrics.jsonl.unreadable`` with a warning.
 
-Events are written in the caller's thread (tensorboardX's ``EventsWriter``, not its
-``SummaryWriter``, whose writer thread prints a traceback on a full disk and then blocks
-the run on its full queue), so a failed write is one ``OSError`` naming the file.
+Events are written in the caller's thread (tensorboardX's ``EventsWriter``: its
+``SummaryWriter``'s thread blocks the run on a full disk), so a failed write is one
+``OSError`` naming the file.
 """
 
 from __future__ import annotations

@@ -82,16 +82,9 @@ def load_run(workdir: str | pathlib.Path, *, step: int | None = None, seed_index
 
 
 def sample_text(
-    workdir: str | pathlib.Path,
-    prompt: str,
-    max_new_tokens: int,
-    *,
-    temperature: float = 1.0,
-    top_k: int = 0,
-    seed: int = 0,
-    step: int | None = None,
-    seed_index: int = 0,
-) -> str:
+    workdir: str | pathlib.Path, prompt: str, max_new_tokens: int, *, temperature: float = 1.0,
+    top_k: int = 0, seed: int = 0, step: int | None = None, seed_index: int = 0,
+) -> str:  # fmt: skip
     """The prompt and its continuation by a trained run, decoded together as text.
 
     (See the module docstring; a word-level tokenizer re-spaces the prompt.)
@@ -132,16 +125,7 @@ def main(argv: list[str]) -> int:
     p.add_argument("--seed-index", type=int, default=0, help="seed of a multi-seed run")
     args = p.parse_args(argv)
     try:
-        text = sample_text(
-            args.workdir,
-            args.prompt,
-            args.max_new_tokens,
-            temperature=args.temperature,
-            top_k=args.top_k,
-            seed=args.seed,
-            step=args.step,
-            seed_index=args.seed_index,
-        )
+        text = sample_text(**vars(args))  # the flags are sample_text's parameters
     except ValueError as e:
         return p.fail(e)
     print(text)

@@ -10,8 +10,6 @@ from __future__ import annotations
 from typing import Any, NamedTuple
 
 import jax
-import jax.numpy as jnp
-import optax
 
 
 class TrainState(NamedTuple):
@@ -24,20 +22,3 @@ class TrainState(NamedTuple):
     params: Any  # nested dict of arrays (model parameters)
     opt_state: Any  # optax state (NamedTuples of arrays)
     rng: jax.Array  # [2] uint32: raw PRNG key (jax.random.PRNGKey), split once per step
-
-
-def create(params: Any, tx: optax.GradientTransformation, rng: jax.Array) -> TrainState:
-    """Fresh state at step 0: ``tx.init(params)`` and the given raw key ``[2] uint32``."""
-    return TrainState(
-        step=jnp.zeros((), jnp.int32), params=params, opt_state=tx.init(params), rng=rng
-    )
-
-
-def abstract(state: TrainState) -> TrainState:
-    """``jax.ShapeDtypeStruct`` tree (with shardings) of ``state``: the Orbax restore target."""
-
-    def leaf(x):
-        sharding = getattr(x, "sharding", None)
-        return jax.ShapeDtypeStruct(jnp.shape(x), jnp.result_type(x), sharding=sharding)
-
-    return jax.tree.map(leaf, state)

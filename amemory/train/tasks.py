@@ -1,19 +1,15 @@
 """What the training loop trains: model + data + loss + evaluation, behind one interface.
 
 :class:`Task` (a ``typing.Protocol``) is everything the loop needs from a model family;
-the loop never asks which task it runs. :func:`build` picks the task from
-``config.task`` / ``config.data.kind``:
-
-* :class:`LMTask`: transformer on a tokenized corpus; Grain windows of ``seq_len + 1``
-  tokens; evaluation = validation loss per token-frequency bucket (on device).
-* :class:`BiographyTask`: transformer on synthetic biographies; Grain rows with a loss
-  mask; evaluation = first-token accuracy per group (arXiv 2509.26030; docs/science.md).
-* :class:`~amemory.train.memory_task.MemoryTask`: one-layer associative memory; pairs
-  sampled on the device from the step's key (no host input); exact evaluation.
+the loop never asks which task it runs. :func:`build` picks :class:`LMTask` (a tokenized
+corpus), :class:`BiographyTask` (synthetic biographies, arXiv 2509.26030) or
+:class:`~amemory.train.memory_task.MemoryTask` (the one-layer associative memory) from
+``config.task`` / ``config.data.kind``.
 """
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Iterator
 from typing import Any, Protocol
 
@@ -198,6 +194,9 @@ class _Transformer:
     def checkpoint_meta(self) -> dict[str, Any]:
         return {"model.scan_layers": bool(self.model_config.scan_layers)}
 
+    def train_input(self) -> Iterator[Any]:
+        return iter(self.loader)  # Grain: windows (LMTask) or {"tokens", "mask"} rows
+
     def spectrum_matrices(self, params: Any) -> dict[str, np.ndarray]:
         """``{role: [n, ..., d_out, d_in]}`` for the requested roles (+ "vo", the value-output
         product); ``n`` runs over layers, and over layers x experts for routed experts."""
@@ -255,9 +254,6 @@ class LMTask(_Transformer):
             self.graphdef, params, tokens, targets, None, rng, self.dropout, self.lb_coef
         )
 
-    def train_input(self) -> Iterator[np.ndarray]:
-        return iter(self.loader)
-
     def _eval_batches(self, max_batches: int | None = None) -> Iterator[np.ndarray]:
         from amemory.data import batching
 
@@ -308,6 +304,7 @@ class BiographyTask(_Transformer):
 
     def __init__(self, config: Any, place: parallel.Placement):
         from amemory.data import biographies as B
+        from amemory.models import transformer
 
         d = config.data
         parallel.check_batch(int(d.batch_size), place.data_shards, "data.batch_size")
@@ -320,12 +317,7 @@ class BiographyTask(_Transformer):
         self._setup_model(config, self.data.vocab_size, max_len=max_len)
         self.loader = self.data.loader(int(d.batch_size), int(config.seed))
         self.tokens_per_step = int(d.batch_size) * (T - 1)
-        self._logits = jax.jit(lambda p, x: self._apply(p, x))
-
-    def _apply(self, params, tokens):
-        from amemory.models import transformer
-
-        return transformer.apply(self.graphdef, params, tokens)
+        self._logits = jax.jit(functools.partial(transformer.apply, self.graphdef))
 
     def loss(self, params, batch, rng):
         tok, mask = batch["tokens"], batch["mask"]  # (B, T)
@@ -333,9 +325,6 @@ class BiographyTask(_Transformer):
             self.graphdef, params, tok[:, :-1], tok[:, 1:], mask[:, 1:], rng, self.dropout,
             self.lb_coef,
         )  # fmt: skip
-
-    def train_input(self) -> Iterator[dict[str, np.ndarray]]:
-        return iter(self.loader)
 
     def evaluate(self, params, put_batch) -> dict[str, Any]:
         """FTA per group (and over all evaluated questions) of one seed's params (host)."""
