@@ -61,13 +61,8 @@ def run(cfg: ConfigDict, stage: common.Stage) -> dict[str, Any]:
     Raises:
       ValueError: for an unknown subset or FFN kind (before any training).
     """
-    allowed = ("none", "qk", "vo", "v", "o", "w_in", "w_out", "w_gate", "ffn", "vo+ffn", "all")
-    bad = [s for s in cfg.subsets if s not in allowed]
-    if bad:
-        raise ValueError(f"ablation config field 'subsets': unknown {bad}; allowed {allowed}")
-    bad = [f for f in cfg.ffn_kinds if f not in ("gelu", "swiglu")]
-    if bad:
-        raise ValueError(f"ablation config field 'ffn_kinds': unknown {bad}; allowed gelu, swiglu")
+    subsets = ("none", "qk", "vo", "v", "o", "w_in", "w_out", "w_gate", "ffn", "vo+ffn", "all")
+    common.check_values("ablation", cfg, subsets=subsets, ffn_kinds=("gelu", "swiglu"))
     out_dir, cache_dir, progress = stage.out_dir, stage.cache_dir, stage.progress
     chosen, _, tables = train_runs.choose_lrs(
         cfg, cache_dir, progress=progress, optimizers=("adam", "muon")
@@ -85,26 +80,17 @@ def run(cfg: ConfigDict, stage: common.Stage) -> dict[str, Any]:
             )
             losses[ffn][subset] = train_runs.final_eval_seeds(r)
             progress(f"{ffn} {subset}")
-    shares = {
-        ffn: {
-            s: gain_share(v.get("none", math.nan), x, v.get("all", math.nan)) for s, x in v.items()
-        }
-        for ffn, v in losses.items()
-    }
+    shares = {ffn: {s: gain_share(v.get("none", math.nan), x, v.get("all", math.nan))
+                    for s, x in v.items()} for ffn, v in losses.items()}  # fmt: skip
     metrics = {
         "chosen_lr": chosen, "lr_sweep": tables, "val_loss": losses, "share": shares,
         "seeds": list(cfg.seeds),
     }  # fmt: skip
-    figures = []
-    for ffn in cfg.ffn_kinds:
-        p = plots.plot_bars(
-            {s: shares[ffn][s] for s in cfg.subsets},
-            out_dir / "figures" / f"ablation_share_{ffn}.png",
-            ylabel="share of Muon's gain",
-            title=f"Muon on subset, Adam elsewhere ({ffn} FFN), 95% seed intervals",
-            reference=paper_shares(ffn),
-        )
-        figures.append(str(p.relative_to(out_dir)))
+    figures = [stage.figure(plots.plot_bars(
+        {s: shares[ffn][s] for s in cfg.subsets}, out_dir / "figures" / f"ablation_share_{ffn}.png",
+        ylabel="share of Muon's gain", reference=paper_shares(ffn),
+        title=f"Muon on subset, Adam elsewhere ({ffn} FFN), 95% seed intervals",
+    )) for ffn in cfg.ffn_kinds]  # fmt: skip
     metrics["report_md"] = report_md(cfg, metrics)
     claims = make_claims(cfg, metrics)
     return {"metrics": metrics, "figures": figures, "claims": claims}
@@ -139,15 +125,15 @@ def report_md(cfg: ConfigDict, m: dict[str, Any]) -> str:
 def make_claims(cfg: ConfigDict, m: dict[str, Any]) -> list[common.Claim]:
     """Verdicts on the share of Muon's gain recovered by VO+FFN and by QK (seed intervals)."""
     claims = []
-    for key, subset, want in (
-        ("ablation/vo_ffn_share", "vo+ffn", "high"),
-        ("ablation/qk_share", "qk", "low"),
-    ):
+    for key, subset, direction, threshold, statement in (
+        ("ablation/vo_ffn_share", "vo+ffn", "greater", cfg.vo_ffn_min_share,
+         "Muon on VO+FFN (Adam elsewhere) recovers almost all of Muon's gain"),
+        ("ablation/qk_share", "qk", "less", cfg.qk_max_share,
+         "Muon on QK alone recovers little of Muon's gain"),
+    ):  # fmt: skip
         vals = {ffn: sh[subset] for ffn, sh in m["share"].items() if subset in sh}
         if not vals:
             continue
-        threshold = cfg.vo_ffn_min_share if want == "high" else cfg.qk_max_share
-        direction = "greater" if want == "high" else "less"
         paper = ", ".join(f"{ffn} {paper_shares(ffn)[subset]:.2f}" for ffn in vals)
         verdicts, parts, ivs = [], [], {}
         for ffn, v in vals.items():
@@ -155,15 +141,9 @@ def make_claims(cfg: ConfigDict, m: dict[str, Any]) -> list[common.Claim]:
             verdicts.append(held)
             ivs[ffn] = common.interval_dict(iv, direction, threshold)
             parts.append(f"{ffn} {common.describe(iv, 2)}")
-        test = (
-            f"95% interval of the per-seed share {'>' if want == 'high' else '<'} {threshold} "
-            "(share = (L_none - L_S)/(L_none - L_all) per seed; undecided if undefined)"
-        )
-        statement = (
-            "Muon on VO+FFN (Adam elsewhere) recovers almost all of Muon's gain"
-            if want == "high"
-            else "Muon on QK alone recovers little of Muon's gain"
-        )
+        sign = ">" if direction == "greater" else "<"
+        test = (f"95% interval of the per-seed share {sign} {threshold} (share = (L_none - L_S)"
+                "/(L_none - L_all) per seed; undecided if undefined)")  # fmt: skip
         claims.append(
             common.Claim(
                 key, "A, Table 1", statement, paper, "; ".join(parts),

@@ -1,27 +1,20 @@
 """Muon with latent attention and mixture of experts: training cost, quality, decoding cost.
 
 The seed paper ("Muon: Training and Trade-offs with Latent Attention and MoE", arXiv
-2509.24406, abstract) reports, for 30M-200M decoders: Muon reaches the target loss with
-48-52% of AdamW's training compute; MLA+MoE+Muon gives a 68% memory reduction and a
-3.2x inference speed-up while improving perplexity by 8-12%. Its full text is not
-available to us, so the baseline of "memory reduction" and "speed-up" is read as the
-dense multi-head decoder, and "perplexity" as against dense + AdamW.
+2509.24406, abstract; full text not available to us) reports for 30M-200M decoders: Muon
+reaches the target loss with 48-52% of AdamW's compute; MLA+MoE+Muon gives 68% less memory,
+a 3.2x inference speed-up and 8-12% lower perplexity (read here as against the dense
+multi-head decoder with AdamW). We train dense, MLA (arXiv 2405.04434), MoE and MLA+MoE
+decoders of matched active size with AdamW and with Muon on the hidden matrices, and
+measure per cell parameters, validation loss, steps and FLOPs to dense-AdamW's final loss,
+and per architecture KV bytes per token, greedy KV-cache decoding tokens/s and XLA's
+decode memory. Paper A's component question (arXiv 2509.26030, Table 1): Muon on the
+experts only against Muon on attention only.
 
-We train dense, MLA (DeepSeek-V2, arXiv 2405.04434), MoE and MLA+MoE decoders of matched
-active size (``experiments/configs/arch.py``) with AdamW and with Muon on the hidden
-matrices, on the real corpus, and measure per cell: total and active parameters, final
-validation loss and perplexity, steps and FLOPs to reach dense-AdamW's final loss; per
-architecture: KV-cache bytes per token, greedy decoding tokens/s at batch 1 and 8 (the
-KV-cache path of ``amemory.models.decode``), and XLA's buffer assignment of decoding a
-fixed length. Paper A's component question (Wang et al. 2025, arXiv 2509.26030, Table 1)
-asked of the new parts: Muon on the experts only against Muon on attention only.
-
-FLOPs are model FLOPs (PaLM, arXiv 2204.02311, App. B): ``6 N + 6 L H T (d_qk + d_v)``
-per training token with N the active matrix parameters (routed experts counted at
-``top_k / E``; the MoE's one-hot dispatch is not counted), plus Newton-Schulz FLOPs of
-every Muon step (``amemory.train.planner.ns_flops``).
-
-Verdict rule, the same for the four claims: held when we measure at least 80% of the
+FLOPs are model FLOPs (PaLM, arXiv 2204.02311, App. B): ``6 N + 6 L H T (d_qk + d_v)`` per
+training token, N the active matrix parameters (routed experts at ``top_k / E``; the
+one-hot dispatch not counted), plus every Muon step's Newton-Schulz FLOPs
+(``amemory.train.planner.ns_flops``). A claim is held when we measure at least 80% of the
 paper's effect (compute ratio <= 0.6, memory reduction >= 54.4%, speed-up >= 2.56x,
 perplexity improvement >= 6.4%).
 """
@@ -41,8 +34,7 @@ from experiments import common, train_runs
 
 OPTIMIZERS = ("adam", "muon")
 SEED = "seed (arXiv 2509.24406), abstract"
-# The seed's numbers and our decision thresholds (80% of the effect).
-PAPER = {"compute": 0.50, "memory": 0.68, "speedup": 3.2, "perplexity": 0.08}
+# Decision thresholds: 80% of the seed's effects (0.50, 0.68, 3.2x, 0.08).
 THRESHOLD = {"compute": 0.60, "memory": 0.544, "speedup": 2.56, "perplexity": 0.064}
 
 
@@ -172,15 +164,12 @@ def frontier_claims(cfg: ConfigDict, m: dict[str, Any]) -> list[common.Claim]:
          f"val loss (QK-Clip) - (Muon) < {margin:g} nats, and every logged max logit after "
          "the first clipped step <= 1.05 tau"),
     ]  # fmt: skip
-    claims = []
-    for key, paper, statement, paper_value, diff, direction, thr, test in rows:
-        iv, held = common.seed_verdict(diff, direction=direction, threshold=thr)
-        ours = common.describe(iv)
-        if key == "arch/qk_clip_no_cost":
-            held = None if held is None else held and late <= 1.05 * tau
-            ours += f"; largest max logit after the first record {common.fmt(late, 2)}"
-        claims.append(common.Claim(key, paper, statement, paper_value, ours, held, test,
-                                   common.interval_dict(iv, direction, thr)))  # fmt: skip
+    claims = [common.seed_claim(key, paper, statement, value, "", test, diff, direction=way,
+                                threshold=thr)
+              for key, paper, statement, value, diff, way, thr, test in rows]  # fmt: skip
+    qk = claims[-1]  # arch/qk_clip_no_cost: also the logits after the first clipped step
+    qk.held = None if qk.held is None else qk.held and late <= 1.05 * tau
+    qk.ours += f"; largest max logit after the first record {common.fmt(late, 2)}"
     return claims
 
 
@@ -363,35 +352,24 @@ def make_notes(cells: dict[str, dict[str, Any]]) -> list[str]:
 
 def make_figures(cfg: ConfigDict, m: dict[str, Any], out_dir: Any) -> list[str]:
     """Validation curves of every cell; decoding speed (largest batch) and memory per arch."""
-    cells = m["cells"]
+    cells, dec, fig = m["cells"], m["decode"], out_dir / "figures"
+    b, n = max(cfg.decode.batches), max(cfg.decode.memory_lengths)
     paths = [
         plots.plot_curves(
             {k: (c["eval_steps"], c["val_loss"]) for k, c in cells.items()},
-            out_dir / "figures" / "arch_val_loss.png",
-            xlabel="step",
-            ylabel="validation loss (nats/token)",
-            title="dense / MLA / MoE / MLA+MoE, AdamW vs Muon",
-            hline=m["target_loss"],
-        )
-    ]
-    b, n = max(cfg.decode.batches), max(cfg.decode.memory_lengths)
-    dec = m["decode"]
-    paths.append(
+            fig / "arch_val_loss.png", xlabel="step", ylabel="validation loss (nats/token)",
+            title="dense / MLA / MoE / MLA+MoE, AdamW vs Muon", hline=m["target_loss"],
+        ),
         plots.plot_bars(
-            {a: d["tokens_per_s"][b] for a, d in dec.items()},
-            out_dir / "figures" / "arch_decode_speed.png",
-            ylabel=f"tokens/s (batch {b}, greedy)",
-            title="KV-cache decoding speed",
-        )
-    )
-    paths.append(
+            {a: d["tokens_per_s"][b] for a, d in dec.items()}, fig / "arch_decode_speed.png",
+            ylabel=f"tokens/s (batch {b}, greedy)", title="KV-cache decoding speed",
+        ),
         plots.plot_bars(
             {a: d["memory"][n]["total"] / 2**20 for a, d in dec.items()},
-            out_dir / "figures" / "arch_decode_memory.png",
-            ylabel=f"MiB (batch {cfg.decode.memory_batch}, {n} tokens)",
-            title="decoding memory (XLA buffer assignment)",
-        )
-    )
+            fig / "arch_decode_memory.png", ylabel=f"MiB (batch {cfg.decode.memory_batch}, "
+            f"{n} tokens)", title="decoding memory (XLA buffer assignment)",
+        ),
+    ]  # fmt: skip
     return [str(p.relative_to(out_dir)) for p in paths]
 
 

@@ -255,6 +255,20 @@ def interval_dict(iv: Any, direction: str, threshold: float = 0.0) -> dict[str, 
     }  # fmt: skip
 
 
+def seed_claim(
+    key: str, paper: str, statement: str, paper_value: str, ours: str, test: str,
+    a: Any, b: Any = None, *, direction: str = "greater", threshold: float = 0.0,
+) -> Claim:  # fmt: skip
+    """A :class:`Claim` decided by :func:`seed_verdict` of ``a`` (or ``a - b``).
+
+    ``ours`` is followed by the interval in words (:func:`describe`); the arguments are
+    :class:`Claim`'s fields and :func:`seed_verdict`'s.
+    """
+    iv, held = seed_verdict(a, b, direction=direction, threshold=threshold)
+    return Claim(key, paper, statement, paper_value, ours + describe(iv), held, test,
+                 interval_dict(iv, direction, threshold))  # fmt: skip
+
+
 def describe(iv: Any, digits: int = 3) -> str:
     """``0.087 ± 0.012 (95% CI, n=3)``, or ``no interval`` for None."""
     return "no interval (fewer than 2 seeds)" if iv is None else iv.describe(digits)
@@ -327,16 +341,9 @@ def config_hash(cfg: Any) -> str:
 
 
 def result_dict(
-    name: str,
-    scale: str,
-    *,
-    metrics: dict[str, Any],
-    figures: Sequence[str],
-    claims: Iterable[Claim],
-    wall_s: float,
-    config: Any = None,
-    notes: Sequence[str] = (),
-) -> dict[str, Any]:
+    name: str, scale: str, *, metrics: dict[str, Any], figures: Sequence[str],
+    claims: Iterable[Claim], wall_s: float, config: Any = None, notes: Sequence[str] = (),
+) -> dict[str, Any]:  # fmt: skip
     """Assemble the standard result dict of an experiment (see module docstring)."""
     return {
         "name": name,
@@ -363,6 +370,18 @@ def parse_set(item: str) -> tuple[str, Any]:
         return key, json.loads(raw)
     except json.JSONDecodeError:
         return key, raw
+
+
+def check_values(stage: str, cfg: Any, **allowed: Sequence[Any]) -> None:
+    """Check that every entry of the list field ``cfg.<field>`` is in ``allowed[field]``.
+
+    Raises:
+      ValueError: naming the stage, the field, the unknown entries and the allowed ones.
+    """
+    for field, ok in allowed.items():
+        bad = [v for v in cfg[field] if v not in ok]
+        if bad:
+            raise ValueError(f"{stage} config field {field!r}: unknown {bad}; allowed {list(ok)}")
 
 
 def has_field(cfg: Any, key: str) -> bool:

@@ -64,12 +64,10 @@ def run(cfg: ConfigDict, stage: common.Stage) -> dict[str, Any]:
         panels[f"{role} {metric}"] = panel
     figures = []
     if panels:
-        p = plots.plot_band_curves(panels, out_dir / "figures" / "isotropy.png", ncols=4)
-        figures.append(str(p.relative_to(out_dir)))
-    metrics = {
-        "series": summary, "seeds": list(cfg.seeds), "lr": dict(cfg.lr),
-        "lr_source": cfg.lr_source,
-    }  # fmt: skip
+        figures.append(stage.figure(plots.plot_band_curves(
+            panels, out_dir / "figures" / "isotropy.png", ncols=4)))  # fmt: skip
+    metrics = {"series": summary, "seeds": list(cfg.seeds), "lr": dict(cfg.lr),
+               "lr_source": cfg.lr_source}  # fmt: skip
     claims = make_claims(summary)
     metrics["report_md"] = report_md(summary, metrics)
     return {"metrics": metrics, "figures": figures, "claims": claims}
@@ -93,9 +91,8 @@ def report_md(summary: dict[str, Any], m: dict[str, Any]) -> str:
 
 def make_claims(summary: dict[str, Any]) -> list[common.Claim]:
     """Verdicts: Muon's entropy higher at every logged step; smaller seed spread."""
-    ent = {
-        k: v for k, v in summary.items() if k.endswith("/entropy") and {"adam", "muon"} <= set(v)
-    }
+    ent = {k: v for k, v in summary.items()
+           if k.endswith("/entropy") and {"adam", "muon"} <= set(v)}  # fmt: skip
     if not ent:
         return []
     role = lambda k: k.split("/")[1]  # noqa: E731

@@ -89,13 +89,8 @@ def corpus_prior(corpus: str, K: int) -> tuple[np.ndarray, dict[str, Any]]:
     from amemory.data.corpus import load_text_corpus
 
     words, counts = word_counts(load_text_corpus(corpus).train_texts, K)
-    info = {
-        "corpus": corpus,
-        "top_words": words[:10],
-        "count_max": float(counts[0]),
-        "count_min": float(counts[-1]),
-        "total_words_top_K": float(counts.sum()),
-    }
+    info = {"corpus": corpus, "top_words": words[:10], "count_max": float(counts[0]),
+            "count_min": float(counts[-1]), "total_words_top_K": float(counts.sum())}  # fmt: skip
     return frequencies.from_counts(counts), info
 
 
@@ -140,13 +135,8 @@ def one_step_sweep(
     unit = float(jnp.trace(memory.task_space(step, E, Et))) / K
     etas = jnp.asarray(logit_grid, E.dtype) / unit
     loss, gap, mn, mx = jax.vmap(lambda eta: _stats(eta * step, E, Et, prior))(etas)
-    return {
-        "eta": np.asarray(etas),
-        "loss": np.asarray(loss),
-        "gap": np.asarray(gap),
-        "min_correct": np.asarray(mn),
-        "max_correct": np.asarray(mx),
-    }
+    keys = ("eta", "loss", "gap", "min_correct", "max_correct")
+    return {k: np.asarray(v) for k, v in zip(keys, (etas, loss, gap, mn, mx), strict=True)}
 
 
 def one_step_rho(
@@ -218,11 +208,8 @@ def run(cfg: Any, stage: common.Stage) -> dict[str, Any]:
         coupled embeddings, before any compilation.
     """
     out_dir, progress = stage.out_dir, stage.progress
-    fields = (("priors", PRIORS), ("embeddings", EMBEDDINGS), ("optimizers", OPTIMIZERS))
-    for field, allowed in fields:
-        bad = [v for v in cfg[field] if v not in allowed]
-        if bad:
-            raise ValueError(f"one_layer config field {field!r}: unknown {bad}; allowed {allowed}")
+    common.check_values("one_layer", cfg, priors=PRIORS, embeddings=EMBEDDINGS,
+                        optimizers=OPTIMIZERS)  # fmt: skip
     if "coupled" in cfg.embeddings and cfg.K % 3:
         raise ValueError(f"one_layer config field 'K' must be divisible by 3, got {cfg.K}")
     logit_grid = np.geomspace(0.05, cfg.one_step_max_logit, cfg.one_step_points)
@@ -235,11 +222,8 @@ def run(cfg: Any, stage: common.Stage) -> dict[str, Any]:
         except (ImportError, OSError, ValueError, RuntimeError) as e:
             notes.append(f"prior {prior_kind!r} skipped: {type(e).__name__}: {e}")
             continue
-        metrics["priors"][prior_kind] = {
-            **info,
-            "p_max": float(prior_np.max()),
-            "p_min": float(prior_np.min()),
-        }
+        p_max, p_min = float(prior_np.max()), float(prior_np.min())
+        metrics["priors"][prior_kind] = {**info, "p_max": p_max, "p_min": p_min}
         prior = jnp.asarray(prior_np, jnp.float32)
         for emb in cfg.embeddings:
             E, Et = embeddings(emb, cfg.K)
@@ -251,15 +235,13 @@ def run(cfg: Any, stage: common.Stage) -> dict[str, Any]:
                 traj = trajectory(opt, E, Et, prior, lr, cfg.steps)
                 key = f"{prior_kind}/{emb}/{opt}"
                 metrics["runs"][key] = {
-                    "one_step": sweep,
-                    "one_step_rho": rho,
-                    "one_step_max_gap": float(np.max(sweep["gap"])),
-                    "lr": lr,
+                    "one_step": sweep, "one_step_rho": rho,
+                    "one_step_max_gap": float(np.max(sweep["gap"])), "lr": lr,
                     "many_steps": {k: v for k, v in traj.items() if k != "per_class_final"},
                     "many_steps_max_gap": float(np.max(traj["gap"])),
                     "final_loss": float(traj["loss"][-1]),
                     "final_min_correct": float(traj["min_correct"][-1]),
-                }
+                }  # fmt: skip
                 one_panel[opt] = (sweep["loss"], sweep["gap"])
                 many_panel[opt] = (traj["loss"], traj["gap"])
                 progress(key)
@@ -273,21 +255,17 @@ def run(cfg: Any, stage: common.Stage) -> dict[str, Any]:
     figures = []
     if panels:
         fig = plots.plot_gap_vs_loss(
-            panels,
-            out_dir / "figures" / "one_layer_gap_vs_loss.png",
-            ncols=4,
+            panels, out_dir / "figures" / "one_layer_gap_vs_loss.png", ncols=4,
             suptitle=f"gap Δ vs loss, K = {cfg.K} (paper A Fig. 4)",
-        )
-        figures.append(str(fig.relative_to(out_dir)))
+        )  # fmt: skip
+        figures.append(stage.figure(fig))
     claims = make_claims(metrics, cfg)
     return {"metrics": metrics, "figures": figures, "claims": claims, "notes": notes}
 
 
 def _max_gap(metrics: dict, key: str) -> float:
     r = metrics["runs"].get(key)
-    if r is None:
-        return float("nan")
-    return max(r["one_step_max_gap"], r["many_steps_max_gap"])
+    return float("nan") if r is None else max(r["one_step_max_gap"], r["many_steps_max_gap"])
 
 
 def make_claims(metrics: dict, cfg: Any) -> list[common.Claim]:
@@ -330,50 +308,36 @@ def make_claims(metrics: dict, cfg: Any) -> list[common.Claim]:
         if "decoupled" in g and "coupled" in g:
             a, b = decide([g["decoupled"]], True), decide([g["coupled"]], False)
             held = None if a is None or b is None else (a and b)
-        claims.append(
-            common.Claim(
-                "one_layer/signgd_basis_dependent", "A, Thm 5.3 / Fig. 4",
-                "SignGD balanced with decoupled embeddings, imbalanced with coupled ones",
-                "decoupled balanced, coupled imbalanced", ours(g), held, test,
-            )
-        )  # fmt: skip
-        if "gd_rho_closed_form" in metrics:
-            r = metrics["runs"].get("two_level/decoupled/gd")
-            if r is not None:
-                ours_rho = r["one_step_rho"]["rho"]
-                ref = metrics["gd_rho_closed_form"]
-                claims.append(
-                    common.Claim(
-                        "one_layer/gd_one_step_rho", "A, Thm 5.3 (derived closed form)",
-                        f"one-step GD balance ϱ^ε (ε = {cfg.eps}) equals x^r/(x^r+K-1)",
-                        f"{common.fmt(ref, 4)} (closed form, K = {cfg.K})",
-                        f"{common.fmt(ours_rho, 4)}",
-                        bool(abs(ours_rho - ref) <= 1e-3 + 1e-2 * abs(ref)),
-                        "relative difference <= 1% (+1e-3 absolute), float32",
-                    )
-                )  # fmt: skip
+        claims.append(common.Claim(
+            "one_layer/signgd_basis_dependent", "A, Thm 5.3 / Fig. 4",
+            "SignGD balanced with decoupled embeddings, imbalanced with coupled ones",
+            "decoupled balanced, coupled imbalanced", ours(g), held, test,
+        ))  # fmt: skip
+        r = metrics["runs"].get("two_level/decoupled/gd")
+        if "gd_rho_closed_form" in metrics and r is not None:
+            ours_rho, ref = r["one_step_rho"]["rho"], metrics["gd_rho_closed_form"]
+            claims.append(common.Claim(
+                "one_layer/gd_one_step_rho", "A, Thm 5.3 (derived closed form)",
+                f"one-step GD balance ϱ^ε (ε = {cfg.eps}) equals x^r/(x^r+K-1)",
+                f"{common.fmt(ref, 4)} (closed form, K = {cfg.K})", f"{common.fmt(ours_rho, 4)}",
+                bool(abs(ours_rho - ref) <= 1e-3 + 1e-2 * abs(ref)),
+                "relative difference <= 1% (+1e-3 absolute), float32",
+            ))  # fmt: skip
     if "corpus" in metrics["priors"]:
-        gd = gaps("corpus", "gd")
-        mu = gaps("corpus", "muon")
+        gd, mu = gaps("corpus", "gd"), gaps("corpus", "muon")
         vals = [(mu[e], gd[e]) for e in cfg.embeddings]
-        held = None
-        if all(math.isfinite(a) and math.isfinite(b) for a, b in vals):
-            held = all(a < b for a, b in vals)
-        claims.append(
-            common.Claim(
-                "one_layer/corpus_prior", "A, Fig. 4 pattern on a real heavy-tailed prior",
-                "with word frequencies of the real corpus, Muon stays more balanced than GD",
-                "(not in the paper; extension)",
-                "Muon " + ours(mu) + "; GD " + ours(gd), held,
-                "Muon's max Δ < GD's max Δ for every embedding",
-            )
-        )  # fmt: skip
+        finite = all(math.isfinite(a) and math.isfinite(b) for a, b in vals)
+        claims.append(common.Claim(
+            "one_layer/corpus_prior", "A, Fig. 4 pattern on a real heavy-tailed prior",
+            "with word frequencies of the real corpus, Muon stays more balanced than GD",
+            "(not in the paper; extension)", "Muon " + ours(mu) + "; GD " + ours(gd),
+            all(a < b for a, b in vals) if finite else None,
+            "Muon's max Δ < GD's max Δ for every embedding",
+        ))  # fmt: skip
     return claims
 
 
 EXPERIMENT = common.Experiment(
-    "one_layer",
-    run,
+    "one_layer", run, default=True,
     units=lambda cfg: len(cfg.priors) * len(cfg.embeddings) * len(cfg.optimizers),
-    default=True,
-)
+)  # fmt: skip

@@ -63,11 +63,9 @@ def _compact(x: Any, path: str, omitted: list[str]) -> Any:
     if _curve(x):
         omitted.append(path)
         return None
-    return (
-        [_compact(v, f"{path}[{i}]", omitted) for i, v in enumerate(x)]
-        if isinstance(x, list)
-        else x
-    )
+    if isinstance(x, list):
+        return [_compact(v, f"{path}[{i}]", omitted) for i, v in enumerate(x)]
+    return x
 
 
 def provenance(

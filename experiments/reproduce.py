@@ -9,33 +9,21 @@ Usage::
     amemory reproduce --update-readme README.md   # also refresh README's claims table
     amemory reproduce --scale full --set base.parallel.mode=sharded   # many devices
 
-The stages are the registered experiments (``EXPERIMENT`` in ``experiments/<name>.py``,
-:func:`experiments.common.experiments`) plus ``check`` (``amemory check --quick``).
-Without ``--only`` the default ones run (``Experiment.default``) in their reduced variants
-(``Experiment.reduced``: e.g. tail_lm with Adam and Muon, the ablation on four subsets),
-and a stage with ``lr_from`` takes that stage's chosen learning rates. Every transformer
-claim of the default stages rests on 3 held-out initialisation seeds trained in one
-vmapped program per run, and is judged by a 95% seed interval (held / not held /
-undecided).
+The stages are the registered experiments (:func:`experiments.common.experiments`) plus
+``check`` (``amemory check --quick``). Without ``--only`` the default ones run
+(``Experiment.default``) in their reduced variants (``Experiment.reduced``), and a stage
+with ``lr_from`` takes that stage's chosen learning rates. Transformer claims rest on 3
+held-out initialisation seeds (one vmapped program per run) and a 95% seed interval.
 
-Output: ``runs/reproduce-<UTC timestamp>/`` (or ``--out``) with one sub-directory per
-stage (``result.json``, ``figures/``), ``train_runs/`` (every transformer run, shared
-between stages, keyed by its config and the ``amemory`` sources: identical runs are
-trained once), ``report.md`` and ``summary.json``; and per stage a compact
-``experiments/results/<scale>/<stage>.json`` (``--results``; :mod:`experiments.report`),
-with a line for every claim whose verdict changed or whose interval moved clear of the
-one it replaces.
+Output: ``runs/reproduce-<UTC timestamp>/`` (or ``--out``): per stage ``result.json`` and
+``figures/``; ``train_runs/`` (every transformer run, shared between stages and keyed by
+its config and the ``amemory`` sources); ``report.md``, ``summary.json``; and per stage
+``experiments/results/<scale>/<stage>.json`` (:mod:`experiments.report`), with a line for
+every claim whose verdict changed or whose interval moved clear of the one it replaces.
 
-Reliability: ``--out`` is locked for the run (a second ``reproduce`` on it exits 4);
-SIGTERM saves the training run in progress and exits 75 (SIGINT: 130) in one line; the
-same command with the same ``--out`` resumes: finished runs are reused, the interrupted
-one continues from its checkpoint.
-
-Full scale on accelerators: ``--scale full`` selects the paper-sized configs (each
-experiment's ``configs/<name>.py``); ``--set base.parallel.mode=sharded`` (or ``pmap``)
-spreads every transformer run over the local devices, and on several hosts the same
-command runs on every host with ``--set base.parallel.distributed=true`` (jax.distributed;
-coordinator auto-detected on SLURM/TPU or given by ``base.parallel.coordinator_address``).
+Reliability: ``--out`` is locked (a second ``reproduce`` on it exits 4); SIGTERM saves the
+training run in progress and exits 75 (SIGINT: 130); the same command resumes. On several
+hosts the same command runs on every host with ``--set base.parallel.distributed=true``.
 """
 
 from __future__ import annotations

@@ -123,9 +123,7 @@ def envelope(
             cfg.lr_grid.adam, cache_dir, "lm-adam", progress=progress,
         )  # fmt: skip
         m_lr, m_run, _ = train_runs.lr_sweep(
-            lambda lr, base=base, a_lr=a_lr: train_runs.run_config(
-                base, "muon", lr, a_lr, cfg.muon_roles
-            ),
+            lambda lr, c=base, a=a_lr: train_runs.run_config(c, "muon", lr, a, cfg.muon_roles),
             cfg.lr_grid.muon, cache_dir, f"lm-muon-{cfg.muon_roles}", progress=progress,
         )  # fmt: skip
         res["adam"].append(train_runs.final_eval(a_run))
@@ -148,11 +146,7 @@ def run(cfg: ConfigDict, stage: common.Stage) -> dict[str, Any]:
     Raises:
       ValueError: for an unknown part (allowed: synthetic, envelope).
     """
-    bad = [p for p in cfg.parts if p not in ("synthetic", "envelope")]
-    if bad:
-        raise ValueError(
-            f"scaling config field 'parts': unknown {bad}; allowed synthetic, envelope"
-        )
+    common.check_values("scaling", cfg, parts=("synthetic", "envelope"))
     out_dir, cache_dir, progress = stage.out_dir, stage.cache_dir, stage.progress
     metrics: dict[str, Any] = {}
     figures: list[str] = []
@@ -171,7 +165,7 @@ def run(cfg: ConfigDict, stage: common.Stage) -> dict[str, Any]:
             series, fits, out_dir / "figures" / "scaling_synthetic.png",
             title=f"excess loss vs T, K = {syn['K']}, noise {cfg.noise}",
         )  # fmt: skip
-        figures.append(str(p.relative_to(out_dir)))
+        figures.append(stage.figure(p))
     if "envelope" in cfg.parts:
         env = envelope(cfg, cache_dir, progress)
         metrics["envelope"] = env
@@ -181,7 +175,7 @@ def run(cfg: ConfigDict, stage: common.Stage) -> dict[str, Any]:
             xlabel="training tokens", ylabel="min val loss over LR grid",
             title="data-scaling envelope", logx=True,
         )  # fmt: skip
-        figures.append(str(p.relative_to(out_dir)))
+        figures.append(stage.figure(p))
     claims = make_claims(cfg, metrics)
     return {"metrics": metrics, "figures": figures, "claims": claims}
 
@@ -211,29 +205,25 @@ def make_claims(cfg: ConfigDict, m: dict[str, Any]) -> list[common.Claim]:
                 f"β={beta}: GD/Muon {common.fmt(ratio[0], 2)} → {common.fmt(ratio[-1], 2)}"
             )
             adv_ok.append(bool(ratio[-1] > ratio[0]))
-        claims.append(
+        claims += [
             common.Claim(
                 "scaling/gd_rate", "B, GD lower bound",
                 "GD's excess loss decays no faster than T^-(1-1/β)",
                 "L^GD − L* ≳ log K · T^-(1-1/β)", "; ".join(gd_txt), all(gd_ok),
                 "fitted slope >= -(1-1/β) - 0.15",
-            )
-        )  # fmt: skip
-        claims.append(
+            ),
             common.Claim(
                 "scaling/muon_rate", "B, Muon upper bound",
                 "Muon (η = c log K / T) reaches excess ≲ (log K / T)², independent of β",
                 "excess·(T/log K)² bounded", "; ".join(mu_txt), all(mu_ok),
                 f"max over the upper half of T <= {cfg.muon_bound_factor}x max over the lower half",
-            )
-        )  # fmt: skip
-        claims.append(
+            ),
             common.Claim(
                 "scaling/muon_advantage_grows", "B",
                 "Muon's advantage over GD grows with T", "grows",
                 "; ".join(adv_txt), all(adv_ok), "GD/Muon excess ratio larger at the largest T",
-            )
-        )  # fmt: skip
+            ),
+        ]  # fmt: skip
     env = m.get("envelope")
     if env:
         pairs = list(zip(env["muon"], env["adam"], strict=True))

@@ -1,28 +1,19 @@
 """Steps Muon needs to reach Adam's final validation loss, against model size.
 
 Peers report that Muon reaches AdamW's loss with about half of its compute (Moonlight,
-Liu et al. 2025, arXiv 2502.16982, Sec. 3; Muon with MLA/MoE, arXiv 2509.24406: 48-52%);
-tail_lm's quick model measures far less of a lead. This experiment asks what controls the
-ratio at CPU scale. At every size of a one-factor sweep around tail_lm's quick model
-(width, depth, vocabulary; ``experiments/configs/steps_ratio.py``):
+arXiv 2502.16982, Sec. 3; arXiv 2509.24406: 48-52%). At every size of a one-factor sweep
+around tail_lm's quick model (width, depth, vocabulary), Adam's and Muon's learning rates
+are chosen on a grid by seed 0's final validation loss (grid edges flagged), both are
+trained on held-out initialisation seeds (same data order), and per seed the ratio =
+(first step, interpolated, at which Muon reaches Adam's final validation loss of the same
+seed) / steps, with a 95% Student-t interval (:mod:`amemory.analysis.stats`).
 
-1. the peak learning rates of Adam and Muon are chosen on their grids by the final
-   validation loss of seed 0 (per optimizer and size; the grid edge is flagged);
-2. both are trained at the chosen rates on held-out initialisation seeds (one vmapped
-   run each; every seed reads the same data order, so seed s of Muon and of Adam start
-   from the same weights and see the same batches);
-3. per seed, the ratio = (first step at which Muon's validation loss reaches Adam's
-   final validation loss of the same seed, interpolated between evaluations) / steps;
-   NaN-free seeds give a 95% Student-t interval (:mod:`amemory.analysis.stats`).
-
-Fairness of the baseline: at ``reference_sizes`` the same model, initialisation and
-batches are trained by a plain optax + flax loop (``experiments/reference_lm.py``) with
-``optax.adam`` and with ``optax.contrib.muon``; the engine's Adam must match the plain
-Adam to within seed noise, and the plain pair gives its own ratio. ``budget_fractions``
-trains Muon on shorter schedules (the ratio when Muon's whole schedule is shorter).
-
-Claim (tested at ``test_size``): Muon reaches Adam's final validation loss in about half
-the steps, i.e. the seed interval of the ratio lies below ``half_threshold``.
+Fairness of the baseline: at ``reference_sizes`` a plain optax + flax loop
+(``experiments/reference_lm.py``) trains the same model, initialisation and batches with
+``optax.adam`` and ``optax.contrib.muon``; the engine's Adam must match the plain Adam to
+within seed noise. ``budget_fractions`` trains Muon on shorter schedules, ``adam_betas``
+Adam with other betas. Claim (at ``test_size``): the ratio's interval lies below
+``half_threshold`` ("about half the steps").
 """
 
 from __future__ import annotations
@@ -126,10 +117,8 @@ def run(cfg: ConfigDict, stage: common.Stage) -> dict[str, Any]:
         that is not one of the sweep's sizes, or fewer than 2 seeds (before training).
     """
     points = sizes(cfg)
-    for field in ("reference_sizes", "fixed_lr_sizes", "small_grid_sizes"):
-        bad = [s for s in cfg[field] if s not in points]
-        if bad:
-            raise ValueError(f"steps_ratio config field {field!r}: {bad} not in {list(points)}")
+    fields = ("reference_sizes", "fixed_lr_sizes", "small_grid_sizes")
+    common.check_values("steps_ratio", cfg, **dict.fromkeys(fields, points))
     if cfg.test_size not in points:
         raise ValueError(f"steps_ratio config field 'test_size': {cfg.test_size!r} not in "
                          f"{list(points)}")  # fmt: skip
@@ -261,26 +250,15 @@ def figure(cfg: ConfigDict, by_size: dict[str, Any], out_dir: Any) -> str:
     """Ratio (seed mean, 95% band) against parameter count, one series per sweep axis."""
     series = {}
     for axis in AXES:
-        pts = sorted(
-            (v["n_params"], np.asarray(v["ratio"], float))
-            for v in by_size.values()
-            if axis in v["axes"] and v["n_params"]
-        )  # fmt: skip
-        if len(pts) >= 1:
-            series[f"{axis}"] = (
-                np.array([p[0] for p in pts], float),
-                np.stack([p[1] for p in pts]),
-            )
+        pts = sorted((v["n_params"], np.asarray(v["ratio"], float)) for v in by_size.values()
+                     if axis in v["axes"] and v["n_params"])  # fmt: skip
+        if pts:
+            series[axis] = (np.array([p[0] for p in pts], float), np.stack([p[1] for p in pts]))
     p = plots.plot_curves(
-        series,
-        out_dir / "figures" / "steps_ratio.png",
-        xlabel="parameters",
-        ylabel="Muon steps to Adam's final loss / steps",
-        title="steps-to-Adam ratio vs size (95% seed bands)",
-        logx=True,
-        hline=float(cfg.half_threshold),
-        marker="o",
-    )
+        series, out_dir / "figures" / "steps_ratio.png", xlabel="parameters",
+        ylabel="Muon steps to Adam's final loss / steps", logx=True, marker="o",
+        title="steps-to-Adam ratio vs size (95% seed bands)", hline=float(cfg.half_threshold),
+    )  # fmt: skip
     return str(p.relative_to(out_dir))
 
 

@@ -1,27 +1,22 @@
 """Dose-response: does Muon's lead over Adam grow as the frequency tail gets heavier?
 
 Paper A (Wang et al. 2025, arXiv 2509.26030, Secs. 4-5) argues that Muon beats Adam
-*because* real data are heavy-tailed: it learns the rare classes Adam starves. If so,
-the lead should respond to the tail alone. Each leg holds the model, the steps, the batch
-(so the tokens) and the facts fixed and moves only the frequency law
-(``experiments/configs/tail_dose.py``):
+*because* real data are heavy-tailed. Each leg holds the model, steps, tokens and facts
+fixed and moves only the frequency law:
 
 * ``qa``: biography QA over the same 2^m people, selection law S_g = round(2^(alpha (m-g)))
-  (frequency ∝ rank^-alpha; alpha = 0 uniform, 1 the paper's law). Score: first-token
-  accuracy (FTA) of every person's 6 questions: ``all`` (each person weighs the same),
-  ``head`` (groups g <= m/2), ``tail`` (group m, the rarest half of the people).
-* ``lm``: Shakespeare with a BPE vocabulary of V tokens (dose x = log2 V). Score: minus
-  the validation loss (nats/token), ``all``, ``head`` (bucket 0) and ``tail`` (the last
-  bucket of seen tokens). The buckets are :func:`amemory.data.stats.frequency_buckets`'s
-  log-spaced rank bands of each vocabulary, so bucket b covers the same fifth of log-rank
-  at every V (the tail band is ranks S^(4/5)..S of the S seen tokens).
+  (alpha = 0 uniform, 1 the paper's law). Score: first-token accuracy, ``all`` (people
+  weighed equally), ``head`` (groups g <= m/2), ``tail`` (group m).
+* ``lm``: Shakespeare with a BPE vocabulary of V tokens (dose log2 V). Score: minus the
+  validation loss, ``all``, ``head`` (bucket 0), ``tail`` (the last seen bucket); the
+  buckets (:func:`amemory.data.stats.frequency_buckets`) are log-spaced rank bands, so
+  bucket b covers the same fifth of log-rank at every V.
 
-At every point Adam, Muon and SignGD (hidden matrices; Adam elsewhere) get learning rates
-chosen on a grid by seed 0 (grid edges flagged), then run on the held-out seeds. Lead of
-an optimizer = its final score - Adam's (same seed); the steps ratio = steps Muon needs to
-reach Adam's final ``all`` score / steps. Claims (three-way, 95% seed intervals): the lead
-grows with the dose (per-seed slope, :func:`amemory.analysis.stats.slope_interval`); it
-vanishes at alpha = 0; SignGD, the coordinate-wise control, does not match Muon.
+Adam, Muon and SignGD (hidden matrices) get learning rates chosen on a grid by seed 0,
+then run on the held-out seeds. Lead = final score - Adam's (same seed); steps ratio =
+steps Muon needs to reach Adam's final ``all`` score / steps. Claims (95% seed intervals,
+three-way): the lead grows with the dose (per-seed slope, :func:`amemory.analysis.stats.
+slope_interval`); it vanishes at alpha = 0; SignGD does not match Muon.
 """
 
 from __future__ import annotations

@@ -38,16 +38,14 @@ def variant_config(
     """
     if variant == "adam":
         return train_runs.run_config(base, "adam", lr["adam"], lr["adam"])
-    if variant == "muon":
-        return train_runs.run_config(base, "muon", lr["muon"], lr["adam"], "hidden")
+    if variant in ("muon", "signgd"):
+        return train_runs.run_config(base, variant, lr[variant], lr["adam"], "hidden")
     if variant.startswith("muon_"):
         return train_runs.run_config(base, "muon", lr["muon"], lr["adam"], variant[5:])
     if variant == "sgd":
         c = train_runs.run_config(base, "sgd", lr["sgd"], lr["adam"], "all")
         c.optimizer.momentum = float(sgd_momentum)
         return c
-    if variant == "signgd":
-        return train_runs.run_config(base, "signgd", lr["signgd"], lr["adam"], "hidden")
     raise ValueError(
         f"tail_qa variant must be adam, muon, sgd, signgd or muon_<roles>, got {variant!r}"
     )
@@ -100,17 +98,11 @@ def run(cfg: ConfigDict, stage: common.Stage) -> dict[str, Any]:
     used = {"muon", "adam"} | {v.split("_")[0] for v in cfg.variants}
     lr = {k: v for k, v in lr.items() if k in used}
     metrics: dict[str, Any] = {
-        "lr": lr,
-        "lr_sweep": tables,
-        "swept": bool(cfg.sweep),
-        "lr_source": cfg.lr_source,
-        "seeds": list(cfg.seeds),
-        "sweep_seed": int(cfg.base.seed),
-    }
-    metrics["runs"] = {}
+        "lr": lr, "lr_sweep": tables, "swept": bool(cfg.sweep), "lr_source": cfg.lr_source,
+        "seeds": list(cfg.seeds), "sweep_seed": int(cfg.base.seed), "runs": {},
+    }  # fmt: skip
     tail_groups = [m - o for o in cfg.tail_offsets if m - o >= 0]
-    final_fta = {}
-    curves = {}
+    final_fta, curves = {}, {}
     for v, r in runs.items():
         steps, fta = fta_curves(r, m)  # (n, m + 1, seeds)
         final_fta[v] = fta[-1] if fta.size else np.full((m + 1, 1), np.nan)
@@ -124,22 +116,16 @@ def run(cfg: ConfigDict, stage: common.Stage) -> dict[str, Any]:
             "tail_fta": final_fta[v][tail_groups],  # (tail groups, seeds)
         }
     metrics["tail_groups"] = tail_groups
-    figures = []
-    p = plots.plot_group_accuracy(
-        list(range(m + 1)),
-        final_fta,
-        out_dir / "figures" / "tail_qa_fta_per_group.png",
+    p1 = plots.plot_group_accuracy(
+        list(range(m + 1)), final_fta, out_dir / "figures" / "tail_qa_fta_per_group.png",
         title=f"first-token accuracy per group, step {cfg.base.steps} (m = {m}), 95% band",
-    )
-    figures.append(str(p.relative_to(out_dir)))
-    p = plots.plot_curves(
+    )  # fmt: skip
+    p2 = plots.plot_curves(
         {v: (curves[v][0], curves[v][1][:, m]) for v in runs},
-        out_dir / "figures" / "tail_qa_rarest_group.png",
-        xlabel="step",
-        ylabel=f"FTA, group {m} (rarest)",
-        title="rarest group over training (95% seed bands)",
-    )
-    figures.append(str(p.relative_to(out_dir)))
+        out_dir / "figures" / "tail_qa_rarest_group.png", xlabel="step",
+        ylabel=f"FTA, group {m} (rarest)", title="rarest group over training (95% seed bands)",
+    )  # fmt: skip
+    figures = [stage.figure(p1), stage.figure(p2)]
     metrics["report_md"] = report_md(cfg, metrics)
     claims = make_claims(metrics)
     return {"metrics": metrics, "figures": figures, "claims": claims}
@@ -173,41 +159,32 @@ def report_md(cfg: ConfigDict, m: dict[str, Any]) -> str:
 
 def make_claims(m: dict[str, Any]) -> list[common.Claim]:
     """Verdicts (paired seed intervals): Muon beats Adam on the tail groups; VO+FFN beats QK."""
-    claims = []
-    runs = m["runs"]
-    groups = m["tail_groups"]
+    claims, runs, groups = [], m["runs"], m["tail_groups"]
     if "muon" in runs and "adam" in runs:
         mu, ad = np.asarray(runs["muon"]["tail_fta"]), np.asarray(runs["adam"]["tail_fta"])
-        iv, held = common.seed_verdict(mu.mean(axis=0), ad.mean(axis=0), direction="greater")
-        claims.append(
-            common.Claim(
-                "tail_qa/tail_group_fta", "A, Sec. 5 (knowledge QA)",
-                "Muon answers the rarest groups' questions better than Adam",
-                "groups 11/13/15: Muon 1.000/1.000/0.976 vs Adam 1.000/0.890/0.264",
-                "groups " + "/".join(map(str, groups)) + ": Muon "
-                + "/".join(common.seed_mean(x) for x in mu) + " vs Adam "
-                + "/".join(common.seed_mean(x) for x in ad)
-                + f"; Muon − Adam (mean over these groups) {common.describe(iv)}",
-                held, "95% interval of the per-seed difference Muon − Adam of the mean FTA "
-                "over the listed tail groups > 0",
-                common.interval_dict(iv, "greater"),
-            )
-        )  # fmt: skip
+        claims.append(common.seed_claim(
+            "tail_qa/tail_group_fta", "A, Sec. 5 (knowledge QA)",
+            "Muon answers the rarest groups' questions better than Adam",
+            "groups 11/13/15: Muon 1.000/1.000/0.976 vs Adam 1.000/0.890/0.264",
+            "groups " + "/".join(map(str, groups)) + ": Muon "
+            + "/".join(common.seed_mean(x) for x in mu) + " vs Adam "
+            + "/".join(common.seed_mean(x) for x in ad) + "; Muon − Adam (mean over these groups) ",
+            "95% interval of the per-seed difference Muon − Adam of the mean FTA over the listed "
+            "tail groups > 0",
+            mu.mean(axis=0), ad.mean(axis=0),
+        ))  # fmt: skip
     if "muon_vo+ffn" in runs and "muon_qk" in runs:
         vf = np.asarray(runs["muon_vo+ffn"]["tail_fta"])[-1]
         qk = np.asarray(runs["muon_qk"]["tail_fta"])[-1]
-        iv, held = common.seed_verdict(vf, qk, direction="greater")
-        claims.append(
-            common.Claim(
-                "tail_qa/vo_ffn_vs_qk", "A, Sec. 5",
-                "Muon on VO+FFN alone keeps the tail gain; Muon on QK alone does not",
-                "group 15: VO+FFN 0.954 vs QK 0.286",
-                f"group {groups[-1]}: VO+FFN {common.seed_mean(vf)} vs QK {common.seed_mean(qk)}; "
-                f"VO+FFN − QK {common.describe(iv)}",
-                held, "95% interval of the per-seed rarest-group FTA difference VO+FFN − QK > 0",
-                common.interval_dict(iv, "greater"),
-            )
-        )  # fmt: skip
+        claims.append(common.seed_claim(
+            "tail_qa/vo_ffn_vs_qk", "A, Sec. 5",
+            "Muon on VO+FFN alone keeps the tail gain; Muon on QK alone does not",
+            "group 15: VO+FFN 0.954 vs QK 0.286",
+            f"group {groups[-1]}: VO+FFN {common.seed_mean(vf)} vs QK {common.seed_mean(qk)}; "
+            "VO+FFN − QK ",
+            "95% interval of the per-seed rarest-group FTA difference VO+FFN − QK > 0",
+            vf, qk,
+        ))  # fmt: skip
     return claims
 
 

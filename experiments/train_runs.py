@@ -193,15 +193,9 @@ def lr_sweep(
     finals = [score(r) if score else final_eval(r, key) for r in runs]
     finite = [i for i, v in enumerate(finals) if math.isfinite(v)]
     best = min(finite, key=lambda i: finals[i]) if finite else 0
-    rows = [
-        {
-            "lr": float(lr),
-            f"final_{key}": finals[i],
-            "chosen": i == best,
-            "at_edge": i == best and best in (0, len(grid) - 1) and len(grid) > 1,
-        }
-        for i, lr in enumerate(grid)
-    ]
+    edge = best in (0, len(grid) - 1) and len(grid) > 1
+    rows = [{"lr": float(lr), f"final_{key}": finals[i], "chosen": i == best,
+             "at_edge": i == best and edge} for i, lr in enumerate(grid)]  # fmt: skip
     return float(grid[best]), runs[best], rows
 
 
@@ -242,32 +236,21 @@ def choose_lrs(
       (chosen lr per optimizer, chosen run per optimizer (train_cached results),
       sweep table rows per optimizer).
     """
-    optimizers = tuple(optimizers or cfg.optimizers)
     chosen: dict[str, float] = {}
     runs: dict[str, Any] = {}
     tables: dict[str, list] = {}
-    adam_lr, adam_run, rows = lr_sweep(
-        lambda lr: run_config(cfg.base, "adam", lr, lr),
-        cfg.lr_grid.adam,
-        cache_dir,
-        "lm-adam",
-        progress=progress,
-        score=score,
-    )
-    chosen["adam"], runs["adam"], tables["adam"] = adam_lr, adam_run, rows
-    for opt in optimizers:
-        if opt == "adam":
-            continue
-        lr, r, rows = lr_sweep(
-            lambda lr, opt=opt: run_config(cfg.base, opt, lr, adam_lr, cfg.muon_roles),
-            cfg.lr_grid[opt],
-            cache_dir,
-            f"lm-{opt}-{cfg.muon_roles}",
-            progress=progress,
-            score=score,
-        )
-        chosen[opt], runs[opt], tables[opt] = lr, r, rows
+    for opt in ("adam", *(o for o in optimizers or cfg.optimizers if o != "adam")):
+        # Adam's sweep (adam_lr = lr: unused) comes first; its choice is the others' adam_lr
+        chosen[opt], runs[opt], tables[opt] = lr_sweep(
+            lambda lr, o=opt: run_config(cfg.base, o, lr, chosen.get("adam", lr), cfg.muon_roles),
+            cfg.lr_grid[opt], cache_dir, _label(cfg, opt), progress=progress, score=score,
+        )  # fmt: skip
     return chosen, runs, tables
+
+
+def _label(cfg: ConfigDict, optimizer: str) -> str:
+    """The run-cache label of ``optimizer``'s runs in :func:`choose_lrs` and :func:`seeded_runs`."""
+    return "lm-adam" if optimizer == "adam" else f"lm-{optimizer}-{cfg.muon_roles}"
 
 
 def seeded_runs(
@@ -286,10 +269,8 @@ def seeded_runs(
     runs = {}
     for opt in tuple(optimizers or cfg.optimizers):
         rc = run_config(cfg.base, opt, chosen[opt], chosen["adam"], cfg.muon_roles)
-        label = "lm-adam" if opt == "adam" else f"lm-{opt}-{cfg.muon_roles}"
-        runs[opt] = train_cached(
-            seeded(rc, cfg.seeds), cache_dir, f"{label}-lr{chosen[opt]:g}-seeds"
-        )
+        label = f"{_label(cfg, opt)}-lr{chosen[opt]:g}-seeds"
+        runs[opt] = train_cached(seeded(rc, cfg.seeds), cache_dir, label)
         if progress:
             progress(f"{opt} seeds {tuple(cfg.seeds)}")
     return runs

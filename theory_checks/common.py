@@ -23,17 +23,8 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
-__all__ = [
-    "CheckResult",
-    "Context",
-    "REGISTRY",
-    "fmt",
-    "markdown_table",
-    "register",
-    "run_checks",
-    "select",
-    "update_readme",
-]
+__all__ = ["CheckResult", "Context", "REGISTRY", "fmt", "markdown_table", "register",
+           "run_checks", "select", "update_readme"]  # fmt: skip
 
 KINDS = ("paper", "derived", "conjecture")
 BEGIN_MARK = "<!-- BEGIN checks -->"
@@ -281,6 +272,18 @@ def trajectory(
     else:
         out = jax.jit(lambda w: run(w, None))(w0)
     return jax.tree.map(np.asarray, out)
+
+
+def fit(x: Any, y: Any) -> Any:
+    """Least-squares power law ``y ≈ c x^s`` with its 95% interval (``fit_power_law``)."""
+    from amemory.analysis import scaling
+
+    return scaling.fit_power_law(x, y)
+
+
+def half(f: Any) -> float:
+    """Half-width of a fit's 95% slope interval."""
+    return 0.5 * (f.slope_ci[1] - f.slope_ci[0])
 
 
 def savefig(fig: Any, ctx: Context, name: str) -> str | None:

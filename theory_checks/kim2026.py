@@ -18,7 +18,7 @@ import functools
 
 import numpy as np
 
-from theory_checks.common import CheckResult, Context, fmt, register
+from theory_checks.common import CheckResult, Context, fit, fmt, register
 
 ALPHA = 1.5
 STEPS = 3  # Muon steps of the multi-step conjecture (the one-step check reads step 1)
@@ -81,20 +81,16 @@ def one_step_capacity(ctx: Context) -> CheckResult:
     recovers more items than SGD at every gated d; (b) the Muon/SGD ratio grows with d
     (non-decreasing); (c) the 95% interval of Muon's fitted exponent lies above SGD's; (d) as above.
     """
-    from amemory.analysis import scaling
-
     N = 1024 if ctx.quick else 4096
     ds = [32, 64, 128, 256]
     seeds = [0] if ctx.quick else [0, 1, 2]
     counts = np.array([[_recovered(d, N, ALPHA, s, STEPS)[:2] for s in seeds] for d in ds], float)
     sgd, muon = counts[:, :, 0].mean(axis=1), counts[:, :, 1].mean(axis=1)
-    small = (
-        None
-        if ctx.quick
-        else np.mean([_recovered(16, N, ALPHA, s, STEPS)[:2] for s in seeds], axis=0)
-    )
-    fs = scaling.fit_power_law(ds, np.maximum(sgd, 0.5))
-    fm = scaling.fit_power_law(ds, np.maximum(muon, 0.5))
+    small = None
+    if not ctx.quick:
+        small = np.mean([_recovered(16, N, ALPHA, s, STEPS)[:2] for s in seeds], axis=0)
+    fs = fit(ds, np.maximum(sgd, 0.5))
+    fm = fit(ds, np.maximum(muon, 0.5))
     ratio = muon / np.maximum(sgd, 0.5)
     ok = bool(np.all(muon > sgd)) and bool(np.all(np.diff(ratio) >= 0))
     ok &= fm.slope_ci[0] > fs.slope_ci[1]
@@ -143,14 +139,12 @@ def multi_step_conjecture(ctx: Context) -> CheckResult:
     log factors, as in the one-step check, and η is our choice: a fail says the exact
     iterates at this η do not follow the law, not that the approximate theorem is wrong.
     """
-    from amemory.analysis import scaling
-
     N = 1024 if ctx.quick else 4096
     ds = [32, 64, 128, 256]
     seeds = [0] if ctx.quick else [0, 1, 2]
     muon = np.array([[_recovered(d, N, ALPHA, s, STEPS)[1:] for s in seeds] for d in ds], float)
     muon = muon.mean(axis=1)  # [d, t]
-    fits = [scaling.fit_power_law(ds, np.maximum(muon[:, t], 0.5)) for t in range(STEPS)]
+    fits = [fit(ds, np.maximum(muon[:, t], 0.5)) for t in range(STEPS)]
     pred = [2 - (1 - 0.5 / ALPHA) ** (t + 1) for t in range(STEPS)]
     ok = all(f.slope_ci[0] <= q <= f.slope_ci[1] for f, q in zip(fits[1:], pred[1:], strict=True))
     ok &= bool(np.all(np.diff(muon[-1]) > 0))

@@ -27,7 +27,7 @@ import numpy as np
 
 from amemory.analysis.one_step import optimizer
 from amemory.analysis.scaling import fit_line
-from theory_checks.common import CheckResult, Context, fmt, register, trajectory
+from theory_checks.common import CheckResult, Context, fit, fmt, half, register, trajectory
 
 
 def lstar(K: int, noise: float) -> float:
@@ -138,17 +138,6 @@ def gd_scalar(M: int, C: int, beta: float, noise: float, steps: int, eta: float 
 
     m, ex = run(jnp.zeros(M))
     return np.asarray(ex), np.asarray(m)
-
-
-def fit(x, y):
-    from amemory.analysis import scaling
-
-    return scaling.fit_power_law(x, y)
-
-
-def half(f) -> float:
-    """Half-width of a fit's slope interval."""
-    return 0.5 * (f.slope_ci[1] - f.slope_ci[0])
 
 
 def full_space_run(K: int, class_prior, noise: float, opt: str, lr: float, steps: int, seed: int):

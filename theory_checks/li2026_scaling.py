@@ -16,8 +16,8 @@ import math
 
 import numpy as np
 
-from theory_checks.common import CheckResult, Context, fmt, register
-from theory_checks.li2026 import fit, gd_scalar, half, lstar, prior, runner
+from theory_checks.common import CheckResult, Context, fit, fmt, half, register
+from theory_checks.li2026 import gd_scalar, lstar, prior, runner
 
 NOISE = 0.1
 C_MUON = 3.0  # η = c log K / T

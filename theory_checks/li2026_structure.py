@@ -11,8 +11,8 @@ import functools
 
 import numpy as np
 
-from theory_checks.common import CheckResult, Context, fmt, register, trajectory
-from theory_checks.li2026 import fit, mstar, prior, runner
+from theory_checks.common import CheckResult, Context, fit, fmt, register, trajectory
+from theory_checks.li2026 import mstar, prior, runner
 
 
 @register("li2026.implicit_preconditioner")

@@ -23,7 +23,7 @@ import math
 
 import numpy as np
 
-from theory_checks.common import CheckResult, Context, fmt, register, savefig, trajectory
+from theory_checks.common import CheckResult, Context, fit, fmt, half, register, savefig, trajectory
 
 ALPHA, BETA = 0.8, 0.2
 EPS = 0.01
@@ -175,11 +175,9 @@ def gd_closed_form(ctx: Context) -> CheckResult:
 
 def _closed_slope(Ks, epss) -> float:
     """Log-log slope of the closed form ϱ(K, ε) over the grid (one of Ks, epss has one entry)."""
-    from amemory.analysis import scaling
-
     xs, ys = (Ks, [_gd_closed_form(K, epss[0]) for K in Ks]) if len(Ks) > 1 else (
         epss, [_gd_closed_form(Ks[0], e) for e in epss])  # fmt: skip
-    return scaling.fit_power_law(xs, ys).slope
+    return fit(xs, ys).slope
 
 
 def _slope_check(statement, xs, ys, pred_slope, grid_slope, limit_slope, what):
@@ -190,19 +188,16 @@ def _slope_check(statement, xs, ys, pred_slope, grid_slope, limit_slope, what):
     involve ``pred_slope``, so a wrong predicted exponent fails (tests/test_theory_checks.py
     shows one 0.02 off failing).
     """
-    from amemory.analysis import scaling
-
-    fit = scaling.fit_power_law(xs, ys)
-    half = 0.5 * (fit.slope_ci[1] - fit.slope_ci[0])
+    f = fit(xs, ys)
     bias = abs(grid_slope - limit_slope)
-    tol = bias + half + 1e-3
+    tol = bias + half(f) + 1e-3
     return CheckResult(
         statement=statement,
         predicted=f"{what} slope {fmt(pred_slope, 4)}",
-        measured=f"{fit.describe()}; closed form at K ≈ 1e6: {fmt(limit_slope, 5)}",
+        measured=f"{f.describe()}; closed form at K ≈ 1e6: {fmt(limit_slope, 5)}",
         tolerance=f"±{fmt(tol)} (finite-K bias {fmt(bias)} + CI)",
-        passed=abs(fit.slope - pred_slope) <= tol,
-        details={"x": list(xs), "y": list(ys), "slope": fit.slope, "ci": fit.slope_ci},
+        passed=abs(f.slope - pred_slope) <= tol,
+        details={"x": list(xs), "y": list(ys), "slope": f.slope, "ci": f.slope_ci},
     )
 
 
@@ -257,8 +252,6 @@ def muon_balance(ctx: Context) -> CheckResult:
     and decoupled and coupled must agree to 1e-9 (Muon commutes with orthonormal
     changes of basis: msgn(ẼXEᵀ) = Ẽ msgn(X) Eᵀ). The fitted K-exponent of δ is reported.
     """
-    from amemory.analysis import scaling
-
     Ks = k_grid(ctx)
     out = {}
     for emb in ("decoupled", "coupled"):
@@ -266,20 +259,15 @@ def muon_balance(ctx: Context) -> CheckResult:
     c = out["decoupled"] * np.array(Ks) / (EPS * np.log(Ks))
     same = float(np.max(np.abs(out["decoupled"] - out["coupled"])))
     nonincreasing = bool(np.all(c[1:] <= 1.05 * c[:-1]))
-    fit = scaling.fit_power_law(Ks, out["decoupled"])
+    f = fit(Ks, out["decoupled"])
     return CheckResult(
         statement="Thm 5.3 (Muon): ϱ^ε >= 1 - ε(1 + O(log K/K)), decoupled and coupled",
         predicted="δ·K/(ε log K) bounded (non-increasing in K); same for both embeddings",
         measured=f"δ·K/(ε log K) = {', '.join(fmt(v) for v in c)} (K={Ks}); "
-        f"|δ_dec - δ_coup| ≤ {fmt(same)}; δ ∝ K^{fmt(fit.slope, 4)}",
+        f"|δ_dec - δ_coup| ≤ {fmt(same)}; δ ∝ K^{fmt(f.slope, 4)}",
         tolerance="5% growth per doubling; 1e-9 between embeddings",
         passed=nonincreasing and same <= 1e-9,
-        details={
-            "Ks": Ks,
-            "delta": out["decoupled"].tolist(),
-            "c": c.tolist(),
-            "fit": fit._asdict(),
-        },
+        details={"Ks": Ks, "delta": out["decoupled"].tolist(), "c": c.tolist(), "fit": f._asdict()},
     )
 
 
@@ -293,22 +281,19 @@ def muon_direction(ctx: Context) -> CheckResult:
     plus its CI half-width: an O(1/K) term with an O(1/K²) correction bends the log-log
     line by O(1/K) ≈ 0.02 at K = 60.
     """
-    from amemory.analysis import scaling
-
     Ks = k_grid(ctx)
     dev = []
     for K in Ks:
         dhat, _ = _one_step(K, "coupled", "muon")
         dev.append(float(np.max(np.abs(dhat - np.eye(K)))))
-    fit = scaling.fit_power_law(Ks, dev)
-    half = 0.5 * (fit.slope_ci[1] - fit.slope_ci[0])
+    f = fit(Ks, dev)
     return CheckResult(
         statement="Thm 5.3 (Muon): -G_Muon(W_0) = ẼEᵀ + O(1/K) entrywise",
         predicted="max-entry deviation ∝ K^-1",
-        measured=f"{fit.describe()}; K·dev = "
+        measured=f"{f.describe()}; K·dev = "
         + ", ".join(fmt(K * d) for K, d in zip(Ks, dev, strict=True)),
-        tolerance=f"|s + 1| ≤ 0.05 + {fmt(half)}",
-        passed=abs(fit.slope + 1) <= 0.05 + half,
+        tolerance=f"|s + 1| ≤ 0.05 + {fmt(half(f))}",
+        passed=abs(f.slope + 1) <= 0.05 + half(f),
         details={"Ks": Ks, "dev": dev},
     )
 

@@ -33,7 +33,7 @@ import math
 
 import numpy as np
 
-from theory_checks.common import CheckResult, Context, fmt, register
+from theory_checks.common import CheckResult, Context, fit, fmt, half, register
 from theory_checks.wang2025 import ALPHA, EPS, k_grid, problem
 
 RESIDUES = (0, 1, 2)
@@ -217,25 +217,15 @@ def signgd_coupled_rho(ctx: Context) -> CheckResult:
     )
 
 
-def _fit(xs, ys):
-    from amemory.analysis import scaling
-
-    return scaling.fit_power_law(xs, ys)
-
-
-def _half(fit) -> float:
-    return 0.5 * (fit.slope_ci[1] - fit.slope_ci[0])
-
-
 def _k_fit(res: int, lo: float, hi: float, eps: float):
     Ks = [_lattice(k, res)[0] for k in np.geomspace(lo, hi, 6)]
-    return _fit([float(k) for k in Ks], [_cross(K, res, eps)[0] for K in Ks])
+    return fit([float(k) for k in Ks], [_cross(K, res, eps)[0] for K in Ks])
 
 
 def _eps_fit(res: int, K: float, lo: float, hi: float):
     epss = np.geomspace(lo, hi, 5)
     Kl = _lattice(K, res)[0]
-    return _fit(epss, [_cross(Kl, res, float(e))[0] for e in epss])
+    return fit(epss, [_cross(Kl, res, float(e))[0] for e in epss])
 
 
 def _correction(a, K: float, eps: float) -> float:
@@ -279,8 +269,8 @@ def signgd_coupled_exponents(ctx: Context) -> CheckResult:
         fe = _eps_fit(res, 1e9, 1e-4, 1e-2)
         fk_inf = _k_fit(res, 1e50, 1e60, EPS)
         fe_inf = _eps_fit(res, 1e60, 1e-4, 1e-2)
-        tol_k = _half(fk_inf) + _correction(a, 1e50, EPS)
-        tol_e = _half(fe_inf) + _correction(a, 1e60, 1e-2) + abs(a.eps_exponent) * 1e-2 / 0.99
+        tol_k = half(fk_inf) + _correction(a, 1e50, EPS)
+        tol_e = half(fe_inf) + _correction(a, 1e60, 1e-2) + abs(a.eps_exponent) * 1e-2 / 0.99
         ok &= abs(fk_inf.slope - a.k_exponent) <= tol_k
         ok &= abs(fe_inf.slope - a.eps_exponent) <= tol_e
         rows.append((res, a, fk, fe, fk_inf, fe_inf, tol_k, tol_e))
@@ -367,10 +357,10 @@ def signgd_regime_change(ctx: Context) -> CheckResult:
     for res in RESIDUES:
         ks = [_k_star(res, e) for e in epss]
         a = _asym(res, _best_at(ks[-1], res, epss[-1]))
-        fit = _fit(epss, ks)
-        lo, hi = -fit.slope_ci[1], -fit.slope_ci[0]
+        f = fit(epss, ks)
+        lo, hi = -f.slope_ci[1], -f.slope_ci[0]
         ok &= lo - 1e-9 <= a.regime_exponent <= hi + 1e-9
-        rows.append((res, a.regime_exponent, [_k_star(res, 1e-1), _k_star(res, 1e-2), *ks], fit))
+        rows.append((res, a.regime_exponent, [_k_star(res, 1e-1), _k_star(res, 1e-2), *ks], f))
     return CheckResult(
         statement="[derived] coupled SignGD changes regime (own block → other blocks) at "
         "K*(ε) ∝ ε^-s, s from the margins, per L mod 3",

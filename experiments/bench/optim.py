@@ -167,11 +167,9 @@ def _replay(jaxpr: Any, consts: list, args: list, sink: list, order: dict) -> li
                 rank = len(sink)
             order[id(outs[0])] = rank
         else:
-            aval = eqn.outvars[0].aval
+            aval, single = eqn.outvars[0].aval, len(eqn.outvars) == 1
             same = [
-                x
-                for x in ins
-                if len(eqn.outvars) == 1 and np.shape(x) == aval.shape and x.dtype == aval.dtype
+                x for x in ins if single and np.shape(x) == aval.shape and x.dtype == aval.dtype
             ]
             if same:
                 outs = [max(same, key=lambda x: order.get(id(x), -1))]
@@ -293,11 +291,8 @@ def bench_tree(name: str, params: dict, reps: int, mm_n: int) -> dict[str, Any]:
     med = {k: float(np.median(v)) for k, v in times.items()}
     fastest = {k: float(np.min(v)) for k, v in times.items()}
     ref_mean, ref_max = errs["optax"].mean(), errs["optax"].max()
-    eligible = [
-        r
-        for r, (_, opts) in ROWS.items()
-        if opts is not None and errs[r].mean() <= ref_mean and errs[r].max() <= ref_max
-    ]
+    fits = lambda r: errs[r].mean() <= ref_mean and errs[r].max() <= ref_max
+    eligible = [r for r, (_, opts) in ROWS.items() if opts is not None and fits(r)]
     best = min(eligible, key=lambda r: med[r]) if eligible else None
     return {
         "tree": name,

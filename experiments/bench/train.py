@@ -105,44 +105,27 @@ def bench_optimizers(args, batch: int, reps: int) -> dict:
     tokens_per_step = batch * args.seq
     med = {n: float(np.median(runs[n]["times"])) for n in OPTIMIZERS}
     upd = {n: float(np.median(runs[n]["update_times"])) for n in OPTIMIZERS}
-    device = jax.devices()[0]
-    peak = next((c["peak"] for k, c in CHIPS.items() if k.upper() in device.device_kind), None)
+    info = _device()
+    peak = next((c["peak"] for k, c in CHIPS.items() if k.upper() in info["device"]), None)
+    others = ("muon", "signgd")
     out = {
-        "preset": args.preset,
-        "dtype": args.dtype,
-        "batch": batch,
-        "seq": args.seq,
-        "reps": reps,
-        "device": f"{device.platform}:{device.device_kind}",
-        "n_devices": jax.device_count(),
-        "jax": jax.__version__,
-        "machine": platform.machine(),
+        "preset": args.preset, "dtype": args.dtype, "batch": batch, "seq": args.seq, "reps": reps,
+        "device": info["device"], "n_devices": jax.device_count(), "jax": info["jax"],
+        "machine": info["machine"],
         "n_params": int(sum(np.prod(p.shape) for p in jax.tree.leaves(params))),
-        "step_gflop": f_step / 1e9,
-        "ns_gflop": f_ns / 1e9,
-        "ns_share_of_step": f_ns / f_step,
+        "step_gflop": f_step / 1e9, "ns_gflop": f_ns / 1e9, "ns_share_of_step": f_ns / f_step,
         "predicted_ratio": {"muon/adam": 1.0 + f_ns / f_step, "signgd/adam": 1.0},
         # 1 + (update time of X - update time of Adam) / Adam's step time, updates timed alone
         "predicted_ratio_from_update_times": {
-            f"{n}/adam": 1.0 + (upd[n] - upd["adam"]) / med["adam"] for n in ("muon", "signgd")
-        },
-        "measured_ratio": {
-            "muon/adam": med["muon"] / med["adam"],
-            "signgd/adam": med["signgd"] / med["adam"],
-        },
-        "optimizers": {
-            n: {
-                "step_ms_median": 1e3 * med[n],
-                "step_ms_min": 1e3 * float(np.min(runs[n]["times"])),
-                "tokens_per_s": tokens_per_step / med[n],
-                "model_gflop_per_s": f_step / med[n] / 1e9,
-                "mfu": (f_step / med[n] / peak) if (peak and args.dtype == "bfloat16") else None,
-                "compile_s": runs[n]["compile_s"],
-                "update_ms_median": 1e3 * upd[n],
-            }
-            for n in OPTIMIZERS
-        },
-    }
+            f"{n}/adam": 1.0 + (upd[n] - upd["adam"]) / med["adam"] for n in others},
+        "measured_ratio": {f"{n}/adam": med[n] / med["adam"] for n in others},
+        "optimizers": {n: {
+            "step_ms_median": 1e3 * med[n], "step_ms_min": 1e3 * float(np.min(runs[n]["times"])),
+            "tokens_per_s": tokens_per_step / med[n], "model_gflop_per_s": f_step / med[n] / 1e9,
+            "mfu": (f_step / med[n] / peak) if (peak and args.dtype == "bfloat16") else None,
+            "compile_s": runs[n]["compile_s"], "update_ms_median": 1e3 * upd[n],
+        } for n in OPTIMIZERS},
+    }  # fmt: skip
     print(
         f"amemory bench train: preset={args.preset} ({out['n_params']:,} params) "
         f"batch={batch}x{args.seq} dtype={args.dtype} device={out['device']} reps={reps}"
@@ -189,13 +172,7 @@ def main(argv: list[str]) -> int:
     if reps < 1 or batch < 1 or args.seq < 2:
         ap.error("--reps, --batch must be >= 1 and --seq >= 2")
     parts = tuple(p for p in PARTS if p in (args.part or PARTS))
-    device = jax.devices()[0]
-    out: dict[str, Any] = {
-        "device": f"{device.platform}:{device.device_kind}",
-        "jax": jax.__version__,
-        "machine": platform.machine(),
-        **host_load(),
-    }
+    out: dict[str, Any] = {**_device(), **host_load()}
     if "optimizers" in parts:
         out["optimizers"] = bench_optimizers(args, batch, reps)
     if "engine" in parts:
@@ -208,6 +185,13 @@ def main(argv: list[str]) -> int:
     if args.json:
         atomic.write_json(args.json, out)
     return 0
+
+
+def _device() -> dict[str, str]:
+    """The device (``platform:kind`` of the first), jax version and host machine."""
+    d = jax.devices()[0]
+    return {"device": f"{d.platform}:{d.device_kind}", "jax": jax.__version__,
+            "machine": platform.machine()}  # fmt: skip
 
 
 def _interval_tokens_per_s(workdir: pathlib.Path) -> float:
@@ -241,15 +225,9 @@ def bench_engine(quick: bool) -> dict:
     steps, log_every, rounds = (31, 10, 2) if quick else (61, 20, 3)
     cfg = load_config(
         str(REPO / "experiments" / "configs" / "lm.py"),
-        [
-            f"steps={steps}",
-            f"log_every={log_every}",
-            f"eval_every={steps}",
-            "spectrum_every=0",
-            "checkpoint_every=0",
-            "progress=false",
-        ],
-    )
+        [f"steps={steps}", f"log_every={log_every}", f"eval_every={steps}", "spectrum_every=0",
+         "checkpoint_every=0", "progress=false"],
+    )  # fmt: skip
     b = engine_lib.build(cfg, parallel.placement(cfg.parallel))
     it, eng = b.task.train_input(), b.engine
     batches = [eng.put_batch(next(it)) for _ in range(8)]
@@ -324,14 +302,9 @@ def _compare_steps(variants: dict, reps: int) -> dict:
             r["state"], m = r["fn"](r["state"], r["tokens"])
             jax.block_until_ready(m["loss"])
             r["times"].append(time.perf_counter() - t0)
-    return {
-        n: {
-            "compile_s": r["compile_s"],
-            "step_ms_median": 1e3 * float(np.median(r["times"])),
-            "step_ms_min": 1e3 * float(np.min(r["times"])),
-        }
-        for n, r in runs.items()
-    }
+    return {n: {"compile_s": r["compile_s"], "step_ms_median": 1e3 * float(np.median(r["times"])),
+                "step_ms_min": 1e3 * float(np.min(r["times"]))}
+            for n, r in runs.items()}  # fmt: skip
 
 
 def bench_scan(quick: bool) -> dict:
@@ -343,14 +316,9 @@ def bench_scan(quick: bool) -> dict:
     preset, batch, seq, reps = ("small", 4, 128, 3) if quick else ("gpt2-small", 2, 128, 5)
     mc = transformer.preset(preset)
     print(f"scan: {preset}, batch {batch}x{seq}, Adam, {reps} interleaved steps")
-    res = _compare_steps(
-        {
-            "per_layer": _step_setup(mc, batch, seq),
-            "scanned": _step_setup(mc.replace(scan_layers=True), batch, seq),
-            "one_layer": _step_setup(mc.replace(n_layers=1), batch, seq),
-        },
-        reps,
-    )
+    variants = {"per_layer": mc, "scanned": mc.replace(scan_layers=True),
+                "one_layer": mc.replace(n_layers=1)}  # fmt: skip
+    res = _compare_steps({k: _step_setup(m, batch, seq) for k, m in variants.items()}, reps)
     compile_x = res["per_layer"]["compile_s"] / res["scanned"]["compile_s"]
     step_ratio = res["scanned"]["step_ms_median"] / res["per_layer"]["step_ms_median"]
     print(
