@@ -27,6 +27,7 @@ TRANSFORMS = {
     "contrib": lambda matrix_axes, **kw: optim.contrib.scale_by_muon(
         weight_dimension_numbers=optim.contrib.MuonDimensionNumbers(*matrix_axes)
     ),
+    "muonh": lambda **kw: optim.muonh(0.1, **kw),  # needs params: a norm per matrix
 }
 # leaf kinds: shape and (in_axes, out_axes); distinct sizes so a transposed axis fails
 LEAVES = {
@@ -34,6 +35,7 @@ LEAVES = {
     "heads": ((16, 4, 6), (0, (1, 2))),  # MultiHeadAttention query [d, H, d_h]
     "out": ((4, 6, 20), ((0, 1), 2)),  # MultiHeadAttention out [H, d_h, d]
     "experts": ((4, 8, 12), (1, 2)),  # expert / scanned-layer stack [E, m, n]
+    "layers": ((2, 4, 8, 12), (2, 3)),  # scanned expert stack [L, E, m, n]
 }
 ROWS = [  # (axis types, leaf, spec, layout, transform)
     ((E,), "dense", P(None, "x"), "gspmd", "muon"),
@@ -48,12 +50,13 @@ ROWS = [  # (axis types, leaf, spec, layout, transform)
     ((E, A), "dense", P("y", "x"), "owner", "muon"),
     ((A, E), "experts", P("y", None, "x"), "gspmd", "normuon"),
     ((E, E), "heads", P("y", "x", None), "owner", "adamuon"),
+    ((E,), "layers", P(None, "x", None, None), "gspmd", "muonh"),  # split axis in the batch
 ]
 
 
-def _two_updates(tx, g1, g2, state):
-    u1, state = tx.update(g1, state)
-    u2, state = tx.update(g2, state)
+def _two_updates(tx, g1, g2, state, params):
+    u1, state = tx.update(g1, state, params)
+    u2, state = tx.update(g2, state, params)
     return u1, u2, state
 
 
@@ -62,20 +65,20 @@ def test_sharded_update_equals_unsharded(row):
     types, kind, spec, layout, name = ROWS[row]
     shape, axes = LEAVES[kind]
     rng = np.random.default_rng(row)
-    g1, g2 = (rng.standard_normal(shape).astype(np.float32) for _ in range(2))
+    g1, g2, p = (rng.standard_normal(shape).astype(np.float32) for _ in range(3))
     ref_tx = TRANSFORMS[name](matrix_axes=axes, distributed="gspmd")
-    ref = _two_updates(ref_tx, g1, g2, ref_tx.init(jnp.zeros(shape)))[:2]
+    ref = _two_updates(ref_tx, g1, g2, ref_tx.init(p), p)[:2]
 
     names = ("x",) if len(types) == 1 else ("y", "x")
     mesh = jax.make_mesh((4,) if len(types) == 1 else (2, 2), names, axis_types=types)
     kw = {"ns_mesh": (mesh, "x"), "distributed": "owner"} if layout == "owner" else {}
     tx = TRANSFORMS[name](matrix_axes=axes, **({} if name == "contrib" else kw))
     sharding = NamedSharding(mesh, spec)
-    params = jax.device_put(jnp.zeros(shape), sharding)
+    params = jax.device_put(p, sharding)
     with jax.set_mesh(mesh) if row % 2 else contextlib.nullcontext():  # with/without context
         state = tx.init(params)
         u1, u2, state = jax.jit(_two_updates, static_argnums=0)(
-            tx, jax.device_put(g1, sharding), jax.device_put(g2, sharding), state
+            tx, jax.device_put(g1, sharding), jax.device_put(g2, sharding), state, params
         )
     for got, want in zip((u1, u2), ref, strict=True):
         np.testing.assert_allclose(np.asarray(got), np.asarray(want), atol=2e-6, rtol=0)
@@ -122,9 +125,8 @@ def test_contrib_drop_in_on_an_explicit_mesh():
 
 
 def test_muonh_on_an_explicit_mesh():
-    """MuonH (Muon then the Hyperball projection, which needs params) on split leaves.
-    (A leaf whose split axis is merged into the stack's batch, [2, 4@x, 8, 12], still
-    fails in the Hyperball's init and update: they are not wrapped by auto_sharded.)"""
+    """MuonH (Muon then the Hyperball projection, which needs params) on split leaves
+    (a stack split along its batch: the table's last row)."""
     mesh = jax.make_mesh((4,), ("x",), axis_types=(E,))
     specs = {"w": P("x", None), "e": P(None, None, "x")}
     rng = np.random.default_rng(8)

@@ -3,29 +3,22 @@
 Imports nothing of amemory outside this package (and nothing of Flax).
 
 - ``orthogonalize``: matrix kernels (Newton-Schulz with coefficient sets,
-  pre-conditionings and the Gram form with restarts; exact polar factor; the LMOs of
-  other norm balls; orthogonality error, singular-value range).
-- ``muon``: ``scale_by_muon``/``muon``; ``MuonOptions`` (``_muon_core``) holds every
-  option of the family once.
-- ``normuon``: ``scale_by_normuon``/``normuon`` (per-neuron second moment) and
-  ``scale_by_adamuon``/``adamuon`` (per-entry second moment).
-- ``contrib``: a drop-in for ``optax.contrib.muon`` (same signature and state) on
-  amemory's kernels.
+  pre-conditionings and the Gram form; exact polar factor; norm-ball LMOs; orthogonality
+  error, singular-value range).
+- ``muon``: ``scale_by_muon``/``muon``; ``MuonOptions`` holds every option of the family.
+- ``normuon``: NorMuon (per-neuron second moment) and AdaMuon (per-entry).
+- ``hyperball``: MuonH and AdamH (fixed-norm weights); ``qk_clip``: QK-Clip (MuonClip).
+- ``contrib``: a drop-in for ``optax.contrib.muon`` on amemory's kernels.
 - ``sign``: ``signgd``, ``signum``. Adam is ``optax.adam``/``optax.adamw``.
 - ``distributed``: the owner layout for parameters sharded over a device mesh
-  (``muon(..., ns_mesh=(mesh, "fsdp"))``: whole matrices per device, all-to-all in and
-  out, no collective inside Newton-Schulz), ``describe_layout``,
-  ``owner_state_shardings``.
-- ``routing``: roles -> transforms (``routed``, ``label_params``, ``routing_table``),
-  model-agnostic: a ``Roles`` role function carries its model's vocabulary
-  (``amemory.models.roles``); ``nnx_roles``: roles and matrix axes of standard
-  ``flax.nnx`` layers for foreign models.
-- ``presets``: peer-faithful Muon settings (``muon(lr, preset=NAME)``).
-- ``diagnostics``: ``collect_diagnostics`` (orthogonality error, update RMS).
-- private: ``_muon_core`` (options and the shared update path), ``_matrices`` (leaves as
-  matrix stacks, shape-grouped batched orthogonalisation, ``ns_mesh``), ``_chain``
-  (``decoupled``: weight decay and learning rate after a direction), ``_paths`` (path
-  normalisation; ``path_keys``/``path_str`` are public).
+  (``ns_mesh=(mesh, "fsdp")``: whole matrices per device), ``describe_layout``.
+- ``routing``: roles -> transforms (``routed``, ``routing_table``), model-agnostic;
+  ``nnx_roles``: roles and matrix axes of standard ``flax.nnx`` layers.
+- ``presets``: peer-faithful Muon settings (``muon(lr, preset=NAME)``);
+  ``diagnostics``: ``collect_diagnostics``.
+- private: ``_muon_core`` (options, the shared update steps), ``_matrices`` (leaves as
+  matrix stacks, the orthogonalisation dispatcher), ``_chain`` (weight decay and learning
+  rate after a direction), ``_paths`` (parameter paths).
 """
 
 from collections.abc import Callable
@@ -110,11 +103,9 @@ class OptimizerInfo(NamedTuple):
 
 _MUON_OPTIONS = ("momentum", "nesterov", "orthogonalizer", "ns_steps", "ns_dtype")
 
-#: The optimizers by name. ``amemory.train`` derives its allowed names, default learning
-#: rates and orthogonalising set from it; adding an optimizer is one row. Default learning
-#: rates: Muon Keller Jordan's 0.02 (shape_scale "jordan"); AdaMuon an Adam-like step (its
-#: update RMS is 0.2, as Adam's); SignGD/Signum an Adam-like per-entry step; SGD a
-#: heavy-ball step for a pre-norm transformer.
+#: The optimizers by name; ``amemory.train`` derives its names, default learning rates and
+#: orthogonalising set from it. Default learning rates: Muon Keller Jordan's 0.02; AdaMuon
+#: (update RMS 0.2), SignGD and Signum an Adam-like step; SGD a heavy-ball step.
 OPTIMIZERS: dict[str, OptimizerInfo] = {
     "muon": OptimizerInfo(muon, 0.02, True, False, ("preset", *_MUON_OPTIONS, "shape_scale")),
     "normuon": OptimizerInfo(normuon, 0.02, True, True, (*_MUON_OPTIONS, "shape_scale")),

@@ -1,15 +1,11 @@
 """The one way amemory turns a direction into an optimizer: decoupled weight decay, then lr.
 
-Every optimizer of :mod:`amemory.optim` (Muon, NorMuon, AdaMuon, SignGD, Signum) and the
-SGD of ``amemory.train`` applies
-
-    theta <- theta - lr * (u + wd * theta)
-
-with ``u`` the direction of its ``scale_by_*`` transform: the decay is added to the
-direction, never to the gradient (so it is not sign-ed, orthogonalised or normalised),
-and it is multiplied by the learning rate, as optax.contrib.muon, torch.optim.Muon
-and Keller Jordan's reference do. Source: Loshchilov & Hutter, "Decoupled Weight Decay
-Regularization", arXiv 1711.05101 (AdamW); optax 0.2.8 ``add_decayed_weights``.
+Every optimizer of :mod:`amemory.optim` and the SGD of ``amemory.train`` applies
+``theta <- theta - lr * (u + wd * theta)`` with ``u`` the direction of its ``scale_by_*``
+transform: the decay is added to the direction, never to the gradient (so it is not
+sign-ed, orthogonalised or normalised), and multiplied by the learning rate, as
+optax.contrib.muon, torch.optim.Muon and Keller Jordan's reference do. Source: Loshchilov
+& Hutter, arXiv 1711.05101 (AdamW); optax 0.2.8 ``add_decayed_weights``.
 """
 
 from __future__ import annotations
@@ -49,7 +45,7 @@ def decoupled(
       direction: a transform whose output ``u`` is the update direction, or a tuple of
         transforms chained in place (their states stay flat in the chain's tuple).
       learning_rate: float or optax schedule.
-      wd: the weight decay, ``>= 0`` (float, array, or schedule).
+      wd: the weight decay, ``>= 0`` (float, array, or schedule; ``None``: 0).
       weight_decay_mask: optax mask (tree or callable) of the leaves that decay.
 
     Returns:
@@ -59,6 +55,7 @@ def decoupled(
     Raises:
       ValueError: a negative Python-number ``wd``.
     """
+    wd = 0.0 if wd is None else wd
     if isinstance(wd, int | float) and not wd >= 0:
         raise ValueError(f"weight_decay must be >= 0, got {wd!r}")
     single = isinstance(direction, optax.GradientTransformation)  # a NamedTuple itself

@@ -1,21 +1,11 @@
 """Leaves as stacks of matrices, and their batched orthogonalisation (Muon family internals).
 
-Three pieces shared by the Muon family (``muon``, ``normuon``, ``contrib``):
-
-- Layouts. :func:`leaf_layouts` maps every leaf of a pytree to a stack of matrices
-  ``[batch, fan_in, fan_out]`` under the ``matrix_axes`` rule documented in
-  :mod:`amemory.optim.muon` (2-D leaves default to ``(0, 1)``; other axes are batch
-  axes; a leaf that is not a matrix raises ``ValueError`` naming its path and shape).
-- Grouping. :func:`group_stacks` groups the stacks by wide shape ``(rows, cols)``
-  (tall matrices transposed, so ``[256, 1024]`` and ``[1024, 256]`` leaves share a
-  group), for both placements.
-- :func:`orthogonalize`: the direction of every leaf (the one dispatcher: owner layout of
-  :mod:`amemory.optim.distributed`, batched Newton-Schulz / polar, norm-ball LMO), one
-  batched call per group. The result is the same as per-leaf calls (orthogonalisation
-  commutes with transposition and acts on each matrix of a batch independently).
-
-Sources: Jordan (2024) https://kellerjordan.github.io/posts/muon/ (NS on the wide
-side).
+:func:`leaf_layouts` maps every leaf to a stack ``[batch, fan_in, fan_out]`` under the
+``matrix_axes`` rule of :mod:`amemory.optim.muon`; :func:`group_stacks` groups stacks by
+wide shape (tall matrices transposed); :func:`orthogonalize` is the one dispatcher of the
+direction (owner layout, batched Newton-Schulz / polar, norm-ball LMO), one batched call
+per group: the same result as per-leaf calls. Source: Jordan (2024)
+https://kellerjordan.github.io/posts/muon/ (NS on the wide side).
 """
 
 from __future__ import annotations
@@ -33,22 +23,9 @@ import numpy as np
 from amemory.optim._paths import path_keys, path_str
 from amemory.optim.orthogonalize import norm_ball_lmo, orthogonality_error
 
-__all__ = [
-    "Axes",
-    "Layout",
-    "MatrixAxes",
-    "check_ns_mesh",
-    "leaf_layouts",
-    "matrix_layout",
-    "group_stacks",
-    "nuclear_scaled",
-    "orthogonalize",
-    "wide",
-]
-
-#: The ``PartitionSpec`` of each leaf (flattening order) of the update being traced, set by
-#: ``distributed.auto_sharded`` while it runs an update on ``Auto`` axes, where the leaves'
-#: types no longer name the ``Explicit`` axes they arrived split along.
+#: The ``PartitionSpec`` of each leaf (flattening order) of the tree being traced, set by
+#: ``distributed.auto_sharded`` while it runs ``init`` or ``update`` on ``Auto`` axes, where
+#: the leaves' types no longer name the ``Explicit`` axes they arrived split along.
 EXPLICIT_SPECS: contextvars.ContextVar[tuple | None] = contextvars.ContextVar(
     "EXPLICIT_SPECS", default=None
 )
@@ -109,7 +86,13 @@ def _norm_axes(axes: Any, ndim: int, where: str) -> tuple[int, ...]:
     return tuple(out)
 
 
-def _layout(path: tuple, x: Any, matrix_axes: MatrixAxes, spec: tuple = ()) -> Layout:
+def matrix_layout(x: Any, matrix_axes: MatrixAxes, path: tuple = (), spec: tuple = ()) -> Layout:
+    """The :class:`Layout` of one array ``x`` under ``matrix_axes`` (see :func:`leaf_layouts`);
+    ``spec``: its ``PartitionSpec`` where its type does not name it (``EXPLICIT_SPECS``).
+
+    Raises:
+      ValueError: ``x`` is not a matrix under ``matrix_axes`` (names ``path`` and shape).
+    """
     shape = tuple(int(d) for d in np.shape(x))
     name = path_str(path)
     where = f"Muon leaf {name!r} with shape {shape}"
@@ -165,15 +148,6 @@ def _layout(path: tuple, x: Any, matrix_axes: MatrixAxes, spec: tuple = ()) -> L
     )
 
 
-def matrix_layout(x: Any, matrix_axes: MatrixAxes, path: tuple = ()) -> Layout:
-    """The :class:`Layout` of one array ``x`` under ``matrix_axes`` (see :func:`leaf_layouts`).
-
-    Raises:
-      ValueError: ``x`` is not a matrix under ``matrix_axes`` (names ``path`` and shape).
-    """
-    return _layout(path, x, matrix_axes)
-
-
 def leaf_layouts(tree: Any, matrix_axes: MatrixAxes) -> tuple[list[Any], Any, list[Layout]]:
     """Flatten ``tree`` and lay out every leaf as a matrix stack.
 
@@ -190,7 +164,8 @@ def leaf_layouts(tree: Any, matrix_axes: MatrixAxes) -> tuple[list[Any], Any, li
     specs = EXPLICIT_SPECS.get()
     specs = specs if specs and len(specs) == len(leaves) else [()] * len(leaves)
     layouts = [
-        _layout(p, x, matrix_axes, sp) for (p, x), sp in zip(leaves_with_path, specs, strict=True)
+        matrix_layout(x, matrix_axes, p, sp)
+        for (p, x), sp in zip(leaves_with_path, specs, strict=True)
     ]
     return leaves, treedef, layouts
 
@@ -317,10 +292,9 @@ def check_ns_mesh(ns_mesh: Any) -> None:
 
 
 def _resolve_dtype(ns_dtype: Any, ns_mesh: Any = None) -> Any:
-    """``"auto"`` -> bf16 unless the target devices are CPUs (then None: fp32). The target
-    is ``ns_mesh``'s devices, else those of the mesh set by ``jax.sharding.set_mesh`` (the
-    train engine traces under its mesh: ahead-of-time compilation for a TPU topology on a
-    CPU host gets bf16), else the default backend. Call at trace time."""
+    """``"auto"`` -> bf16 unless the target devices (``ns_mesh``'s, else the ``set_mesh``
+    mesh's: a TPU topology compiled ahead of time on a CPU host gets bf16, else the default
+    backend's) are CPUs (then None: fp32). Call at trace time."""
     if not (isinstance(ns_dtype, str) and ns_dtype == "auto"):
         return ns_dtype
     if ns_mesh is not None:

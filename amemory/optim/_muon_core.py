@@ -1,16 +1,11 @@
 """The Muon family's options object and the steps its ``update_fn`` s are written with.
 
 :class:`MuonOptions` holds every option of the family once (fields, defaults, allowed
-values, validation); the public factories (``scale_by_muon``, ``muon``,
-``scale_by_normuon``, ``normuon``, ``scale_by_adamuon``, ``adamuon``) take its fields as
-keyword arguments through :func:`with_options`, which writes them into each factory's
-signature (so ``inspect.signature``, ``help`` and ``optax.inject_hyperparams`` see them).
-Adding an option is one field here.
-
-Each ``update_fn`` of the family reads, as optax's ``scale_by_muon`` does:
-:func:`momentum` (and the Nesterov look-ahead), ``_matrices.orthogonalize`` (the
-direction: owner layout, batched NS / polar, or a norm-ball LMO), its own normalisation
-(NorMuon / AdaMuon), :func:`scale` (shape scaling, back to the leaves' shapes and dtypes).
+values, validation); the public factories take its fields as keyword arguments through
+:func:`with_options`, which writes them into each factory's signature (for
+``inspect.signature``, ``help`` and ``optax.inject_hyperparams``). Adding an option is one
+field here. Each ``update_fn`` reads, as optax's ``scale_by_muon`` does: :func:`momentum`,
+``_matrices.orthogonalize``, its own normalisation (NorMuon / AdaMuon), :func:`scale`.
 
 Sources: Jordan (2024) https://kellerjordan.github.io/posts/muon/ ; Liu et al., arXiv
 2502.16982 (Moonlight); optax 0.2.8 ``optax.contrib.muon``; Wang et al., arXiv 2509.26030;
@@ -25,7 +20,7 @@ import dataclasses
 import functools
 import inspect
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import Any
 
 import jax
@@ -39,25 +34,11 @@ from amemory.optim.orthogonalize import (
     NS_EPS_MODES,
     NS_METHODS,
     PRECONDITIONINGS,
+    _check_choice,
     coefficient_table,
     newton_schulz,
     polar,
 )
-
-__all__ = [
-    "MOMENTUM_FORMS",
-    "NUCLEAR_SCALES",
-    "ORTHOGONALIZERS",
-    "SHAPE_SCALES",
-    "UNSET",
-    "MuonOptions",
-    "check_unit_interval",
-    "init_state",
-    "momentum",
-    "scale",
-    "shape_scale_factor",
-    "with_options",
-]
 
 MOMENTUM_FORMS = ("ema", "sum")
 ORTHOGONALIZERS = ("newton_schulz", "polar")
@@ -92,17 +73,9 @@ def shape_scale_factor(
     raise ValueError(f"shape_scale={kind!r}; allowed: {SHAPE_SCALES}")
 
 
-def _check_choice(name: str, value: Any, allowed: Sequence[str]) -> None:
-    if isinstance(value, jax.core.Tracer) or value not in allowed:
-        raise ValueError(f"{name}={value!r}; allowed: {tuple(allowed)}")
-
-
 def check_unit_interval(name: str, value: Any) -> None:
-    """Raise ``ValueError`` if a Python number ``value`` is outside ``[0, 1)``.
-
-    Arrays (e.g. hyperparameters injected by ``optax.inject_hyperparams``) are not
-    checked: they may be traced.
-    """
+    """Raise ``ValueError`` if a Python number ``value`` is outside ``[0, 1)`` (arrays, e.g.
+    injected hyperparameters, may be traced: not checked)."""
     if isinstance(value, int | float) and not isinstance(value, bool):
         if not 0.0 <= value < 1.0:
             raise ValueError(f"{name} must be in [0, 1), got {value!r}")
@@ -155,26 +128,19 @@ class MuonOptions:
       shape_scale: ``"none"``, ``"jordan"``, ``"rms_match"`` or ``"spectral"``.
       rms_scale: ``c`` of ``"rms_match"`` (0.2 matches AdamW's update RMS).
       mu_dtype: momentum dtype (``None``: parameter dtype).
-      matrix_axes: ``None`` (every leaf must be 2-D ``[fan_in, fan_out]``), a pair
-        ``(in_axes, out_axes)`` of ints or int tuples applied to every leaf, or a callable
-        ``(path_keys, leaf) -> pair | None``; other axes are batch axes. A triple
-        ``(in_axes, out_axes, (axis, heads))`` is a view: ``axis`` of the leaf is first
-        split into ``[heads, size / heads]`` and the axes index the split array (per-head
-        Muon: ``amemory.models.matrices.per_head_axes``, ``nnx_per_head_matrix_axes``).
+      matrix_axes: ``None`` (2-D leaves ``[fan_in, fan_out]``), a pair ``(in_axes,
+        out_axes)`` (other axes are batch axes), or a callable ``(path_keys, leaf) -> pair
+        | None`` (:mod:`amemory.optim.muon`). A triple ``(in_axes, out_axes, (axis,
+        heads))`` first splits ``axis`` into ``[heads, size / heads]`` (per-head Muon).
       batch_leaves: orthogonalise same-shape leaves in one batched call (same result).
       ns_mesh: ``(mesh, axis)`` for sharded ``jit``: the device mesh and the mesh axis
         name (or tuple of names) along which parameters are split (FSDP); other mesh
         axes replicate them. Used by the owner layout (``distributed``).
-      distributed: where orthogonalisation runs on the mesh (``amemory.optim.
-        distributed``): ``"owner"`` stacks same-shape matrices, hands each device a
-        round-robin share of whole matrices with one ``all_to_all`` per stack (padding
-        the stack to a multiple of the device count), runs Newton-Schulz with no
-        collective, and returns the results with one ``all_to_all`` (plus an
-        ``all_gather`` over replica axes); ``"gspmd"`` leaves it to XLA's partitioner
-        (collectives inside every NS step of a sharded matrix); ``"auto"`` is
-        ``"owner"`` when ``ns_mesh`` is given on more than one device, else ``"gspmd"``.
-        Same update either way. Only ``norm="spectral"`` orthogonalises; the other norm
-        balls are elementwise and stay where the parameters are.
+      distributed: where orthogonalisation runs on the mesh: ``"owner"`` (each device
+        orthogonalises a share of whole matrices, :mod:`amemory.optim.distributed`),
+        ``"gspmd"`` (XLA's partitioner: collectives inside every NS step of a sharded
+        matrix) or ``"auto"`` (``"owner"`` when ``ns_mesh`` has more than one device).
+        Same update either way; only ``norm="spectral"`` orthogonalises.
       diagnostics: keep each leaf's orthogonality error and update RMS of the last update
         in the state (read with ``amemory.optim.collect_diagnostics``).
     """
@@ -255,20 +221,20 @@ class MuonOptions:
             return int(np.shape(self.ns_coeffs)[0])
         return 5
 
-    @functools.cached_property
+    @property
     def orth_fn(self) -> Callable[[jax.Array], jax.Array]:
         """The ``[b, k, l] -> [b, k, l]`` orthogonaliser of ``norm="spectral"``: exact
         ``polar``, or ``newton_schulz`` with these options (``ns_dtype="auto"``: bf16 unless
-        the target devices, ``ns_mesh``'s or the ``jax.sharding.set_mesh`` mesh's, are CPUs)."""
+        the target devices, ``ns_mesh``'s or the ``jax.sharding.set_mesh`` mesh's, are CPUs;
+        read it at trace time, for the devices the update is compiled for)."""
         if self.orthogonalizer == "polar":
             return polar
-        ns = functools.partial(
+        return functools.partial(
             newton_schulz, coeffs=self.ns_coeffs, steps=self.steps, eps=self.ns_eps,
             eps_mode=self.ns_eps_mode, method=self.ns_method,
             preconditioning=self.preconditioning, gram_restarts=self.gram_restarts,
+            dtype=_resolve_dtype(self.ns_dtype, self.ns_mesh),
         )  # fmt: skip
-        # "auto" is resolved at trace time, for the devices the update is compiled for
-        return lambda x: ns(x, dtype=_resolve_dtype(self.ns_dtype, self.ns_mesh))
 
     @functools.cached_property
     def layout(self) -> OwnerLayout | None:

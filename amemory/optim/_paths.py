@@ -17,13 +17,6 @@ import jax
 __all__ = ["path_keys", "path_str"]
 
 
-def _is_variable_value(key: Any) -> bool:
-    """The key under which a ``flax.nnx.Variable`` (or a legacy ``VariableState``) holds its
-    array: an attribute key named ``value``. Dict keys named ``"value"`` (e.g. the value
-    projection of ``nnx.MultiHeadAttention``) are not."""
-    return isinstance(key, jax.tree_util.GetAttrKey) and key.name == "value"
-
-
 def path_keys(path: tuple[Any, ...]) -> tuple[str | int, ...]:
     """Turn a jax key path into a tuple of ``str`` / ``int`` keys.
 
@@ -31,7 +24,8 @@ def path_keys(path: tuple[Any, ...]) -> tuple[str | int, ...]:
     ``FlattenedIndexKey(i) -> i``; anything else -> ``str(key)``. A trailing
     ``GetAttrKey("value")`` (the array inside an ``nnx.Variable``) is dropped.
     """
-    if path and _is_variable_value(path[-1]):
+    last = path[-1] if path else None  # an nnx.Variable's array, not a dict key "value"
+    if isinstance(last, jax.tree_util.GetAttrKey) and last.name == "value":
         path = path[:-1]
     out: list[str | int] = []
     for k in path:

@@ -2,18 +2,12 @@
 
 Same names, signatures, defaults, state trees and semantics as ``optax.contrib``'s
 ``muon``, ``scale_by_muon``, ``scale_by_shape``, ``orthogonalize_via_newton_schulz``,
-``MuonDimensionNumbers`` and ``MuonState`` (the last two are optax's own classes, so
-dimension-number trees and checkpoints move between the two unchanged): switching is
-``from amemory.optim import contrib`` in place of ``from optax import contrib``.
-
-What differs is how the work is done: leaves are orthogonalised by amemory's
-shape-batched Newton-Schulz (``amemory.optim._matrices``: same-shape matrices of the
-tree in one batched call, tall ones transposed to join wide ones; the Gram form with a
-restart for aspect ratio >= 2), in at least float32 (optax iterates in the momentum's
-dtype: for bf16 parameters amemory's update is the more accurate one; input and output
-dtypes are the same). optax's own tests for its Muon pass against this module
-(``tests/test_optim_contrib.py`` runs the installed ``optax/contrib/_muon_test.py`` and
-the Muon rows of ``optax/contrib/_common_test.py`` with the import swapped).
+``MuonDimensionNumbers`` and ``MuonState`` (optax's own classes: dimension-number trees
+and checkpoints move unchanged): switching is ``from amemory.optim import contrib``.
+What differs: same-shape matrices are orthogonalised in one batched call (tall ones
+transposed; the Gram form for aspect ratio >= 2), in at least float32 (optax iterates in
+the momentum's dtype). ``tests/test_optim_contrib.py`` runs optax's own Muon tests
+against this module.
 
 Source: optax 0.2.8 ``optax/contrib/_muon.py`` (API and semantics); Jordan (2024)
 https://kellerjordan.github.io/posts/muon/ ; Liu et al. arXiv 2502.16982
@@ -88,15 +82,6 @@ def _resolve_table(ns_coeffs: Any, ns_steps: Any) -> tuple[np.ndarray | jax.Arra
     return table, int(ns_steps)
 
 
-def _spec_at(flat: dict[tuple, Any], keys: tuple) -> Any:
-    """The spec of the longest prefix of ``keys`` in ``flat`` (dimension numbers may be a
-    prefix tree); ``None`` when no entry covers the leaf."""
-    for n in range(len(keys), -1, -1):
-        if keys[:n] in flat:
-            return flat[keys[:n]]
-    return None
-
-
 def _axes_fn(dims_tree: Any) -> Callable[[tuple, Any], Any]:
     """``matrix_axes`` callable of ``MuonOptions`` reading a (prefix) tree of specs."""
     if dims_tree is None or _is_dim(dims_tree):
@@ -106,7 +91,8 @@ def _axes_fn(dims_tree: Any) -> Callable[[tuple, Any], Any]:
         flat = {path_keys(p): d for p, d in pairs}
 
     def axes(keys, leaf):
-        spec = _spec_at(flat, tuple(keys))
+        keys = tuple(keys)  # the longest prefix in flat (dimension numbers: a prefix tree)
+        spec = next((flat[keys[:n]] for n in range(len(keys), -1, -1) if keys[:n] in flat), None)
         if _is_dim(spec):
             return _axes(spec)
         if np.ndim(leaf) != 2:
@@ -154,13 +140,9 @@ def orthogonalize_via_newton_schulz(
     dims = MuonDimensionNumbers(0, 1) if x.ndim == 2 else dimension_numbers
     table, steps = _resolve_table(ns_coeffs, ns_steps)
     lay = matrix_layout(x, _axes(dims))
+    m = lay.to_matrix(x)
     o = newton_schulz(
-        lay.to_matrix(x),
-        coeffs=table,
-        steps=steps,
-        eps=eps,
-        method="auto",
-        preconditioning=preconditioning,
+        m, coeffs=table, steps=steps, eps=eps, method="auto", preconditioning=preconditioning
     )
     return lay.from_matrix(o)
 

@@ -1,50 +1,41 @@
 """Owner layout: Newton-Schulz on parameters sharded across devices, with no collectives inside.
 
-Under FSDP every parameter matrix is split across devices. Run Newton-Schulz (NS) on such
-a matrix and XLA's partitioner must all-reduce a partial Gram matrix ``X X^T`` inside
-every NS step, and every device repeats the ``k x k`` products. The owner layout instead
-gives every device a share of WHOLE matrices (the design of Keller Jordan's distributed
-Muon, Dion and the NorMuon paper's FSDP2 implementation, arXiv 2510.05491, Sec. 4; in
-JAX, MaxText moves a matrix's sharding onto a stack axis with one all-to-all):
+Under FSDP every parameter matrix is split across devices, and Newton-Schulz (NS) on it
+makes XLA all-reduce a partial Gram matrix ``X X^H`` in every NS step. The owner layout
+instead gives every device a share of WHOLE matrices (Keller Jordan's distributed Muon,
+Dion, the NorMuon paper's FSDP2 implementation, arXiv 2510.05491, Sec. 4; MaxText moves a
+matrix's sharding onto a stack axis with one all-to-all):
 
-1. Same-shape matrices (tall ones transposed to wide ``[k, l]``, ``k <= l``; every
-   leading axis of a leaf, e.g. scanned layers ``[L, m, n]`` or experts ``[E, m, n]``, is
-   a batch axis) are concatenated into one stack ``[B, k, l]`` per shape, zero-padded to
-   ``B_pad``, a multiple of the device count ``n`` (NS maps zero to zero). Stacking is
-   local: the stack axis is not sharded.
-2. Inside one ``jax.shard_map`` over the whole mesh, each device keeps the matrices it
-   owns, round-robin: matrix ``t * n + o`` belongs to owner ``o = i * s + j`` (``i`` its
-   index over the mesh axes that replicate parameters, ``j`` over the ``s``-way axes that
-   split them). For a stack split along rows or columns ONE ``all_to_all`` over the split
-   axes hands every owner its whole matrices; NS (and NorMuon's neuron normalisation,
-   whose second moment is stored in this layout, see :class:`OwnerStacks`) runs with no
-   collective; a second ``all_to_all`` returns the blocks; when parameters are also
-   replicated (``r = n / s > 1`` data-parallel copies) one ``all_gather`` over the
-   replica axes completes them.
-3. A stack every device holds whole (no matrix axis divisible by ``s``) needs no
-   all-to-all: each owner takes its share and one ``all_gather`` over all devices
-   returns the results (Keller Jordan's DDP design). A leaf split along its leading
-   batch axis with ``n`` dividing its batch (an expert stack already split by experts)
-   stays in place: each owner orthogonalises its own matrices, and only an
-   ``all_gather`` over replica axes (if any) follows.
+1. Same-shape matrices (wide ``[k, l]``, ``k <= l``, tall ones transposed; every leading
+   axis of a leaf is a batch axis) are concatenated into one local stack ``[B, k, l]`` per
+   shape, zero-padded to ``B_pad``, a multiple of the device count ``n`` (NS maps zero to
+   zero).
+2. Inside one ``jax.shard_map`` over the mesh, matrix ``t * n + o`` belongs to owner
+   ``o = i * s + j`` (``i`` its index over the axes that replicate parameters, ``j`` over
+   the ``s``-way axes that split them). A stack split along rows or columns reaches its
+   owners by ONE ``all_to_all`` over the split axes; NS (and NorMuon's normalisation,
+   whose second moment is stored in this layout, :class:`OwnerStacks`) runs with no
+   collective; a second ``all_to_all`` returns the blocks, and with ``r = n / s > 1``
+   replicas one ``all_gather`` over the replica axes completes them.
+3. A stack every device holds whole takes its share and one ``all_gather`` returns the
+   results (Jordan's DDP design). A leaf split along its leading batch axis with ``n``
+   dividing its batch (experts split by expert) stays in place.
 
-Under ``Explicit`` mesh axes a leaf's type names the axis it is split along and the layout
-follows it (:func:`auto_sharded` runs the update itself on ``Auto`` axes). Under ``Auto``
-axes it is not visible at trace time, so the layout follows the FSDP convention of
-``amemory.train``: a leaf is split along its largest axis divisible by ``s`` (ties to the
-first axis); a stack along its larger matrix axis divisible by ``s`` (ties to rows). A
-leaf split differently still gets the exact update; XLA then reshards it at the
-``shard_map`` boundary (more traffic).
+Under ``Explicit`` mesh axes a leaf's type names its split axis (:func:`auto_sharded`
+runs ``init`` and ``update`` on ``Auto`` axes). Under ``Auto`` axes the layout follows the FSDP
+convention of ``amemory.train``: a leaf is split along its largest axis divisible by
+``s`` (ties to the first); a stack along its larger matrix axis divisible by ``s`` (ties
+to rows). A leaf split differently still gets the exact update, resharded by XLA at the
+``shard_map`` boundary.
 
 Communication per update (bytes summed over devices, element size ``e``, ``E_g`` the
 padded element count of stack ``g``): ``e * sum_g [2 (s-1)/s + (r-1)] E_g`` for split
-stacks (``< 2 e E_g`` on a pure FSDP mesh, ``r = 1``), ``e (n-1) E_g`` for replicated
-ones. Partitioned NS instead all-reduces a ``[k, k]`` Gram matrix per matrix and NS step,
-a volume that grows with ``n``.
+stacks, ``e (n-1) E_g`` for replicated ones; partitioned NS all-reduces a ``[k, k]``
+Gram matrix per matrix and NS step instead.
 
 Sources: Jordan (2024) https://kellerjordan.github.io/posts/muon/ ; Li et al.,
-"NorMuon", arXiv 2510.05491, Sec. 4 (distributed NorMuon on FSDP2); Ahn et al., "Dion",
-arXiv 2504.05295; MaxText ``optimizers/muon`` (2026; all-to-all onto a stack axis).
+"NorMuon", arXiv 2510.05491, Sec. 4; Ahn et al., "Dion", arXiv 2504.05295; MaxText
+``optimizers/muon`` (2026; all-to-all onto a stack axis).
 """
 
 from __future__ import annotations
@@ -87,11 +78,6 @@ __all__ = [
 #: and its mesh has more than one device.
 DISTRIBUTED_MODES = ("auto", "gspmd", "owner")
 
-Auto = AxisType.Auto
-
-#: Group kinds (how a stack reaches its owners), as written in the start event.
-KINDS = ("all_to_all", "gather", "in_place")
-
 Post = Callable[[jax.Array, jax.Array, bool], tuple[jax.Array, jax.Array]]
 
 
@@ -99,10 +85,9 @@ class OwnerStacks(NamedTuple):
     """Optimizer state kept in the owner layout (NorMuon's second moment).
 
     ``stacks[group name]`` is ``[B_pad, width]`` float32, split over ALL mesh devices
-    along its first axis (``PartitionSpec(mesh.axis_names, None)``): the rows a device
-    holds are those of the matrices it owns, in its own order, so an update reads and
-    writes them without communication. The row order is internal to the layout; the
-    shape depends on the device count (``B_pad``).
+    along its first axis (``PartitionSpec(mesh.axis_names, None)``): a device holds the
+    rows of the matrices it owns (row order internal to the layout; ``B_pad`` depends on
+    the device count), so an update reads and writes them without communication.
     """
 
     stacks: dict[str, jax.Array]
@@ -113,7 +98,7 @@ class Group:
     """One stack of same-shape matrices and how it reaches its owners."""
 
     name: str
-    kind: str  # one of KINDS
+    kind: str  # how the stack reaches its owners: "all_to_all", "gather" or "in_place"
     members: tuple[int, ...]  # leaf indices, in stack order
     tall: tuple[bool, ...]  # per member: transposed to wide
     counts: tuple[int, ...]  # per member: matrices (product of batch axes)
@@ -160,13 +145,10 @@ class OwnerLayout:
         return self.n_devices // self.n_splits
 
     def _split(self, lay: Any) -> tuple[int | None, int | None]:
-        """``(leaf axis split over split_axes, the wide stack dim (1|2) it splits or None)``.
-
-        An ``Explicit`` sharding names the axis; otherwise the FSDP convention applies (the
-        largest axis divisible by ``s``, ties to the first) and the stack dim is chosen in
-        :meth:`plan`. The axis splits a matrix dim into whole blocks when it is the first
-        of the layout's ``in`` (fan_in) or ``out`` axes.
-        """
+        """``(leaf axis split over split_axes, the wide stack dim (1|2) it splits or None)``:
+        from an ``Explicit`` sharding (a matrix dim splits into whole blocks when the axis
+        is the first of the ``in`` or ``out`` axes), else the FSDP convention (module doc;
+        the stack dim is then chosen in :meth:`plan`)."""
         s, nb, tall = self.n_splits, len(lay.batch_shape), lay.fan_in > lay.fan_out
         if lay.spec is None:
             cands = [i for i, d in enumerate(lay.shape) if d % s == 0 and d >= s]
@@ -268,7 +250,8 @@ class OwnerLayout:
 
         def core(w, v):  # w: [c, k, l] whole matrices owned here
             o = opts.orth_fn(w)
-            err = orthogonality_error(o).astype(jnp.float32) if opts.diagnostics else None
+            err = orthogonality_error(o) if opts.diagnostics else jnp.zeros(())  # [c] or []
+            err = err.astype(jnp.float32)
             if opts.nuclear_scale == "matrix":
                 o = nuclear_scaled(w, o, "matrix")
             if post is not None:
@@ -312,13 +295,11 @@ class OwnerLayout:
             y = jax.lax.all_gather(o, rep, axis=0) if r > 1 else o[None]
             return y.reshape(g.size // s, k, l), v, err
 
-        body = {"all_to_all": a2a, "gather": gather, "in_place": in_place}[g.kind]
-        if g.kind == "all_to_all":
-            spec = P(None, spl, None) if g.split_dim == 1 else P(None, None, spl)
-        elif g.kind == "gather":
-            spec = P()
-        else:
-            spec = P(spl, None, None)
+        body, spec = {
+            "all_to_all": (a2a, P(None, spl, None) if g.split_dim == 1 else P(None, None, spl)),
+            "gather": (gather, P()),
+            "in_place": (in_place, P(spl, None, None)),
+        }[g.kind]
         owned = P(self.mesh.axis_names)
         return body, spec, owned
 
@@ -352,8 +333,8 @@ class OwnerLayout:
             v = post_state.stacks[g.name] if post else jnp.zeros((g.padded, 0), jnp.float32)
             v_spec = P(*owned, *([None] * (v.ndim - 1)))
             fn = jax.shard_map(
-                lambda a, b, body=body: _fill(body(a, b)),
-                mesh=self.mesh.update(axis_types=(Auto,) * len(self.mesh.axis_names)),
+                body,
+                mesh=self.mesh.update(axis_types=(AxisType.Auto,) * len(self.mesh.axis_names)),
                 in_specs=(spec, v_spec),
                 out_specs=(spec, v_spec, owned if opts.diagnostics else P()),
                 check_vma=False,
@@ -387,16 +368,13 @@ class OwnerLayout:
         return OwnerStacks({g.name: jnp.zeros((g.padded, *shape(g)), dtype) for g in groups})
 
 
-def _fill(res):
-    y, v, err = res
-    return y, v, (jnp.zeros((), jnp.float32) if err is None else err)
-
-
 def _explicit_mesh(tree: Any) -> tuple[Any, tuple[str, ...]]:
     """The mesh in effect (context, else the leaves' types) and its ``Explicit`` axes."""
     mesh = jax.sharding.get_abstract_mesh()
-    if mesh.empty:  # jit of explicitly sharded arrays without jax.set_mesh
-        meshes = (getattr(jax.typeof(x).sharding, "mesh", None) for x in jax.tree.leaves(tree))
+    if mesh.empty:  # explicitly sharded arrays without jax.set_mesh (concrete ones: eager)
+        concrete = lambda x: isinstance(x, jax.Array) and not isinstance(x, jax.core.Tracer)
+        shs = (x.sharding if concrete(x) else jax.typeof(x).sharding for x in jax.tree.leaves(tree))
+        meshes = (getattr(sh, "mesh", None) for sh in shs)
         mesh = next((m for m in meshes if m is not None and not m.empty), mesh)
     if mesh.empty:
         return mesh, ()
@@ -405,48 +383,57 @@ def _explicit_mesh(tree: Any) -> tuple[Any, tuple[str, ...]]:
 
 
 def auto_sharded(tx: optax.GradientTransformation) -> optax.GradientTransformation:
-    """``tx`` with its update run on ``Auto`` mesh axes, for parameters with ``Explicit`` ones.
+    """``tx`` run on ``Auto`` mesh axes, for parameters with ``Explicit`` ones.
 
     Under ``Explicit`` axes (``jax.make_mesh``'s default in JAX 0.10) every reshape and
     matmul must state its output sharding; Muon reshapes leaves into matrix stacks and
-    contracts over their (possibly sharded) axes. The wrapper leaves the update's
-    sharding to XLA's partitioner (``jax.sharding.auto_axes``, which the owner layout
-    then overrides with its ``shard_map``) and gives every output the input's sharding
-    (updates like the gradients, new state like the old): the same numbers as the
-    unsharded update. Meshes with only ``Auto`` axes, or none, call ``tx`` unchanged.
+    contracts over their (possibly sharded) axes. The wrapper leaves the sharding of
+    ``init`` and ``update`` to XLA's partitioner (``jax.sharding.auto_axes``, which the
+    owner layout then overrides with its ``shard_map``): the same numbers as unsharded.
+    ``update``'s outputs take their inputs' shardings (updates like the gradients, new
+    state like the old); ``init``'s state leaves shaped like their parameter take its
+    sharding (momenta), the others are replicated (counts, norms). Meshes with only
+    ``Auto`` axes, or none, call ``tx`` unchanged.
 
     Args:
       tx: a transform whose update returns a state of the same structure as it gets.
 
-    Returns:
-      ``tx`` with the same ``init`` and the wrapped ``update``.
-
     Source: JAX's explicit-sharding guide ("Explicit sharding", ``jax.sharding.auto_axes``).
     """
 
-    def update_fn(updates, state, params=None):
-        mesh, explicit = _explicit_mesh((updates, state, params))
-        if not explicit:
-            return tx.update(updates, state, params)
+    def on_auto(fn, out_sharding):
+        def call(*args, **kwargs):  # one frame around ``fn``
+            args = (*args, *kwargs.values())  # update(updates, state, params=...) in order
+            mesh, explicit = _explicit_mesh(args)
+            if not explicit:
+                return fn(*args)
 
-        def spec(x):
-            sh = jax.typeof(x).sharding
-            return NamedSharding(mesh, sh.spec if isinstance(sh, NamedSharding) else P())
+            def spec(x):
+                sh = jax.typeof(x).sharding
+                return NamedSharding(mesh, sh.spec if isinstance(sh, NamedSharding) else P())
 
-        out = jax.tree.map(spec, (updates, state))
-        token = EXPLICIT_SPECS.set(tuple(spec(x).spec for x in jax.tree.leaves(updates)))
-        try:  # the owner layout plans from the specs (the types inside no longer name them)
-            return jax.sharding.auto_axes(tx.update, axes=explicit, out_sharding=out)(
-                updates, state, params
-            )
-        finally:
-            EXPLICIT_SPECS.reset(token)
+            token = EXPLICIT_SPECS.set(tuple(spec(x).spec for x in jax.tree.leaves(args[0])))
+            try:  # the owner layout plans from the specs (the types inside no longer name them)
+                run = lambda out: jax.sharding.auto_axes(fn, axes=explicit, out_sharding=out)(*args)
+                return run(out_sharding(args, spec, NamedSharding(mesh, P()), run))
+            finally:
+                EXPLICIT_SPECS.reset(token)
 
-    return optax.GradientTransformation(tx.init, update_fn)
+        return call
 
+    def init_out(args, spec, replicated, run):
+        (params,) = args
+        like = lambda n: jax.tree.structure(n) == jax.tree.structure(params)
 
-def _split_axes(axis: Any) -> tuple[str, ...]:
-    return (axis,) if isinstance(axis, str) else tuple(axis)
+        def pick(node):  # a params-like subtree (momenta, norms), or another leaf
+            same = lambda s, p: spec(p) if s.shape == p.shape else replicated
+            return jax.tree.map(same, node, params) if like(node) else replicated
+
+        return jax.tree.map(pick, jax.eval_shape(lambda: run(replicated)), is_leaf=like)
+
+    update_out = lambda args, spec, *_: jax.tree.map(spec, tuple(args[:2]))  # updates, state
+    init_fn, update_fn = on_auto(tx.init, init_out), on_auto(tx.update, update_out)
+    return optax.GradientTransformation(init_fn, update_fn)
 
 
 def resolve_layout(distributed: str, ns_mesh: tuple[Mesh, Any] | None) -> OwnerLayout | None:
@@ -468,7 +455,8 @@ def resolve_layout(distributed: str, ns_mesh: tuple[Mesh, Any] | None) -> OwnerL
         return None
     if ns_mesh is None:
         raise ValueError("distributed='owner' needs ns_mesh=(mesh, axis name that splits params)")
-    return OwnerLayout(ns_mesh[0], _split_axes(ns_mesh[1]))
+    axis = ns_mesh[1]
+    return OwnerLayout(ns_mesh[0], (axis,) if isinstance(axis, str) else tuple(axis))
 
 
 def owner_state_shardings(state: Any, mesh: Mesh, default: Any, *, leading_axes: int = 0) -> Any:
@@ -484,7 +472,7 @@ def owner_state_shardings(state: Any, mesh: Mesh, default: Any, *, leading_axes:
       ``default`` with each owner-layout stack replaced by
       ``NamedSharding(mesh, P(*[None] * leading_axes, mesh.axis_names, None, ...))``.
     """
-    is_stacks = lambda x: isinstance(x, OwnerStacks)  # noqa: E731
+    is_stacks = lambda x: isinstance(x, OwnerStacks)
     ranks = jax.tree.map(  # same structure as state: a stack's rank, else -1
         lambda x: jax.tree.map(lambda y: len(y.shape), x) if is_stacks(x) else -1,
         state,

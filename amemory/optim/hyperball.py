@@ -17,6 +17,7 @@ import jax.numpy as jnp
 import optax
 
 from amemory.optim._matrices import MatrixAxes, leaf_layouts
+from amemory.optim.distributed import auto_sharded
 from amemory.optim.muon import scale_by_muon
 
 __all__ = ["HyperballState", "adamh", "muonh", "scale_by_hyperball"]
@@ -72,7 +73,7 @@ def scale_by_hyperball(
             out.append(lay.from_matrix(new - w).astype(p.dtype))
         return treedef.unflatten(out), state._replace(count=optax.safe_increment(state.count))
 
-    return optax.GradientTransformation(init_fn, update_fn)
+    return auto_sharded(optax.GradientTransformation(init_fn, update_fn))
 
 
 def _no_decay(weight_decay: Any) -> None:

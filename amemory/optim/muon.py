@@ -1,18 +1,13 @@
 """Muon as an Optax gradient transformation (NorMuon / AdaMuon live in ``normuon``).
 
-Muon (MomentUm Orthogonalized by Newton-Schulz) keeps a momentum buffer per
-matrix parameter and replaces each update by (an approximation of) its polar
-factor, rescaled by a shape-dependent factor:
-
-    M_t = beta M_{t-1} + (1 - beta) G_t     ("ema")   or   beta M_{t-1} + G_t  ("sum")
-    U_t = Nesterov(G_t, M_t) or M_t
-    O_t = orth(U_t)                           (Newton-Schulz or exact polar)
-    update = -lr * (scale(fan_in, fan_out) * O_t + wd * theta)
-
-One option set spans the family: the norm ball (``norm="sign"`` is SignGD,
-``"spectral"`` is Muon; Scion), the pre-conditioning (AOL / Turbo-Muon), the Gram form
-of Newton-Schulz with restarts, PolarGrad's nuclear-norm scaling; every option is a
-field of :class:`amemory.optim.MuonOptions`.
+Muon (MomentUm Orthogonalized by Newton-Schulz) keeps a momentum buffer per matrix
+parameter and replaces each update by (an approximation of) its polar factor, rescaled by
+a shape-dependent factor (the formulas: :func:`scale_by_muon`). One option set spans the
+family (norm balls, pre-conditionings, the Gram form, nuclear scaling): every option is a
+field of :class:`amemory.optim.MuonOptions`. The update reads ``momentum ->
+orthogonalize -> scale`` (``_muon_core``; ``_matrices.orthogonalize`` batches same-shape
+matrices, tall ones transposed, into one call; ``ns_mesh`` selects the owner layout of
+``amemory.optim.distributed``).
 
 Matrix convention. Every leaf is seen as a matrix ``[fan_in, fan_out]`` (plus
 optional batch axes), the layout of Flax ``Dense``/``nnx.Linear`` kernels
@@ -24,20 +19,6 @@ is a batch axis). Only the shape scaling depends on which side is fan_in:
 orthogonalisation commutes with transposition. A leaf that is not a matrix under this
 rule raises ``ValueError`` naming its path and shape: Muon never falls back to Adam;
 routing (``amemory.optim.routing``) decides which leaves reach it.
-
-Speed. Inside ``update`` leaves are grouped by matrix shape (tall matrices are
-transposed to wide first, so ``[256, 1024]`` and ``[1024, 256]`` share a group)
-and each group is orthogonalised by ONE batched call (``_matrices.orthogonalize``).
-Groups with ``fan_max >= 2 fan_min`` use the Gram form of Newton-Schulz outside bfloat16
-(``orthogonalize.newton_schulz(method="auto")``). Under sharded ``jit``,
-``ns_mesh=(mesh, axis)`` selects the owner layout of ``amemory.optim.distributed``:
-every device orthogonalises a share of whole matrices (one all-to-all there and one back
-per stack) instead of all-reducing inside every NS step of a sharded matrix.
-
-Layout. The update reads ``momentum -> orthogonalize -> scale``
-(``amemory.optim._muon_core``: options and steps; ``_matrices``: leaves as matrix
-stacks, grouping and the orthogonalisation dispatcher; ``distributed``: the owner
-layout).
 
 Sources: Jordan (2024) https://kellerjordan.github.io/posts/muon/ ; Liu et al.,
 "Muon is Scalable for LLM Training" (Moonlight), arXiv 2502.16982; optax
@@ -187,8 +168,6 @@ def muon(
       >>> state = tx.init({"w": jnp.zeros((8, 8))})
     """
     base = preset_options(preset) if preset is not None else {}
-    wd = base.pop("weight_decay", 0.0)
-    if weight_decay is not None:
-        wd = weight_decay
+    wd = base.get("weight_decay") if weight_decay is None else weight_decay  # None: 0
     direction = muon_direction(options_from(options, base))
     return decoupled(direction, learning_rate, wd, weight_decay_mask)

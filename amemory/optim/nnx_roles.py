@@ -1,43 +1,27 @@
 """Roles and matrix axes of models built from standard ``flax.nnx`` layers (foreign models).
 
-amemory's own transformer names a role in every parameter path (``models.role_of``).
-For any other ``flax.nnx`` model :func:`nnx_layers` reads each layer once and gives a
-``role`` function (for ``optim.routed``) and a ``matrix_axes`` function (for Muon) that
-agree: a kernel with role ``dense``, ``head`` or ``q|k|v|o`` has a matrix
-``(fan_in, fan_out)``, nothing else does. Kernels: ``Linear`` ``[in, out]``;
-``LinearGeneral`` ``[*batch, *in, *out]``; ``Einsum`` from its string (kernel axes summed
-over are ``fan_in``, axes it adds to the output ``fan_out``, axes in input, kernel and
-output are batch axes: ``"BTD,NDH->BTNH"`` ``[N, D, H]`` is ``(D, N*H)``,
-``"EBD,EDF->EBF"`` is E matrices ``(D, F)``); ``Conv``/``ConvTranspose`` ``[*k, c_in,
-c_out]`` is ``(prod(k) * c_in, c_out)`` (Keller Jordan's CIFAR-10 speedruns);
-``MultiHeadAttention`` ``query|key|value`` ``[d, H, d_h]`` are ``q|k|v`` ``(d, H*d_h)``,
-``out`` ``[H, d_h, d]`` is ``o`` ``(H*d_h, d)``. ``Embed`` ``embedding`` is ``embed``, any
-``scale`` ``norm`` and any ``bias`` ``bias`` (a LayerNorm's too), none a matrix; any other
-parameter is a ``ValueError`` naming it.
+For a ``flax.nnx`` model that is not amemory's own (``models.role_of``), :func:`nnx_layers`
+reads each layer once and gives a ``role`` function (for ``optim.routed``) and a
+``matrix_axes`` function (for Muon) that agree: a kernel with role ``dense``, ``head`` or
+``q|k|v|o`` has a matrix ``(fan_in, fan_out)``, nothing else does. ``Linear``
+``[in, out]``; ``LinearGeneral`` ``[*batch, *in, *out]``; ``Einsum`` from its string
+(kernel axes summed over are ``fan_in``, axes it adds to the output ``fan_out``, the rest
+batch axes: ``"BTD,NDH->BTNH"`` ``[N, D, H]`` is ``(D, N*H)``); ``Conv``/``ConvTranspose``
+``[*k, c_in, c_out]`` is ``(prod(k) * c_in, c_out)`` (Keller Jordan's CIFAR-10
+speedruns); ``MultiHeadAttention`` ``query|key|value`` ``[d, H, d_h]`` are ``q|k|v``
+``(d, H*d_h)``, ``out`` ``[H, d_h, d]`` is ``o``; ``Embed``, norm ``scale`` and any
+``bias`` have roles but no matrix; any other parameter is a ``ValueError`` naming it.
 
-The output layer (logits: Muon's authors route it to Adam with the embeddings) gets role
-``head``: the ``Linear``/``LinearGeneral``/``Einsum`` defined last among the model's own
-attributes, or one under :data:`HEAD_NAMES` at the top (``head``/``lm_head`` anywhere), or
-those named by ``heads=``. When none is found (logits from a submodule or a tied
-embedding) a warning names the kernel defined last, which goes to Muon, and how to route
-it. :func:`nnx_role` / :func:`nnx_matrix_axes` read the table from a path alone: enough
-for Linear, MultiHeadAttention, Embed and norms; a kernel whose matrix a path cannot tell
-is a ``ValueError`` pointing to :func:`nnx_layers`.
+The output layer gets role ``head`` (Muon's authors route it to Adam): the
+``Linear``/``LinearGeneral``/``Einsum`` defined last among the model's own attributes, one
+under :data:`HEAD_NAMES` at the top (``head``/``lm_head`` anywhere), or those named by
+``heads=``; when none is found a warning names the kernel that goes to Muon.
+:func:`nnx_role` / :func:`nnx_matrix_axes` read the table from a path alone (Linear,
+MultiHeadAttention, Embed, norms). Example: README, "Use in your own model".
 
-Example::
-
-    layers = optim.nnx_layers(model)
-    tx = optim.routed(
-        {"hidden": optim.muon(0.02, matrix_axes=layers.matrix_axes),
-         "rest": optax.adam(3e-3)},
-        layers.role,
-    )
-    optimizer = nnx.Optimizer(model, tx, wrt=nnx.Param)
-
-Source: the parameter names and kernel layouts of ``flax.nnx`` 0.12 (``Linear``,
-``LinearGeneral``, ``Einsum``, ``Conv``, ``ConvTranspose``, ``MultiHeadAttention``,
-``Embed``, ``LayerNorm``, ``RMSNorm``); Jordan (2024), https://kellerjordan.github.io/
-posts/muon/ (output layer and embeddings to Adam; conv kernels flattened).
+Source: the parameter names and kernel layouts of ``flax.nnx`` 0.12; Jordan (2024),
+https://kellerjordan.github.io/posts/muon/ (output layer and embeddings to Adam; conv
+kernels flattened).
 """
 
 from __future__ import annotations
@@ -115,13 +99,9 @@ class NnxLayers:
         return Roles(self._role, *_VOCAB)
 
     def _role(self, path: Any, leaf: Any = None) -> str:
-        """The role of one parameter: ``"q"``, ``"k"``, ``"v"``, ``"o"``, ``"head"``,
-        ``"dense"``, ``"embed"``, ``"norm"`` or ``"bias"``.
-
-        ``path`` is a key path or ``"a/b/kernel"``; ``leaf`` the parameter (its shape).
-        From a path alone a 2-D kernel at the model top not named in :data:`HEAD_NAMES`
-        is ``"dense"`` with a warning (once per leaf): the path cannot tell whether it
-        computes the logits.
+        """The role of one parameter (``path``: a key path or ``"a/b/kernel"``). From a
+        path alone a 2-D kernel at the model top not named in :data:`HEAD_NAMES` is
+        ``"dense"`` with a warning: the path cannot tell whether it computes the logits.
 
         Raises:
           ValueError: a parameter outside the table, or a kernel whose matrix its path

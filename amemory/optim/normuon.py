@@ -1,22 +1,13 @@
 """Muon plus a second moment of the orthogonalised direction: NorMuon and AdaMuon.
 
-Both run Muon's update path (momentum, Nesterov look-ahead, batched orthogonalisation,
-shape scaling; the options and steps of ``amemory.optim._muon_core``) and, between the
-direction ``O`` and the shape scaling, divide ``O`` by the square root of an EMA of its
-squares, then fix its Frobenius norm:
-
-- NorMuon: one second moment per output neuron (column of ``[fan_in, fan_out]``), the
-  Frobenius norm of ``O`` restored (Li et al., arXiv 2510.05491).
-- AdaMuon: one second moment per entry, ``sign(U)`` orthogonalised instead of ``U``, the
-  Frobenius norm set to ``sqrt(min(fan_in, fan_out))`` (that of a semi-orthogonal
-  matrix) and then ``shape_scale="rms_match"``, so the update RMS is ``rms_scale`` = 0.2
-  as Adam's (Si et al., arXiv 2507.11005).
-
-Leaves, ``matrix_axes``, batching, ``ns_mesh`` and ``distributed`` behave as in
-:mod:`amemory.optim.muon`. In the owner layout (``amemory.optim.distributed``) the
-normalisation runs on the device that owns the whole matrix, right after its
-Newton-Schulz, and the second moment is stored there (:class:`OwnerStacks`), so it adds
-no collective (the paper's FSDP2 design, arXiv 2510.05491, Sec. 4).
+Both run Muon's update path (``amemory.optim._muon_core``) and, between the direction
+``O`` and the shape scaling, divide ``O`` by the square root of an EMA of its squares and
+then fix its Frobenius norm: NorMuon per output neuron (Li et al., arXiv 2510.05491),
+AdaMuon per entry, on ``sign(U)`` (Si et al., arXiv 2507.11005); formulas in
+:func:`scale_by_normuon` and :func:`scale_by_adamuon`. In the owner layout
+(``amemory.optim.distributed``) the normalisation runs on the device that owns the whole
+matrix, right after its Newton-Schulz, and the second moment is stored there
+(:class:`OwnerStacks`): no collective (the paper's FSDP2 design, arXiv 2510.05491, Sec. 4).
 """
 
 from __future__ import annotations
@@ -54,9 +45,8 @@ class NorMuonState(NamedTuple):
 
     count: jax.Array  # [] int32
     mu: optax.Updates  # momentum, same tree/shapes as params
-    # per-output-neuron second moment, [*batch_shape, fan_out] per leaf, dtype float32
-    # (float64 for float64 parameters); in the owner layout (amemory.optim.distributed) an
-    # OwnerStacks of [B_pad, fan_out] per stack, split over the mesh devices
+    # per-output-neuron second moment, [*batch_shape, fan_out] per leaf, float32 (float64
+    # for float64 parameters); in the owner layout an OwnerStacks of [B_pad, fan_out]
     nu: optax.Updates | OwnerStacks
     diagnostics: Any  # None, or {"ortho_error": ..., "update_rms": ...} as in MuonState
 
@@ -66,9 +56,8 @@ class AdaMuonState(NamedTuple):
 
     count: jax.Array  # [] int32
     mu: optax.Updates  # momentum, same tree/shapes as params
-    # per-entry second moment, [*batch_shape, fan_in, fan_out] per leaf (the leaf's
-    # matrix layout), dtype float32 (float64 for float64 parameters); in the owner layout
-    # an OwnerStacks of [B_pad, k, l] (wide orientation) per stack
+    # per-entry second moment, [*batch_shape, fan_in, fan_out] per leaf, float32 (float64
+    # for float64 parameters); in the owner layout an OwnerStacks of [B_pad, k, l] (wide)
     nu: optax.Updates | OwnerStacks
     diagnostics: Any  # None, or {"ortho_error": ..., "update_rms": ...} as in MuonState
 
@@ -220,9 +209,7 @@ def normuon(
       ValueError: unknown option name (lists the allowed ones) or bad value.
     """
     direction = scale_by_normuon(beta2=beta2, normuon_eps=normuon_eps, **options)
-    return decoupled(
-        direction, learning_rate, 0.0 if weight_decay is None else weight_decay, weight_decay_mask
-    )
+    return decoupled(direction, learning_rate, weight_decay, weight_decay_mask)
 
 
 _ADAMUON_DEFAULTS = {"presign": True, "shape_scale": "rms_match"}
@@ -301,6 +288,4 @@ def adamuon(
       ValueError: unknown option name (lists the allowed ones) or bad value.
     """
     direction = scale_by_adamuon(beta2=beta2, adamuon_eps=adamuon_eps, **options)
-    return decoupled(
-        direction, learning_rate, 0.0 if weight_decay is None else weight_decay, weight_decay_mask
-    )
+    return decoupled(direction, learning_rate, weight_decay, weight_decay_mask)

@@ -14,11 +14,6 @@ Each step maps every singular value ``s`` through the scalar polynomial
 quality of an NS output is fully described by where the scalar iteration sends
 the pre-conditioned singular values.
 
-Members of the Muon family that live here (each cites its source where defined):
-coefficient sets (Jordan; Polar Express; Dion; DeepSeek-V4; CANS), pre-conditionings before
-the first step (Frobenius, spectral, AOL / Turbo-Muon, Schatten-4), the Gram form with
-restarts (Gram Newton-Schulz), and the linear-minimisation oracles of other norm balls (Scion).
-
 Sources: Keller Jordan, "Muon: An optimizer for hidden layers" (2024),
 https://kellerjordan.github.io/posts/muon/ (coefficients 3.4445, -4.7750,
 2.0315); Amsel et al., "The Polar Express", arXiv 2505.16932, Algorithm 1
@@ -160,7 +155,7 @@ def _check_matrix(x: jax.Array, name: str) -> None:
 
 
 def _check_choice(name: str, value: Any, allowed: tuple[str, ...]) -> None:
-    if value not in allowed:
+    if isinstance(value, jax.core.Tracer) or value not in allowed:
         raise ValueError(f"{name}={value!r}; allowed: {allowed}")
 
 
@@ -219,13 +214,7 @@ def newton_schulz(
 
     Each step is ``X <- a X + (b A + c A^2) X`` with ``A = X X^H``.
 
-    Output singular values (per matrix, for inputs with Frobenius-normalised singular
-    values in ``[0.01, 1]``; from the scalar iteration in float64): ``"jordan"`` x5 lies
-    in ``[0.68, 1.14]`` (also x4 to x8: the iteration oscillates, it does not converge to
-    1); ``"polar_express"`` x5 in ``[0.87, 1.13]``, x6 in ``[0.997, 1.002]``, x8 within
-    1e-12 of 1; ``"deepseek_v4"`` x10 in ``[0.99999, 1.0006]``; ``"cans"`` x5 in
-    ``[0.88, 1.12]`` (down to 1e-3); smaller normalised singular values are only
-    multiplied by the product of the ``a`` coefficients (``3.4445^5 ~ 487`` for jordan).
+    The output singular-value band of each coefficient set is in docs/peers.md.
 
     Args:
       x: ``[..., m, n]`` real or complex array; leading axes are batch axes.
@@ -240,16 +229,12 @@ def newton_schulz(
         reference); ``None`` keeps ``x.dtype`` (at least float32). The result is cast
         back to ``x.dtype``.
       method: ``"direct"`` iterates on ``X`` (3 matmuls a step, two of them
-        ``k x k x l``); ``"gram"`` iterates on the ``k x k`` Gram matrix
-        ``R = X X^H`` and applies the accumulated polynomial ``Q`` to ``X`` only at
-        the restarts and at the end (4 ``k^3`` matmuls a step plus 2 ``k x k x l`` per
-        restart; fewer FLOPs when ``l >= 2k``). Gram Newton-Schulz (Zhang, Amsel, Chen,
-        Dao 2026): ``Z = b R + c R^2``, ``Q <- Q (a I + Z)``, ``R <- (a I + Z) R (a I +
-        Z)``; at a restart ``X <- Q X``, ``R <- X X^H``, ``Q <- I``, which removes the
-        error ``R`` accumulates in low precision (where ``R`` is also re-symmetrised
-        each step). ``"auto"``: ``"gram"`` when ``l >= 2k`` and the compute dtype is
-        not bfloat16 (where one restart does not keep it accurate: docs/peers.md),
-        else ``"direct"``.
+        ``k x k x l``); ``"gram"`` iterates on the ``k x k`` Gram matrix ``R = X X^H``
+        and applies the accumulated polynomial to ``X`` only at the restarts and at the
+        end (4 ``k^3`` matmuls a step plus 2 ``k x k x l`` per restart: fewer FLOPs when
+        ``l >= 2k``; Gram Newton-Schulz, Zhang, Amsel, Chen, Dao 2026, see ``_gram_ns``).
+        ``"auto"``: ``"gram"`` when ``l >= 2k`` and the compute dtype is not bfloat16
+        (where one restart does not keep it accurate: docs/peers.md), else ``"direct"``.
       preconditioning: ``"frobenius"``, ``"spectral"``, ``"aol"`` or ``"schatten"``.
       gram_restarts: step indices (0-based) before which the Gram form restarts.
         ``None``: Dao-AILab's ``(2,)`` (a restart after the second step) when the compute
@@ -338,7 +323,9 @@ def _gram_ns(
 
     Every iterate is ``X_t = Q_t X_0`` with ``Q_t`` a polynomial in ``R_0``, so all the
     factors commute: ``P_t = a I + Z_t`` with ``Z_t = b R + c R^2``, ``Q_t = Q_{t-1} P_t``
-    and ``R_t = P_t R_{t-1} P_t``. Zhang, Amsel, Chen, Dao (2026), Dao-AILab.
+    and ``R_t = P_t R_{t-1} P_t``. A restart (``X <- Q X``, ``R <- X X^H``, ``Q <- I``)
+    removes the error ``R`` accumulates in low precision, where ``R`` is also kept
+    Hermitian. Zhang, Amsel, Chen, Dao (2026), Dao-AILab.
     """
     eye = jnp.eye(X.shape[-2], dtype=X.dtype)
     Q = None
@@ -372,12 +359,9 @@ def polar(x: jax.Array, *, rtol: float | None = None) -> jax.Array:
 
     Args:
       x: ``[..., m, n]`` real or complex array.
-      rtol: relative threshold for zero singular values; default
-        ``max(m, n) * finfo(dtype).eps`` (numpy's ``matrix_rank`` rule). In
-        float32 with ``K = 1000`` that is ``1.2e-4 * s_max``: genuine singular
-        values below it (e.g. very rare classes of a steep power law) are
-        dropped, so use float64 (x64) for spectra spanning many decades, or pass
-        ``rtol`` explicitly.
+      rtol: relative threshold for zero singular values; default ``max(m, n) *
+        finfo(dtype).eps`` (numpy's ``matrix_rank`` rule: ``1.2e-4 * s_max`` in float32
+        at ``K = 1000``, so use float64 for spectra spanning many decades).
 
     Returns:
       ``[..., m, n]`` array of ``x.dtype`` with singular values in ``{0, 1}``.
@@ -445,14 +429,6 @@ def norm_ball_lmo(x: jax.Array, norm: str, *, eps: float = 1e-7) -> jax.Array:
     return (x / (n + eps).astype(x.dtype)).astype(x.dtype)
 
 
-def _gram_small(o: jax.Array) -> jax.Array:
-    m, n = o.shape[-2:]
-    o32 = o.astype(jnp.result_type(o.dtype, jnp.float32))
-    if m >= n:
-        return _ht(o32) @ o32  # [..., n, n]
-    return o32 @ _ht(o32)  # [..., m, m]
-
-
 def orthogonality_error(o: jax.Array) -> jax.Array:
     r"""Distance of ``o`` from semi-orthogonality (semi-unitarity), per matrix.
 
@@ -472,7 +448,8 @@ def orthogonality_error(o: jax.Array) -> jax.Array:
       ValueError: ``o.ndim < 2``.
     """
     _check_matrix(o, "orthogonality_error")
-    g = _gram_small(o)
+    o32 = o.astype(jnp.result_type(o.dtype, jnp.float32))
+    g = _ht(o32) @ o32 if o.shape[-2] >= o.shape[-1] else o32 @ _ht(o32)  # the smaller side
     k = g.shape[-1]
     diff = g - jnp.eye(k, dtype=g.dtype)
     return jnp.sqrt(jnp.sum(_abs2(diff), axis=(-2, -1)) / k)

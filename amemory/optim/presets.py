@@ -1,15 +1,9 @@
 """Peer-faithful Muon settings, used as ``muon(learning_rate, preset=NAME, **overrides)``.
 
-Each preset is a dict of :func:`amemory.optim.scale_by_muon` options plus an
-optional ``weight_decay``. Matrix convention: amemory sees every leaf as
-``[fan_in, fan_out]`` (Flax kernels); the PyTorch peers store ``[out, in]`` and
-scale by ``sqrt(max(1, rows/cols)) = sqrt(max(1, fan_out/fan_in))``, which is
-our ``shape_scale="jordan"``, so the presets agree with the peers on every
-layer once the layouts are matched.
-
-``ns_dtype="auto"`` means bfloat16 on GPU/TPU, as the PyTorch references do,
-and float32 on CPU (XLA:CPU bf16 matmuls are slower than fp32, and the
-references were never run on CPU); pass ``ns_dtype=jnp.bfloat16`` to force it.
+Each preset is a dict of :func:`amemory.optim.scale_by_muon` options plus an optional
+``weight_decay``. The PyTorch peers store ``[out, in]`` and scale by ``sqrt(max(1,
+rows/cols))``: our ``shape_scale="jordan"`` on ``[fan_in, fan_out]``. ``ns_dtype="auto"``
+is bfloat16 on GPU/TPU, as the PyTorch references, and float32 on CPU.
 
 - jordan: EMA (lerp) 0.95, Nesterov, jordan x5 eps 1e-7, scale jordan, wd 0.
   Source: github.com/KellerJordan/Muon.

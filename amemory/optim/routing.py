@@ -1,11 +1,9 @@
 """Route parameters to transformations by role (built on ``optax.partition``).
 
-Every trainable parameter has one role; a ``role_fn(path, leaf) -> role`` supplies it (a
-one-argument ``role_fn(path)`` is accepted too; ``path`` is a tuple of ``str``/``int``
-keys such as ``("layers", 3, "attn", "v", "kernel")``, normalised by
-``amemory.optim._paths.path_keys``: the trailing ``value`` key of an ``nnx.Variable`` is
-dropped, so ``flax.nnx.Optimizer`` gives the same path at ``init`` and ``update``).
-A rule set maps role specs to transformations::
+Every trainable parameter has one role, given by ``role_fn(path, leaf)`` or
+``role_fn(path)``; ``path`` is a tuple of keys such as ``("layers", 3, "attn", "v",
+"kernel")`` (``_paths.path_keys``: the same at ``init`` and ``update`` under
+``flax.nnx.Optimizer``). A rule set maps role specs to transformations::
 
     routed({"vo+ffn": muon(0.02), "rest": optax.adam(3e-4)}, role_fn)
 

@@ -1,9 +1,8 @@
 """Sign-based optimizers as thin compositions of Optax parts.
 
-SignGD is Adam with ``beta1 = beta2 = 0`` (and ``eps = 0``): the update is the
-coordinate-wise sign of the gradient. Signum adds momentum before the sign. Weight decay
-is decoupled (``amemory.optim._chain``): ``theta <- theta - lr (sign(.) + wd theta)``,
-the decay is never passed through the sign.
+SignGD is Adam with ``beta1 = beta2 = 0`` and ``eps = 0``: the coordinate-wise sign of
+the gradient; Signum adds momentum before the sign. Weight decay is decoupled
+(``amemory.optim._chain``): it never passes through the sign.
 
 Sources: Bernstein et al., "signSGD: Compressed Optimisation for Non-Convex
 Problems", ICML 2018 (arXiv 1802.04434); Wang et al. 2025 (arXiv 2509.26030),
