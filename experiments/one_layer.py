@@ -80,13 +80,13 @@ def word_counts(texts: Sequence[str], K: int) -> tuple[list[str], np.ndarray]:
 def corpus_prior(corpus: str, K: int) -> tuple[np.ndarray, dict[str, Any]]:
     """Heavy-tailed prior from the real corpus: p_k ∝ count of the k-th most frequent word.
 
-    Uses :func:`amemory.data.corpus.load_text_corpus` (train split) and
+    Uses :func:`amemory.data.sources.load_text_corpus` (train split) and
     :func:`amemory.data.frequencies.from_counts`.
 
     Returns:
       (prior [K] float64, info dict with the top words and the count range).
     """
-    from amemory.data.corpus import load_text_corpus
+    from amemory.data.sources import load_text_corpus
 
     words, counts = word_counts(load_text_corpus(corpus).train_texts, K)
     info = {"corpus": corpus, "top_words": words[:10], "count_max": float(counts[0]),

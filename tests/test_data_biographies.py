@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from amemory.data import biographies as bio
+from amemory.data.biography_eval import first_token_accuracy
 
 
 @pytest.fixture(scope="module")
@@ -120,23 +121,23 @@ def test_fta_with_training_oracle(data):
         return logits_fn
 
     sub = ev.per_group(12, seed=0)
-    acc = bio.first_token_accuracy(make_logits_fn(set()), sub, batch_size=16, seq_len=20)
+    acc = first_token_accuracy(make_logits_fn(set()), sub, batch_size=16, seq_len=20)
     assert acc == {g: 1.0 for g in range(7)}
-    acc = bio.first_token_accuracy(make_logits_fn({5, 6}), sub, batch_size=16)
+    acc = first_token_accuracy(make_logits_fn({5, 6}), sub, batch_size=16)
     assert acc == {g: (0.0 if g in (5, 6) else 1.0) for g in range(7)}
     # prediction arrays: reference FTA by a plain loop
     rng = np.random.default_rng(0)
     preds = np.where(rng.random(ev.answer_first.size) < 0.5, ev.answer_first, 0)
-    got = bio.first_token_accuracy(preds, ev)
+    got = first_token_accuracy(preds, ev)
     for g in range(7):
         items = [i for i in range(ev.group.size) if ev.group[i] == g]
         assert got[g] == pytest.approx(
             sum(preds[i] == ev.answer_first[i] for i in items) / len(items)
         )
     with pytest.raises(ValueError, match="model predictions"):
-        bio.first_token_accuracy(preds[:-1], ev)
+        first_token_accuracy(preds[:-1], ev)
     with pytest.raises(ValueError, match="logits_fn must return"):
-        bio.first_token_accuracy(lambda x: np.zeros((1, 1, V)), sub)
+        first_token_accuracy(lambda x: np.zeros((1, 1, V)), sub)
 
 
 @pytest.mark.parametrize(

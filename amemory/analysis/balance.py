@@ -26,15 +26,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-__all__ = [
-    "RhoResult",
-    "error_ratio",
-    "gap",
-    "head_tail_masks",
-    "one_step_rho",
-    "per_class_top1_error",
-]
-
 
 def per_class_top1_error(probs: jax.Array) -> jax.Array:
     """Top-1 error per class: 1 where ``argmax_i probs[k, i] != k``, else 0.

@@ -31,15 +31,6 @@ import optax
 
 from amemory.analysis import balance
 
-__all__ = [
-    "OPTIMIZERS",
-    "first_crossing_rho",
-    "gd_one_step_rho",
-    "optimizer",
-    "task_correct_fn",
-    "unit_update",
-]
-
 OPTIMIZERS = ("gd", "signgd", "muon")
 
 

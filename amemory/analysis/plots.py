@@ -29,19 +29,6 @@ import numpy as np  # noqa: E402
 from amemory import atomic  # noqa: E402
 from amemory.analysis import stats  # noqa: E402
 
-__all__ = [
-    "COLORS",
-    "color_for",
-    "save",
-    "plot_gap_vs_loss",
-    "plot_curves",
-    "plot_bucket_losses",
-    "plot_group_accuracy",
-    "plot_bars",
-    "plot_band_curves",
-    "plot_scaling",
-]
-
 COLORS = {
     "gd": "#7f7f7f",
     "sgd": "#7f7f7f",

@@ -21,8 +21,6 @@ from typing import NamedTuple
 import numpy as np
 from scipy import stats
 
-__all__ = ["LineFit", "PowerLawFit", "fit_line", "fit_power_law"]
-
 
 class LineFit(NamedTuple):
     """Result of :func:`fit_line` for ``y ≈ intercept + slope * x``.
@@ -55,10 +53,6 @@ class PowerLawFit(LineFit):
     slope is the exponent s, intercept the natural log of the prefactor."""
 
     __slots__ = ()
-
-    def predict(self, x: np.ndarray | float) -> np.ndarray:
-        """The fitted curve ``exp(intercept) * x**slope`` at ``x`` (any shape, x > 0)."""
-        return np.exp(self.intercept) * np.asarray(x, dtype=np.float64) ** self.slope
 
     def describe(self, name: str = "s") -> str:
         """One-line summary ``s = -0.937 [-0.941, -0.933] (95% CI, n=6)``."""

@@ -45,17 +45,6 @@ import numpy as np
 
 from amemory.analysis import balance
 
-__all__ = [
-    "Asymptotics",
-    "BlockMargins",
-    "asymptotics",
-    "block_margins",
-    "correct_probabilities",
-    "first_crossing",
-    "mass_split",
-    "per_class",
-]
-
 
 class BlockMargins(NamedTuple):
     """Per-unit-η logit margins of every distinct class of the coupled SignGD step.

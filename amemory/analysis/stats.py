@@ -31,19 +31,6 @@ from typing import NamedTuple
 import numpy as np
 from scipy import stats
 
-__all__ = [
-    "DIRECTIONS",
-    "Interval",
-    "all_verdicts",
-    "band",
-    "mean_interval",
-    "paired_difference",
-    "seeds_needed",
-    "slope_interval",
-    "variance_ratio_interval",
-    "verdict",
-]
-
 #: Claimed directions of a difference: "greater" (d > threshold) or "less" (d < threshold).
 DIRECTIONS = ("greater", "less")
 

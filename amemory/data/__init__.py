@@ -6,9 +6,9 @@ tokenizers):
 
   * :mod:`amemory.data.frequencies`: class priors (two-level, power law, hierarchical, counts).
   * :mod:`amemory.data.memory_tasks`: (query, answer) samplers with label noise; exact joints.
-  * :mod:`amemory.data.biographies`: paper A's heavy-tailed biography QA and first-token accuracy.
-  * :mod:`amemory.data.corpus`: Shakespeare / user text / .bin tokens, BPE and word tokenizers,
-    token-frequency buckets (re-exports sources, tokenizer and stats).
+  * :mod:`amemory.data.biographies`: paper A's heavy-tailed biography QA;
+    :mod:`amemory.data.biography_eval`: its first-token accuracy.
+  * :mod:`amemory.data.corpus`: the tokenized corpus a run trains on (``prepare_corpus``).
   * :mod:`amemory.data.sources`: data cache, Shakespeare fetch, user text files, .bin tokens.
   * :mod:`amemory.data.tokenizer`: BPE and word-level tokenizers, trained once and cached.
   * :mod:`amemory.data.batching`: Grain input pipelines (shuffled, per-process sharded,

@@ -32,13 +32,7 @@ from collections.abc import Iterator
 import grain
 import numpy as np
 
-__all__ = ["MaskedRows", "RandomCrop", "TokenWindows", "eval_batches", "row_loader", "token_loader"]
-
-
-def _check_pos_int(name: str, v, lo: int = 1) -> int:
-    if isinstance(v, bool) or not isinstance(v, numbers.Integral) or v < lo:
-        raise ValueError(f"{name} must be an integer >= {lo}, got {v!r}")
-    return int(v)
+from amemory.data.frequencies import _check_int
 
 
 def _fingerprint(a: np.ndarray) -> int:
@@ -63,7 +57,7 @@ class TokenWindows:
     """
 
     def __init__(self, tokens, seq_len: int):
-        self.seq_len = _check_pos_int("seq_len", seq_len)
+        self.seq_len = _check_int("seq_len", seq_len, 1)
         if not hasattr(tokens, "ndim"):
             tokens = np.asarray(tokens)
         if tokens.ndim != 1:
@@ -134,7 +128,7 @@ def _loader(
     seed: int,
     shard_options: grain.sharding.ShardOptions | None,
 ) -> grain.DataLoader:
-    batch_size = _check_pos_int("batch_size", batch_size)
+    batch_size = _check_int("batch_size", batch_size, 1)
     if isinstance(seed, bool) or not isinstance(seed, numbers.Integral) or not 0 <= seed < 2**32:
         raise ValueError(f"seed must be an integer in [0, 2**32), got {seed!r}")
     shard = shard_options or grain.sharding.ShardByJaxProcess(drop_remainder=True)
@@ -239,10 +233,10 @@ def eval_batches(
     Raises:
       ValueError: naming the argument when invalid or when not even one batch fits.
     """
-    batch_size = _check_pos_int("batch_size", batch_size)
-    seq_len = _check_pos_int("seq_len", seq_len)
-    process_count = _check_pos_int("process_count", process_count)
-    process_index = _check_pos_int("process_index", process_index, lo=0)
+    batch_size = _check_int("batch_size", batch_size, 1)
+    seq_len = _check_int("seq_len", seq_len, 1)
+    process_count = _check_int("process_count", process_count, 1)
+    process_index = _check_int("process_index", process_index, 0)
     if process_index >= process_count or batch_size % process_count:
         raise ValueError(
             f"process_index must be < process_count and batch_size divisible by it; got "
@@ -256,7 +250,7 @@ def eval_batches(
             f"batch_size={batch_size} x seq_len+1={seq_len + 1}"
         )
     if max_batches is not None:
-        n_batches = min(n_batches, _check_pos_int("max_batches", max_batches))
+        n_batches = min(n_batches, _check_int("max_batches", max_batches, 1))
     local = batch_size // process_count
     for b in range(n_batches):
         first = b * batch_size + process_index * local

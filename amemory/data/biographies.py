@@ -57,22 +57,6 @@ import numbers
 
 import numpy as np
 
-from amemory.data.biography_eval import first_token_accuracy, first_token_predictions
-
-__all__ = [
-    "BiographyConfig",
-    "BiographyTokenizer",
-    "EvalSet",
-    "BiographyData",
-    "ATTRIBUTES",
-    "QUESTION_TEMPLATES",
-    "make_biographies",
-    "group_sizes",
-    "group_repetitions",
-    "first_token_predictions",
-    "first_token_accuracy",
-]
-
 PAD, BOS, EOS = "<pad>", "<bos>", "<eos>"
 
 #: The 7 attributes of an individual (the name identifies; the other 6 are asked about).
@@ -321,18 +305,14 @@ def _vocabulary(rng: np.random.Generator, cfg: BiographyConfig):
         "last": _pseudo_words(rng, cfg.n_surnames, taken, (2, 3)),
         "city": _pseudo_words(rng, cfg.n_cities, taken, (2, 3)),
     }
-    pools["uni"] = [
-        f"{w} {_UNI_SUFFIX[rng.integers(len(_UNI_SUFFIX))]}"
-        for w in _pseudo_words(rng, cfg.n_universities, taken)
-    ]
-    pools["major"] = [
-        w + _MAJOR_SUFFIX[rng.integers(len(_MAJOR_SUFFIX))].lower()
-        for w in _pseudo_words(rng, cfg.n_majors, taken, (1, 2))
-    ]
-    pools["employer"] = [
-        f"{w} {_EMPLOYER_SUFFIX[rng.integers(len(_EMPLOYER_SUFFIX))]}"
-        for w in _pseudo_words(rng, cfg.n_employers, taken)
-    ]
+
+    def suffixed(n: int, suffixes: tuple[str, ...], sep: str, syllables=(2, 3)) -> list[str]:
+        words = _pseudo_words(rng, n, taken, syllables)
+        return [w + sep + suffixes[rng.integers(len(suffixes))] for w in words]
+
+    pools["uni"] = suffixed(cfg.n_universities, _UNI_SUFFIX, " ")  # "Velmora University"
+    pools["major"] = suffixed(cfg.n_majors, _MAJOR_SUFFIX, "", (1, 2))  # "Tharistics"
+    pools["employer"] = suffixed(cfg.n_employers, _EMPLOYER_SUFFIX, " ")  # "Drovin Labs"
     template_words = sorted(
         {w for t in QUESTION_TEMPLATES for w in _words(t)}
         | {w for v in _SENTENCES.values() for t in v for w in _words(t)}

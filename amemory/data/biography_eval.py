@@ -2,8 +2,7 @@
 
 Source: Wang et al. 2025, "Muon Outperforms Adam in Tail-End Associative Memory
 Learning" (arXiv 2509.26030), heavy-tailed knowledge QA, on the
-:class:`amemory.data.biographies.EvalSet`; :mod:`amemory.data.biographies` re-exports both
-functions.
+:class:`amemory.data.biographies.EvalSet`.
 """
 
 from __future__ import annotations
@@ -17,8 +16,6 @@ from amemory.data.frequencies import _check_int
 
 if TYPE_CHECKING:
     from amemory.data.biographies import EvalSet
-
-__all__ = ["first_token_predictions", "first_token_accuracy"]
 
 
 def first_token_predictions(

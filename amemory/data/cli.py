@@ -93,7 +93,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.cmd is None:
         parser.print_help()
         return 0
-    from amemory.data import corpus
+    from amemory.data import corpus, sources
+    from amemory.data.stats import corpus_stats
 
     try:
         if args.cmd == "stats" and args.corpus == ["biographies"]:
@@ -109,15 +110,15 @@ def main(argv: list[str] | None = None) -> int:
             print(
                 f"prepared {data.name}: {len(data.train_tokens):,} train / "
                 f"{len(data.val_tokens):,} val tokens, vocabulary {data.vocab_size} "
-                f"({data.tokenizer_kind}); cache {corpus.data_dir()}"
+                f"({data.tokenizer_kind}); cache {sources.data_dir()}"
             )
             return 0
-        stats = corpus.corpus_stats(data, n_buckets=args.buckets)
+        stats = corpus_stats(data, n_buckets=args.buckets)
         if args.json:
             print(json.dumps(stats, indent=1))
         else:
             _print_table(stats)
         return 0
-    except (corpus.CorpusUnavailableError, ValueError) as e:
+    except (sources.CorpusUnavailableError, ValueError) as e:
         parser.fail(e)
-        return 1 if isinstance(e, corpus.CorpusUnavailableError) else 2
+        return 1 if isinstance(e, sources.CorpusUnavailableError) else 2

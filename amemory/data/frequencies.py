@@ -20,13 +20,9 @@ import numbers
 
 import numpy as np
 
-__all__ = ["two_level", "two_level_split", "power_law", "hierarchical", "from_counts"]
-
 
 def _check_int(name: str, value, minimum: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
-    if value < minimum:
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < minimum:
         raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
     return int(value)
 
@@ -35,13 +31,9 @@ def _check_real(name: str, value, lo: float, hi: float, lo_open: bool, hi_open: 
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
         raise ValueError(f"{name} must be a real number, got {value!r}")
     v = float(value)
-    lo_ok = (v > lo) if lo_open else (v >= lo)
-    hi_ok = (v < hi) if hi_open else (v <= hi)
-    if not math.isfinite(v):
-        lo_ok = False
-    if not (lo_ok and hi_ok):
-        lb = "(" if lo_open else "["
-        rb = ")" if hi_open else "]"
+    inside = (v > lo if lo_open else v >= lo) and (v < hi if hi_open else v <= hi)
+    if not (inside and math.isfinite(v)):
+        lb, rb = ("(" if lo_open else "["), (")" if hi_open else "]")
         raise ValueError(f"{name} must lie in {lb}{lo}, {hi}{rb}, got {value!r}")
     return v
 

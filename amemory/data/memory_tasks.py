@@ -23,8 +23,6 @@ import numpy as np
 
 from amemory.data.frequencies import _check_int, _check_real
 
-__all__ = ["sample_pairs", "make_sampler", "conditional", "joint", "optimal_loss"]
-
 
 def _check_noise(noise) -> float:
     return _check_real("noise", noise, 0.0, 1.0, False, True)

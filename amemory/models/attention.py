@@ -48,8 +48,6 @@ from flax import nnx
 
 from amemory.models.layers import attend, causal_mask, check_ints, linear, rope
 
-__all__ = ["ATTENTIONS", "Attention", "MLAConfig", "MLAttention"]
-
 
 @dataclasses.dataclass(frozen=True)
 class MLAConfig:
@@ -88,6 +86,15 @@ class MLAConfig:
         if out.rope_dim % 2:
             raise ValueError(f"TransformerConfig.mla.rope_dim must be even, got {out.rope_dim}")
         return out
+
+
+def _write(cache: dict, new: dict, pos: jax.Array) -> dict:
+    """``cache`` with each ``new[name] [B, S, ...]`` written at sequence positions ``pos..``."""
+    out = {}
+    for n, x in new.items():
+        start = (0, pos) + (0,) * (x.ndim - 2)
+        out[n] = jax.lax.dynamic_update_slice(cache[n], x.astype(cache[n].dtype), start)
+    return out
 
 
 class Attention(nnx.Module):
@@ -138,11 +145,7 @@ class Attention(nnx.Module):
         """
         b, s, _ = x.shape
         q, k, v = self._qkv(x, pos + jnp.arange(s))
-        at = (0, pos, 0, 0)
-        cache = {
-            "k": jax.lax.dynamic_update_slice(cache["k"], k.astype(cache["k"].dtype), at),
-            "v": jax.lax.dynamic_update_slice(cache["v"], v.astype(cache["v"].dtype), at),
-        }
+        cache = _write(cache, {"k": k, "v": v}, pos)
         mask = causal_mask(s, cache["k"].shape[1], pos)
         y, _ = attend(q, cache["k"], cache["v"], mask, 1.0 / math.sqrt(self.config.head_dim))
         return self.o(y.reshape(b, s, self.config.d_model)), cache
@@ -223,14 +226,7 @@ class MLAttention(nnx.Module):
         positions = pos + jnp.arange(s)
         q_c, q_r = self._queries(x, positions)
         c_new, k_r_new = self._latents(x, positions)
-        cache = {
-            "c_kv": jax.lax.dynamic_update_slice(
-                cache["c_kv"], c_new.astype(cache["c_kv"].dtype), (0, pos, 0)
-            ),
-            "k_rope": jax.lax.dynamic_update_slice(
-                cache["k_rope"], k_r_new.astype(cache["k_rope"].dtype), (0, pos, 0)
-            ),
-        }
+        cache = _write(cache, {"c_kv": c_new, "k_rope": k_r_new}, pos)
         c_kv, k_r = cache["c_kv"], cache["k_rope"]  # (B, L, d_c), (B, L, d_R)
         w_uk = self.k_up.kernel[...].astype(q_c.dtype).reshape(dc, h, dh)
         w_uv = self.v_up.kernel[...].astype(q_c.dtype).reshape(dc, h, dh)

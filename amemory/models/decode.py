@@ -35,15 +35,6 @@ from flax import nnx
 
 from amemory.models.attention import ATTENTIONS
 
-__all__ = [
-    "cache_bytes_per_token",
-    "extend",
-    "generate",
-    "generate_memory",
-    "init_cache",
-    "sample_logits",
-]
-
 
 def _check_config(config: Any) -> None:
     from amemory.models.transformer import TransformerConfig
@@ -178,8 +169,6 @@ def generate(
         raise ValueError(f"prompt must be int [batch, length >= 1], got shape {prompt.shape}")
     if max_new_tokens < 1:
         raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
-    if temperature < 0 or top_k < 0:
-        raise ValueError(f"temperature and top_k must be >= 0, got {temperature}, {top_k}")
     config = nnx.merge(graphdef, params).config  # builds modules only, no compute
     total = prompt.shape[1] + max_new_tokens
     if config.position == "learned" and total > config.max_len:

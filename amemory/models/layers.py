@@ -16,8 +16,6 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-__all__ = ["attend", "causal_mask", "check_ints", "dropout", "linear", "norm", "rope"]
-
 
 def check_ints(obj: Any, where: str, minimums: dict[str, int]) -> None:
     """Raise ``ValueError`` unless each field ``obj.<name>`` is an integer ``>= minimums[name]``.

@@ -20,10 +20,6 @@ import jax.numpy as jnp
 from amemory.models.roles import FFN_ROLES, HIDDEN_ROLES, matrix_axes, role_of
 from amemory.models.scan import is_scanned
 
-__all__ = [
-    "HEADS", "ffn_matrices", "head_view", "hidden_matrices", "per_head_axes", "vo_maps"
-]  # fmt: skip
-
 #: Attention roles whose kernel concatenates the heads (head-major) along an axis (the
 #: output axis of the projections, the input axis of ``o``) -> (that axis, the power of
 #: QK-Clip's ``gamma`` the role's heads take so that a clipped head's logits scale by

@@ -39,24 +39,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-__all__ = [
-    "COUPLED_KEY_ANGLES",
-    "COUPLED_VALUE_ANGLES",
-    "coherent",
-    "correct_probabilities",
-    "coupled_rotation",
-    "decoupled",
-    "gaussian",
-    "logits",
-    "per_class_loss",
-    "population_loss",
-    "probabilities",
-    "random_orthonormal",
-    "sampled_loss",
-    "task_space",
-    "zyz_rotation",
-]
-
 # Paper A (Appendix, SignGD counter-example): Ẽ = I ⊗ R(value angles), E = I ⊗ R(key angles).
 COUPLED_VALUE_ANGLES = (3.638, 2.949, 5.218)
 COUPLED_KEY_ANGLES = (1.715, 0.876, 3.098)

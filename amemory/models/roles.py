@@ -9,7 +9,8 @@ here; :data:`GROUPS` names sets of roles for routing specs):
 * ``router``; ``expert_w_in, expert_w_gate, expert_w_out`` (stacked ``[E, ...]``);
   ``shared_w_in, shared_w_gate, shared_w_out``: mixture of experts (:mod:`amemory.models.moe`);
 * ``embed`` (token and learned-position tables), ``head`` (untied output kernel),
-  ``norm`` (normalisation scales and biases), ``bias`` (biases of Linear layers).
+  ``norm`` (normalisation scales and biases), ``bias`` (biases of Linear layers),
+  ``dense`` (a Linear kernel whose place the path does not tell: foreign models).
 
 Paths are matched on their module names, never on the layer index: ``layers/3/attn/v/kernel``
 and a scanned layout ``layers/attn/v/kernel`` (leaves with a leading layer axis) both read
@@ -27,55 +28,14 @@ import numpy as np
 
 from amemory.optim import Roles, path_keys
 
-__all__ = [
-    "ATTN_ROLES",
-    "FFN_ROLES",
-    "HIDDEN_ROLES",
-    "MLA_ROLES",
-    "MOE_ROLES",
-    "GROUPS",
-    "ROLES",
-    "matrix_axes",
-    "param_roles",
-    "role_of",
-]
-
-# Adding a role is one line; adding a group is one entry of GROUPS.
-ROLES: tuple[str, ...] = (
-    "q",  # attention query kernel
-    "k",  # attention key kernel
-    "v",  # attention value kernel
-    "o",  # attention output kernel
-    "w_in",  # FFN input (up) kernel
-    "w_gate",  # FFN gate kernel (gated FFNs)
-    "w_out",  # FFN output (down) kernel
-    "dense",  # a Linear kernel whose place the path does not tell (foreign models)
-    "embed",  # token / position embedding table
-    "head",  # untied output (LM head) kernel
-    "norm",  # scale (and bias) of a normalisation layer
-    "bias",  # bias of a Linear layer
-    # multi-head latent attention (DeepSeek-V2, arXiv 2405.04434)
-    "q_down",
-    "q_up",
-    "q_rope",
-    "kv_down",
-    "k_up",
-    "v_up",
-    "k_rope",
-    # mixture of experts: router, routed experts (stacked [E, ...]), shared experts
-    "router",
-    "expert_w_in",
-    "expert_w_gate",
-    "expert_w_out",
-    "shared_w_in",
-    "shared_w_gate",
-    "shared_w_out",
-)
 ATTN_ROLES = ("q", "k", "v", "o")
 MLA_ROLES = ("q", "q_down", "q_up", "q_rope", "kv_down", "k_up", "v_up", "k_rope", "o")
 FFN_ROLES = ("w_in", "w_gate", "w_out")
 MOE_ROLES = ("router",) + tuple(f"expert_{r}" for r in FFN_ROLES)
 MOE_ROLES += tuple(f"shared_{r}" for r in FFN_ROLES)
+# The vocabulary. Adding a role is one entry here or above; a group, one entry of GROUPS.
+ROLES: tuple[str, ...] = ATTN_ROLES + FFN_ROLES + ("dense", "embed", "head", "norm", "bias")
+ROLES += MLA_ROLES[1:-1] + MOE_ROLES
 # Matrices of the blocks (every role but embeddings, head, norms, biases and the router).
 HIDDEN_ROLES = tuple(dict.fromkeys(ATTN_ROLES + MLA_ROLES + FFN_ROLES + MOE_ROLES[1:]))
 _QK = ("q", "k", "q_down", "q_up", "q_rope", "kv_down", "k_up", "k_rope")
@@ -106,12 +66,10 @@ _STACKED: dict[tuple[str, ...], str] = {("mlp", "experts", r): f"expert_{r}" for
 
 
 def _key_name(entry: Any) -> str | int:
-    if isinstance(entry, str) and entry.isdigit():
-        return int(entry)
+    if isinstance(entry, str):
+        return int(entry) if entry.isdigit() else entry
     if isinstance(entry, (int, np.integer)) and not isinstance(entry, bool):
         return int(entry)
-    if isinstance(entry, str):
-        return entry
     raise ValueError(f"unrecognised path entry {entry!r}")
 
 

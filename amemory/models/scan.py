@@ -31,17 +31,6 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-__all__ = [
-    "REMAT_POLICIES",
-    "is_scanned",
-    "layer_views",
-    "remat",
-    "scan_blocks",
-    "stack_layers",
-    "stacked_modules",
-    "unstack_layers",
-]
-
 # Names of ``jax.checkpoint_policies`` accepted as a remat policy (what the forward pass
 # keeps for the backward pass of a rematerialised block).
 REMAT_POLICIES = (

@@ -85,9 +85,9 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from amemory.models.attention import ATTENTIONS, Attention, MLAConfig
+from amemory.models.attention import ATTENTIONS, MLAConfig
+from amemory.models.layers import check_ints, linear
 from amemory.models.layers import dropout as _dropout
-from amemory.models.layers import linear
 from amemory.models.layers import norm as _norm
 from amemory.models.matrices import ffn_matrices, hidden_matrices, vo_maps
 from amemory.models.moe import MLP, MoE, MoEConfig
@@ -102,7 +102,6 @@ from amemory.models.roles import (
 )
 from amemory.models.scan import (
     REMAT_POLICIES,
-    is_scanned,
     layer_views,
     remat,
     scan_blocks,
@@ -116,13 +115,9 @@ __all__ = [
     "FFN_ROLES",
     "HIDDEN_ROLES",
     "PRESETS",
-    "REMAT_POLICIES",
     "ROLES",
-    "Attention",
     "Block",
     "MLAConfig",
-    "MLP",
-    "MoE",
     "MoEConfig",
     "Transformer",
     "TransformerConfig",
@@ -132,7 +127,6 @@ __all__ = [
     "hidden_matrices",
     "init",
     "init_params",
-    "is_scanned",
     "matrix_axes",
     "param_roles",
     "preset",
@@ -166,11 +160,9 @@ class TransformerConfig:
       remat_policy: what a rematerialised block keeps from the forward pass, a name of
         ``jax.checkpoint_policies`` (:data:`REMAT_POLICIES`; ``"nothing_saveable"``
         recomputes everything, ``"dots_with_no_batch_dims_saveable"`` keeps the matmuls).
-      scan_layers: store the blocks' parameters stacked with a leading layer axis
-        ``[L, ...]`` (paths ``layers/attn/q/kernel``) and run them with one
-        ``jax.lax.scan`` over a single compiled block, instead of ``L`` separate blocks
-        (paths ``layers/i/attn/q/kernel``) unrolled in the program. Same function, so
-        :func:`stack_layers` / :func:`unstack_layers` convert parameters between the two.
+      scan_layers: the blocks' parameters stacked ``[L, ...]`` and run by one
+        ``jax.lax.scan`` (:mod:`amemory.models.scan`; the same function as ``L`` unrolled
+        blocks: :func:`stack_layers` / :func:`unstack_layers` convert the parameters).
       dtype: compute dtype name (``"float32"``, ``"bfloat16"``, ...); logits are float32.
         With ``param_dtype="float32"`` this is the usual mixed-precision policy: float32
         master weights (and optimizer state), matmuls and activations in ``dtype``.
@@ -217,10 +209,8 @@ class TransformerConfig:
     moe: MoEConfig = MoEConfig()
 
     def __post_init__(self):
-        for name in ("vocab_size", "d_model", "n_layers", "n_heads", "d_ff", "max_len"):
-            v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 1:
-                raise ValueError(f"TransformerConfig.{name} must be a positive integer, got {v!r}")
+        sizes = ("vocab_size", "d_model", "n_layers", "n_heads", "d_ff", "max_len")
+        check_ints(self, "TransformerConfig", dict.fromkeys(sizes, 1))
         choices = {
             "ffn": ("gelu", "swiglu"),
             "norm": ("layernorm", "rmsnorm"),
@@ -229,11 +219,9 @@ class TransformerConfig:
             "attention": tuple(ATTENTIONS),
         }
         for name, allowed in choices.items():
-            value = getattr(self, name)
-            if value not in allowed:
-                raise ValueError(
-                    f"TransformerConfig.{name} must be one of {allowed}, got {value!r}"
-                )
+            v = getattr(self, name)
+            if v not in allowed:
+                raise ValueError(f"TransformerConfig.{name} must be one of {allowed}, got {v!r}")
         for name in ("dtype", "param_dtype"):
             v = getattr(self, name)
             try:
@@ -327,23 +315,17 @@ PRESETS: dict[str, TransformerConfig] = {
 def preset(name: str, **overrides: Any) -> TransformerConfig:
     """A named model configuration, optionally with fields overridden.
 
-    Presets (parameter counts at the default vocabulary; closed form checked in tests):
+    Presets (shapes in :data:`PRESETS`; parameter counts at the default vocabulary, closed
+    form checked in tests):
 
-    * ``tiny``: V=37, D=24, 2 layers, 3 heads (head dim 8), F=56, max_len 19, GELU,
-      RMSNorm, RoPE, untied head. For tests.
-    * ``small``: V=8192, D=256, 4 layers, 8 heads, F=1024, max_len 256, GELU, RMSNorm,
-      RoPE, untied head: 7,342,336 parameters (5,245,184 of them outside the embeddings).
-      Set ``vocab_size`` from the tokenizer. About 1 s per 32x128 training step on 2 CPU
-      cores (docs/peers.md, reference measurements).
-    * ``gpt2-small``: GPT-2 124M: V=50257, D=768, 12 layers, 12 heads, F=3072, max_len
-      1024, GELU, LayerNorm, learned positions, tied head, biases: 124,439,808 parameters.
+    * ``tiny``: for tests. ``small``: CPU experiments, 7,342,336 parameters (5,245,184 of
+      them outside the embeddings); set ``vocab_size`` from the tokenizer.
+    * ``gpt2-small``: GPT-2 124M (Radford et al. 2019), 124,439,808 parameters.
     * ``nanogpt-160m``: the "160M NanoGPT" of paper A's ablation (Wang et al. 2025, A.3).
       The paper gives only the size; this is the modded-nanogpt GPT-2-small shape with an
-      untied head, which lands at 160M: V=50304, D=768, 12 layers, 12 heads (head dim 64),
-      F=3072, max_len 1024, non-gated GELU FFN, RMSNorm, RoPE, no biases, untied head:
-      2 x 38,633,472 (embed + head) + 12 x 7,079,424 + 768 = 162,220,800 parameters.
-      For the gated column of the ablation use ``preset("nanogpt-160m", ffn="swiglu",
-      d_ff=2048)`` (same FFN parameter count, 162,220,800 in total).
+      untied head: 2 x 38,633,472 (embed + head) + 12 x 7,079,424 + 768 = 162,220,800
+      parameters. For the gated column of the ablation use ``preset("nanogpt-160m",
+      ffn="swiglu", d_ff=2048)`` (same count).
 
     Args:
       name: one of ``PRESETS``.

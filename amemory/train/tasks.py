@@ -221,7 +221,7 @@ class LMTask(_Transformer):
     Batches are int32 ``[B / P, T + 1]`` windows from a Grain loader
     (``amemory.data.batching.token_loader``); the loss is the mean cross-entropy in nats
     per token. Evaluation: validation loss overall and per token-frequency bucket of the
-    target token (buckets from training counts, ``corpus.frequency_buckets``; bucket 0 =
+    target token (buckets from training counts, ``Corpus.buckets``; bucket 0 =
     most frequent), summed on the device over ``data.eval_batches`` batches.
     """
 
@@ -240,7 +240,7 @@ class LMTask(_Transformer):
             self.data.train_tokens, self.batch_size, self.seq_len, int(config.seed)
         )
         self.eval_n = int(d.eval_batches)
-        ids, labels = C.frequency_buckets(self.data.counts, int(d.n_buckets))
+        ids, labels = self.data.buckets(int(d.n_buckets))
         self.bucket_ids = np.asarray(ids, np.int32)  # (V,)
         self.bucket_labels = list(labels)
         self.tokens_per_step = self.batch_size * self.seq_len
@@ -328,7 +328,7 @@ class BiographyTask(_Transformer):
 
     def evaluate(self, params, put_batch) -> dict[str, Any]:
         """FTA per group (and over all evaluated questions) of one seed's params (host)."""
-        from amemory.data import biographies as B
+        from amemory.data import biography_eval as B
 
         del put_batch  # every process answers every question with its full copy
         p = jax.device_put(parallel.to_host(params), jax.local_devices()[0])
