@@ -36,8 +36,6 @@ MOE_ROLES += tuple(f"shared_{r}" for r in FFN_ROLES)
 # The vocabulary. Adding a role is one entry here or above; a group, one entry of GROUPS.
 ROLES: tuple[str, ...] = ATTN_ROLES + FFN_ROLES + ("dense", "embed", "head", "norm", "bias")
 ROLES += MLA_ROLES[1:-1] + MOE_ROLES
-# Matrices of the blocks (every role but embeddings, head, norms, biases and the router).
-HIDDEN_ROLES = tuple(dict.fromkeys(ATTN_ROLES + MLA_ROLES + FFN_ROLES + MOE_ROLES[1:]))
 _QK = ("q", "k", "q_down", "q_up", "q_rope", "kv_down", "k_up", "k_rope")
 _VO = ("v", "o", "v_up")
 _FFN = FFN_ROLES + MOE_ROLES[1:]
@@ -51,6 +49,8 @@ GROUPS: dict[str, tuple[str, ...]] = {
     "hidden": _QK + _VO + _FFN + ("dense",),
     "none": (),
 }
+# Matrices of the blocks (every role but embeddings, head, norms, biases and the router).
+HIDDEN_ROLES = tuple(r for r in GROUPS["hidden"] if r != "dense")
 _NORM_MODULES = ("attn_norm", "mlp_norm", "final_norm", "q_norm", "k_norm")
 _EMBED_MODULES = ("embed", "pos_embed")
 # Block-level paths (after "layers/<i>/" or "layers/") -> role of the kernel; the
