@@ -50,6 +50,20 @@ def test_bad_overrides_name_field_and_allowed_values(override, match):
         C.validate(C.load_config(LM_CONFIG, [override]))
 
 
+@pytest.mark.parametrize(
+    "override, match",
+    [
+        ("memory.embeddings=x", r"memory.embeddings='x'; allowed values: \('decoupled'"),
+        ("prior.kind=x", r"prior.kind='x'; allowed values: \('two_level'"),
+    ],
+)
+def test_bad_memory_overrides_fail_in_validate(override, match):
+    """The memory task's registries are checked with the config (--print-config), before
+    a run directory or lock exists."""
+    with pytest.raises(ValueError, match=match):
+        C.validate(C.load_config(MEMORY_CONFIG, [override]))
+
+
 def test_engine_fields_added_once_and_overridable():
     c = C.load_config(LM_CONFIG, ["model.scan_layers=true", "profile_steps=10,15"])
     assert c.model.scan_layers is True and c.profile_steps == (10, 15)

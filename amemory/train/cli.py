@@ -73,7 +73,7 @@ def main(argv: list[str]) -> int:
         try:  # fail fast, before numpy or JAX is imported, if another run holds the workdir
             lock.probe_workdir(args.workdir)
         except lock.WorkdirBusyError as e:
-            sys.stderr.write(f"amemory train: error: {e}\n")
+            parser.fail(e)
             return lock.EXIT_BUSY
     from amemory.train import guard
     from amemory.train.config import format_config, load_config, validate
@@ -97,11 +97,13 @@ def main(argv: list[str]) -> int:
         with guard.held_background_errors():  # a failure is reported in one line below
             summary = train(config, args.workdir, resume=args.resume, allow_changed=allow)
     except (ValueError, guard.WorkdirBusyError) as e:
-        sys.stderr.write(f"amemory train: error: {e}\n")
+        parser.fail(e)
         return guard.exit_code(e)
     except OSError as e:  # read-only or full disk: the message names the path
-        what = "" if str(e).startswith("cannot write") else "cannot write the run directory: "
-        sys.stderr.write(f"amemory train: error: {what}{e}\n")
+        parser.fail(
+            ("" if str(e).startswith("cannot write") else "cannot write the run directory: ")
+            + str(e)
+        )
         return guard.EXIT_CONFIG
     except (guard.NonFiniteLossError, guard.DivergenceError, guard.RunInterrupted) as e:
         sys.stderr.write(f"amemory train: {e}\n")

@@ -102,14 +102,19 @@ MINIMUMS: dict[str, int] = {
 
 
 def optimizer_choices() -> dict[str, tuple]:
-    """Allowed values of ``task``, ``optimizer.name`` and ``optimizer.preset``, read from
-    ``amemory.train.tasks.TASKS``, ``amemory.train.optimizers.names()`` and
-    ``amemory.optim.PRESETS`` (imported lazily: jax)."""
+    """Allowed values of ``task``, ``optimizer.name``, ``optimizer.preset``,
+    ``memory.embeddings`` and ``prior.kind``, read from their registries
+    (``amemory.train.tasks.TASKS``, ``amemory.train.optimizers.names()``,
+    ``amemory.optim.PRESETS``, ``amemory.train.memory_task``; imported lazily: jax)."""
     from amemory import optim
+    from amemory.train import memory_task
     from amemory.train.optimizers import names
     from amemory.train.tasks import TASKS
 
-    return {"task": TASKS, "optimizer.name": names(), "optimizer.preset": (None, *optim.PRESETS)}
+    return {
+        "task": TASKS, "optimizer.name": names(), "optimizer.preset": (None, *optim.PRESETS),
+        "memory.embeddings": memory_task.EMBEDDINGS, "prior.kind": memory_task.PRIORS,
+    }  # fmt: skip
 
 
 def load_config(path: str, overrides: Sequence[str] = ()) -> ConfigDict:

@@ -265,7 +265,8 @@ def build(config: Any, place: parallel.Placement, task: Any = None) -> Built:
         matrix_axes=task.matrix_axes, mesh=place.mesh if place.mode == "sharded" else None,
         head_view=getattr(task, "head_view", None),
     )  # fmt: skip
-    diagnostics = config.optimizer.diagnostics and config.optimizer.name in optimizers.MUON_LIKE
+    info = optim.OPTIMIZERS.get(config.optimizer.name)  # None for "adam"
+    diagnostics = bool(config.optimizer.diagnostics and info and info.orthogonalizes)
     engine = Engine(place, task, opt, roles, keys if multi else keys[0], multi, diagnostics)
     n_params = int(sum(np.prod(x.shape) for x in jax.tree.leaves(abstract_params)))
     return Built(task, opt, engine, seeds, multi, n_params)

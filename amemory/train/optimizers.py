@@ -21,8 +21,6 @@ from amemory import optim
 
 MATRIX = "matrix"
 ADAM = "adam"
-#: The optimizers that orthogonalise (matrix leaves only; owner layout on a mesh).
-MUON_LIKE = tuple(name for name, o in optim.OPTIMIZERS.items() if o.orthogonalizes)
 
 
 def names() -> tuple[str, ...]:
