@@ -431,12 +431,6 @@ def format_summary(result: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def nanmin(values: Iterable[float]) -> float:
-    """Minimum ignoring NaN/None; NaN if nothing finite."""
-    finite = [float(v) for v in values if v is not None and math.isfinite(float(v))]
-    return min(finite) if finite else float("nan")
-
-
 def fmt(x: Any, digits: int = 3) -> str:
     """Format a number for tables (``nan`` for missing)."""
     if x is None:

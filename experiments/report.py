@@ -260,14 +260,12 @@ def claims_figure(results: Sequence[dict[str, Any]], path: pathlib.Path) -> path
     return path
 
 
-def write_report(
-    out: pathlib.Path, results: Sequence[dict[str, Any]], scale: str, wall_s: float | None = None
-) -> pathlib.Path:
+def write_report(out: pathlib.Path, results: Sequence[dict[str, Any]], scale: str) -> pathlib.Path:
     """Write ``out/report.md`` (claims table, per-stage sections, figures, notes)."""
     every = claims(results)
     counts = {v: sum(c["held"] is v for c in every) for v in (True, False, None)}
     cpu = sum(float(r.get("cpu_s") or 0.0) for r in results)
-    wall = sum(float(r.get("wall_s") or 0.0) for r in results) if wall_s is None else wall_s
+    wall = sum(float(r.get("wall_s") or 0.0) for r in results)
     lines = [
         f"# amemory reproduce ({scale} scale)",
         "",

@@ -203,8 +203,9 @@ def reproduce(
         overrides = dict(exp.reduced) if reduced and exp else {}
         lr_from = results.get(exp.lr_from, {}) if reduced and exp and exp.lr_from else {}
         chosen = lr_from.get("metrics", {}).get("chosen_lr", {})
-        if chosen:
-            overrides |= {f"lr.{k}": v for k, v in chosen.items()}
+        if chosen:  # the rates of the optimizers this stage trains (its ``lr`` fields)
+            lr = exp.config(scale).lr
+            overrides |= {f"lr.{k}": v for k, v in chosen.items() if k in lr}
             overrides["lr_source"] = f"not swept here: {exp.lr_from}'s grid choice, same model"
         t0, c0 = time.perf_counter(), common.cpu_seconds()
         try:

@@ -65,10 +65,18 @@ def grid(cfg: ConfigDict, leg: str) -> ConfigDict:
     return cfg.qa_lr_grid if leg == "qa" else cfg.lr_grid
 
 
+def point_name(leg: str, x: float) -> str:
+    """A point's name (``given_lr``'s keys, figure panels): ``alpha<x>`` or ``V<x>``."""
+    return f"{'alpha' if leg == 'qa' else 'V'}{x:g}"
+
+
 def n_units(cfg: ConfigDict) -> int:
-    """Training runs: per point, every optimizer's grid and one seeded run."""
-    return sum(sum(len(grid(cfg, leg)[o]) + 1 for o in cfg.optimizers)
-               * len(cfg.alphas if leg == "qa" else cfg.vocabs) for leg in cfg.legs)  # fmt: skip
+    """Training runs: per point, every optimizer's grid (none where ``given_lr`` states the
+    rates) and one seeded run."""
+    points = [(leg, x) for leg in cfg.legs for x in (cfg.alphas if leg == "qa" else cfg.vocabs)]
+    swept = [leg for leg, x in points if not cfg.given_lr.get(point_name(leg, x))]
+    grids = sum(len(grid(cfg, leg)[o]) for leg in swept for o in cfg.optimizers)
+    return grids + len(points) * len(cfg.optimizers)
 
 
 def run(cfg: ConfigDict, stage: common.Stage) -> dict[str, Any]:
@@ -95,7 +103,7 @@ def run(cfg: ConfigDict, stage: common.Stage) -> dict[str, Any]:
                              "optimizers": tuple(cfg.optimizers), "muon_roles": "hidden",
                              "lr_grid": grid(cfg, leg)})  # fmt: skip
             score = train_runs.final_train_loss if leg == "qa" else None  # QA evals: FTA only
-            given = cfg.given_lr.get(f"{'alpha' if leg == 'qa' else 'V'}{x:g}")
+            given = cfg.given_lr.get(point_name(leg, x))
             if given:  # rates stated in the config: no grid at this point
                 chosen, tables = {o: float(given[o]) for o in cfg.optimizers}, {}
             else:
