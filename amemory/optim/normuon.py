@@ -111,8 +111,8 @@ def _moment_transform(opts: MuonOptions, beta2: Any, normalize, nu_shape, owner_
     def init_fn(params):
         layouts, treedef, fields = init_state(params, opts)
         leaves = treedef.flatten_up_to(params)
-        dtype = jnp.result_type(jnp.float32, *[x.dtype for x in leaves])
         if opts.layout is not None:  # the second moment lives with each matrix's owner
+            dtype = jnp.result_type(jnp.float32, *[x.dtype for x in leaves])
             nu = opts.layout.init_state(
                 layouts, batch_leaves=opts.batch_leaves, shape=owner_shape, dtype=dtype
             )
