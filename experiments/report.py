@@ -197,12 +197,12 @@ def seeds_note(claim: dict[str, Any]) -> str:
     return "" if math.isnan(need) else f" (n={iv['n']}; {need:.0f} needed)".replace("inf", "∞")
 
 
-def claims_table(results: Sequence[dict[str, Any]]) -> str:
-    """Markdown table: claim | source | paper | ours | verdict (headline claims in bold);
-    beside the verdict, the seeds its interval has and would need (:func:`seeds_note`)."""
+def claims_table(results: Sequence[dict[str, Any]], headline_only: bool = False) -> str:
+    """Markdown table: claim | source | paper | ours | verdict (headline claims in bold, or
+    only those); beside the verdict, the seeds its interval has and would need."""
     lines = ["| claim | source | paper | ours | verdict |", "|---|---|---|---|---|"]
     first = set(headline())
-    for c in claims(results):
+    for c in [c for c in claims(results) if not headline_only or c["key"] in first]:
         verdict = common.verdict(c["held"]) + seeds_note(c)
         cells = [c["statement"], c["paper"], c["paper_value"], c["ours"], verdict]
         cells = [str(x).replace("|", "/").replace("\n", " ") for x in cells]
@@ -312,18 +312,20 @@ def write_report(out: pathlib.Path, results: Sequence[dict[str, Any]], scale: st
 
 
 def readme_block(results: Sequence[dict[str, Any]], scale: str = "quick") -> str:
-    """README's generated block (between the markers) from the results files."""
+    """README's generated block (between the markers): the headline claims' table."""
     dates = sorted(str((r.get("provenance") or {}).get("written", ""))[:10] for r in results)
     when = f"{dates[0]} to {dates[-1]}" if dates and dates[0] != dates[-1] else dates[-1]
+    held = [c["held"] for c in claims(results)]
     return "\n".join(
         [
             README_BEGIN,
             f"Generated from `experiments/results/{scale}/` ({len(results)} stages of "
-            f"`amemory reproduce`, {scale} scale, run {when}; {_cost(results)}). Regenerate "
-            "the table with `amemory report --update-readme README.md`; the stages with "
-            f"`amemory reproduce --scale {scale} --only <stage>`.",
+            f"`amemory reproduce`, {scale} scale, run {when}; {_cost(results)}): the headline "
+            f"claims; of all {len(held)}, {held.count(True)} held, {held.count(False)} not held, "
+            f"{held.count(None)} undecided. Regenerate it with `amemory report --update-readme "
+            f"README.md`; the stages with `amemory reproduce --scale {scale} --only <stage>`.",
             "",
-            claims_table(results),
+            claims_table(results, headline_only=True),
             README_END,
         ]
     )
