@@ -12,7 +12,7 @@ Every stage of ``amemory reproduce`` writes a compact JSON, ``experiments/result
 three-way verdicts, its numbers without the per-step curves, and where they come from
 (config hash, the stage's code version, package versions, machine, wall and CPU time,
 load average at the start and the end). These files are committed; this command renders
-the report from them, and README's claims table is generated from them (a test fails
+the report from them, and README's headline table is generated from them (a test fails
 when the two disagree).
 """
 
@@ -316,19 +316,15 @@ def readme_block(results: Sequence[dict[str, Any]], scale: str = "quick") -> str
     dates = sorted(str((r.get("provenance") or {}).get("written", ""))[:10] for r in results)
     when = f"{dates[0]} to {dates[-1]}" if dates and dates[0] != dates[-1] else dates[-1]
     held = [c["held"] for c in claims(results)]
-    return "\n".join(
-        [
-            README_BEGIN,
-            f"Generated from `experiments/results/{scale}/` ({len(results)} stages of "
-            f"`amemory reproduce`, {scale} scale, run {when}; {_cost(results)}): the headline "
-            f"claims; of all {len(held)}, {held.count(True)} held, {held.count(False)} not held, "
-            f"{held.count(None)} undecided. Regenerate it with `amemory report --update-readme "
-            f"README.md`; the stages with `amemory reproduce --scale {scale} --only <stage>`.",
-            "",
-            claims_table(results, headline_only=True),
-            README_END,
-        ]
+    head = (
+        f"Generated from `experiments/results/{scale}/` ({len(results)} stages of "
+        f"`amemory reproduce`, {scale} scale, run {when}; {_cost(results)}): the headline "
+        f"claims; of all {len(held)}, {held.count(True)} held, {held.count(False)} not held, "
+        f"{held.count(None)} undecided. Regenerate it with `amemory report --update-readme "
+        f"README.md`; the stages with `amemory reproduce --scale {scale} --only <stage>`."
     )
+    table = claims_table(results, headline_only=True)
+    return "\n".join([README_BEGIN, head, "", table, README_END])
 
 
 def update_readme(readme: pathlib.Path, results: Sequence[dict[str, Any]], scale: str) -> None:

@@ -143,6 +143,16 @@ def test_quick_start_has_exactly_two_lines():
     assert "amemory reproduce" in lines[0] and "pytest" in lines[1]
 
 
+def test_results_table_is_the_headline_rows_of_the_full_table():
+    """README's table: the 5 headline claims, each row as the full claims table has it."""
+    from experiments import report
+
+    rows = [line for line in _section("Results").splitlines() if line.startswith("| **")]
+    full = report.claims_table(report.load_results("quick")).splitlines()
+    assert len(rows) == 5 and set(rows) <= set(full)
+    assert {r["key"] for r in report.claims(report.load_results("quick"))} >= set(report.headline())
+
+
 def test_readme_is_the_front_page_only():
     assert len(README.read_text().splitlines()) <= 250
 
