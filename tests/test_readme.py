@@ -12,6 +12,7 @@ import io
 import os
 import pathlib
 import re
+import shutil
 import subprocess
 import sys
 
@@ -43,10 +44,15 @@ def _section(title: str) -> str:
 
 @pytest.fixture
 def scratch(tmp_path):
-    """A fresh directory with the repository's top-level entries linked in and a bin/ with
+    """A fresh directory with the repository's top-level entries (files and docs/ copied,
+    so a block that rewrites a page rewrites a copy; the packages linked) and a bin/ with
     `amemory` and `python` running this interpreter on this checkout."""
     for entry in REPO.iterdir():
-        if not entry.name.startswith(".") and entry.name not in ("runs", "site"):
+        if entry.name.startswith(".") or entry.name in ("runs", "site"):
+            continue
+        if entry.is_file() or entry.name == "docs":
+            (shutil.copytree if entry.is_dir() else shutil.copy)(entry, tmp_path / entry.name)
+        else:
             (tmp_path / entry.name).symlink_to(entry)
     bin_dir = tmp_path / ".bin"
     bin_dir.mkdir()
