@@ -119,7 +119,7 @@ def run_check(cfg: Any, stage: common.Stage) -> dict[str, Any]:
 
 EXPERIMENT = common.Experiment(
     "check", run_check, default=True, get_config=lambda scale: new_config(scale)[0],
-    sources=("theory_checks/*.py", "experiments/reproduce.py"), headline=("check/theory",),
+    sources=("theory_checks/*.py", "experiments/reproduce.py"),
 )  # fmt: skip
 
 

@@ -150,12 +150,12 @@ def test_quick_start_has_exactly_two_lines():
 
 
 def test_results_table_is_the_headline_rows_of_the_full_table():
-    """README's table: the 5 headline claims, each row as the full claims table has it."""
+    """README's table: the headline claims, each row as the full claims table has it."""
     from experiments import report
 
     rows = [line for line in _section("Results").splitlines() if line.startswith("| **")]
     full = report.claims_table(report.load_results("quick")).splitlines()
-    assert len(rows) == 5 and set(rows) <= set(full)
+    assert len(rows) == len(report.headline()) >= 4 and set(rows) <= set(full)
     assert {r["key"] for r in report.claims(report.load_results("quick"))} >= set(report.headline())
 
 
