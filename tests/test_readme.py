@@ -166,7 +166,7 @@ def test_readme_is_the_front_page_only():
 def test_mkdocs_build_strict(tmp_path):
     """docs/ and the API reference build with warnings as errors (mkdocs.yml: strict)."""
     done = subprocess.run(
-        [sys.executable, "-m", "mkdocs", "build", "--strict", "-q", "-d", str(tmp_path)],
+        [sys.executable, "-m", "mkdocs", "build", "--strict", "-d", str(tmp_path)],
         cwd=REPO, capture_output=True, text=True, timeout=300,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr[-5000:]
