@@ -4,7 +4,7 @@ Usage::
 
     amemory report                          # report.md + figures into runs/report-<ts>
     amemory report --out DIR --scale full   # the full-scale results
-    amemory report --update-readme README.md   # README's claims table from the results
+    amemory report --update-readme README.md   # README's headline claims from the results
     amemory report --add runs/x/steps_ratio/result.json   # file a stage's result.json first
 
 Every stage of ``amemory reproduce`` writes a compact JSON, ``experiments/results/<scale>/
@@ -12,7 +12,7 @@ Every stage of ``amemory reproduce`` writes a compact JSON, ``experiments/result
 three-way verdicts, its numbers without the per-step curves, and where they come from
 (config hash, the stage's code version, package versions, machine, wall and CPU time,
 load average at the start and the end). These files are committed; this command renders
-the report from them, and README's claims table is generated from them (a test fails
+the report from them, and README's headline table is generated from them (a test fails
 when the two disagree).
 """
 
@@ -197,12 +197,12 @@ def seeds_note(claim: dict[str, Any]) -> str:
     return "" if math.isnan(need) else f" (n={iv['n']}; {need:.0f} needed)".replace("inf", "∞")
 
 
-def claims_table(results: Sequence[dict[str, Any]]) -> str:
-    """Markdown table: claim | source | paper | ours | verdict (headline claims in bold);
-    beside the verdict, the seeds its interval has and would need (:func:`seeds_note`)."""
+def claims_table(results: Sequence[dict[str, Any]], keys: Sequence[str] | None = None) -> str:
+    """Markdown table: claim | source | paper | ours | verdict (headline claims in bold; only
+    ``keys`` if given); beside the verdict, the seeds its interval has and would need."""
     lines = ["| claim | source | paper | ours | verdict |", "|---|---|---|---|---|"]
     first = set(headline())
-    for c in claims(results):
+    for c in [c for c in claims(results) if keys is None or c["key"] in keys]:
         verdict = common.verdict(c["held"]) + seeds_note(c)
         cells = [c["statement"], c["paper"], c["paper_value"], c["ours"], verdict]
         cells = [str(x).replace("|", "/").replace("\n", " ") for x in cells]
@@ -312,21 +312,16 @@ def write_report(out: pathlib.Path, results: Sequence[dict[str, Any]], scale: st
 
 
 def readme_block(results: Sequence[dict[str, Any]], scale: str = "quick") -> str:
-    """README's generated block (between the markers) from the results files."""
+    """README's generated block (between the markers): the headline claims, from the results."""
     dates = sorted(str((r.get("provenance") or {}).get("written", ""))[:10] for r in results)
     when = f"{dates[0]} to {dates[-1]}" if dates and dates[0] != dates[-1] else dates[-1]
-    return "\n".join(
-        [
-            README_BEGIN,
-            f"Generated from `experiments/results/{scale}/` ({len(results)} stages of "
-            f"`amemory reproduce`, {scale} scale, run {when}; {_cost(results)}). Regenerate "
-            "the table with `amemory report --update-readme README.md`; the stages with "
-            f"`amemory reproduce --scale {scale} --only <stage>`.",
-            "",
-            claims_table(results),
-            README_END,
-        ]
-    )
+    return "\n".join([
+        README_BEGIN,
+        f"Generated from `experiments/results/{scale}/` ({len(results)} stages, {scale} scale, "
+        f"run {when}) by `amemory report --update-readme README.md`; every claim, with its "
+        "stage's numbers, in [docs/results.md](docs/results.md).", "",
+        claims_table(results, headline()), README_END,
+    ])  # fmt: skip
 
 
 def update_readme(readme: pathlib.Path, results: Sequence[dict[str, Any]], scale: str) -> None:

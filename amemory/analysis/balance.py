@@ -138,8 +138,8 @@ def one_step_rho(
 
     Raises:
       ValueError: on eps outside (0, 1), non-positive or inverted step range, n_grid < 3,
-      rtol <= 0, a ``correct_fn`` output that is not ``[n, K]``, or when the boundary is
-      not bracketed (``eta_max`` infeasible or ``eta_min`` already feasible).
+        rtol <= 0, a ``correct_fn`` output that is not ``[n, K]``, or when the boundary is
+        not bracketed (``eta_max`` infeasible or ``eta_min`` already feasible).
     """
     if not 0.0 < eps < 1.0:
         raise ValueError(f"eps must lie in (0, 1), got {eps}")
@@ -209,7 +209,7 @@ def head_tail_masks(prior: object) -> tuple[np.ndarray, np.ndarray]:
 
     Raises:
       ValueError: if prior is not 1-D with K >= 2, has non-positive entries, or is
-      constant (no head/tail split exists).
+        constant (no head/tail split exists).
     """
     p = np.asarray(prior, dtype=np.float64)
     if p.ndim != 1 or p.size < 2:

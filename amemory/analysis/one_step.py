@@ -143,8 +143,8 @@ def first_crossing_rho(
 
     Raises:
       ValueError: if no class has all margins positive (``max_k q_k`` never reaches
-      ``1 - ε`` for small ε), or on bad ``eps``/``n_grid``/``rtol`` (from
-      ``one_step_rho``).
+        ``1 - ε`` for small ε), or on bad ``eps``/``n_grid``/``rtol`` (from
+        ``one_step_rho``).
     """
     d = np.asarray(dhat, dtype=np.float64)
     K = d.shape[0]

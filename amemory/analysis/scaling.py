@@ -84,8 +84,8 @@ def fit_line(x: object, y: object, *, confidence: float = 0.95) -> LineFit:
 
     Raises:
       ValueError: if x or y is not 1-D and finite, their lengths differ, fewer than 3
-      points are given, x has fewer than 2 distinct values, or ``confidence`` is outside
-      (0, 1).
+        points are given, x has fewer than 2 distinct values, or ``confidence`` is outside
+        (0, 1).
     """
     if not (isinstance(confidence, (int, float)) and 0.0 < confidence < 1.0):
         raise ValueError(f"confidence must lie in (0, 1), got {confidence!r}")
@@ -132,8 +132,8 @@ def fit_power_law(x: object, y: object, *, confidence: float = 0.95) -> PowerLaw
 
     Raises:
       ValueError: if x or y is not 1-D, they differ in length, contain non-positive or
-      non-finite values, fewer than 3 points are given, x has fewer than 2 distinct
-      values, or ``confidence`` is outside (0, 1).
+        non-finite values, fewer than 3 points are given, x has fewer than 2 distinct
+        values, or ``confidence`` is outside (0, 1).
     """
     xa, ya = _as_finite_1d("x", x, positive=True), _as_finite_1d("y", y, positive=True)
     return PowerLawFit(*fit_line(np.log(xa), np.log(ya), confidence=confidence))

@@ -101,7 +101,7 @@ def block_margins(
 
     Raises:
       ValueError: if K is not a multiple of b or smaller than 2b, L or alpha is out of
-      range, or a rotation is not square orthogonal of the same size.
+        range, or a rotation is not square orthogonal of the same size.
     """
     rk = _check_rotation("key_rotation", key_rotation)
     rv = _check_rotation("value_rotation", value_rotation)
@@ -316,8 +316,8 @@ def asymptotics(m: BlockMargins, best: str | None = None) -> Asymptotics:
 
     Raises:
       ValueError: if no class beats every answer of its own block with a positive
-      smallest off-block margin (then no class reaches ``1 - ε`` as K grows), or ``best``
-      is not a label of ``m``.
+        smallest off-block margin (then no class reaches ``1 - ε`` as K grows), or ``best``
+        is not a label of ``m``.
     """
     inb = _wrong_inblock(m)  # [n, b]
     off_min = m.offblock.min(axis=1)

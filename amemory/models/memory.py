@@ -175,7 +175,7 @@ def population_loss(
 
     Raises:
       ValueError: on bad shapes, a prior not of shape ``[K]``, or concrete noise outside
-      ``[0, 1]``.
+        ``[0, 1]``.
     """
     k = _check_shapes(W, E, Et)
     if jnp.shape(prior) != (k,):

@@ -17,7 +17,7 @@ The output layer gets role ``head`` (Muon's authors route it to Adam): the
 under :data:`HEAD_NAMES` at the top (``head``/``lm_head`` anywhere), or those named by
 ``heads=``; when none is found a warning names the kernel that goes to Muon.
 :func:`nnx_role` / :func:`nnx_matrix_axes` read the table from a path alone (Linear,
-MultiHeadAttention, Embed, norms). Example: README, "Use in your own model".
+MultiHeadAttention, Embed, norms). Example: docs/own-models.md.
 
 Source: the parameter names and kernel layouts of ``flax.nnx`` 0.12; Jordan (2024),
 https://kellerjordan.github.io/posts/muon/ (output layer and embeddings to Adam; conv

@@ -10,7 +10,7 @@ Public API (imported lazily, so ``amemory train --help`` and config errors stay 
   NonFiniteLossError, DivergenceError, RunInterrupted, WorkdirBusyError
                                                 (amemory.train.guard, .lock)
 
-The modules, one job each, are listed in README's Architecture section.
+The modules, one job each, are listed in docs/architecture.md.
 """
 
 from __future__ import annotations
