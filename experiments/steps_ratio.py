@@ -333,66 +333,49 @@ def report_md(cfg: ConfigDict, m: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+CLAIMS = (
+    common.ClaimSpec(
+        "steps_ratio/about_half", "peers (Moonlight, arXiv 2502.16982: ~52% of AdamW's compute)",
+        "Muon reaches Adam's final validation loss in about half the steps",
+        "about half the steps", "95% interval of the per-seed ratio (steps to Adam's final loss "
+        "/ steps) < {threshold}", arms=("ratio",), direction="less",
+    ),
+    common.ClaimSpec(
+        "steps_ratio/adam_matches_optax_{size}", "fairness check (plain optax + flax)",
+        "The engine's Adam baseline matches a plain optax + flax Adam of the same model, "
+        "initialisation and batches ({size})", "equal to within seed noise",
+        "95% interval of the per-seed difference inside (−sd, +sd), sd = seed standard "
+        "deviation of the engine's Adam final loss (not held if wholly outside)",
+        arms=("engine", "plain"), direction="within", unit="nats/token",
+    ),
+)  # fmt: skip
+
+
 def make_claims(cfg: ConfigDict, m: dict[str, Any]) -> list[common.Claim]:
-    """Verdicts: about half the steps at ``test_size``; engine Adam = plain optax Adam."""
-    claims = []
+    """:data:`CLAIMS`: about half the steps at ``test_size``; engine Adam = plain optax Adam."""
     v = m["sizes"][cfg.test_size]
     ratio = np.asarray(v["ratio"], float)
     never = ~np.isfinite(ratio)
     # A seed whose Muon never reaches Adam's final loss needs more than all the steps:
     # counted as 1 (a lower bound), stated in the result.
-    iv, held = common.seed_verdict(
-        np.where(never, 1.0, ratio), direction="less", threshold=cfg.half_threshold
-    )
-    others = ", ".join(
-        f"{k} {common.seed_mean(x['ratio'], 2)}"
-        for k, x in m["sizes"].items()
-        if k != cfg.test_size
-    )
-    claims.append(
-        common.Claim(
-            "steps_ratio/about_half",
-            "peers (Moonlight, arXiv 2502.16982: ~52% of AdamW's compute)",
-            "Muon reaches Adam's final validation loss in about half the steps",
-            "about half the steps",
-            f"{cfg.test_size} (d={v['d_model']}, L={v['n_layers']}, V={v['vocab_size']}): "
-            f"ratio {common.describe(iv, 2)}"
-            + (f" ({int(never.sum())} seed(s) never reached it: counted as 1)" if never.any()
-               else "") + f"; other sizes: {others}",
-            held,
-            f"95% interval of the per-seed ratio (steps to Adam's final loss / steps) < "
-            f"{cfg.half_threshold}",
-            common.interval_dict(iv, "less", cfg.half_threshold),
-        )
-    )  # fmt: skip
+    size = f"{cfg.test_size} (d={v['d_model']}, L={v['n_layers']}, V={v['vocab_size']})"
+    half = CLAIMS[0].claim(np.where(never, 1.0, ratio), ours=f"{size}: ratio ",
+                           threshold=cfg.half_threshold, digits=2)  # fmt: skip
+    if never.any():
+        half.ours += f" ({int(never.sum())} seed(s) never reached it: counted as 1)"
+    half.ours += "; other sizes: " + ", ".join(
+        f"{k} {common.seed_mean(x['ratio'], 2)}" for k, x in m["sizes"].items()
+        if k != cfg.test_size)  # fmt: skip
+    claims = [half]
     for name, x in m["sizes"].items():
         r = x.get("reference")
-        if r is None or r["adam_difference"] is None:
-            continue
-        d, sd = r["adam_difference"], r["adam_seed_sd"]
-        held = (
-            True if (d["lo"] > -sd and d["hi"] < sd)
-            else False if (d["lo"] > sd or d["hi"] < -sd) else None
-        )  # fmt: skip
-        claims.append(
-            common.Claim(
-                f"steps_ratio/adam_matches_optax_{name}",
-                "fairness check (plain optax + flax)",
-                f"The engine's Adam baseline matches a plain optax + flax Adam of the same "
-                f"model, initialisation and batches ({name})",
-                "equal to within seed noise",
-                f"engine − plain final loss {d['estimate']:.2e} [{d['lo']:.2e}, {d['hi']:.2e}] "
-                f"(95% CI, n={d['n']}); "
-                f"seed sd {common.fmt(sd)}",
-                held,
-                "95% interval of the per-seed difference inside (−sd, +sd), sd = seed standard "
-                "deviation of the engine's Adam final loss (not held if wholly outside)",
-                d,
-            )
-        )  # fmt: skip
+        if r is not None and r["adam_difference"] is not None:
+            sd = r["adam_seed_sd"]
+            c = CLAIMS[1].claim(r["engine_adam_final"], r["plain_adam_final"], threshold=sd,
+                                size=name)  # fmt: skip
+            c.ours += f"; seed sd {common.fmt(sd)}"
+            claims.append(c)
     return claims
 
 
-EXPERIMENT = common.Experiment(
-    "steps_ratio", run, units=n_units, default=True, sources=("experiments/reference_lm.py",)
-)
+EXPERIMENT = common.Experiment("steps_ratio", run, units=n_units, default=True)
