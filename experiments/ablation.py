@@ -114,26 +114,16 @@ def report_md(cfg: ConfigDict, m: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-_TEST = ("95% interval of the per-seed share {sign} {threshold} (share = (L_none - L_S)/(L_none - "
-         "L_all) per seed; undecided if undefined)")  # fmt: skip
-CLAIMS = {  # the subset each claim is about -> its claim
-    "vo+ffn": common.ClaimSpec(
-        "ablation/vo_ffn_share", "A, Table 1",
-        "Muon on VO+FFN (Adam elsewhere) recovers almost all of Muon's gain", "{paper}",
-        _TEST.replace("{sign}", ">"), arms=("share",), direction="greater",
-    ),
-    "qk": common.ClaimSpec(
-        "ablation/qk_share", "A, Table 1", "Muon on QK alone recovers little of Muon's gain",
-        "{paper}", _TEST.replace("{sign}", "<"), arms=("share",), direction="less",
-    ),
-}  # fmt: skip
+CLAIMS = common.claim_specs("ablation")
+SUBSETS = {"vo+ffn": "vo_ffn_share", "qk": "qk_share"}  # the subset each claim is about
 
 
 def make_claims(cfg: ConfigDict, m: dict[str, Any]) -> list[common.Claim]:
     """:data:`CLAIMS` on the per-seed share, held for every FFN kind (the interval shown in
     the report: the GELU one)."""
     claims = []
-    for subset, spec in CLAIMS.items():
+    for subset, key in SUBSETS.items():
+        spec = CLAIMS[key]
         vals = {ffn: sh[subset] for ffn, sh in m["share"].items() if subset in sh}
         if not vals:
             continue

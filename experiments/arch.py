@@ -33,9 +33,6 @@ from amemory.analysis import plots
 from experiments import common, train_runs
 
 OPTIMIZERS = ("adam", "muon")
-SEED = "seed (arXiv 2509.24406), abstract"
-# Decision thresholds: 80% of the seed's effects (0.50, 0.68, 3.2x, 0.08).
-THRESHOLD = {"compute": 0.60, "memory": 0.544, "speedup": 2.56, "perplexity": 0.064}
 
 
 def run_config(cfg: ConfigDict, arch: str, optimizer: str, muon_roles: str = "hidden"):
@@ -131,42 +128,11 @@ def frontier(cfg: ConfigDict, stage: common.Stage) -> tuple:
     return m, frontier_claims(cfg, m), [stage.figure(figure)]
 
 
-FRONTIER = (  # claims (a)-(d) of the frontier arms, each on a paired seed difference
-    common.ClaimSpec(
-        "arch/mla_gap_whole_muon", "GLM-5 (arXiv 2602.15763)",
-        "MLA loses to the dense (MHA) decoder under whole-matrix Muon", "MLA behind GQA",
-        "val loss (MLA, Muon) - (dense, Muon) > 0, paired over seeds", arms=("gap",),
-    ),
-    common.ClaimSpec(
-        "arch/per_head_closes_mla_gap", "GLM-5 (arXiv 2602.15763), Muon Split",
-        "per-head Muon closes MLA's gap to the dense decoder", "gap closed",
-        "MLA's gap under per-head Muon minus its gap under whole-matrix Muon < 0",
-        arms=("gap change",), direction="less",
-    ),
-    common.ClaimSpec(
-        "arch/per_head_vs_whole", "Kimi K3 (arXiv 2607.24653), Sec. 2.5",
-        "per-head Muon is at least as good as whole-matrix Muon (dense MHA)", "at least as good",
-        "val loss (per-head) - (whole) < {threshold:g} nats (non-inferiority margin)",
-        arms=("difference",), direction="less",
-    ),
-    common.ClaimSpec(
-        "arch/muonh_vs_muon_wd", "Hyperball (arXiv 2606.16899)",
-        "MuonH beats Muon with weight decay at equal steps", "20-30% token-equivalent",
-        "val loss (MuonH) - (Muon + WD) < 0 at the same steps", arms=("difference",),
-        direction="less",
-    ),
-    common.ClaimSpec(
-        "arch/qk_clip_no_cost", "Kimi K2 (arXiv 2507.20534), Sec. 2.1",
-        "QK-Clip keeps max logits below tau ({tau:g} here) at no loss cost", "no loss cost",
-        "every logged max logit after the first clipped step <= 1.05 tau, and the 95% interval "
-        "of the per-seed val loss (QK-Clip) - (Muon) < {threshold:g} nats",
-        arms=("loss cost",), direction="less",
-    ),
-)  # fmt: skip
+CLAIMS = common.claim_specs("arch")
 
 
 def frontier_claims(cfg: ConfigDict, m: dict[str, Any]) -> list[common.Claim]:
-    """:data:`FRONTIER` decided on the per-seed final losses.
+    """The frontier claims of :data:`CLAIMS` decided on the per-seed final losses.
 
     ``m["cells"][<arch>/<arm>]`` holds per-seed ``val_loss`` and, for ``dense/qk_clip``,
     ``late_max_logit`` (the largest logged max logit after the first train record): the
@@ -178,13 +144,15 @@ def frontier_claims(cfg: ConfigDict, m: dict[str, Any]) -> list[common.Claim]:
     gap = {k: final[f"mla/{k}"] - final[f"dense/{k}"] for k in ("muon", "per_head")}
     late = m["cells"]["dense/qk_clip"]["late_max_logit"]
     claims = [
-        FRONTIER[0].claim(gap["muon"]),
-        FRONTIER[1].claim(gap["per_head"] - gap["muon"]),
-        FRONTIER[2].claim(final["dense/per_head"] - final["dense/muon"], threshold=margin),
-        FRONTIER[3].claim(final["dense/muonh"] - final["dense/muon_wd"]),
+        CLAIMS["mla_gap_whole_muon"].claim(gap["muon"]),
+        CLAIMS["per_head_closes_mla_gap"].claim(gap["per_head"] - gap["muon"]),
+        CLAIMS["per_head_vs_whole"].claim(
+            final["dense/per_head"] - final["dense/muon"], threshold=margin
+        ),
+        CLAIMS["muonh_vs_muon_wd"].claim(final["dense/muonh"] - final["dense/muon_wd"]),
     ]
     cost = final["dense/qk_clip"] - final["dense/muon"]
-    loss = FRONTIER[4].claim(cost, threshold=margin, tau=tau)
+    loss = CLAIMS["qk_clip_no_cost"].claim(cost, threshold=margin, tau=tau)
     capped = late <= 1.05 * tau
     loss.ours = (f"largest max logit after the first record {common.fmt(late, 2)} "
                  f"{'<=' if capped else '>'} cap 1.05 tau = {common.fmt(1.05 * tau, 2)}; loss "
@@ -398,101 +366,47 @@ def _less(reduction: float) -> str:
     return f"{abs(reduction):.0%} {'less' if reduction >= 0 else 'more'}"
 
 
-def _mib(x: float) -> str:
-    return f"{x / 2**20:.2f}"
-
-
 def report_md(cfg: ConfigDict, m: dict[str, Any]) -> str:
     """Markdown: the table of cells, then the decoding table per architecture."""
-    f = common.fmt
-    lines = [
-        f"Learning rates: AdamW {m['lr']['adam']:g}, Muon {m['lr']['muon']:g} ({m['lr_source']}); "
-        f"target = dense-AdamW's final validation loss {f(m['target_loss'])}.",
-        "",
-        "| architecture | optimizer | params (total / active) | val loss | perplexity | "
-        "steps to target / run | GFLOPs to target | steps to own AdamW's final |",
-        "|---|---|---|---|---|---|---|---|",
-    ]
+    f, dc = common.fmt, cfg.decode
 
     def reached(x: float, digits: int = 0, scale: float = 1.0) -> str:
         return f(x / scale, digits) if math.isfinite(x) else "never"
 
-    for c in m["cells"].values():
-        lines.append(
-            f"| {c['arch']} | {c['optimizer']} | {c['total_params']:,.0f} / "
-            f"{c['active_params']:,.0f} | {f(c['final_val_loss'])} | {f(c['perplexity'], 1)} | "
-            f"{reached(c['steps_to_dense_adam'])} / {f(c['total_steps'], 0)} | "
-            f"{reached(c['flops_to_dense_adam'], 1, 1e9)} | {reached(c['steps_to_own_adam'])} |"
-        )
-    dc = cfg.decode
+    lines = [f"Learning rates: AdamW {m['lr']['adam']:g}, Muon {m['lr']['muon']:g} "
+             f"({m['lr_source']}); target = dense-AdamW's final validation loss "
+             f"{f(m['target_loss'])}.", ""]  # fmt: skip
+    lines += common.table(
+        ("architecture", "optimizer", "params (total / active)", "val loss", "perplexity",
+         "steps to target / run", "GFLOPs to target", "steps to own AdamW's final"),
+        ((c["arch"], c["optimizer"], f"{c['total_params']:,.0f} / {c['active_params']:,.0f}",
+          f(c["final_val_loss"]), f(c["perplexity"], 1),
+          f"{reached(c['steps_to_dense_adam'])} / {f(c['total_steps'], 0)}",
+          reached(c["flops_to_dense_adam"], 1, 1e9), reached(c["steps_to_own_adam"]))
+         for c in m["cells"].values()),
+    )  # fmt: skip
     bs, ns = list(dc.batches), list(dc.memory_lengths)
-    lines += [
-        "",
-        f"Decoding (greedy, KV cache; {dc.speed_length} tokens with a {dc.prompt_len}-token "
-        f"prompt; memory = XLA buffer assignment of the decode program at batch "
-        f"{dc.memory_batch}):",
-        "",
-        "| architecture | KV bytes / token | "
-        + " | ".join(f"tokens/s (batch {b})" for b in bs)
-        + " | "
-        + " | ".join(f"MiB ({n} tokens)" for n in ns)
-        + " |",
-        "|---" * (2 + len(bs) + len(ns)) + "|",
-    ]
-    for arch, d in m["decode"].items():
-        speeds = " | ".join(f"{d['tokens_per_s'][b]:.0f}" for b in bs)
-        mems = " | ".join(_mib(d["memory"][n]["total"]) for n in ns)
-        lines.append(f"| {arch} | {d['kv_bytes_per_token']:,} | {speeds} | {mems} |")
+    lines += ["", f"Decoding (greedy, KV cache; {dc.speed_length} tokens with a {dc.prompt_len}"
+              "-token prompt; memory = XLA buffer assignment of the decode program at batch "
+              f"{dc.memory_batch}):", ""]  # fmt: skip
+    lines += common.table(
+        ("architecture", "KV bytes / token", *(f"tokens/s (batch {b})" for b in bs),
+         *(f"MiB ({n} tokens)" for n in ns)),
+        ((arch, f"{d['kv_bytes_per_token']:,}", *(f"{d['tokens_per_s'][b]:.0f}" for b in bs),
+          *(f"{d['memory'][n]['total'] / 2**20:.2f}" for n in ns))
+         for arch, d in m["decode"].items()),
+    )  # fmt: skip
     return "\n".join(lines)
 
 
 def frontier_md(m: dict[str, Any]) -> str:
     """Markdown table of the frontier arms: seed means ± 95% half-widths."""
-    lines = ["", f"Frontier arms (seeds {m['seeds']}; QK-Clip tau = {m['tau']:g}):", "",
-             "| cell | val loss | head bucket | tail bucket | peak max logit |",
-             "|---|---|---|---|---|"]  # fmt: skip
-    for k, c in m["cells"].items():
-        vals = (c["val_loss"], c["head_loss"], c["tail_loss"], c["peak_max_logit"])
-        lines.append(f"| {k} | " + " | ".join(common.seed_mean(v) for v in vals) + " |")
-    return "\n".join(lines)
-
-
-CLAIMS = {  # the seed paper's four claims and paper A's component question
-    "compute": common.ClaimSpec(
-        "arch/muon_compute", SEED,
-        "Muon reaches AdamW's final loss with about half of AdamW's training compute",
-        "48-52% of AdamW's compute",
-        "Muon's FLOPs (model + Newton-Schulz) to reach the same architecture's final AdamW "
-        "validation loss <= {threshold:.0%} of AdamW's FLOPs, in every architecture",
-        threshold=THRESHOLD["compute"],
-    ),
-    "memory": common.ClaimSpec(
-        "arch/mla_moe_memory", SEED,
-        "MLA+MoE reduces inference memory by about 68% (against the dense decoder)",
-        "68% less memory", "peak decoding memory (batch {batch}, {n} tokens, XLA buffer "
-        "assignment) at least {threshold:.1%} below the dense decoder's",
-        threshold=THRESHOLD["memory"],
-    ),
-    "speedup": common.ClaimSpec(
-        "arch/mla_moe_speed", SEED, "MLA+MoE decodes about 3.2x faster than the dense decoder",
-        "3.2x inference speed-up",
-        "greedy KV-cache decoding tokens/s at batch {batch} >= {threshold:g}x the dense decoder's",
-        threshold=THRESHOLD["speedup"],
-    ),
-    "perplexity": common.ClaimSpec(
-        "arch/mla_moe_muon_perplexity", SEED,
-        "MLA+MoE+Muon improves validation perplexity over the dense AdamW decoder",
-        "8-12% lower perplexity", "1 - ppl(MLA+MoE, Muon) / ppl(dense, AdamW) >= {threshold:.1%}",
-        threshold=THRESHOLD["perplexity"],
-    ),
-    "experts": common.ClaimSpec(
-        "arch/experts_vs_attention", "A, Table 1 (asked of the MoE model)",
-        "In MLA+MoE, Muon on the experts recovers more of Muon's gain than Muon on attention",
-        "(question; dense: VO+FFN carry the gain, QK little)",
-        "share of Muon's gain (L_adam - L_part) / (L_adam - L_muon) of experts (ffn) > that of "
-        "attention (qk+vo); undecided if Muon does not beat AdamW",
-    ),
-}  # fmt: skip
+    keys = ("val_loss", "head_loss", "tail_loss", "peak_max_logit")
+    return "\n".join(["", f"Frontier arms (seeds {m['seeds']}; QK-Clip tau = {m['tau']:g}):", ""]
+                     + common.table(("cell", "val loss", "head bucket", "tail bucket",
+                                     "peak max logit"),
+                                    ((k, *(common.seed_mean(c[x]) for x in keys))
+                                     for k, c in m["cells"].items())))  # fmt: skip
 
 
 def make_claims(cfg: ConfigDict, m: dict[str, Any]) -> list[common.Claim]:
@@ -505,7 +419,7 @@ def make_claims(cfg: ConfigDict, m: dict[str, Any]) -> list[common.Claim]:
         ratios[arch] = r if math.isfinite(r) else math.inf  # never reached: no saving
         step_ratios[arch] = mu["steps_to_own_adam"] / ad["total_steps"]
     ours = ", ".join(f"{a} {r:.0%} ({step_ratios[a]:.0%} of the steps)" for a, r in ratios.items())
-    claims = [CLAIMS["compute"].claim(ours=ours, held=all(r <= THRESHOLD["compute"]
+    claims = [CLAIMS["muon_compute"].claim(ours=ours, held=all(r <= CLAIMS["muon_compute"].threshold
                                                           for r in ratios.values()))]  # fmt: skip
     if "mla_moe" not in dec:
         return claims
@@ -519,16 +433,16 @@ def make_claims(cfg: ConfigDict, m: dict[str, Any]) -> list[common.Claim]:
     ppl1, ppl_dm = cells["mla_moe/muon"]["perplexity"], cells["dense/muon"]["perplexity"]
     gain = 1 - ppl1 / ppl0
     claims += [
-        CLAIMS["memory"].claim(
+        CLAIMS["mla_moe_memory"].claim(
             ours=f"decoding memory {_less(red[n])} at {n} tokens ({_less(red[n0])} at {n0}); "
-            f"KV cache {_less(kv)} per token", held=red[n] >= THRESHOLD["memory"],
+            f"KV cache {_less(kv)} per token", held=red[n] >= CLAIMS["mla_moe_memory"].threshold,
             batch=dc.memory_batch, n=n),
-        CLAIMS["speedup"].claim(
+        CLAIMS["mla_moe_speed"].claim(
             ours=", ".join(f"{s:.2f}x at batch {bb}" for bb, s in speed.items()),
-            held=speed[b] >= THRESHOLD["speedup"], batch=b),
-        CLAIMS["perplexity"].claim(
+            held=speed[b] >= CLAIMS["mla_moe_speed"].threshold, batch=b),
+        CLAIMS["mla_moe_muon_perplexity"].claim(
             ours=f"{gain:.1%} lower ({f(ppl1, 1)} vs {f(ppl0, 1)}; dense+Muon {f(ppl_dm, 1)})",
-            held=gain >= THRESHOLD["perplexity"]),
+            held=gain >= CLAIMS["mla_moe_muon_perplexity"].threshold),
     ]  # fmt: skip
     parts = [f"muon_{r}" for r in cfg.partial]
     if len(parts) == 2 and all(f"mla_moe/{p}" in cells for p in parts):
@@ -538,7 +452,7 @@ def make_claims(cfg: ConfigDict, m: dict[str, Any]) -> list[common.Claim]:
         share = {p: gain_share(l_none, cells[f"mla_moe/{p}"]["final_val_loss"], l_all)
                  for p in parts}  # fmt: skip
         ok = all(math.isfinite(v) for v in share.values())
-        claims.append(CLAIMS["experts"].claim(
+        claims.append(CLAIMS["experts_vs_attention"].claim(
             ours=", ".join(f"{p.removeprefix('muon_')} {f(v, 2)}" for p, v in share.items()),
             held=bool(share[parts[0]] > share[parts[1]]) if ok else None))  # fmt: skip
     return claims

@@ -15,11 +15,7 @@ from amemory import atomic
 from experiments import common
 from experiments.configs import new_config
 
-CLAIM = common.ClaimSpec(
-    "check/theory", "A Thm 5.3-5.4, B (docs/science.md)",
-    "numerical checks of the papers' statements (`amemory check`)", "statements hold",
-    "every check within its stated tolerance (`amemory check{flags}`)",
-)  # fmt: skip
+CLAIM = common.claim_specs("check")["theory"]
 
 
 def run(cfg: Any, stage: common.Stage) -> dict[str, Any]:

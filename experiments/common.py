@@ -30,6 +30,7 @@ import pathlib
 import pkgutil
 import resource
 import time
+import tomllib
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
@@ -39,6 +40,7 @@ from amemory import atomic
 from experiments.configs import SCALES
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
+CLAIMS_FILE = REPO / "experiments" / "claims.toml"  # every claim's text and rule (ClaimSpec)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -105,13 +107,15 @@ class Experiment:
 
     def code_version(self) -> str:
         """12-hex-digit hash of this stage's code: :func:`module_sources` of its module, its
-        config module and the files of :attr:`sources`."""
+        config module and the files of :attr:`sources`, and its claims in :data:`CLAIMS_FILE`."""
         config = (
             self.get_config.__module__ if self.get_config else f"experiments.configs.{self.name}"
         )
         more = [f for pattern in self.sources for f in sorted(REPO.glob(pattern))]
         files = module_sources(self.run.__module__, config, files=more)
-        return source_hash(files, *(f.relative_to(REPO).as_posix() for f in files))
+        claims = {k: v for k, v in _claims_file().items() if k.startswith(f"{self.name}/")}
+        names = [f.relative_to(REPO).as_posix() for f in files]
+        return source_hash(files, *names, json.dumps(claims, sort_keys=True))
 
     def __call__(self, cfg: Any, out_dir: os.PathLike | str, *, progress=None, cache_dir=None):
         """Run the experiment into ``out_dir``; write and return the result dict.
@@ -305,7 +309,8 @@ def interval_dict(iv: Any, direction: str, threshold: float = 0.0) -> dict[str, 
 
 @dataclasses.dataclass(frozen=True)
 class ClaimSpec:
-    """One claim of a paper as data; :meth:`claim` decides it on measured values.
+    """One claim of a paper as data (a table of :data:`CLAIMS_FILE`, :func:`claim_specs`);
+    :meth:`claim` decides it on measured values.
 
     The text fields may hold ``{name}`` fields, filled by :meth:`claim`'s keywords (a
     bucket's label, a threshold set by the config).
@@ -379,6 +384,24 @@ class ClaimSpec:
         held = None if held is _DECIDE else held
         return Claim(key, self.source, statement, paper_value, ours, held, test,
                      interval_dict(iv, self.direction, t))  # fmt: skip
+
+
+@functools.cache
+def _claims_file() -> dict[str, dict[str, Any]]:
+    return tomllib.loads(CLAIMS_FILE.read_text())
+
+
+def claim_specs(stage: str) -> dict[str, ClaimSpec]:
+    """The claims of ``stage`` in :data:`CLAIMS_FILE`, by their key less ``"<stage>/"``.
+
+    Raises:
+      ValueError: if the file holds no claim of ``stage``.
+    """
+    specs = {key.split("/", 1)[1]: ClaimSpec(key, **v | {"arms": tuple(v.get("arms", ()))})
+             for key, v in _claims_file().items() if key.startswith(f"{stage}/")}  # fmt: skip
+    if not specs:
+        raise ValueError(f"{CLAIMS_FILE} has no claim of stage {stage!r}")
+    return specs
 
 
 def _decide(iv: Any, direction: str, threshold: float) -> bool | None:

@@ -104,28 +104,16 @@ def report_md(m: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-CLAIMS = (
-    common.ClaimSpec(
-        "normuon/neuron_norms", "NorMuon, arXiv 2510.05491, Sec. 3",
-        "Muon's updates have unequal per-neuron norms; NorMuon's normalisation equalises them",
-        "Muon's neuron norms vary widely; NorMuon's are near uniform",
-        "95% interval of the per-seed difference of the CV (Muon − NorMuon, average over "
-        "logged steps and hidden matrices) > 0", arms=("Muon", "NorMuon"),
-    ),
-    common.ClaimSpec(
-        "normuon/val_loss", "NorMuon, arXiv 2510.05491, Sec. 4 (+11.3% over Muon at 1.1B)",
-        "NorMuon reaches a lower validation loss than Muon at equal steps", "NorMuon < Muon",
-        "95% interval of the per-seed final validation loss difference Muon − NorMuon > 0",
-        arms=("Muon", "NorMuon"), unit="nats/token",
-    ),
-)  # fmt: skip
+CLAIMS = common.claim_specs("normuon")
 
 
 def make_claims(m: dict[str, Any]) -> list[common.Claim]:
     """:data:`CLAIMS` (paired seed intervals): neuron-norm CV; final loss at equal steps."""
     cv, final = m["neuron_cv"], m["final"]
-    return [CLAIMS[0].claim(cv["muon"]["all"], cv["normuon"]["all"], ours="CV of neuron norms: "),
-            CLAIMS[1].claim(final["muon"], final["normuon"])]  # fmt: skip
+    return [
+        CLAIMS["neuron_norms"].claim(cv["muon"]["all"], cv["normuon"]["all"], ours="CV: "),
+        CLAIMS["val_loss"].claim(final["muon"], final["normuon"]),
+    ]
 
 
 EXPERIMENT = common.Experiment(

@@ -268,34 +268,7 @@ def _max_gap(metrics: dict, key: str) -> float:
     return float("nan") if r is None else max(r["one_step_max_gap"], r["many_steps_max_gap"])
 
 
-_TEST = "balanced: max Δ along both paths < {balanced}; imbalanced: max Δ > {imbalanced}"
-CLAIMS = {  # paper A Fig. 4 on the two-level prior, then on the corpus's word frequencies
-    "gd": common.ClaimSpec(
-        "one_layer/gd_imbalanced", "A, Thm 5.3 / Fig. 4",
-        "GD learns head before tail: imbalanced (large gap Δ) for both embeddings",
-        "GD imbalanced", _TEST,
-    ),
-    "muon": common.ClaimSpec(
-        "one_layer/muon_balanced", "A, Thm 5.3-5.4 / Fig. 4",
-        "Muon learns all classes at the same rate: balanced for both embeddings",
-        "Muon balanced", _TEST,
-    ),
-    "signgd": common.ClaimSpec(
-        "one_layer/signgd_basis_dependent", "A, Thm 5.3 / Fig. 4",
-        "SignGD balanced with decoupled embeddings, imbalanced with coupled ones",
-        "decoupled balanced, coupled imbalanced", _TEST,
-    ),
-    "rho": common.ClaimSpec(
-        "one_layer/gd_one_step_rho", "A, Thm 5.3 (derived closed form)",
-        "one-step GD balance ϱ^ε (ε = {eps}) equals x^r/(x^r+K-1)",
-        "{ref} (closed form, K = {K})", "relative difference <= 1% (+1e-3 absolute), float32",
-    ),
-    "corpus": common.ClaimSpec(
-        "one_layer/corpus_prior", "A, Fig. 4 pattern on a real heavy-tailed prior",
-        "with word frequencies of the real corpus, Muon stays more balanced than GD",
-        "(not in the paper; extension)", "Muon's max Δ < GD's max Δ for every embedding",
-    ),
-}  # fmt: skip
+CLAIMS = common.claim_specs("one_layer")
 
 
 def make_claims(metrics: dict, cfg: Any) -> list[common.Claim]:
@@ -321,26 +294,26 @@ def make_claims(metrics: dict, cfg: Any) -> list[common.Claim]:
 
     claims, limits = [], {"balanced": bal, "imbalanced": imb}
     if "two_level" in metrics["priors"]:
-        for opt, balanced in (("gd", False), ("muon", True)):
+        for opt, key, balanced in (("gd", "gd_imbalanced", False), ("muon", "muon_balanced", True)):
             g = gaps("two_level", opt)
-            claims.append(CLAIMS[opt].claim(ours=ours(g), held=decide(list(g.values()), balanced),
+            claims.append(CLAIMS[key].claim(ours=ours(g), held=decide(list(g.values()), balanced),
                                             **limits))  # fmt: skip
         g, held = gaps("two_level", "signgd"), None
         if "decoupled" in g and "coupled" in g:
             a, b = decide([g["decoupled"]], True), decide([g["coupled"]], False)
             held = None if a is None or b is None else (a and b)
-        claims.append(CLAIMS["signgd"].claim(ours=ours(g), held=held, **limits))
+        claims.append(CLAIMS["signgd_basis_dependent"].claim(ours=ours(g), held=held, **limits))
         r = metrics["runs"].get("two_level/decoupled/gd")
         if "gd_rho_closed_form" in metrics and r is not None:
             rho, ref = r["one_step_rho"]["rho"], metrics["gd_rho_closed_form"]
-            claims.append(CLAIMS["rho"].claim(
+            claims.append(CLAIMS["gd_one_step_rho"].claim(
                 ours=common.fmt(rho, 4), held=bool(abs(rho - ref) <= 1e-3 + 1e-2 * abs(ref)),
                 eps=cfg.eps, ref=common.fmt(ref, 4), K=cfg.K))  # fmt: skip
     if "corpus" in metrics["priors"]:
         gd, mu = gaps("corpus", "gd"), gaps("corpus", "muon")
         vals = [(mu[e], gd[e]) for e in cfg.embeddings]
         finite = all(math.isfinite(a) and math.isfinite(b) for a, b in vals)
-        claims.append(CLAIMS["corpus"].claim(
+        claims.append(CLAIMS["corpus_prior"].claim(
             ours=f"Muon {ours(mu)}; GD {ours(gd)}",
             held=all(a < b for a, b in vals) if finite else None))  # fmt: skip
     return claims

@@ -180,27 +180,7 @@ def run(cfg: ConfigDict, stage: common.Stage) -> dict[str, Any]:
     return {"metrics": metrics, "figures": figures, "claims": claims}
 
 
-CLAIMS = {
-    "gd": common.ClaimSpec(
-        "scaling/gd_rate", "B, GD lower bound", "GD's excess loss decays no faster than "
-        "T^-(1-1/β)", "L^GD − L* ≳ log K · T^-(1-1/β)", "fitted slope >= -(1-1/β) - 0.15",
-    ),
-    "muon": common.ClaimSpec(
-        "scaling/muon_rate", "B, Muon upper bound",
-        "Muon (η = c log K / T) reaches excess ≲ (log K / T)², independent of β",
-        "excess·(T/log K)² bounded",
-        "max over the upper half of T <= {factor}x max over the lower half",
-    ),
-    "advantage": common.ClaimSpec(
-        "scaling/muon_advantage_grows", "B", "Muon's advantage over GD grows with T", "grows",
-        "GD/Muon excess ratio larger at the largest T",
-    ),
-    "envelope": common.ClaimSpec(
-        "scaling/envelope", "B, LLaMA-style pre-training sweep",
-        "Muon's data-scaling envelope lies below Adam's", "Muon below Adam",
-        "min val loss Muon < Adam at every budget",
-    ),
-}  # fmt: skip
+CLAIMS = common.claim_specs("scaling")
 
 
 def make_claims(cfg: ConfigDict, m: dict[str, Any]) -> list[common.Claim]:
@@ -209,22 +189,24 @@ def make_claims(cfg: ConfigDict, m: dict[str, Any]) -> list[common.Claim]:
     syn = m.get("synthetic")
     if syn:
         half = len(syn["T"]) // 2
-        text: dict[str, list[str]] = {"gd": [], "muon": [], "advantage": []}
-        ok: dict[str, list[bool]] = {"gd": [], "muon": [], "advantage": []}
+        text: dict[str, list[str]] = {"gd_rate": [], "muon_rate": [], "muon_advantage_grows": []}
+        ok: dict[str, list[bool]] = {k: [] for k in text}
         for beta, r in syn["by_beta"].items():
             ref, s = r["gd_reference_slope"], r.get("gd_fit", {}).get("slope", float("nan"))
-            text["gd"].append(f"β={beta}: slope {f(s, 2)} (bound {ref:.2f})")
-            ok["gd"].append(math.isfinite(s) and s >= ref - 0.15)
+            text["gd_rate"].append(f"β={beta}: slope {f(s, 2)} (bound {ref:.2f})")
+            ok["gd_rate"].append(math.isfinite(s) and s >= ref - 0.15)
             nrm = np.asarray(r["muon_normalised"], float)
             ms = r.get("muon_fit", {}).get("slope", float("nan"))
-            text["muon"].append(f"β={beta}: excess·(T/logK)² in [{f(np.nanmin(nrm), 2)}, "
+            text["muon_rate"].append(f"β={beta}: excess·(T/logK)² in [{f(np.nanmin(nrm), 2)}, "
                                 f"{f(np.nanmax(nrm), 2)}], slope {f(ms, 2)}")  # fmt: skip
-            ok["muon"].append(
+            ok["muon_rate"].append(
                 bool(np.nanmax(nrm[half:]) <= cfg.muon_bound_factor * np.nanmax(nrm[:half]))
             )
             ratio = np.asarray(r["gd"], float) / np.maximum(np.asarray(r["muon"], float), 1e-12)
-            text["advantage"].append(f"β={beta}: GD/Muon {f(ratio[0], 2)} → {f(ratio[-1], 2)}")
-            ok["advantage"].append(bool(ratio[-1] > ratio[0]))
+            text["muon_advantage_grows"].append(
+                f"β={beta}: GD/Muon {f(ratio[0], 2)} → {f(ratio[-1], 2)}"
+            )
+            ok["muon_advantage_grows"].append(bool(ratio[-1] > ratio[0]))
         claims += [CLAIMS[k].claim(ours="; ".join(text[k]), held=all(ok[k]),
                                    factor=cfg.muon_bound_factor) for k in text]  # fmt: skip
     env = m.get("envelope")

@@ -155,31 +155,7 @@ def leg_figures(leg: str, xs, lead, panels, out_dir) -> list[str]:
     return [str(p.relative_to(out_dir)) for p in (p1, p2)]
 
 
-_SOURCE, _PAPER = (
-    "A, Secs. 4-5 (tail-end thesis)",
-    "not measured by the paper (its thesis predicts yes)",
-)
-CLAIMS = {
-    "lead_grows": common.ClaimSpec(
-        "tail_dose/{leg}_lead_grows", _SOURCE,
-        "Muon's lead over Adam grows as the tail gets heavier ({leg}: {dose})", _PAPER,
-        "95% interval of the per-seed least-squares slope of (Muon - Adam final score) against "
-        "{dose} > 0",
-    ),
-    "no_lead": common.ClaimSpec(
-        "tail_dose/qa_no_lead_uniform", _SOURCE,
-        "With uniform frequencies (alpha = 0) Muon has no lead over Adam", _PAPER,
-        "not held if the 95% interval of the per-seed lead at alpha = 0 excludes 0; held if it "
-        "contains 0 and its half-width is below the margin; else undecided",
-        arms=("lead",), direction="within",
-    ),
-    "signgd": common.ClaimSpec(
-        "tail_dose/{leg}_signgd_not_muon", _SOURCE, "SignGD (coordinate-wise) does not match "
-        "Muon's lead at the heaviest tail ({leg}: {dose} = {heaviest:g})", _PAPER,
-        "95% interval of the per-seed Muon - SignGD final score at the heaviest dose > 0",
-        arms=("Muon - SignGD",),
-    ),
-}  # fmt: skip
+CLAIMS = common.claim_specs("tail_dose")
 
 
 def leg_claims(leg: str, xs, points, lead) -> list[common.Claim]:
@@ -189,7 +165,7 @@ def leg_claims(leg: str, xs, points, lead) -> list[common.Claim]:
     iv = stats.slope_interval(xs, lead["muon", "all"]) if len(xs) > 1 else None
     per = ", ".join(f"{pt['dose']:g}: {common.seed_mean(v)}"
                     for pt, v in zip(points, lead["muon", "all"], strict=True))  # fmt: skip
-    out = [CLAIMS["lead_grows"].claim(
+    out = [CLAIMS["{leg}_lead_grows"].claim(
         interval=iv, ours=f"slope {common.describe(iv)} {unit} per unit {dose}; lead per dose "
         f"{per}", leg=leg, dose=dose)]  # fmt: skip
     doses = [float(pt["dose"]) for pt in points]
@@ -199,13 +175,14 @@ def leg_claims(leg: str, xs, points, lead) -> list[common.Claim]:
         margin = abs(float(np.mean(lead["muon", "all"][-1])))
         held = None if iv0 is None else (False if iv0.lo > 0 or iv0.hi < 0 else
                                          True if iv0.half_width < margin else None)  # fmt: skip
-        c = CLAIMS["no_lead"].claim(at0, ours="lead ", held=held)
+        c = CLAIMS["qa_no_lead_uniform"].claim(at0, ours="lead ", held=held)
         c.ours += f" FTA; margin (mean lead at the heaviest alpha) {margin:.3f}"
         out.append(c)
     if ("signgd", "all") in lead:
         d = lead["muon", "all"][-1] - lead["signgd", "all"][-1]
-        c = CLAIMS["signgd"].claim(d, ours="Muon - SignGD ", leg=leg, dose=dose.split()[-1],
-                                   heaviest=points[-1]["dose"])  # fmt: skip
+        c = CLAIMS["{leg}_signgd_not_muon"].claim(
+            d, ours="Muon - SignGD ", leg=leg, dose=dose.split()[-1], heaviest=points[-1]["dose"]
+        )
         c.ours += f" {unit}"
         out.append(c)
     return out

@@ -111,22 +111,7 @@ def report_md(cfg: ConfigDict, m: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-CLAIMS = (
-    common.ClaimSpec(
-        "tail_lm/tail_bucket_loss", "A, Sec. 4 (tail-end learning)",
-        "Muon reaches a lower validation loss than Adam on the rarest token bucket ({tail})",
-        "Muon < Adam on tail tokens",
-        "95% interval of the per-seed difference Adam − Muon (tail bucket) > 0",
-        arms=("Adam", "Muon"), unit="nats/token",
-    ),
-    common.ClaimSpec(
-        "tail_lm/gain_in_tail", "A, Sec. 4",
-        "Muon's gain over Adam is larger on the tail bucket than on the head bucket",
-        "gain concentrated in the tail",
-        "95% interval of the per-seed (gain tail − gain head) > 0, gain = Adam − Muon final "
-        "loss of the bucket", arms=("tail", "head"), unit="nats/token",
-    ),
-)  # fmt: skip
+CLAIMS = common.claim_specs("tail_lm")
 
 
 def make_claims(m: dict[str, Any]) -> list[common.Claim]:
@@ -137,8 +122,8 @@ def make_claims(m: dict[str, Any]) -> list[common.Claim]:
     mu = np.asarray(runs["muon"]["final_bucket_loss"], float)  # (buckets, seeds)
     ad = np.asarray(runs["adam"]["final_bucket_loss"], float)
     gain = ad - mu
-    return [CLAIMS[0].claim(ad[-1], mu[-1], tail=labels[-1]),
-            CLAIMS[1].claim(gain[-1], gain[0], ours="Adam − Muon: ")]  # fmt: skip
+    return [CLAIMS["tail_bucket_loss"].claim(ad[-1], mu[-1], tail=labels[-1]),
+            CLAIMS["gain_in_tail"].claim(gain[-1], gain[0], ours="Adam − Muon: ")]  # fmt: skip
 
 
 EXPERIMENT = common.Experiment(

@@ -150,22 +150,7 @@ def report_md(cfg: ConfigDict, m: dict[str, Any]) -> str:
          common.seed_mean(r["final_train_loss"])) for v, r in m["runs"].items())))  # fmt: skip
 
 
-CLAIMS = (
-    common.ClaimSpec(
-        "tail_qa/tail_group_fta", "A, Sec. 5 (knowledge QA)",
-        "Muon answers the rarest groups' questions better than Adam",
-        "groups 11/13/15: Muon 1.000/1.000/0.976 vs Adam 1.000/0.890/0.264",
-        "95% interval of the per-seed difference Muon − Adam of the mean FTA over the listed "
-        "tail groups > 0", arms=("Muon", "Adam"),
-    ),
-    common.ClaimSpec(
-        "tail_qa/vo_ffn_vs_qk", "A, Sec. 5",
-        "Muon on VO+FFN alone keeps the tail gain; Muon on QK alone does not",
-        "group 15: VO+FFN 0.954 vs QK 0.286",
-        "95% interval of the per-seed rarest-group FTA difference VO+FFN − QK > 0",
-        arms=("VO+FFN", "QK"),
-    ),
-)  # fmt: skip
+CLAIMS = common.claim_specs("tail_qa")
 
 
 def make_claims(m: dict[str, Any]) -> list[common.Claim]:
@@ -176,10 +161,10 @@ def make_claims(m: dict[str, Any]) -> list[common.Claim]:
         per = " vs ".join(f"{o} " + "/".join(map(common.seed_mean, x))
                           for o, x in (("Muon", mu), ("Adam", ad)))  # fmt: skip
         ours = f"groups {'/'.join(map(str, groups))}: {per}; mean over these groups: "
-        claims.append(CLAIMS[0].claim(mu.mean(axis=0), ad.mean(axis=0), ours=ours))
+        claims.append(CLAIMS["tail_group_fta"].claim(mu.mean(axis=0), ad.mean(axis=0), ours=ours))
     if "muon_vo+ffn" in runs and "muon_qk" in runs:
         vf, qk = (np.asarray(runs[f"muon_{r}"]["tail_fta"])[-1] for r in ("vo+ffn", "qk"))
-        claims.append(CLAIMS[1].claim(vf, qk, ours=f"group {groups[-1]}: "))
+        claims.append(CLAIMS["vo_ffn_vs_qk"].claim(vf, qk, ours=f"group {groups[-1]}: "))
     return claims
 
 
