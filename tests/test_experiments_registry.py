@@ -187,3 +187,20 @@ def test_code_version_follows_the_imports_of_the_stage(monkeypatch):
     hashed.clear()
     common.experiments()["check"].code_version()  # a subprocess's package: named in sources
     assert {"theory_checks/wang2025.py", "amemory/analysis/stats.py"} <= set(hashed[""])
+
+
+def test_every_claim_of_claims_toml_belongs_to_a_stage_and_renders():
+    """claims.toml's tables are ClaimSpecs of registered stages, with a known direction,
+    arms only where a seed interval decides, and text whose {fields} a stage can fill."""
+    stages = {key.split("/")[0] for key in common._claims_file()}
+    assert stages <= set(common.experiments()), stages - set(common.experiments())
+    for stage in stages:
+        for spec in common.claim_specs(stage).values():
+            assert spec.direction in ("greater", "less", "within"), spec.key
+            if spec.arms:  # the interval of one arm, or of the difference of two
+                values = ([5.0, 5.2, 5.1], [1.0, 1.2, 1.0])[: len(spec.arms)]
+                c = spec.claim(*values, **_FIELDS)
+                assert c.interval and c.interval["n"] == 3 and c.held is not None, spec.key
+
+
+_FIELDS = {"tail": "t", "size": "d1", "tau": 1.0, "leg": "qa", "dose": "x", "heaviest": 1.0}
