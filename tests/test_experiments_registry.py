@@ -203,4 +203,12 @@ def test_every_claim_of_claims_toml_belongs_to_a_stage_and_renders():
                 assert c.interval and c.interval["n"] == 3 and c.held is not None, spec.key
 
 
-_FIELDS = {"tail": "t", "size": "d1", "tau": 1.0, "leg": "qa", "dose": "x", "heaviest": 1.0}
+_FIELDS = {
+    "tail": "t",
+    "size": "d1",
+    "tau": 1.0,
+    "leg": "qa",
+    "dose": "x",
+    "heaviest": 1,
+    "paper": "p",
+}
