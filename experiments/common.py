@@ -386,6 +386,16 @@ class ClaimSpec:
                      interval_dict(iv, self.direction, t))  # fmt: skip
 
 
+def seed_claim(
+    key: str, paper: str, statement: str, paper_value: str, ours: str, test: str,
+    a: Any, b: Any = None, *, direction: str = "greater", threshold: float = 0.0,
+) -> Claim:  # fmt: skip
+    """A claim written in the stage rather than in :data:`CLAIMS_FILE`: :meth:`ClaimSpec.claim`
+    of ``a`` (or ``a - b``, paired per seed), ``ours`` followed by the interval."""
+    spec = ClaimSpec(key, paper, statement, paper_value, test, ("x",), direction, threshold)
+    return spec.claim(a if b is None else np.subtract(a, b), ours=ours)
+
+
 @functools.cache
 def _claims_file() -> dict[str, dict[str, Any]]:
     return tomllib.loads(CLAIMS_FILE.read_text())
