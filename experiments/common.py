@@ -240,21 +240,10 @@ _DECIDE = object()  # ClaimSpec.claim: the seed interval decides
 
 @dataclasses.dataclass
 class Claim:
-    """One statement of a paper set beside our measurement.
-
-    Attributes:
-      key: short stable identifier, e.g. ``"tail_lm/tail_bucket_loss"``.
-      paper: where the claim comes from, e.g. ``"A, Fig. 5"``.
-      statement: the claim in words (what the paper reports).
-      paper_value: the paper's number(s) in words, e.g. ``"Muon 0.976 vs Adam 0.264"``.
-      ours: our measurement in words, same units as ``paper_value``.
-      held: ``True`` (held) / ``False`` (not held) when the test below decided it, ``None``
-        (undecided) when it could not (the seed interval contains the threshold, or the
-        run failed).
-      test: the decision rule we applied, stated so a reader can re-check it.
-      interval: the seed interval the verdict rests on, as :func:`interval_dict` makes it
-        (estimate, lo, hi, n, confidence, direction, threshold), or None.
-    """
+    """A claim decided (:meth:`ClaimSpec.claim`): the spec's text (``paper`` is its source)
+    beside ``ours``, our measurement in words; ``held`` True / False / None (undecided: the
+    interval contains the threshold, or the run failed); ``interval`` the seed interval
+    (:func:`interval_dict`) or None."""
 
     key: str
     paper: str
