@@ -189,8 +189,13 @@ def code_changed(result: dict[str, Any]) -> bool:
 
 
 def refresh_command(result: dict[str, Any]) -> str:
-    """The command that recomputes ``result`` over the committed file."""
-    return f"amemory reproduce --scale {result['scale']} --only {result['name']} --refresh-results"
+    """The command that recomputes ``result`` over the committed file: a default stage at the
+    quick scale with the others (the reduced configs and shared rates of the default run),
+    any other alone in its full config (add the ``--set`` its committed config needs)."""
+    exp = common.experiments().get(result["name"])
+    default = exp is not None and exp.default and result["scale"] == "quick"
+    alone = "" if default else f" --only {result['name']}"
+    return f"amemory reproduce --scale {result['scale']}{alone} --refresh-results"
 
 
 def mark_stale(root: os.PathLike | str = RESULTS) -> list[pathlib.Path]:
