@@ -99,57 +99,42 @@ def run(cfg: ConfigDict, stage: common.Stage) -> dict[str, Any]:
 def report_md(cfg: ConfigDict, m: dict[str, Any]) -> str:
     """Markdown table: final loss and share of gain per subset (seed mean ± 95% CI), paper's."""
     lr = m["chosen_lr"]
-    lines = [
-        f"Learning rates: Adam {lr['adam']:g}, Muon {lr['muon']:g} (tail_lm's grid choice; "
-        f"the same for every subset). Seeds {', '.join(map(str, m['seeds']))}: mean ± 95% "
-        "interval.",
-        "",
-    ]
+    lines = [f"Learning rates: Adam {lr['adam']:g}, Muon {lr['muon']:g} (tail_lm's grid choice; "
+             f"the same for every subset). Seeds {', '.join(map(str, m['seeds']))}: mean ± 95% "
+             "interval.", ""]  # fmt: skip
     for ffn, losses in m["val_loss"].items():
         ps = paper_shares(ffn)
-        lines += [
-            f"{ffn} FFN: final validation loss (nats/token) and share of Muon's gain",
-            "",
-            "| Muon on | our loss | our share | paper loss (160M) | paper share |",
-            "|---|---|---|---|---|",
-        ]
-        for s, v in losses.items():
-            lines.append(
-                f"| {s} | {common.seed_mean(v)} | {common.seed_mean(m['share'][ffn][s], 2)} | "
-                f"{common.fmt(PAPER_TABLE[ffn].get(s))} | {common.fmt(ps.get(s), 2)} |"
-            )
-        lines.append("")
+        lines += [f"{ffn} FFN: final validation loss (nats/token) and share of Muon's gain", ""]
+        lines += common.table(
+            ("Muon on", "our loss", "our share", "paper loss (160M)", "paper share"),
+            ((s, common.seed_mean(v), common.seed_mean(m["share"][ffn][s], 2),
+              common.fmt(PAPER_TABLE[ffn].get(s)), common.fmt(ps.get(s), 2))
+             for s, v in losses.items()),
+        ) + [""]  # fmt: skip
     return "\n".join(lines)
 
 
+CLAIMS = common.claim_specs("ablation")
+SUBSETS = {"vo+ffn": "vo_ffn_share", "qk": "qk_share"}  # the subset each claim is about
+
+
 def make_claims(cfg: ConfigDict, m: dict[str, Any]) -> list[common.Claim]:
-    """Verdicts on the share of Muon's gain recovered by VO+FFN and by QK (seed intervals)."""
+    """:data:`CLAIMS` on the per-seed share, held for every FFN kind (the interval shown in
+    the report: the GELU one)."""
     claims = []
-    for key, subset, direction, threshold, statement in (
-        ("ablation/vo_ffn_share", "vo+ffn", "greater", cfg.vo_ffn_min_share,
-         "Muon on VO+FFN (Adam elsewhere) recovers almost all of Muon's gain"),
-        ("ablation/qk_share", "qk", "less", cfg.qk_max_share,
-         "Muon on QK alone recovers little of Muon's gain"),
-    ):  # fmt: skip
+    for subset, key in SUBSETS.items():
+        spec = CLAIMS[key]
         vals = {ffn: sh[subset] for ffn, sh in m["share"].items() if subset in sh}
         if not vals:
             continue
+        t = cfg.vo_ffn_min_share if subset == "vo+ffn" else cfg.qk_max_share
         paper = ", ".join(f"{ffn} {paper_shares(ffn)[subset]:.2f}" for ffn in vals)
-        verdicts, parts, ivs = [], [], {}
-        for ffn, v in vals.items():
-            iv, held = common.seed_verdict(v, direction=direction, threshold=threshold)
-            verdicts.append(held)
-            ivs[ffn] = common.interval_dict(iv, direction, threshold)
-            parts.append(f"{ffn} {common.describe(iv, 2)}")
-        sign = ">" if direction == "greater" else "<"
-        test = (f"95% interval of the per-seed share {sign} {threshold} (share = (L_none - L_S)"
-                "/(L_none - L_all) per seed; undecided if undefined)")  # fmt: skip
-        claims.append(
-            common.Claim(
-                key, "A, Table 1", statement, paper, "; ".join(parts),
-                stats.all_verdicts(verdicts), test, ivs.get("gelu") or next(iter(ivs.values())),
-            )
-        )  # fmt: skip
+        per = {f: spec.claim(v, ours=f"{f} ", threshold=t, digits=2, paper=paper)
+               for f, v in vals.items()}  # fmt: skip
+        first = per.get("gelu") or next(iter(per.values()))
+        first.ours = "; ".join(c.ours for c in per.values())
+        first.held = stats.all_verdicts([c.held for c in per.values()])
+        claims.append(first)
     return claims
 
 

@@ -33,9 +33,6 @@ from amemory.analysis import plots
 from experiments import common, train_runs
 
 OPTIMIZERS = ("adam", "muon")
-SEED = "seed (arXiv 2509.24406), abstract"
-# Decision thresholds: 80% of the seed's effects (0.50, 0.68, 3.2x, 0.08).
-THRESHOLD = {"compute": 0.60, "memory": 0.544, "speedup": 2.56, "perplexity": 0.064}
 
 
 def run_config(cfg: ConfigDict, arch: str, optimizer: str, muon_roles: str = "hidden"):
@@ -131,46 +128,37 @@ def frontier(cfg: ConfigDict, stage: common.Stage) -> tuple:
     return m, frontier_claims(cfg, m), [stage.figure(figure)]
 
 
+CLAIMS = common.claim_specs("arch")
+
+
 def frontier_claims(cfg: ConfigDict, m: dict[str, Any]) -> list[common.Claim]:
-    """Claims (a)-(d) of the frontier arms, each a paired seed interval (three-way verdict).
+    """The frontier claims of :data:`CLAIMS` decided on the per-seed final losses.
 
     ``m["cells"][<arch>/<arm>]`` holds per-seed ``val_loss`` and, for ``dense/qk_clip``,
-    ``late_max_logit`` (the largest logged max logit after the first train record).
+    ``late_max_logit`` (the largest logged max logit after the first train record): the
+    QK-Clip claim holds when that stays under the cap 1.05 tau and the loss cost's
+    interval lies below the margin.
     """
     final = {k: np.asarray(c["val_loss"], float) for k, c in m["cells"].items()}
     margin, tau = float(cfg.frontier.margin), m["tau"]
     gap = {k: final[f"mla/{k}"] - final[f"dense/{k}"] for k in ("muon", "per_head")}
     late = m["cells"]["dense/qk_clip"]["late_max_logit"]
-    rows = [  # key, source, statement, paper value, paired difference, direction, threshold, test
-        ("arch/mla_gap_whole_muon", "GLM-5 (arXiv 2602.15763)",
-         "MLA loses to the dense (MHA) decoder under whole-matrix Muon", "MLA behind GQA",
-         gap["muon"], "greater", 0.0,
-         "val loss (MLA, Muon) - (dense, Muon) > 0, paired over seeds"),
-        ("arch/per_head_closes_mla_gap", "GLM-5 (arXiv 2602.15763), Muon Split",
-         "per-head Muon closes MLA's gap to the dense decoder", "gap closed",
-         gap["per_head"] - gap["muon"], "less", 0.0,
-         "MLA's gap under per-head Muon minus its gap under whole-matrix Muon < 0"),
-        ("arch/per_head_vs_whole", "Kimi K3 (arXiv 2607.24653), Sec. 2.5",
-         "per-head Muon is at least as good as whole-matrix Muon (dense MHA)", "at least as good",
-         final["dense/per_head"] - final["dense/muon"], "less", margin,
-         f"val loss (per-head) - (whole) < {margin:g} nats (non-inferiority margin)"),
-        ("arch/muonh_vs_muon_wd", "Hyperball (arXiv 2606.16899)",
-         "MuonH beats Muon with weight decay at equal steps", "20-30% token-equivalent",
-         final["dense/muonh"] - final["dense/muon_wd"], "less", 0.0,
-         "val loss (MuonH) - (Muon + WD) < 0 at the same steps"),
-        ("arch/qk_clip_no_cost", "Kimi K2 (arXiv 2507.20534), Sec. 2.1",
-         f"QK-Clip keeps max logits below tau ({tau:g} here) at no loss cost", "no loss cost",
-         final["dense/qk_clip"] - final["dense/muon"], "less", margin,
-         f"val loss (QK-Clip) - (Muon) < {margin:g} nats, and every logged max logit after "
-         "the first clipped step <= 1.05 tau"),
-    ]  # fmt: skip
-    claims = [common.seed_claim(key, paper, statement, value, "", test, diff, direction=way,
-                                threshold=thr)
-              for key, paper, statement, value, diff, way, thr, test in rows]  # fmt: skip
-    qk = claims[-1]  # arch/qk_clip_no_cost: also the logits after the first clipped step
-    qk.held = None if qk.held is None else qk.held and late <= 1.05 * tau
-    qk.ours += f"; largest max logit after the first record {common.fmt(late, 2)}"
-    return claims
+    claims = [
+        CLAIMS["mla_gap_whole_muon"].claim(gap["muon"]),
+        CLAIMS["per_head_closes_mla_gap"].claim(gap["per_head"] - gap["muon"]),
+        CLAIMS["per_head_vs_whole"].claim(
+            final["dense/per_head"] - final["dense/muon"], threshold=margin
+        ),
+        CLAIMS["muonh_vs_muon_wd"].claim(final["dense/muonh"] - final["dense/muon_wd"]),
+    ]
+    cost = final["dense/qk_clip"] - final["dense/muon"]
+    loss = CLAIMS["qk_clip_no_cost"].claim(cost, threshold=margin, tau=tau)
+    capped = late <= 1.05 * tau
+    loss.ours = (f"largest max logit after the first record {common.fmt(late, 2)} "
+                 f"{'<=' if capped else '>'} cap 1.05 tau = {common.fmt(1.05 * tau, 2)}; loss "
+                 f"cost (QK-Clip − Muon) {loss.ours} nats")  # fmt: skip
+    loss.held = None if loss.held is None else bool(loss.held and capped)
+    return claims + [loss]
 
 
 def model_costs(mc: Any, params: Any, muon_roles: tuple[str, ...]) -> dict[str, float]:
@@ -378,154 +366,95 @@ def _less(reduction: float) -> str:
     return f"{abs(reduction):.0%} {'less' if reduction >= 0 else 'more'}"
 
 
-def _mib(x: float) -> str:
-    return f"{x / 2**20:.2f}"
-
-
 def report_md(cfg: ConfigDict, m: dict[str, Any]) -> str:
     """Markdown: the table of cells, then the decoding table per architecture."""
-    f = common.fmt
-    lines = [
-        f"Learning rates: AdamW {m['lr']['adam']:g}, Muon {m['lr']['muon']:g} ({m['lr_source']}); "
-        f"target = dense-AdamW's final validation loss {f(m['target_loss'])}.",
-        "",
-        "| architecture | optimizer | params (total / active) | val loss | perplexity | "
-        "steps to target / run | GFLOPs to target | steps to own AdamW's final |",
-        "|---|---|---|---|---|---|---|---|",
-    ]
+    f, dc = common.fmt, cfg.decode
 
     def reached(x: float, digits: int = 0, scale: float = 1.0) -> str:
         return f(x / scale, digits) if math.isfinite(x) else "never"
 
-    for c in m["cells"].values():
-        lines.append(
-            f"| {c['arch']} | {c['optimizer']} | {c['total_params']:,.0f} / "
-            f"{c['active_params']:,.0f} | {f(c['final_val_loss'])} | {f(c['perplexity'], 1)} | "
-            f"{reached(c['steps_to_dense_adam'])} / {f(c['total_steps'], 0)} | "
-            f"{reached(c['flops_to_dense_adam'], 1, 1e9)} | {reached(c['steps_to_own_adam'])} |"
-        )
-    dc = cfg.decode
+    lines = [f"Learning rates: AdamW {m['lr']['adam']:g}, Muon {m['lr']['muon']:g} "
+             f"({m['lr_source']}); target = dense-AdamW's final validation loss "
+             f"{f(m['target_loss'])}.", ""]  # fmt: skip
+    lines += common.table(
+        ("architecture", "optimizer", "params (total / active)", "val loss", "perplexity",
+         "steps to target / run", "GFLOPs to target", "steps to own AdamW's final"),
+        ((c["arch"], c["optimizer"], f"{c['total_params']:,.0f} / {c['active_params']:,.0f}",
+          f(c["final_val_loss"]), f(c["perplexity"], 1),
+          f"{reached(c['steps_to_dense_adam'])} / {f(c['total_steps'], 0)}",
+          reached(c["flops_to_dense_adam"], 1, 1e9), reached(c["steps_to_own_adam"]))
+         for c in m["cells"].values()),
+    )  # fmt: skip
     bs, ns = list(dc.batches), list(dc.memory_lengths)
-    lines += [
-        "",
-        f"Decoding (greedy, KV cache; {dc.speed_length} tokens with a {dc.prompt_len}-token "
-        f"prompt; memory = XLA buffer assignment of the decode program at batch "
-        f"{dc.memory_batch}):",
-        "",
-        "| architecture | KV bytes / token | "
-        + " | ".join(f"tokens/s (batch {b})" for b in bs)
-        + " | "
-        + " | ".join(f"MiB ({n} tokens)" for n in ns)
-        + " |",
-        "|---" * (2 + len(bs) + len(ns)) + "|",
-    ]
-    for arch, d in m["decode"].items():
-        speeds = " | ".join(f"{d['tokens_per_s'][b]:.0f}" for b in bs)
-        mems = " | ".join(_mib(d["memory"][n]["total"]) for n in ns)
-        lines.append(f"| {arch} | {d['kv_bytes_per_token']:,} | {speeds} | {mems} |")
+    lines += ["", f"Decoding (greedy, KV cache; {dc.speed_length} tokens with a {dc.prompt_len}"
+              "-token prompt; memory = XLA buffer assignment of the decode program at batch "
+              f"{dc.memory_batch}):", ""]  # fmt: skip
+    lines += common.table(
+        ("architecture", "KV bytes / token", *(f"tokens/s (batch {b})" for b in bs),
+         *(f"MiB ({n} tokens)" for n in ns)),
+        ((arch, f"{d['kv_bytes_per_token']:,}", *(f"{d['tokens_per_s'][b]:.0f}" for b in bs),
+          *(f"{d['memory'][n]['total'] / 2**20:.2f}" for n in ns))
+         for arch, d in m["decode"].items()),
+    )  # fmt: skip
     return "\n".join(lines)
 
 
 def frontier_md(m: dict[str, Any]) -> str:
     """Markdown table of the frontier arms: seed means ± 95% half-widths."""
-    lines = ["", f"Frontier arms (seeds {m['seeds']}; QK-Clip tau = {m['tau']:g}):", "",
-             "| cell | val loss | head bucket | tail bucket | peak max logit |",
-             "|---|---|---|---|---|"]  # fmt: skip
-    for k, c in m["cells"].items():
-        vals = (c["val_loss"], c["head_loss"], c["tail_loss"], c["peak_max_logit"])
-        lines.append(f"| {k} | " + " | ".join(common.seed_mean(v) for v in vals) + " |")
-    return "\n".join(lines)
+    keys = ("val_loss", "head_loss", "tail_loss", "peak_max_logit")
+    return "\n".join(["", f"Frontier arms (seeds {m['seeds']}; QK-Clip tau = {m['tau']:g}):", ""]
+                     + common.table(("cell", "val loss", "head bucket", "tail bucket",
+                                     "peak max logit"),
+                                    ((k, *(common.seed_mean(c[x]) for x in keys))
+                                     for k, c in m["cells"].items())))  # fmt: skip
 
 
 def make_claims(cfg: ConfigDict, m: dict[str, Any]) -> list[common.Claim]:
-    """The seed's four claims and paper A's component question, each with a verdict."""
-    cells, dec, claims = m["cells"], m["decode"], []
-    f = common.fmt
+    """:data:`CLAIMS`, each decided by its threshold on this run's measurements."""
+    cells, dec, f = m["cells"], m["decode"], common.fmt
     ratios, step_ratios = {}, {}
     for arch in cfg.architectures:
         mu, ad = cells[f"{arch}/muon"], cells[f"{arch}/adam"]
-        budget = ad["total_steps"] * ad["flops_per_step"]
-        r = mu["flops_to_own_adam"] / budget
+        r = mu["flops_to_own_adam"] / (ad["total_steps"] * ad["flops_per_step"])
         ratios[arch] = r if math.isfinite(r) else math.inf  # never reached: no saving
         step_ratios[arch] = mu["steps_to_own_adam"] / ad["total_steps"]
-    claims.append(
-        common.Claim(
-            "arch/muon_compute", SEED,
-            "Muon reaches AdamW's final loss with about half of AdamW's training compute",
-            "48-52% of AdamW's compute",
-            ", ".join(f"{a} {r:.0%} ({step_ratios[a]:.0%} of the steps)"
-                      for a, r in ratios.items()),
-            all(r <= THRESHOLD["compute"] for r in ratios.values()),
-            "Muon's FLOPs (model + Newton-Schulz) to reach the same architecture's final "
-            "AdamW validation loss <= 60% of AdamW's FLOPs, in every architecture",
-        )
-    )  # fmt: skip
+    ours = ", ".join(f"{a} {r:.0%} ({step_ratios[a]:.0%} of the steps)" for a, r in ratios.items())
+    claims = [CLAIMS["muon_compute"].claim(ours=ours, held=all(r <= CLAIMS["muon_compute"].threshold
+                                                          for r in ratios.values()))]  # fmt: skip
     if "mla_moe" not in dec:
         return claims
-    b, n = max(cfg.decode.batches), max(cfg.decode.memory_lengths)
+    dc = cfg.decode
+    b, n, n0 = max(dc.batches), max(dc.memory_lengths), min(dc.memory_lengths)
     d0, d1 = dec["dense"], dec["mla_moe"]
-    n0 = min(cfg.decode.memory_lengths)
     red = {k: 1 - d1["memory"][k]["total"] / d0["memory"][k]["total"] for k in (n0, n)}
     kv = 1 - d1["kv_bytes_per_token"] / d0["kv_bytes_per_token"]
-    claims.append(
-        common.Claim(
-            "arch/mla_moe_memory", SEED,
-            "MLA+MoE reduces inference memory by about 68% (against the dense decoder)",
-            "68% less memory",
-            f"decoding memory {_less(red[n])} at {n} tokens ({_less(red[n0])} at {n0}); "
-            f"KV cache {_less(kv)} per token",
-            red[n] >= THRESHOLD["memory"],
-            f"peak decoding memory (batch {cfg.decode.memory_batch}, {n} tokens, XLA buffer "
-            "assignment) at least 54.4% below the dense decoder's",
-        )
-    )  # fmt: skip
-    speed = {bb: d1["tokens_per_s"][bb] / d0["tokens_per_s"][bb] for bb in cfg.decode.batches}
-    claims.append(
-        common.Claim(
-            "arch/mla_moe_speed", SEED,
-            "MLA+MoE decodes about 3.2x faster than the dense decoder",
-            "3.2x inference speed-up",
-            ", ".join(f"{s:.2f}x at batch {bb}" for bb, s in speed.items()),
-            speed[b] >= THRESHOLD["speedup"],
-            f"greedy KV-cache decoding tokens/s at batch {b} >= 2.56x the dense decoder's",
-        )
-    )  # fmt: skip
+    speed = {bb: d1["tokens_per_s"][bb] / d0["tokens_per_s"][bb] for bb in dc.batches}
     ppl0 = cells["dense/adam"]["perplexity"]
     ppl1, ppl_dm = cells["mla_moe/muon"]["perplexity"], cells["dense/muon"]["perplexity"]
     gain = 1 - ppl1 / ppl0
-    claims.append(
-        common.Claim(
-            "arch/mla_moe_muon_perplexity", SEED,
-            "MLA+MoE+Muon improves validation perplexity over the dense AdamW decoder",
-            "8-12% lower perplexity",
-            f"{gain:.1%} lower ({f(ppl1, 1)} vs {f(ppl0, 1)}; dense+Muon {f(ppl_dm, 1)})",
-            gain >= THRESHOLD["perplexity"],
-            "1 - ppl(MLA+MoE, Muon) / ppl(dense, AdamW) >= 6.4%",
-        )
-    )  # fmt: skip
+    claims += [
+        CLAIMS["mla_moe_memory"].claim(
+            ours=f"decoding memory {_less(red[n])} at {n} tokens ({_less(red[n0])} at {n0}); "
+            f"KV cache {_less(kv)} per token", held=red[n] >= CLAIMS["mla_moe_memory"].threshold,
+            batch=dc.memory_batch, n=n),
+        CLAIMS["mla_moe_speed"].claim(
+            ours=", ".join(f"{s:.2f}x at batch {bb}" for bb, s in speed.items()),
+            held=speed[b] >= CLAIMS["mla_moe_speed"].threshold, batch=b),
+        CLAIMS["mla_moe_muon_perplexity"].claim(
+            ours=f"{gain:.1%} lower ({f(ppl1, 1)} vs {f(ppl0, 1)}; dense+Muon {f(ppl_dm, 1)})",
+            held=gain >= CLAIMS["mla_moe_muon_perplexity"].threshold),
+    ]  # fmt: skip
     parts = [f"muon_{r}" for r in cfg.partial]
     if len(parts) == 2 and all(f"mla_moe/{p}" in cells for p in parts):
         from experiments.ablation import gain_share
 
-        l_none, l_all = (
-            cells["mla_moe/adam"]["final_val_loss"],
-            cells["mla_moe/muon"]["final_val_loss"],
-        )
+        l_none, l_all = (cells[f"mla_moe/{o}"]["final_val_loss"] for o in ("adam", "muon"))
         share = {p: gain_share(l_none, cells[f"mla_moe/{p}"]["final_val_loss"], l_all)
                  for p in parts}  # fmt: skip
         ok = all(math.isfinite(v) for v in share.values())
-        claims.append(
-            common.Claim(
-                "arch/experts_vs_attention", "A, Table 1 (asked of the MoE model)",
-                "In MLA+MoE, Muon on the experts recovers more of Muon's gain than Muon "
-                "on attention",
-                "(question; dense: VO+FFN carry the gain, QK little)",
-                ", ".join(f"{p.removeprefix('muon_')} {f(v, 2)}" for p, v in share.items()),
-                bool(share[parts[0]] > share[parts[1]]) if ok else None,
-                "share of Muon's gain (L_adam - L_part) / (L_adam - L_muon) of experts "
-                "(ffn) > that of attention (qk+vo); undecided if Muon does not beat AdamW",
-            )
-        )  # fmt: skip
+        claims.append(CLAIMS["experts_vs_attention"].claim(
+            ours=", ".join(f"{p.removeprefix('muon_')} {f(v, 2)}" for p, v in share.items()),
+            held=bool(share[parts[0]] > share[parts[1]]) if ok else None))  # fmt: skip
     return claims
 
 

@@ -17,6 +17,7 @@ as dicts), ``notes``, ``config`` and an experiment-specific ``metrics`` dict.
 
 from __future__ import annotations
 
+import ast
 import dataclasses
 import datetime as _dt
 import functools
@@ -29,6 +30,7 @@ import pathlib
 import pkgutil
 import resource
 import time
+import tomllib
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
@@ -38,6 +40,7 @@ from amemory import atomic
 from experiments.configs import SCALES
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
+CLAIMS_FILE = REPO / "experiments" / "claims.toml"  # every claim's text and rule (ClaimSpec)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -72,10 +75,12 @@ class Experiment:
       reduced: dotted-field overrides of the default run (not applied with ``--only``).
       lr_from: in the default run, take this stage's chosen learning rates
         (``metrics["chosen_lr"]`` into the fields ``lr.<optimizer>``) instead of a grid.
-      headline: claim keys shown first in the report, in this order.
+      headline: claim keys shown first in the report, in this order, and alone in README's
+        table (:func:`experiments.report.readme_block`).
       get_config: ``get_config(scale)``; default ``experiments/configs/<name>.py``'s.
-      sources: glob patterns (relative to the repository) of the files that make this
-        stage's code version besides its module, its config, this file and ``amemory/``.
+      sources: glob patterns (relative to the repository) of code the stage runs that no
+        import reaches (a subprocess's package); the rest of its code version is derived
+        (:meth:`code_version`).
     """
 
     name: str
@@ -101,15 +106,16 @@ class Experiment:
         return importlib.import_module(f"experiments.configs.{self.name}").get_config(scale)
 
     def code_version(self) -> str:
-        """12-hex-digit hash of this stage's source files (see :attr:`sources`)."""
-        module = importlib.import_module(self.run.__module__)
-        files = [
-            pathlib.Path(module.__file__),
-            *(REPO / "experiments" / f for f in ("common.py", "train_runs.py")),
-        ]
-        files += [REPO / "experiments" / "configs" / f"{self.name}.py"]
-        files += [f for pattern in self.sources for f in sorted(REPO.glob(pattern))]
-        return source_hash([f for f in files if f.is_file()], amemory_version())
+        """12-hex-digit hash of this stage's code: :func:`module_sources` of its module, its
+        config module and the files of :attr:`sources`, and its claims in :data:`CLAIMS_FILE`."""
+        config = (
+            self.get_config.__module__ if self.get_config else f"experiments.configs.{self.name}"
+        )
+        more = [f for pattern in self.sources for f in sorted(REPO.glob(pattern))]
+        files = module_sources(self.run.__module__, config, files=more)
+        claims = {k: v for k, v in _claims_file().items() if k.startswith(f"{self.name}/")}
+        names = [f.relative_to(REPO).as_posix() for f in files]
+        return source_hash(files, *names, json.dumps(claims, sort_keys=True))
 
     def __call__(self, cfg: Any, out_dir: os.PathLike | str, *, progress=None, cache_dir=None):
         """Run the experiment into ``out_dir``; write and return the result dict.
@@ -175,6 +181,49 @@ def amemory_version() -> str:
     return source_hash(files, *(f.relative_to(REPO).as_posix() for f in files))
 
 
+FIRST_PARTY = ("amemory", "experiments", "theory_checks")
+
+
+def _module_file(name: str) -> pathlib.Path | None:
+    """The source file of the first-party module ``name`` (a package's ``__init__.py``)."""
+    if name.split(".")[0] not in FIRST_PARTY:
+        return None
+    base = REPO.joinpath(*name.split("."))
+    return next((f for f in (base.with_suffix(".py"), base / "__init__.py") if f.is_file()), None)
+
+
+@functools.cache
+def _imported(path: pathlib.Path) -> tuple[pathlib.Path, ...]:
+    """First-party files that ``path`` imports anywhere (functions included), with the
+    ``__init__.py`` of every package on the way. In a package's ``__init__.py``, a string
+    naming a first-party module counts as an import of it (lazy exports such as
+    ``amemory.train``'s ``import_module("amemory.train.loop")``)."""
+    names, init = [], path.name == "__init__.py"
+    for node in ast.walk(ast.parse(path.read_text())):
+        if init and isinstance(node, ast.Constant) and isinstance(node.value, str):
+            names += [node.value] if "." in node.value and _module_file(node.value) else []
+        elif isinstance(node, ast.Import):
+            names += [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            names += [node.module] + [f"{node.module}.{a.name}" for a in node.names]
+    parts = {".".join(n.split(".")[:i]) for n in names for i in range(1, n.count(".") + 2)}
+    return tuple(f for f in map(_module_file, sorted(parts)) if f is not None)
+
+
+def module_sources(*modules: str, files: Iterable[pathlib.Path] = ()) -> list[pathlib.Path]:
+    """The files of the first-party ``modules`` (and ``files``) and of every first-party module
+    they import, transitively (:func:`_imported`, read with :mod:`ast`: a module imported by
+    a computed name is not followed), sorted."""
+    seen: set[pathlib.Path] = set()
+    todo = [f for f in map(_module_file, modules) if f is not None] + list(files)
+    while todo:
+        f = todo.pop()
+        if f not in seen:
+            seen.add(f)
+            todo += _imported(f)
+    return sorted(seen)
+
+
 def cpu_seconds() -> float:
     """CPU seconds (user + system) of this process and its finished children so far.
 
@@ -186,23 +235,15 @@ def cpu_seconds() -> float:
     return own.ru_utime + own.ru_stime + kids.ru_utime + kids.ru_stime
 
 
+_DECIDE = object()  # ClaimSpec.claim: the seed interval decides
+
+
 @dataclasses.dataclass
 class Claim:
-    """One statement of a paper set beside our measurement.
-
-    Attributes:
-      key: short stable identifier, e.g. ``"tail_lm/tail_bucket_loss"``.
-      paper: where the claim comes from, e.g. ``"A, Fig. 5"``.
-      statement: the claim in words (what the paper reports).
-      paper_value: the paper's number(s) in words, e.g. ``"Muon 0.976 vs Adam 0.264"``.
-      ours: our measurement in words, same units as ``paper_value``.
-      held: ``True`` (held) / ``False`` (not held) when the test below decided it, ``None``
-        (undecided) when it could not (the seed interval contains the threshold, or the
-        run failed).
-      test: the decision rule we applied, stated so a reader can re-check it.
-      interval: the seed interval the verdict rests on, as :func:`interval_dict` makes it
-        (estimate, lo, hi, n, confidence, direction, threshold), or None.
-    """
+    """A claim decided (:meth:`ClaimSpec.claim`): the spec's text (``paper`` is its source)
+    beside ``ours``, our measurement in words; ``held`` True / False / None (undecided: the
+    interval contains the threshold, or the run failed); ``interval`` the seed interval
+    (:func:`interval_dict`) or None."""
 
     key: str
     paper: str
@@ -255,18 +296,122 @@ def interval_dict(iv: Any, direction: str, threshold: float = 0.0) -> dict[str, 
     }  # fmt: skip
 
 
+@dataclasses.dataclass(frozen=True)
+class ClaimSpec:
+    """One claim of a paper as data (a table of :data:`CLAIMS_FILE`, :func:`claim_specs`);
+    :meth:`claim` decides it on measured values.
+
+    The text fields may hold ``{name}`` fields, filled by :meth:`claim`'s keywords (a
+    bucket's label, a threshold set by the config).
+
+    Attributes:
+      key: stable identifier ``"<stage>/<claim>"``.
+      source: where the claim comes from (paper and section, or a peer), e.g. ``"A, Sec. 4"``.
+      statement: the claim in words.
+      paper_value: the paper's number(s) in words.
+      test: the decision rule in words, so a reader can re-check it.
+      arms: names of the per-seed values :meth:`claim` takes: ``(a, b)`` decides on the
+        paired difference ``a - b``, ``(a,)`` on ``a``; ``()``: the stage decides.
+      direction: "greater" / "less" (the quantity lies above / below ``threshold``,
+        :func:`amemory.analysis.stats.verdict`), or "within" (equivalence: held when the
+        interval lies inside ``(-threshold, threshold)``, not held when wholly outside).
+      threshold: the value the quantity is compared with.
+      unit: the unit of the arms' values, for the text.
+    """
+
+    key: str
+    source: str
+    statement: str
+    paper_value: str
+    test: str
+    arms: tuple[str, ...] = ()
+    direction: str = "greater"
+    threshold: float = 0.0
+    unit: str = ""
+
+    def claim(self, *values: Any, ours: str = "", held: Any = _DECIDE, interval: Any = None,
+              threshold: float | None = None, digits: int = 3, **fields: Any) -> Claim:  # fmt: skip
+        """The rendered :class:`Claim`, decided by the 95% seed interval of ``values``.
+
+        Args:
+          *values: ``[seeds]`` per-seed values, one per arm (:attr:`arms`), or none.
+          ours: our measurement in words; with values, followed by (two arms) ``"a <mean>
+            vs b <mean> <unit>; a − b "`` and the interval's description.
+          held: the verdict when the stage decides (a combined rule); the interval is then
+            kept for the report but the verdict is not its own.
+          interval: an interval the stage computed instead of the seed interval of
+            ``values`` (a slope's, :func:`amemory.analysis.stats.slope_interval`); it decides
+            unless ``held`` is given, and ``ours`` is taken as it is.
+          threshold: replaces :attr:`threshold` (a threshold measured by the stage).
+          digits: digits of the numbers in the text.
+          **fields: values for the ``{name}`` fields of key, statement, paper_value and
+            test (``{threshold}`` is the threshold).
+
+        Raises:
+          ValueError: if ``values`` and :attr:`arms` differ in number.
+        """
+        if values and len(values) != len(self.arms):
+            raise ValueError(f"claim {self.key}: {len(values)} values for arms {self.arms}")
+        t = self.threshold if threshold is None else threshold
+        iv = interval
+        if iv is not None and held is _DECIDE:
+            held = _decide(iv, self.direction, t)
+        if values:
+            iv, _ = seed_verdict(*values, direction="greater")
+            if held is _DECIDE:
+                held = None if iv is None else _decide(iv, self.direction, t)
+            if len(values) == 2:
+                a, b = self.arms
+                ours += f"{a} {seed_mean(values[0], digits)} vs {b} "
+                ours += f"{seed_mean(values[1], digits)}{' ' * bool(self.unit)}{self.unit}; "
+                ours += f"{a} − {b} "
+            ours += describe(iv, digits)
+        key, statement, paper_value, test = (
+            getattr(self, k).format(threshold=t, **fields)
+            for k in ("key", "statement", "paper_value", "test")
+        )
+        held = None if held is _DECIDE else held
+        return Claim(key, self.source, statement, paper_value, ours, held, test,
+                     interval_dict(iv, self.direction, t))  # fmt: skip
+
+
 def seed_claim(
     key: str, paper: str, statement: str, paper_value: str, ours: str, test: str,
     a: Any, b: Any = None, *, direction: str = "greater", threshold: float = 0.0,
 ) -> Claim:  # fmt: skip
-    """A :class:`Claim` decided by :func:`seed_verdict` of ``a`` (or ``a - b``).
+    """A claim written in the stage rather than in :data:`CLAIMS_FILE`: :meth:`ClaimSpec.claim`
+    of ``a`` (or ``a - b``, paired per seed), ``ours`` followed by the interval."""
+    spec = ClaimSpec(key, paper, statement, paper_value, test, ("x",), direction, threshold)
+    return spec.claim(a if b is None else np.subtract(a, b), ours=ours)
 
-    ``ours`` is followed by the interval in words (:func:`describe`); the arguments are
-    :class:`Claim`'s fields and :func:`seed_verdict`'s.
+
+@functools.cache
+def _claims_file() -> dict[str, dict[str, Any]]:
+    return tomllib.loads(CLAIMS_FILE.read_text())
+
+
+def claim_specs(stage: str) -> dict[str, ClaimSpec]:
+    """The claims of ``stage`` in :data:`CLAIMS_FILE`, by their key less ``"<stage>/"``.
+
+    Raises:
+      ValueError: if the file holds no claim of ``stage``.
     """
-    iv, held = seed_verdict(a, b, direction=direction, threshold=threshold)
-    return Claim(key, paper, statement, paper_value, ours + describe(iv), held, test,
-                 interval_dict(iv, direction, threshold))  # fmt: skip
+    specs = {key.split("/", 1)[1]: ClaimSpec(key, **v | {"arms": tuple(v.get("arms", ()))})
+             for key, v in _claims_file().items() if key.startswith(f"{stage}/")}  # fmt: skip
+    if not specs:
+        raise ValueError(f"{CLAIMS_FILE} has no claim of stage {stage!r}")
+    return specs
+
+
+def _decide(iv: Any, direction: str, threshold: float) -> bool | None:
+    """Three-way verdict of a seed interval (see :attr:`ClaimSpec.direction`)."""
+    from amemory.analysis import stats
+
+    if direction != "within":
+        return stats.verdict(iv, direction, threshold)
+    if -threshold < iv.lo and iv.hi < threshold:
+        return True
+    return False if iv.lo > threshold or iv.hi < -threshold else None
 
 
 def describe(iv: Any, digits: int = 3) -> str:
@@ -429,6 +574,16 @@ def format_summary(result: dict[str, Any]) -> str:
             f"  {verdict(c['held']):10s} {c['key']}: ours {c['ours']} | paper {c['paper_value']}"
         )
     return "\n".join(lines)
+
+
+def table(header: Sequence[str], rows: Iterable[Sequence[Any]]) -> list[str]:
+    """Markdown table lines: the header, its rule, then one line per row of cells."""
+    rule = "|---" * len(header) + "|"
+    return [
+        "| " + " | ".join(header) + " |",
+        rule,
+        *("| " + " | ".join(map(str, r)) + " |" for r in rows),
+    ]
 
 
 def fmt(x: Any, digits: int = 3) -> str:

@@ -76,70 +76,50 @@ def run(cfg: ConfigDict, stage: common.Stage) -> dict[str, Any]:
 def report_md(summary: dict[str, Any], m: dict[str, Any]) -> str:
     """Markdown table: time-averaged value per role/metric and optimizer, seed mean ± 95% CI."""
     lr = ", ".join(f"{k} {v:g}" for k, v in m["lr"].items())
-    lines = [
-        f"Learning rates: {lr} ({m['lr_source']}); seeds {', '.join(map(str, m['seeds']))}.",
-        "Values: average over the logged steps, mean ± 95% interval over seeds.",
-        "",
-        "| matrix / metric | Adam | Muon |",
-        "|---|---|---|",
-    ]
-    for k, by in summary.items():
-        cells = [common.seed_mean(by[o]["time_mean"]) if o in by else "-" for o in ("adam", "muon")]
-        lines.append(f"| {k.removeprefix('spectrum/')} | {cells[0]} | {cells[1]} |")
-    return "\n".join(lines)
+    seeds = ", ".join(map(str, m["seeds"]))
+    lines = [f"Learning rates: {lr} ({m['lr_source']}); seeds {seeds}.",
+             "Values: average over the logged steps, mean ± 95% interval over seeds.",
+             ""]  # fmt: skip
+    return "\n".join(lines + common.table(("matrix / metric", "Adam", "Muon"), (
+        (k.removeprefix("spectrum/"),
+         *(common.seed_mean(by[o]["time_mean"]) if o in by else "-" for o in ("adam", "muon")))
+        for k, by in summary.items())))  # fmt: skip
+
+
+CLAIMS = common.claim_specs("isotropy")
 
 
 def make_claims(summary: dict[str, Any]) -> list[common.Claim]:
-    """Verdicts: Muon's entropy higher at every logged step; smaller seed spread."""
-    ent = {k: v for k, v in summary.items()
+    """:data:`CLAIMS`: Muon's entropy higher at every logged step; smaller seed spread."""
+    ent = {k.split("/")[1]: v for k, v in summary.items()
            if k.endswith("/entropy") and {"adam", "muon"} <= set(v)}  # fmt: skip
     if not ent:
         return []
-    role = lambda k: k.split("/")[1]  # noqa: E731
-    per_step, worst = [], {}
-    for k, v in ent.items():
+    per_step, worst, spread, spread_held = [], {}, {}, []
+    for role, v in ent.items():
         mu, ad = np.asarray(v["muon"]["values"]), np.asarray(v["adam"]["values"])
         for t in range(mu.shape[0]):
             iv, held = common.seed_verdict(mu[t], ad[t], direction="greater")
             per_step.append(held)
-            if iv is not None and (role(k) not in worst or iv.lo < worst[role(k)].lo):
-                worst[role(k)] = iv
-    outcomes = (("held", True), ("not held", False), ("undecided", None))
-    counts = {name: sum(h is val for h in per_step) for name, val in outcomes}
-    ours = (
-        f"{counts['held']} of {len(per_step)} (matrix, step) intervals held, "
-        f"{counts['not held']} not held; lowest Muon − Adam per matrix: "
-        + ", ".join(f"{r} {common.describe(iv)}" for r, iv in worst.items())
-    )
-    spread, spread_held = {}, []
-    for k, v in ent.items():
+            if iv is not None and (role not in worst or iv.lo < worst[role].lo):
+                worst[role] = iv
         a, b = np.asarray(v["muon"]["time_mean"]), np.asarray(v["adam"]["time_mean"])
         if a.size >= 2 and b.size >= 2 and np.isfinite(a).all() and np.isfinite(b).all():
-            iv = stats.variance_ratio_interval(a, b)
-            spread[role(k)] = iv
-            spread_held.append(stats.verdict(iv, "less", 1.0))
+            spread[role] = stats.variance_ratio_interval(a, b)
+            spread_held.append(stats.verdict(spread[role], "less", 1.0))
         else:
             spread_held.append(None)
+    counts = {h: sum(x is h for x in per_step) for h in (True, False)}
+    ours = (f"{counts[True]} of {len(per_step)} (matrix, step) intervals held, {counts[False]} "
+            "not held; lowest Muon − Adam per matrix: "
+            + ", ".join(f"{r} {common.describe(iv)}" for r, iv in worst.items()))  # fmt: skip
+    ratio = "seed-variance ratio Muon/Adam of the time-averaged entropy: " + ", ".join(
+        f"{r} {iv.describe_range()}" for r, iv in spread.items()
+    )
     return [
-        common.Claim(
-            "isotropy/muon_more_isotropic", "A, Sec. 4 (isotropy)",
-            "Muon's VO / FFN matrices are more isotropic (higher SVD entropy) than Adam's "
-            "throughout training",
-            "Muon higher entropy from the start", ours,
-            stats.all_verdicts(per_step),
-            "at every logged step and matrix, 95% interval of the per-seed entropy "
-            "difference Muon − Adam > 0 (held if all are; not held if any is < 0)",
-        ),
-        common.Claim(
-            "isotropy/seed_spread", "A, Sec. 4 (isotropy)",
-            "Muon's isotropy varies less across seeds than Adam's",
-            "negligible for Muon, Adam fluctuates",
-            "seed-variance ratio Muon/Adam of the time-averaged entropy: "
-            + ", ".join(f"{r} {iv.describe_range()}" for r, iv in spread.items()),
-            stats.all_verdicts(spread_held),
-            "95% F interval of var(Muon)/var(Adam) over seeds < 1 for every matrix",
-        ),
-    ]  # fmt: skip
+        CLAIMS["muon_more_isotropic"].claim(ours=ours, held=stats.all_verdicts(per_step)),
+        CLAIMS["seed_spread"].claim(ours=ratio, held=stats.all_verdicts(spread_held)),
+    ]
 
 
 EXPERIMENT = common.Experiment(

@@ -84,59 +84,36 @@ def run(cfg: ConfigDict, stage: common.Stage) -> dict[str, Any]:
 
 def report_md(m: dict[str, Any]) -> str:
     """Markdown: learning rates; neuron-norm CV per role; final validation loss."""
-    lr = m["chosen_lr"]
-    cv = m["neuron_cv"]
+    lr, cv, sm = m["chosen_lr"], m["neuron_cv"], common.seed_mean
     lines = [
         f"Learning rates (grid, final validation loss of seed 0): Adam {lr['adam']:g}, Muon "
         f"{lr['muon']:g}, NorMuon {lr['normuon']:g}. Seeds {', '.join(map(str, m['seeds']))}: "
-        "mean ± 95% interval.",
-        "",
+        "mean ± 95% interval.", "",
         "Coefficient of variation of the per-output-neuron norms of the update (average over "
-        "the logged steps and the layers):",
-        "",
-        "| matrix | Muon | NorMuon |",
-        "|---|---|---|",
-    ]
-    for role in cv["muon"]["time_mean"]:
-        lines.append(
-            f"| {role} | {common.seed_mean(cv['muon']['time_mean'][role])} | "
-            f"{common.seed_mean(cv['normuon']['time_mean'][role])} |"
-        )
-    both = [common.seed_mean(cv[o]["all"]) for o in OPTIMIZERS]
-    lines.append(f"| all | {both[0]} | {both[1]} |")
-    lines += [
-        "",
-        f"Final validation loss (engine): Muon {common.seed_mean(m['final']['muon'])}, NorMuon "
-        f"{common.seed_mean(m['final']['normuon'])} nats/token; plain loop: Muon "
-        f"{common.seed_mean(cv['muon']['plain_final_loss'])}, NorMuon "
-        f"{common.seed_mean(cv['normuon']['plain_final_loss'])}.",
-    ]
+        "the logged steps and the layers):", "",
+    ]  # fmt: skip
+    rows = [(r, *(sm(cv[o]["time_mean"][r]) for o in OPTIMIZERS)) for r in cv["muon"]["time_mean"]]
+    lines += common.table(
+        ("matrix", "Muon", "NorMuon"), rows + [("all", *(sm(cv[o]["all"]) for o in OPTIMIZERS))]
+    )
+    plain = {o: cv[o]["plain_final_loss"] for o in OPTIMIZERS}
+    engine, plain = (
+        f"Muon {sm(x['muon'])}, NorMuon {sm(x['normuon'])}" for x in (m["final"], plain)
+    )
+    lines += ["", f"Final validation loss (engine): {engine} nats/token; plain loop: {plain}."]
     return "\n".join(lines)
 
 
+CLAIMS = common.claim_specs("normuon")
+
+
 def make_claims(m: dict[str, Any]) -> list[common.Claim]:
-    """Verdicts: NorMuon equalises the neuron norms; NorMuon's loss is lower at equal steps."""
+    """:data:`CLAIMS` (paired seed intervals): neuron-norm CV; final loss at equal steps."""
     cv, final = m["neuron_cv"], m["final"]
     return [
-        common.seed_claim(
-            "normuon/neuron_norms", "NorMuon, arXiv 2510.05491, Sec. 3",
-            "Muon's updates have unequal per-neuron norms; NorMuon's normalisation equalises them",
-            "Muon's neuron norms vary widely; NorMuon's are near uniform",
-            f"CV of neuron norms: Muon {common.seed_mean(cv['muon']['all'])}, NorMuon "
-            f"{common.seed_mean(cv['normuon']['all'])}; Muon − NorMuon ",
-            "95% interval of the per-seed difference of the CV (Muon − NorMuon, average "
-            "over logged steps and hidden matrices) > 0",
-            cv["muon"]["all"], cv["normuon"]["all"],
-        ),
-        common.seed_claim(
-            "normuon/val_loss", "NorMuon, arXiv 2510.05491, Sec. 4 (+11.3% over Muon at 1.1B)",
-            "NorMuon reaches a lower validation loss than Muon at equal steps", "NorMuon < Muon",
-            f"Muon {common.seed_mean(final['muon'])} vs NorMuon "
-            f"{common.seed_mean(final['normuon'])} nats/token; Muon − NorMuon ",
-            "95% interval of the per-seed final validation loss difference Muon − NorMuon > 0",
-            final["muon"], final["normuon"],
-        ),
-    ]  # fmt: skip
+        CLAIMS["neuron_norms"].claim(cv["muon"]["all"], cv["normuon"]["all"], ours="CV: "),
+        CLAIMS["val_loss"].claim(final["muon"], final["normuon"]),
+    ]
 
 
 EXPERIMENT = common.Experiment(
@@ -145,5 +122,4 @@ EXPERIMENT = common.Experiment(
     units=lambda cfg: (
         sum(len(cfg.lr_grid[o]) for o in ("adam",) + OPTIMIZERS) + 2 * len(OPTIMIZERS)
     ),
-    sources=("experiments/reference_lm.py",),
 )

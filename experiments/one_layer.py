@@ -268,16 +268,17 @@ def _max_gap(metrics: dict, key: str) -> float:
     return float("nan") if r is None else max(r["one_step_max_gap"], r["many_steps_max_gap"])
 
 
+CLAIMS = common.claim_specs("one_layer")
+
+
 def make_claims(metrics: dict, cfg: Any) -> list[common.Claim]:
-    """Verdicts for paper A Fig. 4 from the largest gap along each path.
+    """:data:`CLAIMS`, from the largest gap along each path.
 
     A (prior, embedding, optimizer) is "balanced" when the largest Δ over both the
     one-step sweep and the many-step trajectory is below ``cfg.balanced``, and
     "imbalanced" when it exceeds ``cfg.imbalanced``.
     """
     bal, imb = cfg.balanced, cfg.imbalanced
-    test = f"balanced: max Δ along both paths < {bal}; imbalanced: max Δ > {imb}"
-    claims = []
 
     def gaps(prior: str, opt: str) -> dict[str, float]:
         return {emb: _max_gap(metrics, f"{prior}/{emb}/{opt}") for emb in cfg.embeddings}
@@ -291,49 +292,30 @@ def make_claims(metrics: dict, cfg: Any) -> list[common.Claim]:
             return None
         return all(v < bal for v in vals) if want_balanced else all(v > imb for v in vals)
 
+    claims, limits = [], {"balanced": bal, "imbalanced": imb}
     if "two_level" in metrics["priors"]:
-        for opt, key, paper, statement, paper_value, balanced in (
-            ("gd", "one_layer/gd_imbalanced", "A, Thm 5.3 / Fig. 4",
-             "GD learns head before tail: imbalanced (large gap Δ) for both embeddings",
-             "GD imbalanced", False),
-            ("muon", "one_layer/muon_balanced", "A, Thm 5.3-5.4 / Fig. 4",
-             "Muon learns all classes at the same rate: balanced for both embeddings",
-             "Muon balanced", True),
-        ):  # fmt: skip
+        for opt, key, balanced in (("gd", "gd_imbalanced", False), ("muon", "muon_balanced", True)):
             g = gaps("two_level", opt)
-            verdict = decide(list(g.values()), balanced)
-            claims.append(common.Claim(key, paper, statement, paper_value, ours(g), verdict, test))
-        g = gaps("two_level", "signgd")
-        held = None
+            claims.append(CLAIMS[key].claim(ours=ours(g), held=decide(list(g.values()), balanced),
+                                            **limits))  # fmt: skip
+        g, held = gaps("two_level", "signgd"), None
         if "decoupled" in g and "coupled" in g:
             a, b = decide([g["decoupled"]], True), decide([g["coupled"]], False)
             held = None if a is None or b is None else (a and b)
-        claims.append(common.Claim(
-            "one_layer/signgd_basis_dependent", "A, Thm 5.3 / Fig. 4",
-            "SignGD balanced with decoupled embeddings, imbalanced with coupled ones",
-            "decoupled balanced, coupled imbalanced", ours(g), held, test,
-        ))  # fmt: skip
+        claims.append(CLAIMS["signgd_basis_dependent"].claim(ours=ours(g), held=held, **limits))
         r = metrics["runs"].get("two_level/decoupled/gd")
         if "gd_rho_closed_form" in metrics and r is not None:
-            ours_rho, ref = r["one_step_rho"]["rho"], metrics["gd_rho_closed_form"]
-            claims.append(common.Claim(
-                "one_layer/gd_one_step_rho", "A, Thm 5.3 (derived closed form)",
-                f"one-step GD balance ϱ^ε (ε = {cfg.eps}) equals x^r/(x^r+K-1)",
-                f"{common.fmt(ref, 4)} (closed form, K = {cfg.K})", f"{common.fmt(ours_rho, 4)}",
-                bool(abs(ours_rho - ref) <= 1e-3 + 1e-2 * abs(ref)),
-                "relative difference <= 1% (+1e-3 absolute), float32",
-            ))  # fmt: skip
+            rho, ref = r["one_step_rho"]["rho"], metrics["gd_rho_closed_form"]
+            claims.append(CLAIMS["gd_one_step_rho"].claim(
+                ours=common.fmt(rho, 4), held=bool(abs(rho - ref) <= 1e-3 + 1e-2 * abs(ref)),
+                eps=cfg.eps, ref=common.fmt(ref, 4), K=cfg.K))  # fmt: skip
     if "corpus" in metrics["priors"]:
         gd, mu = gaps("corpus", "gd"), gaps("corpus", "muon")
         vals = [(mu[e], gd[e]) for e in cfg.embeddings]
         finite = all(math.isfinite(a) and math.isfinite(b) for a, b in vals)
-        claims.append(common.Claim(
-            "one_layer/corpus_prior", "A, Fig. 4 pattern on a real heavy-tailed prior",
-            "with word frequencies of the real corpus, Muon stays more balanced than GD",
-            "(not in the paper; extension)", "Muon " + ours(mu) + "; GD " + ours(gd),
-            all(a < b for a, b in vals) if finite else None,
-            "Muon's max Δ < GD's max Δ for every embedding",
-        ))  # fmt: skip
+        claims.append(CLAIMS["corpus_prior"].claim(
+            ours=f"Muon {ours(mu)}; GD {ours(gd)}",
+            held=all(a < b for a, b in vals) if finite else None))  # fmt: skip
     return claims
 
 

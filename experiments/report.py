@@ -5,6 +5,8 @@ Usage::
     amemory report                          # report.md + figures into runs/report-<ts>
     amemory report --out DIR --scale full   # the full-scale results
     amemory report --update-readme README.md   # README's headline claims from the results
+    amemory report --docs docs/results.md      # the results page, every stage
+    amemory report --mark-stale                # date-mark results whose stage code changed
     amemory report --add runs/x/steps_ratio/result.json   # file a stage's result.json first
 
 Every stage of ``amemory reproduce`` writes a compact JSON, ``experiments/results/<scale>/
@@ -12,8 +14,9 @@ Every stage of ``amemory reproduce`` writes a compact JSON, ``experiments/result
 three-way verdicts, its numbers without the per-step curves, and where they come from
 (config hash, the stage's code version, package versions, machine, wall and CPU time,
 load average at the start and the end). These files are committed; this command renders
-the report from them, and README's headline table is generated from them (a test fails
-when the two disagree).
+the report from them, and docs/results.md and README's headline table are generated from
+them (a test fails when they disagree, and when a result's stage code changed since it
+was computed unless the result carries a dated stale mark, :func:`mark_stale`).
 """
 
 from __future__ import annotations
@@ -35,6 +38,7 @@ from amemory.cli import Parser
 from experiments import common
 
 RESULTS = common.REPO / "experiments" / "results"
+DOCS = common.REPO / "docs" / "results.md"
 README_BEGIN = "<!-- BEGIN reproduce -->"
 README_END = "<!-- END reproduce -->"
 PACKAGES = ("jax", "jaxlib", "flax", "optax", "orbax-checkpoint", "numpy", "ml-collections")
@@ -129,7 +133,8 @@ def save_result(
     outside ``amemory reproduce``.
 
     Returns:
-      (the path written, :func:`differences` from the file it replaced).
+      (the path written, :func:`differences` from the file it replaced, else from the
+      committed one).
     """
     path = pathlib.Path(root) / result["scale"] / f"{result['name']}.json"
     omitted: list[str] = []
@@ -141,7 +146,9 @@ def save_result(
         "omitted": omitted,
         "provenance": provenance(result, code_version, commit),
     }
-    old = common.load_json(path) if path.is_file() else None
+    committed = RESULTS / result["scale"] / path.name
+    before = path if path.is_file() else committed
+    old = common.load_json(before) if before.is_file() else None
     common.save_json(path, new)
     return path, differences(old, new) if old else []
 
@@ -173,43 +180,93 @@ def load_results(scale: str = "quick", root: os.PathLike | str = RESULTS) -> lis
     return sorted(results, key=lambda r: (order.get(r["name"], len(order)), r["name"]))
 
 
+def code_changed(result: dict[str, Any]) -> bool:
+    """Whether ``result``'s registered stage has a code version other than the recorded one."""
+    exp = common.experiments().get(result["name"])
+    return exp is not None and (result.get("provenance") or {}).get("code_version") != (
+        exp.code_version()
+    )
+
+
+def refresh_command(result: dict[str, Any]) -> str:
+    """The command that recomputes ``result`` over the committed file: a default stage at the
+    quick scale with the others (the reduced configs and shared rates of the default run),
+    any other alone in its full config (add the ``--set`` its committed config needs)."""
+    exp = common.experiments().get(result["name"])
+    default = exp is not None and exp.default and result["scale"] == "quick"
+    alone = "" if default else f" --only {result['name']}"
+    return f"amemory reproduce --scale {result['scale']}{alone} --refresh-results"
+
+
+def mark_stale(root: os.PathLike | str = RESULTS) -> list[pathlib.Path]:
+    """Give every result under ``root`` whose stage code changed (:func:`code_changed`) and
+    that has no mark a dated ``stale`` mark (``since``, ``reason``, ``code_version``: the
+    stage's version when marked); returns the files marked. The report prints the mark
+    until the stage is re-run (:func:`save_result` writes no mark)."""
+    marked = []
+    for path in sorted(pathlib.Path(root).glob("*/*.json")):
+        result = common.load_json(path)
+        if "stale" in result or not code_changed(result):
+            continue
+        now = common.experiments()[result["name"]].code_version()
+        was = (result.get("provenance") or {}).get("code_version")
+        result["stale"] = {
+            "since": _dt.datetime.now(_dt.UTC).strftime("%Y-%m-%d"), "code_version": now,
+            "reason": f"the stage's code changed after it was computed (code version {was} "
+            f"when computed, {now} when marked); its numbers were not recomputed",
+        }  # fmt: skip
+        common.save_json(path, result)
+        marked.append(path)
+    return marked
+
+
 def headline() -> list[str]:
     """The claims shown first, in the registry's order (:attr:`common.Experiment.headline`)."""
     return [k for exp in common.experiments().values() for k in exp.headline]
 
 
 def claims(results: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Every claim of ``results``, the headline claims first."""
+    """Every claim of ``results``, the headline claims first; a stale result's claims carry
+    its mark's date as ``stale``."""
     order = {k: i for i, k in enumerate(headline())}
-    all_claims = [c for r in results for c in r.get("claims", [])]
+    all_claims = [c | ({"stale": r["stale"]["since"]} if r.get("stale") else {})
+                  for r in results for c in r.get("claims", [])]  # fmt: skip
     return sorted(all_claims, key=lambda c: order.get(c["key"], len(order)))
 
 
 def seeds_note(claim: dict[str, Any]) -> str:
     """``" (n=3; 7 needed)"``: the seeds a 95% t interval of the observed effect would need
     to exclude the claim's threshold (:func:`amemory.analysis.stats.seeds_needed`; "undecided"
-    with few needed is a power problem, with ∞ no effect); empty without a t interval."""
+    with few needed is a power problem, with ∞ no effect). Empty unless the verdict is the
+    interval's own on a one-sided claim (not for equivalence claims, nor for a verdict that
+    rests on another quantity)."""
     iv = claim.get("interval")
-    if not iv:
+    if not iv or iv.get("direction") not in ("greater", "less"):
         return ""
     t = stats.Interval(iv["estimate"], iv["lo"], iv["hi"], iv["n"], iv["confidence"])
-    need = stats.seeds_needed(t, iv.get("threshold") or 0.0)
+    threshold = iv.get("threshold") or 0.0
+    if stats.verdict(t, iv["direction"], threshold) != claim["held"]:
+        return ""
+    need = stats.seeds_needed(t, threshold)
     return "" if math.isnan(need) else f" (n={iv['n']}; {need:.0f} needed)".replace("inf", "∞")
 
 
 def claims_table(results: Sequence[dict[str, Any]], keys: Sequence[str] | None = None) -> str:
     """Markdown table: claim | source | paper | ours | verdict (headline claims in bold; only
-    ``keys`` if given); beside the verdict, the seeds its interval has and would need."""
-    lines = ["| claim | source | paper | ours | verdict |", "|---|---|---|---|---|"]
+    ``keys`` if given); beside the verdict, the seeds its interval has and would need
+    (:func:`seeds_note`) and a stale result's mark."""
     first = set(headline())
-    for c in [c for c in claims(results) if keys is None or c["key"] in keys]:
+    rows = []
+    for c in claims(results):
+        if keys is not None and c["key"] not in keys:
+            continue
         verdict = common.verdict(c["held"]) + seeds_note(c)
+        verdict += f"; stale since {c['stale']}" if c.get("stale") else ""
         cells = [c["statement"], c["paper"], c["paper_value"], c["ours"], verdict]
         cells = [str(x).replace("|", "/").replace("\n", " ") for x in cells]
-        if c["key"] in first:
-            cells[0] = f"**{cells[0]}**"
-        lines.append("| " + " | ".join(cells) + " |")
-    return "\n".join(lines)
+        cells[0] = f"**{cells[0]}**" if c["key"] in first else cells[0]
+        rows.append(cells)
+    return "\n".join(common.table(("claim", "source", "paper", "ours", "verdict"), rows))
 
 
 def _cost(results: Sequence[dict[str, Any]]) -> str:
@@ -260,55 +317,97 @@ def claims_figure(results: Sequence[dict[str, Any]], path: pathlib.Path) -> path
     return path
 
 
+RULES = (
+    "Verdicts are decided by the rule in each claim's test. Transformer claims compare runs "
+    "on the same initialisation seeds (held out from the learning-rate choice; every seed "
+    "reads the same data order): a claim is held when the 95% Student-t interval of the "
+    "per-seed difference excludes zero (or the stated threshold) on the claimed side, not "
+    "held when it excludes it on the other side, and undecided otherwise. Quick-scale numbers "
+    "come from models far smaller than the papers'; a claim that does not hold here is "
+    "reported as such."
+)
+
+
+def stage_section(r: dict[str, Any], figure: Any, level: str = "##") -> list[str]:
+    """Markdown of one stage: provenance, stale mark, claims, tables, notes, figures.
+
+    ``figure(result, path)`` gives a figure's link, or None to leave it out.
+    """
+    prov = r.get("provenance") or {}
+    load = prov.get("load_1min") or {}
+    cpu = f", CPU {r['cpu_s']:.0f} s" if r.get("cpu_s") is not None else ""
+    lines = [f"{level} {r['name']} ({r['scale']} scale)", "",
+             f"Computed {str(prov.get('written', '?'))[:10]} at commit "
+             f"{str(prov.get('commit') or '?')[:10]} (stage code version "
+             f"{prov.get('code_version')}); wall {float(r.get('wall_s') or 0):.0f} s{cpu}"
+             + (f", load average {load['start']:.1f} → {load['end']:.1f}" if load else "")
+             + ".", ""]  # fmt: skip
+    if mark := r.get("stale"):
+        lines += [f"**Stale since {mark['since']}**: {mark['reason']}. Refresh: "
+                  f"`{refresh_command(r)}`.", ""]  # fmt: skip
+    for c in r.get("claims", []):
+        lines.append(
+            f"- **{common.verdict(c['held'])}**: {c['statement']}. Paper ({c['paper']}): "
+            f"{c['paper_value']}. Ours: {c['ours']}. Test: {c['test']}."
+        )
+    extra = (r.get("metrics") or {}).get("report_md")
+    lines += ["", extra] if extra else []
+    lines += [f"- note: {note}" for note in r.get("notes") or []]
+    links = [link for f in r.get("figures") or [] if (link := figure(r, f))]
+    return lines + [""] + [f"![{pathlib.Path(f).stem}]({f})" for f in links] + [""]
+
+
 def write_report(out: pathlib.Path, results: Sequence[dict[str, Any]], scale: str) -> pathlib.Path:
-    """Write ``out/report.md`` (claims table, per-stage sections, figures, notes)."""
+    """Write ``out/report.md`` (claims table, forest figure, per-stage sections)."""
     every = claims(results)
     counts = {v: sum(c["held"] is v for c in every) for v in (True, False, None)}
-    cpu = sum(float(r.get("cpu_s") or 0.0) for r in results)
-    wall = sum(float(r.get("wall_s") or 0.0) for r in results)
     lines = [
-        f"# amemory reproduce ({scale} scale)",
-        "",
-        f"Run directory `{out}`; total wall time {wall / 60:.1f} min, CPU time "
-        f"{cpu / 60:.1f} min (so at least {cpu / 120:.1f} min of wall time on 2 cores); "
-        f"{counts[True]} claims held, {counts[False]} not held, {counts[None]} undecided.",
-        "",
-        "Verdicts are decided by the rule in each stage's section (column `test` of its "
-        "`result.json`). Transformer claims compare runs on the same initialisation seeds "
-        "(held out from the learning-rate choice; every seed reads the same data order): "
-        "a claim is held when the 95% Student-t interval of the per-seed difference excludes "
-        "zero (or the stated threshold) on the claimed side, not held when it excludes it on "
-        "the other side, and undecided otherwise. Quick-scale numbers come from models far "
-        "smaller than the papers'; a claim that does not hold here is reported as such.",
-        "",
-        "## Claims beside our measurements",
-        "",
-        claims_table(results),
-        "",
-    ]
+        f"# amemory reproduce ({scale} scale)", "",
+        f"Run directory `{out}`; {_cost(results)}; {counts[True]} claims held, "
+        f"{counts[False]} not held, {counts[None]} undecided.", "", RULES, "",
+        "## Claims beside our measurements", "", claims_table(results), "",
+    ]  # fmt: skip
     fig = claims_figure(results, out / "figures" / "claims.png")
-    if fig is not None:
-        lines += [f"![claims]({fig.relative_to(out).as_posix()})", ""]
+    lines += [f"![claims]({fig.relative_to(out).as_posix()})", ""] if fig else []
     for r in results:
-        cpu_s = r.get("cpu_s")
-        cpu_txt = f", CPU {cpu_s:.0f} s" if cpu_s is not None else ""
-        lines += [f"## {r['name']} (wall {float(r.get('wall_s') or 0):.0f} s{cpu_txt})", ""]
-        for c in r.get("claims", []):
-            lines.append(
-                f"- **{common.verdict(c['held'])}**: {c['statement']}. Paper ({c['paper']}): "
-                f"{c['paper_value']}. Ours: {c['ours']}. Test: {c['test']}."
-            )
-        extra = (r.get("metrics") or {}).get("report_md")
-        lines += ["", extra] if extra else []
-        lines += [f"- note: {note}" for note in r.get("notes") or []]
-        lines.append("")
-        for f in r.get("figures") or []:
-            if (out / r["name"] / f).exists():
-                lines.append(f"![{pathlib.Path(f).stem}]({r['name']}/{f})")
-        lines.append("")
+        lines += stage_section(
+            r, lambda r, f: f"{r['name']}/{f}" if (out / r["name"] / f).exists() else None
+        )
     path = out / "report.md"
     atomic.write_text(path, "\n".join(lines) + "\n")
     return path
+
+
+def results_page(root: os.PathLike | str = RESULTS, docs: pathlib.Path = DOCS) -> str:
+    """docs/results.md: every committed result, by scale (claims table, then per stage), the
+    figures that ``docs/figures/`` holds."""
+    lines = [
+        "# Results", "",
+        f"Generated by `amemory report --docs {_shown(docs)}` from the committed "
+        f"`{_shown(root)}/<scale>/<stage>.json`; do not edit (a test compares). A result "
+        "marked stale was computed by an older version of its stage's code; its section names "
+        "the command that refreshes it.", "", RULES, "",
+    ]  # fmt: skip
+
+    def figure(r: dict[str, Any], f: str) -> str | None:
+        name = pathlib.Path(f).name
+        return f"figures/{name}" if (docs.parent / "figures" / name).is_file() else None
+
+    for scale in common.SCALES:
+        results = load_results(scale, root)
+        if results:
+            lines += [f"## {scale.capitalize()} scale", "",
+                      f"{len(results)} stages; {_cost(results)}.", "",
+                      claims_table(results), ""]  # fmt: skip
+            for r in results:
+                lines += stage_section(r, figure, "###")
+    return "\n".join(lines).rstrip("\n") + "\n"
+
+
+def _shown(path: os.PathLike | str) -> str:
+    """``path`` relative to the repository when inside it."""
+    p = pathlib.Path(path).resolve()
+    return p.relative_to(common.REPO).as_posix() if p.is_relative_to(common.REPO) else str(p)
 
 
 def readme_block(results: Sequence[dict[str, Any]], scale: str = "quick") -> str:
@@ -350,12 +449,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--results", default=str(RESULTS), help="results directory (default: ours)")
     p.add_argument("--out", default=None, help="where report.md goes (default runs/report-<ts>)")
     p.add_argument("--update-readme", default=None, metavar="PATH", help="rewrite its table")
+    p.add_argument("--docs", default=None, metavar="PATH",
+                   help="write the results page (docs/results.md) from the results")  # fmt: skip
+    p.add_argument("--mark-stale", action="store_true",
+                   help="date-mark every result whose stage code changed")  # fmt: skip
     p.add_argument("--add", action="append", default=[], metavar="RESULT_JSON",
                    help="first file this result.json into the results (repeatable)")  # fmt: skip
     args = p.parse_args(list(sys.argv[1:] if argv is None else argv))
     for path in args.add:
         saved, moved = save_result(common.load_json(path), args.results)
         print(f"{saved}" + "".join(f"\n  moved: {line}" for line in moved))
+    for path in mark_stale(args.results) if args.mark_stale else ():
+        print(f"marked stale: {path}")
     results = load_results(args.scale, args.results)
     if not results:
         return p.fail(f"no results in {args.results}/{args.scale}")
@@ -367,4 +472,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             update_readme(pathlib.Path(args.update_readme), results, args.scale)
         except (OSError, ValueError) as e:
             return p.fail(e)
+    if args.docs:
+        atomic.write_text(args.docs, results_page(args.results, pathlib.Path(args.docs).resolve()))
+        print(f"results page: {args.docs}")
     return 0

@@ -6,20 +6,23 @@ Usage::
     amemory reproduce --scale full           # paper-sized configs (GPU/TPU hours)
     amemory reproduce --only tail_qa         # one experiment (its full quick config)
     amemory reproduce --out runs/final       # choose the run directory (rerun to resume)
-    amemory reproduce --update-readme README.md   # also refresh README's claims table
+    amemory reproduce --only tail_lm --refresh-results   # replace the committed results
     amemory reproduce --scale full --set base.parallel.mode=sharded   # many devices
 
-The stages are the registered experiments (:func:`experiments.common.experiments`) plus
-``check`` (``amemory check --quick``). Without ``--only`` the default ones run
-(``Experiment.default``) in their reduced variants (``Experiment.reduced``), and a stage
-with ``lr_from`` takes that stage's chosen learning rates. Transformer claims rest on 3
+The stages are the registered experiments (:func:`experiments.common.experiments`).
+Without ``--only`` the default ones run (``Experiment.default``) in their reduced variants
+(``Experiment.reduced``), and a stage with ``lr_from`` takes that stage's chosen learning
+rates. Transformer claims rest on 3
 held-out initialisation seeds (one vmapped program per run) and a 95% seed interval.
 
-Output: ``runs/reproduce-<UTC timestamp>/`` (or ``--out``): per stage ``result.json`` and
-``figures/``; ``train_runs/`` (every transformer run, shared between stages and keyed by
-its config and the ``amemory`` sources); ``report.md``, ``summary.json``; and per stage
-``experiments/results/<scale>/<stage>.json`` (:mod:`experiments.report`), with a line for
-every claim whose verdict changed or whose interval moved clear of the one it replaces.
+Output, all under ``runs/reproduce-<UTC timestamp>/`` (or ``--out``): per stage
+``result.json`` and ``figures/``; ``train_runs/`` (every transformer run, shared between
+stages and keyed by its config and the ``amemory`` sources); ``report.md``,
+``summary.json``; and per stage the compact ``results/<scale>/<stage>.json``
+(:mod:`experiments.report`), with a line for every claim whose verdict changed or whose
+interval moved clear of the committed one. ``--refresh-results`` writes the compact JSONs
+over the committed ``experiments/results/<scale>/`` instead (and the figures into
+``docs/figures/``); then ``amemory report --docs docs/results.md`` regenerates the page.
 
 Reliability: ``--out`` is locked (a second ``reproduce`` on it exits 4); SIGTERM saves the
 training run in progress and exits 75 (SIGINT: 130); the same command resumes. On several
@@ -33,7 +36,6 @@ import os
 import pathlib
 import shutil
 import signal
-import subprocess
 import sys
 import time
 import traceback
@@ -43,7 +45,6 @@ from typing import Any
 from amemory import atomic
 from amemory.cli import Parser
 from experiments import common, report
-from experiments.configs import new_config
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -57,13 +58,13 @@ def build_parser() -> argparse.ArgumentParser:
     )  # fmt: skip
     p.add_argument("--out", default=None, help="run directory (default runs/reproduce-<ts>)")
     p.add_argument(
-        "--results", default=str(report.RESULTS), metavar="DIR",
-        help="where the compact per-stage JSONs go (DIR/<scale>/<stage>.json; default ours)",
+        "--results", default=None, metavar="DIR",
+        help="where the compact per-stage JSONs go (DIR/<scale>/<stage>.json; default OUT/results)",
     )  # fmt: skip
     p.add_argument(
-        "--update-readme", default=None, metavar="PATH",
-        help=f"replace the text between {report.README_BEGIN} and {report.README_END} in PATH "
-        "with the claims table (and copy the figures to docs/figures/ next to PATH)",
+        "--refresh-results", action="store_true",
+        help="write them over the committed ones (experiments/results/<scale>/) "
+        "and the figures into docs/figures/",
     )  # fmt: skip
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
     p.add_argument(
@@ -72,55 +73,6 @@ def build_parser() -> argparse.ArgumentParser:
         "--set base.parallel.mode=sharded --set base.steps=2000 (repeatable)",
     )  # fmt: skip
     return p
-
-
-def run_check(cfg: Any, stage: common.Stage) -> dict[str, Any]:
-    """Stage ``check``: ``amemory check --quick`` (``--scale full``: without ``--quick``).
-
-    Runs in a subprocess (the checks switch jax to float64, which must not leak into the
-    other stages) with ``--json`` and ``--out``; stdout/stderr go to ``check.log``. One
-    claim: every check passed; the per-check table goes into the report.
-    """
-    scale, stage_dir = cfg.scale, stage.out_dir
-    json_path = stage_dir / "checks.json"
-    quick = scale == "quick"
-    argv = (["--quick"] if quick else []) + [
-        "--json", str(json_path), "--out", str(stage_dir / "figures"),
-    ]  # fmt: skip
-    code = f"import sys, theory_checks.cli as c; sys.exit(c.main({argv!r}))"
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
-    stage.progress("check")
-    log = proc.stdout + ("\n" + proc.stderr if proc.stderr else "")
-    atomic.write_text(stage_dir / "check.log", log)
-    counts, failed = "", []
-    if json_path.exists():
-        data = common.load_json(json_path)
-        meta = data.get("meta", {})
-        counts = f"{meta.get('passed')}/{meta.get('total')} passed"
-        failed = [r["name"] for r in data.get("results", []) if not r.get("passed")]
-    if proc.returncode == 0:
-        ours, held = f"all passed ({counts})" if counts else "all passed", True
-    elif "No module named" in log and not counts:
-        ours, held = "theory_checks not available", None
-    elif counts:
-        ours, held = f"{counts}; failed: {', '.join(failed)}", False
-    else:
-        ours, held = f"exit status {proc.returncode} (see check.log)", None
-    claim = common.Claim(
-        "check/theory", "A Thm 5.3-5.4, B (docs/science.md)",
-        "numerical checks of the papers' statements (`amemory check`)", "statements hold", ours,
-        held, f"every check within its stated tolerance (`amemory check{' --quick' * quick}`)",
-    )  # fmt: skip
-    table = "\n".join(line for line in proc.stdout.splitlines() if line.startswith("|"))
-    figures = sorted(stage.figure(p) for p in (stage_dir / "figures").glob("*.png"))
-    metrics = {"returncode": proc.returncode, "counts": counts, "failed": failed}
-    return {"metrics": metrics | {"report_md": table}, "figures": figures, "claims": [claim]}
-
-
-EXPERIMENT = common.Experiment(
-    "check", run_check, default=True, get_config=lambda scale: new_config(scale)[0],
-    sources=("theory_checks/*.py", "experiments/reproduce.py"),
-)  # fmt: skip
 
 
 def stage_config(name: str, scale: str, overrides: dict[str, Any], sets: Sequence[str]) -> Any:
@@ -193,7 +145,8 @@ def reproduce(
 
     A stage that raises is recorded as failed (its claims undecided) and the others
     still run. With ``results_dir``, every stage that ran writes its compact JSON there
-    (:func:`report.save_result`) and the claims that moved are printed. ``stage_runner``
+    (:func:`report.save_result`) and the claims that moved from the committed result are
+    printed. ``stage_runner``
     replaces :func:`run_experiment` (tests).
     """
     out.mkdir(parents=True, exist_ok=True)
@@ -250,8 +203,8 @@ def _on_sigterm(signum: int, frame: Any) -> None:
     raise _Stopped("SIGTERM")
 
 
-def _copy_figures(readme: pathlib.Path, out: pathlib.Path, results: Sequence[dict]) -> None:
-    fig_dir = readme.parent / "docs" / "figures"
+def _copy_figures(out: pathlib.Path, results: Sequence[dict]) -> None:
+    fig_dir = common.REPO / "docs" / "figures"
     fig_dir.mkdir(parents=True, exist_ok=True)
     for r in results:
         for f in r.get("figures", []):
@@ -270,8 +223,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(list(sys.argv[1:] if argv is None else argv))
     out = pathlib.Path(args.out or pathlib.Path("runs") / f"reproduce-{common.timestamp()}")
-    if args.update_readme and not pathlib.Path(args.update_readme).is_file():
-        return parser.fail(f"--update-readme {args.update_readme}: no such file")
+    results_dir = report.RESULTS if args.refresh_results else args.results or out / "results"
     chosen = set(args.only or ())
     stages = [
         n for n, e in common.experiments().items() if n in chosen or (not chosen and e.default)
@@ -289,7 +241,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         with lock.WorkdirLock(out):
             results, path = reproduce(
                 stages, args.scale, out, reduced=not args.only, progress=not args.no_progress,
-                sets=args.set, results_dir=pathlib.Path(args.results),
+                sets=args.set, results_dir=pathlib.Path(results_dir),
             )  # fmt: skip
     except lock.WorkdirBusyError as e:
         parser.fail(e)
@@ -303,10 +255,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return guard.EXIT_INTERRUPTED if reason == "SIGINT" else guard.EXIT_PREEMPTED
     finally:
         signal.signal(signal.SIGTERM, previous)
-    if args.update_readme:
-        readme = pathlib.Path(args.update_readme)
-        _copy_figures(readme, out, results)
-        report.update_readme(readme, report.load_results(args.scale, args.results), args.scale)
+    if args.refresh_results:
+        _copy_figures(out, results)
     print(f"\nreport: {path}")
     for c in report.claims(results):
         print(f"  {common.verdict(c['held']):10s} {c['key']}: {c['ours']}")

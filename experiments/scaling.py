@@ -180,64 +180,43 @@ def run(cfg: ConfigDict, stage: common.Stage) -> dict[str, Any]:
     return {"metrics": metrics, "figures": figures, "claims": claims}
 
 
+CLAIMS = common.claim_specs("scaling")
+
+
 def make_claims(cfg: ConfigDict, m: dict[str, Any]) -> list[common.Claim]:
-    """Verdicts for paper B's GD and Muon rates and the envelope ordering."""
-    claims = []
+    """:data:`CLAIMS`: paper B's GD and Muon rates and the envelope ordering."""
+    claims, f = [], common.fmt
     syn = m.get("synthetic")
     if syn:
         half = len(syn["T"]) // 2
-        gd_txt, gd_ok, mu_txt, mu_ok, adv_txt, adv_ok = [], [], [], [], [], []
+        text: dict[str, list[str]] = {"gd_rate": [], "muon_rate": [], "muon_advantage_grows": []}
+        ok: dict[str, list[bool]] = {k: [] for k in text}
         for beta, r in syn["by_beta"].items():
-            ref = r["gd_reference_slope"]
-            s = r.get("gd_fit", {}).get("slope", float("nan"))
-            gd_txt.append(f"β={beta}: slope {common.fmt(s, 2)} (bound {ref:.2f})")
-            gd_ok.append(math.isfinite(s) and s >= ref - 0.15)
+            ref, s = r["gd_reference_slope"], r.get("gd_fit", {}).get("slope", float("nan"))
+            text["gd_rate"].append(f"β={beta}: slope {f(s, 2)} (bound {ref:.2f})")
+            ok["gd_rate"].append(math.isfinite(s) and s >= ref - 0.15)
             nrm = np.asarray(r["muon_normalised"], float)
             ms = r.get("muon_fit", {}).get("slope", float("nan"))
-            bounded = bool(np.nanmax(nrm[half:]) <= cfg.muon_bound_factor * np.nanmax(nrm[:half]))
-            mu_txt.append(
-                f"β={beta}: excess·(T/logK)² in [{common.fmt(np.nanmin(nrm), 2)}, "
-                f"{common.fmt(np.nanmax(nrm), 2)}], slope {common.fmt(ms, 2)}"
+            text["muon_rate"].append(f"β={beta}: excess·(T/logK)² in [{f(np.nanmin(nrm), 2)}, "
+                                f"{f(np.nanmax(nrm), 2)}], slope {f(ms, 2)}")  # fmt: skip
+            ok["muon_rate"].append(
+                bool(np.nanmax(nrm[half:]) <= cfg.muon_bound_factor * np.nanmax(nrm[:half]))
             )
-            mu_ok.append(bounded)
             ratio = np.asarray(r["gd"], float) / np.maximum(np.asarray(r["muon"], float), 1e-12)
-            adv_txt.append(
-                f"β={beta}: GD/Muon {common.fmt(ratio[0], 2)} → {common.fmt(ratio[-1], 2)}"
+            text["muon_advantage_grows"].append(
+                f"β={beta}: GD/Muon {f(ratio[0], 2)} → {f(ratio[-1], 2)}"
             )
-            adv_ok.append(bool(ratio[-1] > ratio[0]))
-        claims += [
-            common.Claim(
-                "scaling/gd_rate", "B, GD lower bound",
-                "GD's excess loss decays no faster than T^-(1-1/β)",
-                "L^GD − L* ≳ log K · T^-(1-1/β)", "; ".join(gd_txt), all(gd_ok),
-                "fitted slope >= -(1-1/β) - 0.15",
-            ),
-            common.Claim(
-                "scaling/muon_rate", "B, Muon upper bound",
-                "Muon (η = c log K / T) reaches excess ≲ (log K / T)², independent of β",
-                "excess·(T/log K)² bounded", "; ".join(mu_txt), all(mu_ok),
-                f"max over the upper half of T <= {cfg.muon_bound_factor}x max over the lower half",
-            ),
-            common.Claim(
-                "scaling/muon_advantage_grows", "B",
-                "Muon's advantage over GD grows with T", "grows",
-                "; ".join(adv_txt), all(adv_ok), "GD/Muon excess ratio larger at the largest T",
-            ),
-        ]  # fmt: skip
+            ok["muon_advantage_grows"].append(bool(ratio[-1] > ratio[0]))
+        claims += [CLAIMS[k].claim(ours="; ".join(text[k]), held=all(ok[k]),
+                                   factor=cfg.muon_bound_factor) for k in text]  # fmt: skip
     env = m.get("envelope")
     if env:
         pairs = list(zip(env["muon"], env["adam"], strict=True))
-        ok = all(math.isfinite(a) and math.isfinite(b) for a, b in pairs)
-        claims.append(
-            common.Claim(
-                "scaling/envelope", "B, LLaMA-style pre-training sweep",
-                "Muon's data-scaling envelope lies below Adam's", "Muon below Adam",
-                ", ".join(f"{b} steps: Muon {common.fmt(a)} vs Adam {common.fmt(c)}"
-                          for b, (a, c) in zip(env["budgets"], pairs, strict=True)),
-                all(a < b for a, b in pairs) if ok else None,
-                "min val loss Muon < Adam at every budget",
-            )
-        )  # fmt: skip
+        finite = all(math.isfinite(a) and math.isfinite(b) for a, b in pairs)
+        claims.append(CLAIMS["envelope"].claim(
+            ours=", ".join(f"{b} steps: Muon {f(a)} vs Adam {f(c)}"
+                           for b, (a, c) in zip(env["budgets"], pairs, strict=True)),
+            held=all(a < b for a, b in pairs) if finite else None))  # fmt: skip
     return claims
 
 

@@ -264,23 +264,19 @@ def figure(cfg: ConfigDict, by_size: dict[str, Any], out_dir: Any) -> str:
 
 def report_md(cfg: ConfigDict, m: dict[str, Any]) -> str:
     """Markdown: per size the chosen LRs, final losses and the ratio (seed mean ± 95% CI)."""
-    lines = [
-        f"Seeds {', '.join(map(str, m['seeds']))} (held out from the LR choice; same data order); "
-        "values are mean ± 95% interval over seeds. Ratio = steps Muon needs to reach Adam's "
-        "final validation loss of the same seed / steps.",
-        "",
-        "| size | params | LR Adam / Muon | Adam final | Muon final | ratio | LR source |",
-        "|---|---|---|---|---|---|---|",
-    ]
+    sm = common.seed_mean
+    lines = [f"Seeds {', '.join(map(str, m['seeds']))} (held out from the LR choice; same data "
+             "order); values are mean ± 95% interval over seeds. Ratio = steps Muon needs to "
+             "reach Adam's final validation loss of the same seed / steps.", ""]  # fmt: skip
+    rows = []
     for name, v in m["sizes"].items():
-        lr = f"{v['chosen_lr']['adam']:g} / {v['chosen_lr']['muon']:g}"
-        edge = any(r.get("at_edge") for rows in (v["lr_sweep"] or {}).values() for r in rows)
-        lines.append(
-            f"| {name} (d={v['d_model']}, L={v['n_layers']}, V={v['vocab_size']}) | "
-            f"{v['n_params']} | {lr}{' (grid edge)' if edge else ''} | "
-            f"{common.seed_mean(v['final']['adam'])} | {common.seed_mean(v['final']['muon'])} | "
-            f"{common.seed_mean(v['ratio'], 2)} | {v['lr_source']} |"
-        )
+        edge = any(r.get("at_edge") for rows_ in (v["lr_sweep"] or {}).values() for r in rows_)
+        lr = f"{v['chosen_lr']['adam']:g} / {v['chosen_lr']['muon']:g}" + " (grid edge)" * edge
+        rows.append((f"{name} (d={v['d_model']}, L={v['n_layers']}, V={v['vocab_size']})",
+                     v["n_params"], lr, sm(v["final"]["adam"]), sm(v["final"]["muon"]),
+                     sm(v["ratio"], 2), v["lr_source"]))  # fmt: skip
+    lines += common.table(("size", "params", "LR Adam / Muon", "Adam final", "Muon final",
+                           "ratio", "LR source"), rows)  # fmt: skip
     refs = {k: v["reference"] for k, v in m["sizes"].items() if "reference" in v}
     if refs:
         lines += [
@@ -288,111 +284,63 @@ def report_md(cfg: ConfigDict, m: dict[str, Any]) -> str:
             "Plain optax + flax reference (same model, initialisation and batches): "
             "`optax.adam` and `optax.contrib.muon` (hidden matrices; Adam elsewhere).",
             "",
-            "| size | engine Adam final | plain Adam final | engine − plain | seed sd | "
-            "plain Muon final | plain ratio |",
-            "|---|---|---|---|---|---|---|",
         ]
-        for name, r in refs.items():
-            d = r["adam_difference"]
-            diff = "-" if d is None else f"{d['estimate']:.2e} [{d['lo']:.2e}, {d['hi']:.2e}]"
-            lines.append(
-                f"| {name} | {common.seed_mean(r['engine_adam_final'])} | "
-                f"{common.seed_mean(r['plain_adam_final'])} | {diff} | "
-                f"{common.fmt(r['adam_seed_sd'])} | {common.seed_mean(r['plain_muon_final'])} | "
-                f"{common.seed_mean(r['plain_ratio'], 2)} |"
-            )
+        lines += common.table(
+            ("size", "engine Adam final", "plain Adam final", "engine − plain", "seed sd",
+             "plain Muon final", "plain ratio"),
+            ((name, sm(r["engine_adam_final"]), sm(r["plain_adam_final"]),
+              "-" if (d := r["adam_difference"]) is None
+              else f"{d['estimate']:.2e} [{d['lo']:.2e}, {d['hi']:.2e}]",
+              common.fmt(r["adam_seed_sd"]), sm(r["plain_muon_final"]), sm(r["plain_ratio"], 2))
+             for name, r in refs.items()),
+        )  # fmt: skip
     if "budget" in m:
         b = m["budget"]
-        lines += [
-            "",
-            "Muon on shorter schedules at the base size (fraction of the steps: final loss):",
-            "",
-            ", ".join(
-                f"{f:g}: {common.seed_mean(x)}"
-                for f, x in zip(b["fractions"], np.asarray(b["muon_final"]), strict=True)
-            )
-            + f"; Adam's final {common.seed_mean(b['adam_final'])}; fraction needed "
-            f"{common.seed_mean(b['fraction_needed'], 2)}.",
-        ]  # fmt: skip
+        pairs = zip(b["fractions"], np.asarray(b["muon_final"]), strict=True)
+        finals = ", ".join(f"{f:g}: {sm(x)}" for f, x in pairs)
+        lines += ["", "Muon on shorter schedules at the base size (fraction of the steps: final "
+                  "loss):", "", f"{finals}; Adam's final {sm(b['adam_final'])}; fraction needed "
+                  f"{sm(b['fraction_needed'], 2)}."]  # fmt: skip
     if "adam_betas" in m:
         base = m["sizes"][f"d{base_point(cfg)['d_model']}"]
-        lines += [
-            "",
-            "Adam's betas at the base size (its chosen LR; the runs above use "
-            f"({cfg.base.optimizer.b1:g}, {cfg.base.optimizer.b2:g})): final loss and Muon's ratio "
-            "against that Adam:",
-            "",
-            f"- ({cfg.base.optimizer.b1:g}, {cfg.base.optimizer.b2:g}): "
-            f"{common.seed_mean(base['final']['adam'])}, "
-            f"ratio {common.seed_mean(base['ratio'], 2)}",
-        ]
-        for k, v in m["adam_betas"].items():
-            lines.append(
-                f"- ({k}): {common.seed_mean(v['final'])}, ratio {common.seed_mean(v['ratio'], 2)}"
-            )
+        own = f"{cfg.base.optimizer.b1:g}, {cfg.base.optimizer.b2:g}"
+        lines += ["", f"Adam's betas at the base size (its chosen LR; the runs above use ({own})):"
+                  " final loss and Muon's ratio against that Adam:", ""]  # fmt: skip
+        for k, v in {own: {"final": base["final"]["adam"], "ratio": base["ratio"]},
+                     **m["adam_betas"]}.items():  # fmt: skip
+            lines.append(f"- ({k}): {sm(v['final'])}, ratio {sm(v['ratio'], 2)}")
     return "\n".join(lines)
 
 
+CLAIMS = common.claim_specs("steps_ratio")
+
+
 def make_claims(cfg: ConfigDict, m: dict[str, Any]) -> list[common.Claim]:
-    """Verdicts: about half the steps at ``test_size``; engine Adam = plain optax Adam."""
-    claims = []
+    """:data:`CLAIMS`: about half the steps at ``test_size``; engine Adam = plain optax Adam."""
     v = m["sizes"][cfg.test_size]
     ratio = np.asarray(v["ratio"], float)
     never = ~np.isfinite(ratio)
     # A seed whose Muon never reaches Adam's final loss needs more than all the steps:
     # counted as 1 (a lower bound), stated in the result.
-    iv, held = common.seed_verdict(
-        np.where(never, 1.0, ratio), direction="less", threshold=cfg.half_threshold
-    )
-    others = ", ".join(
-        f"{k} {common.seed_mean(x['ratio'], 2)}"
-        for k, x in m["sizes"].items()
-        if k != cfg.test_size
-    )
-    claims.append(
-        common.Claim(
-            "steps_ratio/about_half",
-            "peers (Moonlight, arXiv 2502.16982: ~52% of AdamW's compute)",
-            "Muon reaches Adam's final validation loss in about half the steps",
-            "about half the steps",
-            f"{cfg.test_size} (d={v['d_model']}, L={v['n_layers']}, V={v['vocab_size']}): "
-            f"ratio {common.describe(iv, 2)}"
-            + (f" ({int(never.sum())} seed(s) never reached it: counted as 1)" if never.any()
-               else "") + f"; other sizes: {others}",
-            held,
-            f"95% interval of the per-seed ratio (steps to Adam's final loss / steps) < "
-            f"{cfg.half_threshold}",
-            common.interval_dict(iv, "less", cfg.half_threshold),
-        )
-    )  # fmt: skip
+    size = f"{cfg.test_size} (d={v['d_model']}, L={v['n_layers']}, V={v['vocab_size']})"
+    half = CLAIMS["about_half"].claim(np.where(never, 1.0, ratio), ours=f"{size}: ratio ",
+                           threshold=cfg.half_threshold, digits=2)  # fmt: skip
+    if never.any():
+        half.ours += f" ({int(never.sum())} seed(s) never reached it: counted as 1)"
+    half.ours += "; other sizes: " + ", ".join(
+        f"{k} {common.seed_mean(x['ratio'], 2)}" for k, x in m["sizes"].items()
+        if k != cfg.test_size)  # fmt: skip
+    claims = [half]
     for name, x in m["sizes"].items():
         r = x.get("reference")
-        if r is None or r["adam_difference"] is None:
-            continue
-        d, sd = r["adam_difference"], r["adam_seed_sd"]
-        held = (
-            True if (d["lo"] > -sd and d["hi"] < sd)
-            else False if (d["lo"] > sd or d["hi"] < -sd) else None
-        )  # fmt: skip
-        claims.append(
-            common.Claim(
-                f"steps_ratio/adam_matches_optax_{name}",
-                "fairness check (plain optax + flax)",
-                f"The engine's Adam baseline matches a plain optax + flax Adam of the same "
-                f"model, initialisation and batches ({name})",
-                "equal to within seed noise",
-                f"engine − plain final loss {d['estimate']:.2e} [{d['lo']:.2e}, {d['hi']:.2e}] "
-                f"(95% CI, n={d['n']}); "
-                f"seed sd {common.fmt(sd)}",
-                held,
-                "95% interval of the per-seed difference inside (−sd, +sd), sd = seed standard "
-                "deviation of the engine's Adam final loss (not held if wholly outside)",
-                d,
+        if r is not None and r["adam_difference"] is not None:
+            sd = r["adam_seed_sd"]
+            c = CLAIMS["adam_matches_optax_{size}"].claim(
+                r["engine_adam_final"], r["plain_adam_final"], threshold=sd, size=name
             )
-        )  # fmt: skip
+            c.ours += f"; seed sd {common.fmt(sd)}"
+            claims.append(c)
     return claims
 
 
-EXPERIMENT = common.Experiment(
-    "steps_ratio", run, units=n_units, default=True, sources=("experiments/reference_lm.py",)
-)
+EXPERIMENT = common.Experiment("steps_ratio", run, units=n_units, default=True)

@@ -155,43 +155,36 @@ def leg_figures(leg: str, xs, lead, panels, out_dir) -> list[str]:
     return [str(p.relative_to(out_dir)) for p in (p1, p2)]
 
 
-def _claim(key, statement, ours, iv, held, test, direction, threshold=0.0) -> common.Claim:
-    return common.Claim(f"tail_dose/{key}", "A, Secs. 4-5 (tail-end thesis)", statement,
-                        "not measured by the paper (its thesis predicts yes)", ours, held, test,
-                        common.interval_dict(iv, direction, threshold))  # fmt: skip
+CLAIMS = common.claim_specs("tail_dose")
 
 
 def leg_claims(leg: str, xs, points, lead) -> list[common.Claim]:
-    """Lead grows with the dose; none at alpha = 0 (qa); SignGD below Muon at the heaviest."""
+    """:data:`CLAIMS`: lead grows with the dose; none at alpha = 0 (qa); SignGD below Muon at
+    the heaviest dose."""
     dose, unit = ("alpha", "FTA") if leg == "qa" else ("log2 V", "nats/token")
     iv = stats.slope_interval(xs, lead["muon", "all"]) if len(xs) > 1 else None
     per = ", ".join(f"{pt['dose']:g}: {common.seed_mean(v)}"
                     for pt, v in zip(points, lead["muon", "all"], strict=True))  # fmt: skip
-    out = [_claim(f"{leg}_lead_grows", f"Muon's lead over Adam grows as the tail gets heavier "
-                  f"({leg}: {dose})", f"slope {common.describe(iv)} {unit} per unit {dose}; "
-                  f"lead per dose {per}", iv, iv and stats.verdict(iv, "greater"),
-                  "95% interval of the per-seed least-squares slope of (Muon - Adam final score) "
-                  f"against {dose} > 0", "greater")]  # fmt: skip
-    if leg == "qa" and 0.0 in [float(pt["dose"]) for pt in points]:
-        i0 = [float(pt["dose"]) for pt in points].index(0.0)
-        iv0, _ = common.seed_verdict(lead["muon", "all"][i0], direction="greater")
+    out = [CLAIMS["{leg}_lead_grows"].claim(
+        interval=iv, ours=f"slope {common.describe(iv)} {unit} per unit {dose}; lead per dose "
+        f"{per}", leg=leg, dose=dose)]  # fmt: skip
+    doses = [float(pt["dose"]) for pt in points]
+    if leg == "qa" and 0.0 in doses:
+        at0 = lead["muon", "all"][doses.index(0.0)]
+        iv0, _ = common.seed_verdict(at0, direction="greater")
         margin = abs(float(np.mean(lead["muon", "all"][-1])))
         held = None if iv0 is None else (False if iv0.lo > 0 or iv0.hi < 0 else
                                          True if iv0.half_width < margin else None)  # fmt: skip
-        out.append(_claim("qa_no_lead_uniform", "With uniform frequencies (alpha = 0) Muon has "
-                          "no lead over Adam", f"lead {common.describe(iv0)} FTA; margin (mean "
-                          f"lead at the heaviest alpha) {margin:.3f}", iv0, held,
-                          "not held if the 95% interval of the per-seed lead at alpha = 0 "
-                          "excludes 0; held if it contains 0 and its half-width is below the "
-                          "margin; else undecided", "greater"))  # fmt: skip
+        c = CLAIMS["qa_no_lead_uniform"].claim(at0, ours="lead ", held=held)
+        c.ours += f" FTA; margin (mean lead at the heaviest alpha) {margin:.3f}"
+        out.append(c)
     if ("signgd", "all") in lead:
         d = lead["muon", "all"][-1] - lead["signgd", "all"][-1]
-        ivs, held = common.seed_verdict(d, direction="greater")
-        out.append(_claim(f"{leg}_signgd_not_muon", "SignGD (coordinate-wise) does not match "
-                          f"Muon's lead at the heaviest tail ({leg}: {dose.split()[-1]} = "
-                          f"{points[-1]['dose']:g})", f"Muon - SignGD {common.describe(ivs)} "
-                          f"{unit}", ivs, held, "95% interval of the per-seed Muon - SignGD final "
-                          "score at the heaviest dose > 0", "greater"))  # fmt: skip
+        c = CLAIMS["{leg}_signgd_not_muon"].claim(
+            d, ours="Muon - SignGD ", leg=leg, dose=dose.split()[-1], heaviest=points[-1]["dose"]
+        )
+        c.ours += f" {unit}"
+        out.append(c)
     return out
 
 
@@ -228,5 +221,4 @@ EXPERIMENT = common.Experiment(  # not in the default run: CPU hours at quick sc
     "tail_dose",
     run,
     units=n_units,
-    sources=("experiments/tail_qa.py", "experiments/configs/tail_*.py"),
 )

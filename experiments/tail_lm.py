@@ -83,76 +83,47 @@ def run(cfg: ConfigDict, stage: common.Stage) -> dict[str, Any]:
 
 def report_md(cfg: ConfigDict, m: dict[str, Any]) -> str:
     """Markdown tables: LR grid and choice; final loss per bucket (seed mean ± 95% CI)."""
-    lines = [
-        f"Learning rates (grid, lowest final validation loss of seed {m['sweep_seed']} chosen):",
-        "",
-    ]
-    lines += ["| optimizer | grid | final val loss per lr | chosen |", "|---|---|---|---|"]
-    for opt, rows in m["lr_sweep"].items():
-        grid = ", ".join(f"{r['lr']:g}" for r in rows)
-        losses = ", ".join(common.fmt(r["final_loss"]) for r in rows)
-        edge = " (grid edge)" if any(r["at_edge"] for r in rows) else ""
-        lines.append(f"| {opt} | {grid} | {losses} | {m['chosen_lr'][opt]:g}{edge} |")
+    lines = [f"Learning rates (grid, lowest final validation loss of seed {m['sweep_seed']} "
+             "chosen):", ""]  # fmt: skip
+    lines += common.table(("optimizer", "grid", "final val loss per lr", "chosen"), (
+        (opt, ", ".join(f"{r['lr']:g}" for r in rows),
+         ", ".join(common.fmt(r["final_loss"]) for r in rows),
+         f"{m['chosen_lr'][opt]:g}" + (" (grid edge)" if any(r["at_edge"] for r in rows) else ""))
+        for opt, rows in m["lr_sweep"].items()))  # fmt: skip
     labels = m.get("bucket_labels", [])
     seeds = ", ".join(map(str, m["seeds"])) or str(m["sweep_seed"])
     if labels:
-        lines += [
-            "",
-            f"Final validation loss (nats/token) per frequency bucket, mean ± 95% interval "
-            f"over initialisation seeds {seeds} (same data order):",
-            "",
-        ]
-        lines.append("| optimizer | all | " + " | ".join(labels) + " | steps to Adam's final |")
-        lines.append("|---" * (len(labels) + 3) + "|")
-        for opt, r in m["runs"].items():
-            b = " | ".join(common.seed_mean(x) for x in np.asarray(r["final_bucket_loss"]))
-            s = common.seed_mean(m["steps_to_adam_final"][opt], 0)
-            lines.append(f"| {opt} | {common.seed_mean(r['final_val_loss'])} | {b} | {s} |")
+        lines += ["", "Final validation loss (nats/token) per frequency bucket, mean ± 95% "
+                  f"interval over initialisation seeds {seeds} (same data order):", ""]  # fmt: skip
+        lines += common.table(("optimizer", "all", *labels, "steps to Adam's final"), (
+            (opt, common.seed_mean(r["final_val_loss"]),
+             *map(common.seed_mean, np.asarray(r["final_bucket_loss"])),
+             common.seed_mean(m["steps_to_adam_final"][opt], 0))
+            for opt, r in m["runs"].items()))  # fmt: skip
     specs = {o: r["spectrum"] for o, r in m["runs"].items() if r["spectrum"]}
     if specs:
-        keys = sorted(
-            {k for s in specs.values() for k in s if k.endswith(("/entropy", "/effective_rank"))}
-        )
+        ends = ("/entropy", "/effective_rank")
+        keys = sorted({k for s in specs.values() for k in s if k.endswith(ends)})
         lines += ["", "Isotropy of the hidden matrices at the end (higher = more isotropic):", ""]
-        lines.append(
-            "| optimizer | " + " | ".join(k.removeprefix("spectrum/") for k in keys) + " |"
-        )
-        lines.append("|---" * (len(keys) + 1) + "|")
-        for opt, s in specs.items():
-            cells = " | ".join(common.seed_mean(s[k]) if k in s else "-" for k in keys)
-            lines.append(f"| {opt} | {cells} |")
+        lines += common.table(("optimizer", *(k.removeprefix("spectrum/") for k in keys)), (
+            (opt, *(common.seed_mean(s[k]) if k in s else "-" for k in keys))
+            for opt, s in specs.items()))  # fmt: skip
     return "\n".join(lines)
 
 
+CLAIMS = common.claim_specs("tail_lm")
+
+
 def make_claims(m: dict[str, Any]) -> list[common.Claim]:
-    """Verdicts (seed intervals, three-way): tail-bucket loss; gain in the tail vs the head."""
+    """:data:`CLAIMS` decided on the final bucket losses (paired seed intervals)."""
     runs, labels = m["runs"], m.get("bucket_labels", [])
     if "muon" not in runs or not labels:
         return []
     mu = np.asarray(runs["muon"]["final_bucket_loss"], float)  # (buckets, seeds)
     ad = np.asarray(runs["adam"]["final_bucket_loss"], float)
-    gain_head, gain_tail = ad[0] - mu[0], ad[-1] - mu[-1]  # (seeds,)
-    return [
-        common.seed_claim(
-            "tail_lm/tail_bucket_loss", "A, Sec. 4 (tail-end learning)",
-            "Muon reaches a lower validation loss than Adam on the rarest token bucket "
-            f"({labels[-1]})", "Muon < Adam on tail tokens",
-            f"Muon {common.seed_mean(mu[-1])} vs Adam {common.seed_mean(ad[-1])} nats/token; "
-            "Adam − Muon ",
-            "95% interval of the per-seed difference Adam − Muon (tail bucket) > 0",
-            ad[-1], mu[-1],
-        ),
-        common.seed_claim(
-            "tail_lm/gain_in_tail", "A, Sec. 4",
-            "Muon's gain over Adam is larger on the tail bucket than on the head bucket",
-            "gain concentrated in the tail",
-            f"Adam − Muon: head {common.seed_mean(gain_head)}, tail "
-            f"{common.seed_mean(gain_tail)}; tail − head ",
-            "95% interval of the per-seed (gain tail − gain head) > 0, "
-            "gain = Adam − Muon final loss of the bucket",
-            gain_tail, gain_head,
-        ),
-    ]  # fmt: skip
+    gain = ad - mu
+    return [CLAIMS["tail_bucket_loss"].claim(ad[-1], mu[-1], tail=labels[-1]),
+            CLAIMS["gain_in_tail"].claim(gain[-1], gain[0], ours="Adam − Muon: ")]  # fmt: skip
 
 
 EXPERIMENT = common.Experiment(

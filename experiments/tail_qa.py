@@ -134,57 +134,37 @@ def run(cfg: ConfigDict, stage: common.Stage) -> dict[str, Any]:
 def report_md(cfg: ConfigDict, m: dict[str, Any]) -> str:
     """Markdown: learning rates and tail-group FTA (seed mean ± 95% CI), paper's beside."""
     groups = m["tail_groups"]
+    src = m["lr_source"]
     if m["swept"]:
-        parts = []
-        for v, rows in m["lr_sweep"].items():
-            parts.append(f"{v}: " + ", ".join(f"{r['lr']:g}" for r in rows))
-        src = "grid " + "; ".join(parts) + f"; lowest final training loss of seed {m['sweep_seed']}"
-    else:
-        src = m["lr_source"]
+        grids = "; ".join(f"{v}: " + ", ".join(f"{r['lr']:g}" for r in rows)
+                          for v, rows in m["lr_sweep"].items())  # fmt: skip
+        src = f"grid {grids}; lowest final training loss of seed {m['sweep_seed']}"
     lr = ", ".join(f"{k} {v:g}" for k, v in m["lr"].items())
-    lines = [
-        f"Learning rates: {lr} ({src}). Seeds {', '.join(map(str, m['seeds']))}: "
-        "mean ± 95% interval.",
-        "",
-        "| variant | FTA groups " + "/".join(map(str, groups)) + " (ours) | paper, groups 11/13/15 "
-        "of m=15 | final train loss |",
-        "|---|---|---|---|",
-    ]
-    for v, r in m["runs"].items():
-        ours = " / ".join(common.seed_mean(x, 3) for x in np.asarray(r["tail_fta"]))
-        paper = " / ".join(f"{x:.3f}" for x in PAPER_FTA.get(v, ())) or "-"
-        lines.append(f"| {v} | {ours} | {paper} | {common.seed_mean(r['final_train_loss'])} |")
-    return "\n".join(lines)
+    lines = [f"Learning rates: {lr} ({src}). Seeds {', '.join(map(str, m['seeds']))}: "
+             "mean ± 95% interval.", ""]  # fmt: skip
+    head = ("variant", "FTA groups " + "/".join(map(str, groups)) + " (ours)",
+            "paper, groups 11/13/15 of m=15", "final train loss")  # fmt: skip
+    return "\n".join(lines + common.table(head, (
+        (v, " / ".join(common.seed_mean(x, 3) for x in np.asarray(r["tail_fta"])),
+         " / ".join(f"{x:.3f}" for x in PAPER_FTA.get(v, ())) or "-",
+         common.seed_mean(r["final_train_loss"])) for v, r in m["runs"].items())))  # fmt: skip
+
+
+CLAIMS = common.claim_specs("tail_qa")
 
 
 def make_claims(m: dict[str, Any]) -> list[common.Claim]:
-    """Verdicts (paired seed intervals): Muon beats Adam on the tail groups; VO+FFN beats QK."""
+    """:data:`CLAIMS` on the tail groups' FTA (paired seed intervals), where both arms ran."""
     claims, runs, groups = [], m["runs"], m["tail_groups"]
     if "muon" in runs and "adam" in runs:
         mu, ad = np.asarray(runs["muon"]["tail_fta"]), np.asarray(runs["adam"]["tail_fta"])
-        claims.append(common.seed_claim(
-            "tail_qa/tail_group_fta", "A, Sec. 5 (knowledge QA)",
-            "Muon answers the rarest groups' questions better than Adam",
-            "groups 11/13/15: Muon 1.000/1.000/0.976 vs Adam 1.000/0.890/0.264",
-            "groups " + "/".join(map(str, groups)) + ": Muon "
-            + "/".join(common.seed_mean(x) for x in mu) + " vs Adam "
-            + "/".join(common.seed_mean(x) for x in ad) + "; Muon − Adam (mean over these groups) ",
-            "95% interval of the per-seed difference Muon − Adam of the mean FTA over the listed "
-            "tail groups > 0",
-            mu.mean(axis=0), ad.mean(axis=0),
-        ))  # fmt: skip
+        per = " vs ".join(f"{o} " + "/".join(map(common.seed_mean, x))
+                          for o, x in (("Muon", mu), ("Adam", ad)))  # fmt: skip
+        ours = f"groups {'/'.join(map(str, groups))}: {per}; mean over these groups: "
+        claims.append(CLAIMS["tail_group_fta"].claim(mu.mean(axis=0), ad.mean(axis=0), ours=ours))
     if "muon_vo+ffn" in runs and "muon_qk" in runs:
-        vf = np.asarray(runs["muon_vo+ffn"]["tail_fta"])[-1]
-        qk = np.asarray(runs["muon_qk"]["tail_fta"])[-1]
-        claims.append(common.seed_claim(
-            "tail_qa/vo_ffn_vs_qk", "A, Sec. 5",
-            "Muon on VO+FFN alone keeps the tail gain; Muon on QK alone does not",
-            "group 15: VO+FFN 0.954 vs QK 0.286",
-            f"group {groups[-1]}: VO+FFN {common.seed_mean(vf)} vs QK {common.seed_mean(qk)}; "
-            "VO+FFN − QK ",
-            "95% interval of the per-seed rarest-group FTA difference VO+FFN − QK > 0",
-            vf, qk,
-        ))  # fmt: skip
+        vf, qk = (np.asarray(runs[f"muon_{r}"]["tail_fta"])[-1] for r in ("vo+ffn", "qk"))
+        claims.append(CLAIMS["vo_ffn_vs_qk"].claim(vf, qk, ours=f"group {groups[-1]}: "))
     return claims
 
 

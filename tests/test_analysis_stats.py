@@ -149,8 +149,15 @@ def test_report_sets_the_seeds_needed_beside_the_verdict():
 
     # tail_lm/gain_in_tail's interval: 0.088 ± 0.091 with 3 seeds -> sd 0.0366, and
     # t_3 * 0.0366 / 2 = 0.058 < 0.088: 4 seeds would exclude 0 at the observed effect.
-    iv = {"estimate": 0.0878, "lo": -0.0036, "hi": 0.1792, "n": 3, "confidence": 0.95}
-    assert report.seeds_note({"interval": {**iv, "threshold": 0.0}}) == " (n=3; 4 needed)"
-    assert report.seeds_note({"interval": None}) == ""
-    flat = {"estimate": 0.0, "lo": -1.0, "hi": 1.0, "n": 3, "confidence": 0.95}
-    assert report.seeds_note({"interval": flat}) == " (n=3; ∞ needed)"
+    iv = {"estimate": 0.0878, "lo": -0.0036, "hi": 0.1792, "n": 3, "confidence": 0.95,
+          "direction": "greater", "threshold": 0.0}  # fmt: skip
+    assert report.seeds_note({"interval": iv, "held": None}) == " (n=3; 4 needed)"
+    assert report.seeds_note({"interval": None, "held": None}) == ""
+    flat = {**iv, "estimate": 0.0, "lo": -1.0, "hi": 1.0}
+    assert report.seeds_note({"interval": flat, "held": None}) == " (n=3; ∞ needed)"
+    # not for an equivalence claim, nor for a verdict that is not the interval's own
+    # (QK-Clip: the loss interval is held, the claim is not, by the logit cap)
+    assert report.seeds_note({"interval": {**flat, "direction": "within"}, "held": None}) == ""
+    decided = {**iv, "estimate": 0.1, "lo": 0.05, "hi": 0.15}
+    assert report.seeds_note({"interval": decided, "held": True}).startswith(" (n=3;")
+    assert report.seeds_note({"interval": decided, "held": False}) == ""

@@ -368,7 +368,9 @@ def _fake_stage(name, scale, stage_dir, progress, *, overrides=None, cache_dir=N
     plt.close(fig)
     if name == "tail_qa":
         raise RuntimeError("boom")
-    claim = common.Claim(f"{name}/x", "A", "a | claim", "1", "2", name != "ablation", "t")
+    claim = common.ClaimSpec(f"{name}/x", "A", "a | claim", "1", "t").claim(
+        ours="2", held=name != "ablation"
+    )
     curve = {"curve": list(range(100)), "per_seed": [1.0, 2.0, 3.0]}
     return common.result_dict(
         name, scale, metrics={"chosen_lr": {"adam": 1e-3, "muon": 0.02}, "ov": overrides, **curve},
@@ -460,7 +462,6 @@ def test_reproduce_cli_rejects_bad_flags(capsys):
     with pytest.raises(SystemExit) as e:
         reproduce.main(["--only", "nope"])
     assert e.value.code == 2
-    assert reproduce.main(["--update-readme", "/nonexistent/README.md"]) == 2
     # a --set value of the wrong type, or a field no stage has, stops before any work
     assert reproduce.main(["--only", "tail_lm", "--set", "base.steps=many"]) == 2
     assert "config field 'base.steps'" in capsys.readouterr().err

@@ -32,13 +32,16 @@ def get_config(scale: str) -> ConfigDict:  # the recipe's experiments/configs/<n
     return c
 
 
-def run(cfg: ConfigDict, stage: common.Stage) -> dict:  # the recipe's experiments/<name>.py
+CLAIM = common.ClaimSpec(  # the recipe's experiments/<name>.py
+    "toy/lower", "-", "training lowers the loss", "lower", "last evaluation below the first"
+)
+
+
+def run(cfg: ConfigDict, stage: common.Stage) -> dict:
     r = train_runs.train_cached(cfg.run, stage.cache_dir, "toy")
     stage.progress("toy")
     _, loss = train_runs.eval_series(r["records"], "loss")
-    held = bool(loss[-1] < loss[0])
-    claim = common.Claim("toy/lower", "-", "training lowers the loss", "lower", f"{loss[-1]:.3f}",
-                         held, "last evaluation below the first")  # fmt: skip
+    claim = CLAIM.claim(ours=f"{loss[-1]:.3f}", held=bool(loss[-1] < loss[0]))
     return {"metrics": {"loss": loss, "resumed_from": r["summary"].get("resumed_from")},
             "figures": [], "claims": [claim]}  # fmt: skip
 
@@ -134,8 +137,78 @@ def test_sigterm_saves_exits_75_in_one_line_and_the_rerun_resumes(tmp_path):
     assert [e["event"] for e in events if e.get("kind") == "event"].count("resume") == 1
 
 
-def test_readme_claims_table_is_the_one_generated_from_the_results():
+def test_reproduce_writes_only_under_out_unless_asked_to_refresh(toy, tmp_path, monkeypatch):
+    committed = tmp_path / "committed"
+    monkeypatch.setattr(report, "RESULTS", committed)  # the committed results, for this test
+    out = tmp_path / "out"
+    assert reproduce.main(["--only", "toy", "--out", str(out), "--no-progress"]) == 0
+    assert (out / "results" / "quick" / "toy.json").is_file() and not committed.exists()
+    assert reproduce.main(["--only", "toy", "--out", str(out), "--no-progress",
+                           "--refresh-results"]) == 0  # fmt: skip
+    assert (committed / "quick" / "toy.json").is_file()
+
+
+def test_results_page_is_generated_from_the_committed_results():
     results = report.load_results("quick")
     assert {"check", "one_layer", "tail_lm"} <= {r["name"] for r in results}
     assert all(r["provenance"]["code_version"] and r["claims"] for r in results)
-    assert report.readme_table(REPO / "README.md") == report.readme_block(results, "quick")
+    assert (REPO / "docs" / "results.md").read_text() == report.results_page()
+
+
+def test_every_committed_result_matches_its_stage_code_or_is_marked_stale():
+    """A stage whose code (its module, config and the first-party modules they import)
+    changed after its committed result was computed must be re-run, or the result marked
+    stale (dated; `amemory report --mark-stale`), which the results page prints."""
+    page = (REPO / "docs" / "results.md").read_text()
+    for path in sorted(report.RESULTS.glob("*/*.json")):
+        result = json.loads(path.read_text())
+        if report.code_changed(result):
+            mark = result.get("stale")
+            assert mark and mark["since"] and mark["reason"], f"{path}: re-run, or mark stale"
+            assert (
+                f"**Stale since {mark['since']}**" in page
+                and report.refresh_command(result) in page
+            )
+
+
+def test_code_version_follows_the_imports_of_the_stage(monkeypatch):
+    """The code version hashes the modules a stage imports, transitively (lazy exports of a
+    package included), its config, and no other stage's modules."""
+    files = {f.relative_to(REPO).as_posix() for f in common.module_sources("experiments.tail_dose")}
+    assert {"experiments/tail_qa.py", "experiments/train_runs.py", "amemory/train/loop.py",
+            "amemory/train/engine.py", "amemory/optim/muon.py"} <= files  # fmt: skip
+    assert not {"experiments/arch.py", "theory_checks/cli.py", "experiments/report.py"} & files
+    hashed = {}
+    monkeypatch.setattr(common, "source_hash", lambda fs, *names: hashed.setdefault("", names))
+    common.experiments()["tail_dose"].code_version()
+    assert (
+        "experiments/configs/tail_dose.py" in hashed[""] and "experiments/tail_qa.py" in hashed[""]
+    )
+    hashed.clear()
+    common.experiments()["check"].code_version()  # a subprocess's package: named in sources
+    assert {"theory_checks/wang2025.py", "amemory/analysis/stats.py"} <= set(hashed[""])
+
+
+def test_every_claim_of_claims_toml_belongs_to_a_stage_and_renders():
+    """claims.toml's tables are ClaimSpecs of registered stages, with a known direction,
+    arms only where a seed interval decides, and text whose {fields} a stage can fill."""
+    stages = {key.split("/")[0] for key in common._claims_file()}
+    assert stages <= set(common.experiments()), stages - set(common.experiments())
+    for stage in stages:
+        for spec in common.claim_specs(stage).values():
+            assert spec.direction in ("greater", "less", "within"), spec.key
+            if spec.arms:  # the interval of one arm, or of the difference of two
+                values = ([5.0, 5.2, 5.1], [1.0, 1.2, 1.0])[: len(spec.arms)]
+                c = spec.claim(*values, **_FIELDS)
+                assert c.interval and c.interval["n"] == 3 and c.held is not None, spec.key
+
+
+_FIELDS = {
+    "tail": "t",
+    "size": "d1",
+    "tau": 1.0,
+    "leg": "qa",
+    "dose": "x",
+    "heaviest": 1,
+    "paper": "p",
+}

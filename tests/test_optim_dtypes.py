@@ -20,19 +20,23 @@ def _role(path, leaf):
     return "bias" if path[-1] == "b" else "dense"
 
 
-# name -> (factory, with a vector leaf that the optimizer routes to Adam)
+# name -> (factory, with a vector leaf): every row of the registry at its default learning
+# rate on matrix leaves (what every optimizer is for; the Muon family and Hyperball refuse
+# vectors), then variants with options, weight decay and vector leaves.
 OPTIMIZERS = {
-    "muon": (lambda: optim.muon(0.02), False),
+    name: (lambda info=info: info.factory(info.default_lr), False)
+    for name, info in optim.OPTIMIZERS.items()
+} | {
+    "signum_vector": (lambda: optim.signum(1e-3), True),
+    "sgd_vector": (lambda: optim.sgd(0.05, momentum=0.9), True),
     "muon_optax_preset": (lambda: optim.muon(0.02, preset="optax", weight_decay=0.1), False),
     "muon_aol_polargrad": (
         lambda: optim.muon(0.02, preconditioning="aol", nuclear_scale="matrix", diagnostics=True),
         False,
     ),
     "muon_sign_ball": (lambda: optim.muon(0.02, norm="sign"), False),
-    "normuon": (lambda: optim.normuon(0.02), False),
-    "adamuon": (lambda: optim.adamuon(3e-3, weight_decay=0.1), False),
-    "signgd": (lambda: optim.signgd(1e-3, weight_decay=0.1), True),
-    "signum": (lambda: optim.signum(1e-3), True),
+    "adamuon_decay": (lambda: optim.adamuon(3e-3, weight_decay=0.1), False),
+    "signgd_vector": (lambda: optim.signgd(1e-3, weight_decay=0.1), True),
     "contrib_muon": (lambda: optim.contrib.muon(0.02), True),
     "routed": (
         lambda: optim.routed({"dense": optim.muon(0.02), "rest": optax.adamw(1e-3)}, _role),
