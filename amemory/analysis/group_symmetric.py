@@ -10,10 +10,8 @@ they therefore keep Ŵ in the subspace
 
     Ŵ = diag(d) ⊗ I_C + B ⊗ 1_C 1_Cᵀ,   d ∈ R^M, B ∈ R^{M×M} (B[g, h]: answers of g, queries of h),
 
-the "group block-symmetric structure" of paper B's implicit-preconditioner argument
-(``docs/science.md#paper-b``). This module runs the three optimizers in that subspace
-with O(M³) work per step, so K can be 10^6 and more; the checks validate it against the
-dense K x K runs of amemory's model and optimizers.
+paper B's "group block-symmetric structure" (``docs/science.md#paper-b``). Here the three
+optimizers run in that subspace with O(M³) work per step, so K can be 10^6 and more.
 
 Gradient (exact). For a query of group h, the logits are ``d_h + B_hh`` (its own answer),
 ``B_hh`` (the C - 1 other answers of h) and ``B_gh`` (the C answers of every g ≠ h). With
@@ -42,8 +40,6 @@ import jax.numpy as jnp
 import numpy as np
 
 from amemory.analysis.one_step import OPTIMIZERS
-
-__all__ = ["OPTIMIZERS", "GroupState", "expand", "final_loss", "gradient", "loss", "project", "run"]
 
 
 class GroupState(NamedTuple):

@@ -1,20 +1,13 @@
 """The science kernel of the one-layer memory: the papers' optimizers, one step, ϱ^ε.
 
-One place for what ``experiments/`` and ``theory_checks/`` both need: paper A/B's
-momentum-free GD, SignGD and Muon as Optax transforms (:func:`optimizer`), the update of
-one step computed by running the optimizer itself (:func:`unit_update`, so the checks
-test the library, not a copy of its formula), paper A's one-step balance ``ϱ^ε`` of a
-task-space direction (:func:`first_crossing_rho`) and its GD closed form.
-
-Readings of ``ϱ^ε`` (``docs/science.md#one-step-balance``): paper A defines it as an
-infimum over every feasible step size η. For one step of GD and Muon from ``W_0 = 0``
-every correct-class probability increases with η, so the infimum is attained at the
-first η where ``max_k q_k`` reaches ``1 - ε`` (the *first crossing*). For SignGD with
-coupled embeddings some class has a negative margin and the infimum is 0; the
-meaningful reading there is the first crossing, which :func:`first_crossing_rho`
-returns.
-
-Imports amemory.optim (pure Optax), never models, data or train.
+What ``experiments/`` and ``theory_checks/`` both need: paper A/B's momentum-free GD,
+SignGD and Muon as Optax transforms (:func:`optimizer`), one step's update computed by the
+optimizer itself (:func:`unit_update`, so the checks test the library), and paper A's
+one-step balance ``ϱ^ε`` of a task-space direction (:func:`first_crossing_rho`) with its
+GD closed form. ``ϱ^ε`` is an infimum over step sizes; for one step of GD and Muon from
+``W_0 = 0`` it is attained at the first η where ``max_k q_k`` reaches ``1 - ε`` (the first
+crossing), the reading used for coupled SignGD too, whose infimum is 0
+(``docs/science.md#one-step-balance``). Imports amemory.optim (pure Optax) only.
 """
 
 from __future__ import annotations
@@ -68,10 +61,8 @@ def optimizer(name: str, learning_rate: optax.ScalarOrSchedule) -> optax.Gradien
 
 
 def unit_update(name: str, grad: jax.Array) -> jax.Array:
-    """Update ``U`` of one step of ``name`` with learning rate 1, so ``W_η = W + η U``.
-
-    ``gd``: ``-G``; ``signgd``: ``-sign(G)``; ``muon``: ``-msgn(G)`` (run through
-    :func:`optimizer`, jit-friendly).
+    """Update ``U`` of one step of ``name`` with learning rate 1, so ``W_η = W + η U``:
+    ``-G``, ``-sign(G)`` or ``-msgn(G)`` (run through :func:`optimizer`, jit-friendly).
 
     Args:
       name: one of :data:`OPTIMIZERS`.

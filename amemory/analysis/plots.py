@@ -1,14 +1,9 @@
-"""Matplotlib figures used by the experiments and reports (Agg backend, small PNGs).
+"""Matplotlib figures of the experiments and reports (Agg backend, PNGs of about 100 dpi).
 
-Every function takes plain numpy-compatible data (no models, no training code: the
-analysis layer imports none of amemory's models/data/train), writes one PNG and
-returns its path. Figures are sized for a report page (about 100 dpi, < 200 KB).
-
-Colours are fixed per optimizer name so every figure of a report agrees.
-
-Seed bands: wherever a function takes a curve ``y [n]`` it also takes ``y [n, seeds]``
-(one column per seed); it then draws the mean over seeds and shades its 95% Student-t
-interval (:func:`amemory.analysis.stats.band`), the interval the reports' verdicts use.
+Every function takes plain numpy-compatible data, writes one PNG and returns its path;
+colours are fixed per optimizer name. Wherever a function takes a curve ``y [n]`` it also
+takes ``y [n, seeds]``, drawn as the seed mean with its 95% Student-t band
+(:func:`amemory.analysis.stats.band`, the interval the reports' verdicts use).
 """
 
 from __future__ import annotations
@@ -56,8 +51,7 @@ def color_for(name: str, index: int = 0) -> Any:
 
 def _line(ax: Any, x: Sequence[float], y: Any, *, label: str, color: Any, **kw: Any) -> None:
     """Plot ``y [n]`` as a line, or ``y [n, seeds]`` as its seed mean with a 95% band."""
-    x = np.asarray(x, float)
-    y = np.asarray(y, float)
+    x, y = np.asarray(x, float), np.asarray(y, float)
     if y.ndim == 2 and y.shape[1] == 1:
         y = y[:, 0]
     if y.ndim == 1:
@@ -122,8 +116,7 @@ def plot_gap_vs_loss(
     fig, axes = _panels(len(panels), ncols, 3.2, 2.7)
     for ax, (title, curves) in zip(axes.flat, panels.items(), strict=False):
         for i, (name, (loss, gap)) in enumerate(curves.items()):
-            loss = np.asarray(loss, dtype=float)
-            gap = np.asarray(gap, dtype=float)
+            loss, gap = np.asarray(loss, dtype=float), np.asarray(gap, dtype=float)
             ok = np.isfinite(loss) & np.isfinite(gap) & (loss > 0)
             ax.plot(loss[ok], gap[ok], label=name, color=color_for(name, i), lw=1.5)
         ax.set_xscale("log")
@@ -307,8 +300,7 @@ def plot_scaling(
     markers = "os^vD*"
     suffixes: dict[str, int] = {}
     for i, (name, (x, y)) in enumerate(series.items()):
-        x = np.asarray(x, float)
-        y = np.asarray(y, float)
+        x, y = np.asarray(x, float), np.asarray(y, float)
         head, _, rest = name.partition(" ")
         c = color_for(head, i)
         mk = markers[suffixes.setdefault(rest, len(suffixes)) % len(markers)]

@@ -1,25 +1,14 @@
 """Seed statistics: Student-t intervals of means and paired differences, and three-way verdicts.
 
-Every transformer-scale claim of ``amemory reproduce`` compares two optimizers (or
-two routings) trained on the same seeds. A seed fixes the initialisation, so the runs
-are paired: seed s of Muon and seed s of Adam start from the same weights and read
-the same batches. The compared quantity is summarised per seed, the per-seed
-differences ``d_s = a_s - b_s`` are treated as i.i.d. draws, and the claim is judged
-by the two-sided Student-t interval of their mean:
+Seed s of two optimizers starts from the same weights and reads the same batches, so the
+runs are paired: a claim is judged by the Student-t interval of the mean per-seed
+difference ``d_s = a_s - b_s``, ``mean(d) ± t_{n-1, (1+c)/2} · sd(d) / sqrt(n)``. The claim
+"d > threshold" is held when the whole interval lies above the threshold, not held when
+below, undecided otherwise (:func:`verdict`); a spread claim uses the F interval of a
+variance ratio with threshold 1. Imports no other part of amemory.
 
-    mean(d) ± t_{n-1, (1+c)/2} · sd(d) / sqrt(n)          (c = 0.95 by default)
-
-Three-way verdict (:func:`verdict`): the claim "d > threshold" is **held** when the
-whole interval lies above the threshold, **not held** when it lies below, and
-**undecided** when it contains the threshold. A spread claim ("Muon varies less across
-seeds") uses the F interval of a variance ratio (:func:`variance_ratio_interval`)
-with the threshold 1.
-
-Imports no other part of amemory.
-
-Reference: any statistics text, e.g. Wasserman, *All of Statistics* (2004), Sec. 10.7
-(paired comparisons) and the t and F intervals for a mean and a variance ratio
-(Casella & Berger, *Statistical Inference*, 2nd ed., Sec. 9.2).
+Reference: Wasserman, *All of Statistics* (2004), Sec. 10.7 (paired comparisons);
+Casella & Berger, *Statistical Inference*, 2nd ed., Sec. 9.2 (t and F intervals).
 """
 
 from __future__ import annotations
@@ -40,9 +29,8 @@ class Interval(NamedTuple):
 
     Attributes:
       estimate: the mean (or, for a variance ratio, the ratio of sample variances).
-      lo: lower end of the interval (same units as ``estimate``).
-      hi: upper end.
-      n: number of seeds (samples) used; for a variance ratio, the smaller sample size.
+      lo, hi: ends of the interval (units of ``estimate``).
+      n: number of seeds used; for a variance ratio, the smaller sample size.
       confidence: level of the interval, e.g. 0.95.
     """
 
@@ -118,8 +106,7 @@ def mean_interval(values: object, *, confidence: float = 0.95) -> Interval:
     """
     c = _check_confidence(confidence)
     a = _samples("values", values)
-    n = a.size
-    mean = float(a.mean())
+    n, mean = a.size, float(a.mean())
     se = float(a.std(ddof=1)) / math.sqrt(n)
     t = float(stats.t.ppf(0.5 + c / 2.0, n - 1))
     return Interval(mean, mean - t * se, mean + t * se, n, c)
@@ -139,8 +126,7 @@ def paired_difference(a: object, b: object, *, confidence: float = 0.95) -> Inte
     Raises:
       ValueError: if the lengths differ, or as :func:`mean_interval`.
     """
-    aa = np.asarray(a, dtype=np.float64)
-    bb = np.asarray(b, dtype=np.float64)
+    aa, bb = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
     if aa.shape != bb.shape:
         raise ValueError(f"paired arms must have the same shape, got {aa.shape} and {bb.shape}")
     return mean_interval(aa - bb, confidence=confidence)
@@ -256,10 +242,10 @@ def verdict(interval: Interval, direction: str, threshold: float = 0.0) -> bool 
     lo, hi = float(interval.lo), float(interval.hi)
     if math.isnan(lo) or math.isnan(hi):
         return None
-    above, below = lo > threshold, hi < threshold
-    if direction == "greater":
-        return True if above else (False if below else None)
-    return True if below else (False if above else None)
+    held, refuted = (lo > threshold, hi < threshold)
+    if direction == "less":
+        held, refuted = refuted, held
+    return True if held else (False if refuted else None)
 
 
 def all_verdicts(verdicts: Iterable[bool | None]) -> bool | None:
@@ -269,11 +255,9 @@ def all_verdicts(verdicts: Iterable[bool | None]) -> bool | None:
     (an empty input is undecided).
     """
     vs = list(verdicts)
-    if not vs:
-        return None
     if any(v is False for v in vs):
         return False
-    return True if all(v is True for v in vs) else None
+    return True if vs and all(v is True for v in vs) else None
 
 
 def band(values: Sequence[Sequence[float]], *, confidence: float = 0.95):
