@@ -5,48 +5,29 @@ Learning" (arXiv 2509.26030), heavy-tailed knowledge QA; the biography/QA format
 follows Allen-Zhu & Li, "Physics of Language Models 3.1" (arXiv 2309.14316).
 Everything is generated locally and deterministically from ``cfg.seed``.
 
-Exact data design
------------------
-* **Vocabularies** are synthesised by the generator (no external lists):
-  pronounceable pseudo-words built from syllables give ``n_first_names`` first
-  names, ``n_surnames`` surnames, ``n_cities`` cities, and the stems of
-  ``n_universities`` universities ("Velmora University"), ``n_majors`` majors
-  ("Tharistics") and ``n_employers`` employers ("Drovin Labs"), all distinct
-  (defaults: the paper's sizes, :class:`BiographyConfig`).
-* **Individuals**: 2^m of them, each with a unique (first name, surname) pair and
-  7 attributes: full name, birth date (month day year, valid calendar dates in
-  1950-2005), birth city, university, major, employer, work city; values are drawn
+* **Vocabularies**: distinct pronounceable pseudo-words give the first names, surnames,
+  cities, and the stems of universities ("Velmora University"), majors ("Tharistics")
+  and employers ("Drovin Labs"); pool sizes in :class:`BiographyConfig`.
+* **Individuals**: 2^m, each with a unique (first name, surname) pair and 7 attributes
+  (:data:`ATTRIBUTES`; birth dates are valid calendar dates in 1950-2005), drawn
   uniformly and independently.
-* **Groups** (heavy tail): group g = 0..m holds N_0 = 1, N_g = 2^(g-1) individuals
-  (individual ids are ordered by group); every individual of group g appears in
-  S_g = 2^(m-g) *selections*. Group 0 is the head (seen 2^m times), group m the
-  tail (2^(m-1) individuals seen once). ``zipf`` = s generalises this to
-  S_g = round(2^(s (m-g))): frequency ∝ rank^-s over the same individuals (s = 1 the
-  paper's law, s = 0 uniform).
-* **Training rows**: each selection of an individual contributes
-    - one biography row (if ``cfg.biographies``): ``<bos>`` + six sentences, one
-      per attribute, each naming the person (paraphrase: a sentence template drawn
-      per attribute and a sentence order drawn per paraphrase) + ``<eos>``. Each
-      individual has ``n_paraphrases`` fixed biographies; its s-th selection uses
-      paraphrase s mod n_paraphrases. Loss on every token after ``<bos>``.
-    - one QA row (if ``cfg.qa``): the 6 QA pairs of the individual (one per
-      question template), in an order drawn per selection, each pair written
-      ``question-words ? Answer: value-tokens <eos>`` after a leading ``<bos>``.
-      Loss only on the answer tokens and their ``<eos>``.
-  Rows are right-padded with ``<pad>`` to one length T. So with both switches on
-  the training set has 2 (2^m + m 2^(m-1)) rows, half biographies, half QA.
-* **Evaluation**: QA of *all* individuals, all 6 templates: the prompt is
-  ``<bos> question-words ? Answer:`` and the metric is first-token accuracy (FTA):
-  the model's argmax at the last prompt position must equal the first answer
-  token (for birth dates: the month). FTA is reported per group g.
-* **Tokenizer**: word/field level and exact. Every template word, month, day,
-  year and attribute value is one token; keys are typed (``"first:Kalo"``,
-  ``"city:Brenmouth"``, ``"w:born"``), so every id names its field. Special
-  tokens: ``<pad>`` = 0, ``<bos>`` = 1, ``<eos>`` = 2.
+* **Groups** (heavy tail): group g = 0..m holds N_0 = 1, N_g = 2^(g-1) individuals (ids
+  ordered by group), each appearing in S_g = 2^(m-g) *selections*; ``zipf`` = s gives
+  S_g = round(2^(s (m-g))), frequency ∝ rank^-s (s = 1 the paper's law, 0 uniform).
+* **Training rows**, per selection: one biography row (if ``cfg.biographies``):
+  ``<bos>``, six sentences naming the person (template per attribute and sentence order
+  drawn per paraphrase; selection s uses paraphrase s mod ``n_paraphrases``), ``<eos>``,
+  loss on every token after ``<bos>``; and one QA row (if ``cfg.qa``): ``<bos>`` then the
+  6 pairs ``question-words ? Answer: value-tokens <eos>`` in an order drawn per selection,
+  loss on the answers and their ``<eos>`` only. Rows are right-padded with ``<pad>``.
+* **Evaluation**: every individual x every template, prompt ``<bos> question-words ?
+  Answer:``; first-token accuracy (FTA) per group: the argmax at the last prompt position
+  must be the first answer token (for birth dates: the month).
+* **Tokenizer**: exact, one token per template word, month, day, year and attribute value;
+  keys are typed (``"first:Kalo"``, ``"w:born"``); ``<pad>`` = 0, ``<bos>`` = 1, ``<eos>`` = 2.
 
-Training convention (same as the token windows of :mod:`amemory.data.batching`):
-inputs = tokens[:, :-1], targets = tokens[:, 1:], per-target weights =
-loss_mask[:, 1:]; ``loss_mask[n, t] = 1`` iff token t is a training target.
+Training convention (as :mod:`amemory.data.batching`): inputs = tokens[:, :-1], targets =
+tokens[:, 1:], per-target weights = loss_mask[:, 1:].
 """
 
 from __future__ import annotations

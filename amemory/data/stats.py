@@ -93,9 +93,7 @@ def zipf_exponent(counts, min_count: int = 1) -> float:
         return float("nan")
     ranks = np.unique(np.round(np.logspace(0, np.log10(n), int(20 * np.log10(n)) + 2)).astype(int))
     ranks = ranks[(ranks >= 1) & (ranks <= n)]
-    x, y = np.log(ranks), np.log(srt[ranks - 1])
-    slope = np.polyfit(x, y, 1)[0]
-    return float(-slope)
+    return float(-np.polyfit(np.log(ranks), np.log(srt[ranks - 1]), 1)[0])
 
 
 def corpus_stats(corpus: Corpus, n_buckets: int = 6) -> dict:
@@ -111,16 +109,11 @@ def corpus_stats(corpus: Corpus, n_buckets: int = 6) -> dict:
     """
     ids, labels = frequency_buckets(corpus.counts, n_buckets)
     total = float(corpus.counts.sum())
-    rows = []
-    for b, lab in enumerate(labels):
-        m = ids == b
-        rows.append(
-            {
-                "label": lab,
-                "n_types": int(m.sum()),
-                "train_share": float(corpus.counts[m].sum() / total) if total else 0.0,
-            }
-        )
+    rows = [
+        {"label": lab, "n_types": int(np.sum(ids == b)),
+         "train_share": float(corpus.counts[ids == b].sum() / total) if total else 0.0}
+        for b, lab in enumerate(labels)
+    ]  # fmt: skip
     val = np.asarray(corpus.val_tokens)
     unseen = float(np.mean(corpus.counts[val] == 0)) if val.size else 0.0
     return {

@@ -1,15 +1,12 @@
-"""Tokenizers for text corpora: byte-level BPE and word level, trained once and cached.
+"""Tokenizers for text corpora (:mod:`amemory.data.corpus`), trained with the ``tokenizers``
+library on the training split only and cached under
+``<corpus cache>/<kind>-<vocab_size>/tokenizer.json``:
 
-Part of the corpus pipeline (entry point :mod:`amemory.data.corpus`). Tokenizers are
-trained offline on the training split only, with the ``tokenizers`` library, and cached
-beside the corpus under ``<corpus cache>/<kind>-<vocab_size>/tokenizer.json``:
-
-* ``"bpe"``: byte-level BPE (``tokenizers`` library, GPT-2 style byte alphabet, so
-  no unknown tokens); special token ``<|endoftext|>`` separates documents.
-* ``"word"``: word-level (``tokenizers`` WordLevel over the ``Whitespace``
-  pre-tokenizer, i.e. ``\\w+|[^\\w\\s]+``, case kept); the ``vocab_size - 2`` most
-  frequent words get ids, the rest map to ``<unk>`` (id 0). Its token frequencies
-  have a heavier tail than BPE's, for tail studies.
+* ``"bpe"``: byte-level BPE (GPT-2 style byte alphabet, so no unknown tokens);
+  ``<|endoftext|>`` separates documents.
+* ``"word"``: WordLevel over the ``Whitespace`` pre-tokenizer (``\\w+|[^\\w\\s]+``, case
+  kept); the ``vocab_size - 2`` most frequent words get ids, the rest map to ``<unk>``
+  (id 0): a heavier tail than BPE's, for tail studies.
 """
 
 from __future__ import annotations
@@ -23,8 +20,6 @@ import numpy as np
 
 from amemory import atomic
 from amemory.data.sources import TextCorpus
-
-__all__ = ["EOT", "UNK", "TOKENIZER_KINDS", "get_tokenizer"]
 
 EOT = "<|endoftext|>"
 UNK = "<unk>"
@@ -125,8 +120,6 @@ def get_tokenizer(kind: str, vocab_size: int, corpus: TextCorpus):
 
 def _encode_docs(tok, texts: Sequence[str], eot_id: int) -> np.ndarray:
     """Encode documents and join them, each followed by ``eot_id``; int32 [N]."""
-    parts = []
-    for enc in tok.encode_batch(list(texts), add_special_tokens=False):
-        parts.append(np.asarray(enc.ids, dtype=np.int32))
-        parts.append(np.asarray([eot_id], dtype=np.int32))
+    encoded = tok.encode_batch(list(texts), add_special_tokens=False)
+    parts = [np.asarray([*enc.ids, eot_id], dtype=np.int32) for enc in encoded]
     return np.concatenate(parts) if parts else np.zeros(0, np.int32)
