@@ -91,9 +91,8 @@ def task_correct_fn(dhat: Any) -> Callable[[np.ndarray], np.ndarray]:
     """``η [n] -> q [n, K]``: correct-class probabilities of ``Ŵ = η D̂`` in task space.
 
     ``D̂ = ẼᵀUE`` is a one-step update in task space (``[answer i, query k]``, as
-    ``amemory.models.memory.task_space`` returns); for orthonormal embeddings the
-    probabilities equal the model's ``correct_probabilities(η U, E, Ẽ)``. Jitted once per
-    shape; step sizes are mapped in batches of 8 so memory stays ``O(8 K²)``.
+    ``amemory.models.memory.task_space`` returns; for orthonormal embeddings these are the
+    model's ``correct_probabilities(η U, E, Ẽ)``); step sizes are mapped 8 at a time.
 
     Args:
       dhat: ``[K, K]`` task-space update.
@@ -115,12 +114,11 @@ def first_crossing_rho(
 ) -> balance.RhoResult:
     """Paper A's one-step balance ``ϱ^ε`` of a task-space update, first-crossing reading.
 
-    Brackets the boundary automatically: the class with the largest smallest margin
-    ``m = max_k min_{i≠k} (D̂_kk - D̂_ik)`` reaches ``1 - ε`` by
-    ``η = log((K-1)(1-ε)/ε) / m``, so the search runs up to twice that
-    (:func:`amemory.analysis.balance.one_step_rho`). ``result.rho_boundary`` is the
-    first-crossing value; ``result.rho`` is the smallest worst-class probability over the
-    searched feasible range (the infimum reading, restricted to that range).
+    The class with the largest smallest margin ``m = max_k min_{i≠k} (D̂_kk - D̂_ik)``
+    reaches ``1 - ε`` by ``η = log((K-1)(1-ε)/ε) / m``; the search
+    (:func:`amemory.analysis.balance.one_step_rho`) runs to twice that.
+    ``result.rho_boundary`` is the first-crossing value, ``result.rho`` the infimum
+    reading restricted to the searched range.
 
     Args:
       dhat: ``[K, K]`` task-space update (see :func:`task_correct_fn`).
@@ -133,9 +131,7 @@ def first_crossing_rho(
       :class:`amemory.analysis.balance.RhoResult`.
 
     Raises:
-      ValueError: if no class has all margins positive (``max_k q_k`` never reaches
-        ``1 - ε`` for small ε), or on bad ``eps``/``n_grid``/``rtol`` (from
-        ``one_step_rho``).
+      ValueError: if no class has all margins positive, or on bad ``eps``/``n_grid``/``rtol``.
     """
     d = np.asarray(dhat, dtype=np.float64)
     K = d.shape[0]

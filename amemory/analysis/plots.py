@@ -99,19 +99,11 @@ def plot_gap_vs_loss(
     ncols: int = 4,
     suptitle: str | None = None,
 ) -> pathlib.Path:
-    """Grid of panels, each the gap Δ(W) against the loss for several optimizers.
+    """Panels of the gap Δ(W) against the loss, one line per optimizer (paper A Fig. 4b/c).
 
-    Paper A Fig. 4b/c layout: x = population loss (nats, log scale, decreasing to the
-    right as training proceeds), y = Δ(W) = max_i f_ii - min_j f_jj in [0, 1].
-
-    Args:
-      panels: title -> {optimizer name -> (loss [n], gap [n])}.
-      path: output PNG.
-      ncols: panels per row.
-      suptitle: optional figure title.
-
-    Returns:
-      The PNG path.
+    x = population loss (nats, log scale, decreasing to the right), y = Δ(W) =
+    max_i f_ii - min_j f_jj in [0, 1]. ``panels``: title -> {optimizer name -> (loss [n],
+    gap [n])}; ``ncols`` panels per row. Returns the PNG path.
     """
     fig, axes = _panels(len(panels), ncols, 3.2, 2.7)
     for ax, (title, curves) in zip(axes.flat, panels.items(), strict=False):
@@ -145,16 +137,9 @@ def plot_curves(
     hline: float | None = None,
     marker: str | None = None,
 ) -> pathlib.Path:
-    """One axes with one line per series; returns the PNG path.
-
-    Args:
-      series: label -> (x [n], y [n] or y [n, seeds] drawn with a seed band).
-      path: output PNG.
-      xlabel, ylabel, title: axis labels and title.
-      logx, logy: log scales.
-      hline: a dashed horizontal reference line (e.g. Adam's final loss).
-      marker: matplotlib marker drawn at every point (None: lines only).
-    """
+    """One axes with one line per series: label -> (x [n], y [n] or [n, seeds]); returns
+    the PNG path. ``hline``: a dashed horizontal reference line (e.g. Adam's final loss);
+    ``marker``: a matplotlib marker drawn at every point (None: lines only)."""
     fig, ax = plt.subplots(figsize=(4.6, 3.2))
     for i, (name, (x, y)) in enumerate(series.items()):
         _line(ax, x, y, label=name, color=color_for(name, i), marker=marker, ms=3)
@@ -178,15 +163,9 @@ def plot_bucket_losses(
 ) -> pathlib.Path:
     """One panel per frequency bucket (head to tail): loss against step per optimizer.
 
-    Args:
-      steps: optimizer -> steps ``[n]``.
-      losses: optimizer -> ``[n, n_buckets]`` loss (nats per token) per bucket, or
-        ``[n, n_buckets, seeds]`` (drawn as seed mean and 95% band).
-      bucket_labels: ``[n_buckets]`` labels, head first.
-      path: output PNG.
-
-    Returns:
-      The PNG path.
+    ``steps``: optimizer -> steps ``[n]``; ``losses``: optimizer -> ``[n, n_buckets]`` or
+    ``[n, n_buckets, seeds]`` loss (nats per token); ``bucket_labels``: ``[n_buckets]``,
+    head first. Returns the PNG path.
     """
     nb = len(bucket_labels)
     fig, axes = plt.subplots(1, nb, figsize=(2.6 * nb, 2.7), squeeze=False)
@@ -289,13 +268,8 @@ def plot_scaling(
     ylabel: str = "excess loss (nats)",
     title: str = "",
 ) -> pathlib.Path:
-    """Log-log points per series plus fitted lines ``y = exp(intercept) x^slope``.
-
-    Args:
-      series: name -> (x [n], y [n]) with positive values.
-      fits: name -> (slope, intercept) in natural-log space; drawn dashed.
-      path: output PNG.
-    """
+    """Log-log points per series, name -> (x [n], y [n]) positive, plus the ``fits``, name
+    -> (slope, intercept) in natural-log space, drawn dashed as ``y = exp(intercept) x^slope``."""
     fig, ax = plt.subplots(figsize=(5.0, 3.6))
     markers = "os^vD*"
     suffixes: dict[str, int] = {}

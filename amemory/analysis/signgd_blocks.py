@@ -256,25 +256,20 @@ class Asymptotics(NamedTuple):
     ``η ≈ log(n (1-ε)/ε) / m_b``. There a wrong-answer term of margin μ weighs
     ``(n/ε)^{-μ/m_b}`` (own block) or ``n (n/ε)^{-μ/m_b}`` (other blocks), so the worst
     class's probability is a power law ``ϱ ∝ K^k_exponent ε^eps_exponent`` set by its
-    dominant term. All fields are floats or labels.
+    dominant term.
 
     Attributes:
-      best: label of the best class; m_best: its smallest off-block margin ``m_b``.
-      worst: label of the worst class as K → ∞.
-      dominant: ``"off"`` (it loses to the other blocks' answers) or ``"in"`` (to an
-        answer of its own block).
-      margin: the dominant margin μ of the worst class.
-      k_exponent: ``-(1 - μ/m_b)`` (off) or ``μ/m_b`` (in).
-      eps_exponent: ``-μ/m_b`` (off) or ``-μ/m_b`` (in).
-      sub_leading: the worst class's other off-block margins minus μ, ``[b - 1]`` (how
-        fast the neglected terms fade: as ``K^{-(gap)/m_b}``).
-      best_sub_leading: the same for the best class, ``[b - 1]`` (they shift the
-        crossing η).
+      best, worst: labels of the best class and of the worst class as K → ∞.
+      m_best: the best class's smallest off-block margin ``m_b``.
+      dominant: ``"off"`` (the worst class loses to the other blocks' answers) or ``"in"``
+        (to an answer of its own block); margin: that dominant margin μ.
+      k_exponent: ``-(1 - μ/m_b)`` (off) or ``μ/m_b`` (in); eps_exponent: ``-μ/m_b``.
+      sub_leading, best_sub_leading: ``[b - 1]`` other off-block margins minus the smallest,
+        of the worst and the best class (the neglected terms fade as ``K^{-(gap)/m_b}``).
       regime_exponent: s in ``K*(ε) ∝ ε^{-s}``, the K beyond which the worst class loses
-        more to other blocks than to its own: equating the two masses gives
-        ``s = x / (1 - x)``, ``x = (μ - μ_in)/m_b`` with μ_in the most negative own-block
-        margin; 0 when μ <= 0 (the other blocks dominate at every K) or no own-block
-        margin is negative.
+        more to other blocks than to its own: ``s = x / (1 - x)``, ``x = (μ - μ_in)/m_b``
+        with μ_in the most negative own-block margin; 0 when μ <= 0 or no own-block margin
+        is negative.
     """
 
     best: str

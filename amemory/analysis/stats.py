@@ -159,12 +159,9 @@ def slope_interval(x: object, values: object, *, confidence: float = 0.95) -> In
 def seeds_needed(interval: Interval, threshold: float = 0.0, *, cap: int = 10_000) -> float:
     """Seeds a t interval of the observed effect would need to exclude ``threshold``.
 
-    The per-seed standard deviation is recovered from the interval itself,
-    ``sd = half_width · sqrt(n) / t_{n-1}``, and the effect ``|estimate - threshold|`` is
-    held at its observed size: the answer is the smallest n >= 2 with
-    ``t_{n-1} · sd / sqrt(n) < |estimate - threshold|`` (so "undecided" reads as a power
-    problem when it is small, as no effect when it is huge). A power calculation at the
-    observed effect, not a promise: the next seeds move the estimate too.
+    With ``sd = half_width · sqrt(n) / t_{n-1}`` recovered from the interval and the effect
+    held at its observed size, the smallest n >= 2 with ``t_{n-1} · sd / sqrt(n) <
+    |estimate - threshold|``: a power calculation at the observed effect, not a promise.
 
     Returns:
       n as a float; ``inf`` when the effect is 0 or needs more than ``cap`` seeds, NaN for
@@ -189,10 +186,8 @@ def seeds_needed(interval: Interval, threshold: float = 0.0, *, cap: int = 10_00
 def variance_ratio_interval(a: object, b: object, *, confidence: float = 0.95) -> Interval:
     """F interval of ``var(a) / var(b)`` for two independent Gaussian samples.
 
-    ``r = s_a² / s_b²``; the interval is ``[r / F_{(1+c)/2}, r / F_{(1-c)/2}]`` with
-    ``F`` the quantiles of the F distribution with ``(n_a - 1, n_b - 1)`` degrees of
-    freedom. With 3 seeds per arm ``F_{0.975}(2, 2) = 39``: only a ratio far from 1 is
-    decided.
+    ``r = s_a² / s_b²``, interval ``[r / F_{(1+c)/2}, r / F_{(1-c)/2}]`` with F quantiles of
+    ``(n_a - 1, n_b - 1)`` degrees of freedom (3 seeds per arm: ``F_{0.975}(2, 2) = 39``).
 
     Args:
       a, b: ``[n_a]``, ``[n_b]`` finite samples, each with at least 2 entries.
@@ -223,11 +218,9 @@ def verdict(interval: Interval, direction: str, threshold: float = 0.0) -> bool 
     """Three-way verdict on the claim "the quantity is ``direction`` than ``threshold``".
 
     Args:
-      interval: from :func:`mean_interval`, :func:`paired_difference` or
-        :func:`variance_ratio_interval`.
-      direction: one of :data:`DIRECTIONS`: ``"greater"`` claims ``> threshold``,
-        ``"less"`` claims ``< threshold``.
-      threshold: the value the claim compares against (0 for a difference, 1 for a ratio).
+      interval: an :class:`Interval` of this module.
+      direction: one of :data:`DIRECTIONS` (``"greater"``: ``> threshold``).
+      threshold: what the claim compares against (0 for a difference, 1 for a ratio).
 
     Returns:
       ``True`` (held) if the whole interval lies on the claimed side of ``threshold``,
@@ -249,11 +242,8 @@ def verdict(interval: Interval, direction: str, threshold: float = 0.0) -> bool 
 
 
 def all_verdicts(verdicts: Iterable[bool | None]) -> bool | None:
-    """Verdict of a claim made of several parts ("for every matrix ...").
-
-    Held if every part is held, not held if any part is not held, else undecided
-    (an empty input is undecided).
-    """
+    """Verdict of a claim made of several parts: held if every part is held, not held if
+    any part is not held, else (and for no parts) undecided."""
     vs = list(verdicts)
     if any(v is False for v in vs):
         return False

@@ -24,11 +24,10 @@ def first_token_predictions(
     """Argmax next-token predictions at the end of every eval prompt.
 
     Args:
-      logits_fn: callable tokens int32 [B, L] -> logits [B, L, V] (numpy or jax);
-        called with a fixed B = ``batch_size`` and L = ``seq_len`` so a jitted
-        function compiles once (the last batch is padded by repeating row 0).
-        Prompts are right-padded with ``<pad>``; with causal attention the padding
-        does not affect the logits at position prompt_len - 1.
+      logits_fn: tokens int32 [B, L] -> logits [B, L, V] (numpy or jax), called with a
+        fixed B = ``batch_size`` and L = ``seq_len`` so a jitted function compiles once
+        (the last batch repeats row 0); the right padding does not affect causal logits
+        at position prompt_len - 1.
       eval_set: an :class:`EvalSet`.
       batch_size: rows per call, >= 1.
       seq_len: L, the width passed to ``logits_fn`` (default: the prompt width P);
@@ -67,7 +66,7 @@ def first_token_accuracy(
     """First-token accuracy (FTA) per group g (paper A, heavy-tailed knowledge QA).
 
     An item scores 1 when the argmax after ``<bos> question ? Answer:`` is the first
-    answer token; a group's FTA is the mean over its individuals and the 6 templates.
+    answer token; a group's FTA is the mean over its items.
 
     Args:
       model: either a callable ``logits_fn(tokens [B, L]) -> [B, L, V]`` (see
