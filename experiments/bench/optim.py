@@ -1,22 +1,17 @@
 """`amemory bench optim`: amemory's Muon update against optax.contrib.muon, and its NS roofline.
 
-Every row of :data:`ROWS` updates the same GPT-shaped tree of hidden matrices (no vectors,
-so optax routes every leaf to Muon): ``optax`` is ``optax.contrib.muon(0.02)``,
-``contrib`` ``amemory.optim.contrib.muon`` with identical arguments (the drop-in), the
-others ``amemory.optim.muon(0.02, preset="optax")`` (optax's maths; Gram form for aspect
-ratio >= 2) with the options beside their names: the Gram form's restart, direct NS, AOL
-pre-conditioning (Turbo-Muon), Polar Express and Dion coefficients. Jitted ``update``
-calls run round-robin in one process (load hits all alike); medians are reported.
+Every row of :data:`ROWS` updates the same GPT-shaped tree of hidden matrices (all routed to
+Muon): ``optax`` is ``optax.contrib.muon(0.02)``, ``contrib`` the drop-in
+``amemory.optim.contrib.muon``, the others ``amemory.optim.muon(0.02, preset="optax")``
+with the options beside their names. Jitted updates run round-robin; medians are reported.
 
 Per tree: ``ortho_error``, the ``orthogonality_error`` of each row's update over
-``-lr * shape_scale`` (mean and max over leaves); ``ratio``, amemory's and contrib's time
-over optax's, and ``best``, the fastest amemory row whose mean and max errors are at most
-optax's (goal <= 0.35); NS efficiency (goal >= 0.85), the roofline time over the NS time,
-where the roofline (:func:`roofline_fn`) replays exactly the batched matmuls of the NS
-program on the shape-grouped stacks the update builds; NS GFLOP counted from each
-program's ``dot_general``s (optax: the direct form, ``planner.ns_flops``) and GFLOP/s over
-the update time, beside a large fp32 matmul's (the practical peak). ``--devices N``: the
-FSDP-sharded benchmark, ``experiments/bench/optim_distributed.py``.
+``-lr * shape_scale`` (mean and max over leaves); ``ratio``, a row's time over optax's, and
+``best``, the fastest amemory row whose errors are at most optax's (goal <= 0.35); NS
+efficiency (goal >= 0.85), the time of a roofline (:func:`roofline_fn`: exactly the NS
+program's batched matmuls on the update's shape-grouped stacks) over the NS time; NS GFLOP
+counted from each program's ``dot_general``s (optax: ``planner.ns_flops``, direct form) and
+GFLOP/s beside a large fp32 matmul's. ``--devices N``: ``experiments/bench/optim_distributed.py``.
 """
 
 from __future__ import annotations
@@ -39,7 +34,7 @@ from amemory.cli import Parser
 from amemory.optim import contrib, muon, orthogonality_error, shape_scale_factor
 from amemory.optim._matrices import leaf_layouts
 from amemory.train.planner import ns_flops
-from experiments.bench import host_load, write_json
+from experiments.bench import host_load, random_like, write_json
 
 TREES = {
     # name: (d_model, n_layers, d_ff)
@@ -249,8 +244,7 @@ def _ortho_errors(updates: dict, lr: float) -> np.ndarray:
 
 def bench_tree(name: str, params: dict, reps: int, mm_n: int) -> dict[str, Any]:
     """Time every row, the NS programs and their rooflines, interleaved; one tree's figures."""
-    rng = np.random.default_rng(1)
-    grads = jax.tree.map(lambda x: jnp.asarray(rng.standard_normal(x.shape), x.dtype), params)
+    grads = random_like(params, seed=1)
     timers: dict[str, tuple[Callable, tuple]] = {}
     compile_s, errs = {}, {}
     for row, (factory, _) in ROWS.items():
