@@ -86,11 +86,10 @@ class RhoResult(NamedTuple):
 
     Attributes:
       rho: ϱ^ε, the smallest worst-class probability over feasible step sizes.
-      eta_boundary: smallest feasible step size found (``max_k q_k = 1 - ε`` there, up
-        to the refinement tolerance).
-      n_feasible_grid: number of grid points that were feasible (diagnostic).
-      rho_boundary: ``min_k q_k`` at ``eta_boundary``; equals ``rho`` when ``min_k q_k``
-        is non-decreasing on the feasible set (one step of GD or Muon from 0).
+      eta_boundary: smallest feasible step size found (``max_k q_k = 1 - ε`` to ``rtol``).
+      n_feasible_grid: number of feasible grid points (diagnostic).
+      rho_boundary: ``min_k q_k`` at ``eta_boundary`` (= ``rho`` when ``min_k q_k`` is
+        non-decreasing on the feasible set).
     """
 
     rho: float
@@ -189,8 +188,7 @@ def one_step_rho(
 def head_tail_masks(prior: object) -> tuple[np.ndarray, np.ndarray]:
     """Split classes into head and tail at the largest gap of the sorted log-frequencies.
 
-    For paper A's two-level prior (Assumption 5.2) this recovers exactly the L head
-    classes ``p_k = α/L`` and the ``K - L`` tail classes ``p_k = (1-α)/(K-L)``.
+    For paper A's two-level prior (Assumption 5.2) this recovers exactly its L head classes.
 
     Args:
       prior: ``[K]`` positive class frequencies, not all equal, K >= 2.

@@ -79,8 +79,7 @@ def project(W: jax.Array, M: int, C: int) -> tuple[GroupState, jax.Array]:
     mean diagonal of block (h, h) minus ``B_hh``.
 
     Returns:
-      ``(state, residual)``: the projection and ``max |W - expand(state)|``, the
-      deviation from group block-symmetry.
+      ``(state, residual)``: the projection and ``max |W - expand(state)|``.
 
     Raises:
       ValueError: if W is not ``[MC, MC]``.
@@ -177,10 +176,8 @@ def run(
     """``steps`` steps of ``name`` from ``Ŵ_0 = 0`` with constant learning rate ``lr``.
 
     Args:
-      name: ``gd``, ``signgd`` (coordinate-wise sign in task space: TRA-SignGD) or
-        ``muon`` (exact msgn, no momentum).
-      group_prior: ``[M]`` group masses p̃_g (summing to 1); class j of group g has prior
-        ``p̃_g / C``.
+      name: ``gd``, ``signgd`` (TRA-SignGD) or ``muon`` (exact msgn, no momentum).
+      group_prior: ``[M]`` group masses p̃_g (summing to 1); class prior ``p̃_g / C``.
       C: classes per group (static: one compilation per C).
       noise: label noise α in [0, 1).
       lr: η per step.

@@ -38,8 +38,8 @@ def optimizer(name: str, learning_rate: optax.ScalarOrSchedule) -> optax.Gradien
 
     Args:
       name: one of :data:`OPTIMIZERS`.
-      learning_rate: float or optax schedule (η per step; GD: units of W per unit of
-        gradient; SignGD: the move of every entry; Muon: the spectral norm of the move).
+      learning_rate: float or optax schedule, η (SignGD: the move of every entry; Muon:
+        the spectral norm of the move).
 
     Returns:
       ``optax.GradientTransformation``.

@@ -157,10 +157,9 @@ def token_loader(
 ) -> grain.DataLoader:
     """Grain loader of shuffled ``T + 1``-token windows of ``tokens``, every epoch anew.
 
-    Iterating it yields int32 ``[batch_size / P, seq_len + 1]`` forever (epochs repeat with
-    a new order and new crop offsets). Its iterator's ``get_state()`` (bytes) is the
-    position to checkpoint; ``set_state`` on a fresh iterator of an identical loader
-    continues the same stream (Grain checks the sampler and source match).
+    Yields int32 ``[batch_size / P, seq_len + 1]`` forever (every epoch a new order and
+    new crop offsets). ``set_state(get_state())`` on a fresh iterator of an identical
+    loader continues the same stream (Grain checks the sampler and source match).
 
     Args:
       tokens: ``[N]`` token ids.

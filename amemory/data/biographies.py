@@ -88,14 +88,12 @@ class BiographyConfig:
     """Size and seed of the synthetic biography QA (paper A, A.3).
 
     Attributes:
-      m: number of tail groups; groups g = 0..m, 2^m individuals (paper: 15;
-        default 8 for CPU: 256 individuals, 1280 selections).
+      m: groups g = 0..m, 2^m individuals (paper: 15; default 8 for CPU).
       seed: seed of everything (vocabularies, attributes, paraphrases, row order).
       n_first_names, n_surnames, n_universities, n_majors, n_employers, n_cities:
         pool sizes of the synthesised vocabularies (paper: 400, 1000, 300, 100, 300).
       n_paraphrases: biographies per individual (>= 1).
-      biographies: include biography rows in training.
-      qa: include QA rows in training (at least one of the two must be on).
+      biographies, qa: include biography / QA rows in training (at least one).
       zipf: exponent s of the selection law S_g = round(2^(s (m-g))), in [0, 3].
     """
 
@@ -209,10 +207,8 @@ class BiographyData:
     """Output of :func:`make_biographies`.
 
     Attributes:
-      config: the :class:`BiographyConfig`.
-      tokenizer: the :class:`BiographyTokenizer`; ``vocab_size`` = its size.
-      train_tokens: int32 [N, T] training rows (biography and QA rows, shuffled once
-        with the seed), right-padded with ``pad_id``.
+      config: the :class:`BiographyConfig`; tokenizer: the :class:`BiographyTokenizer`.
+      train_tokens: int32 [N, T] biography and QA rows, shuffled with the seed, padded.
       train_mask: float32 [N, T]; 1 where the token is a training target.
       train_kind: int8 [N]; 0 = biography row, 1 = QA row.
       train_person: int32 [N]; the individual of each row.

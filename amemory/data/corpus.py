@@ -52,9 +52,8 @@ class Corpus:
       vocab_size: V, number of token ids (embedding rows); every id is < V.
       counts: int64 [V], occurrences of each id in ``train_tokens``.
       tokenizer: the ``tokenizers.Tokenizer`` (None for ``.bin`` corpora).
-      tokenizer_kind: ``"bpe"``, ``"word"`` or ``"pretokenized"``. With ``"word"``,
-        id 0 is ``<unk>`` and pools every out-of-vocabulary word, so its count can be
-        large: exclude it from tail statistics if that matters.
+      tokenizer_kind: ``"bpe"``, ``"word"`` (id 0 is ``<unk>``, pooling every
+        out-of-vocabulary word) or ``"pretokenized"``.
       eot_id: id of the document separator (None for ``.bin`` corpora).
       train_names / val_names: document names per split.
     """
