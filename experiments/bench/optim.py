@@ -134,12 +134,11 @@ _LAYOUT_OPS = ("transpose", "reshape", "broadcast_in_dim", "squeeze", "iota", "s
 def _replay(jaxpr: Any, consts: list, args: list, sink: list, order: dict) -> list:
     """Evaluate ``jaxpr`` keeping only its matmuls.
 
-    ``dot_general`` runs (its result also summed into ``sink``, so none is dead code);
-    layout ops run; every other op forwards one of its operands that has the output's
-    shape and dtype, the one derived from the latest matmul (``order``: id of a value ->
-    index of the matmul it derives from), so the matmuls keep their data dependencies
-    (no two of them see the same inputs, nothing is merged) while the elementwise work
-    is removed; an op with no such operand runs (norms, constants: dead once forwarded).
+    ``dot_general`` (its result also summed into ``sink``, so none is dead code) and layout
+    ops run; every other op forwards the operand of the output's shape and dtype derived
+    from the latest matmul (``order``: id of a value -> index of that matmul), so the
+    matmuls keep their data dependencies while the elementwise work is removed; an op with
+    no such operand runs (norms, constants: dead once forwarded).
     """
     env: dict = {}
 
@@ -234,12 +233,8 @@ def timing(times: dict[str, list[float]], compile_s: dict[str, float], reps: int
 
 
 def _ortho_errors(updates: dict, lr: float) -> np.ndarray:
-    errs = []
-    for leaf in jax.tree.leaves(updates):
-        fi, fo = leaf.shape
-        o = -leaf / (lr * shape_scale_factor("jordan", fi, fo))
-        errs.append(float(orthogonality_error(o)))
-    return np.asarray(errs)
+    scaled = [-u / (lr * shape_scale_factor("jordan", *u.shape)) for u in jax.tree.leaves(updates)]
+    return np.asarray([float(orthogonality_error(o)) for o in scaled])
 
 
 def bench_tree(name: str, params: dict, reps: int, mm_n: int) -> dict[str, Any]:

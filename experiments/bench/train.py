@@ -180,12 +180,10 @@ def _interval_tokens_per_s(workdir: pathlib.Path) -> float:
 def bench_engine(quick: bool) -> dict:
     """Engine overhead: ``amemory.train.run`` vs a bare loop of the same jitted step.
 
-    The bare loop runs the step ``run`` builds (``amemory.train.engine.build``) on 8
-    batches of the task's Grain input put on the device first, timing
-    ``state, acc = engine.step(state, acc, batch)`` alone. The run is timed two ways: by
-    its own records (the intervals between log points), and from outside, its whole wall
-    time less its first (compiling) step, so that start-up, log-point work (jsonl and
-    TensorBoard writes, the finiteness check) and the final evaluation count. Runs alternate.
+    The bare loop runs the step ``run`` builds (``amemory.train.engine.build``) on 8 batches
+    of the task's input already on the device. The run is timed by its own records (the
+    intervals between log points) and from outside (its wall time less the compiling
+    step, so start-up, log-point work and the final evaluation count). Runs alternate.
     """
     import tempfile
 
