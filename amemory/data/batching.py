@@ -34,10 +34,8 @@ def _fingerprint(a: np.ndarray) -> int:
 
 
 class TokenWindows:
-    """Random-access source of ``2T``-token slots of a flat token stream (Grain source).
-
-    Record ``i`` is ``tokens[i T : i T + 2T]`` (int32), so that :class:`RandomCrop` can take
-    a ``T + 1``-token window from any offset in ``[0, T)``. ``len = (N - T) // T``.
+    """Grain source of ``2T``-token slots: record ``i`` is ``tokens[i T : i T + 2T]`` (int32),
+    for :class:`RandomCrop`; ``len = (N - T) // T``.
 
     Args:
       tokens: ``[N]`` integer token ids (np array or memmap).
@@ -184,10 +182,8 @@ def row_loader(
     *,
     shard_options: grain.sharding.ShardOptions | None = None,
 ) -> grain.DataLoader:
-    """Grain loader of shuffled rows: ``{"tokens": int32 [B / P, T], "mask": float32 [B / P, T]}``.
-
-    Same contract as :func:`token_loader` (global ``batch_size``, per-process shards,
-    checkpointable iterator, a new order every epoch).
+    """Grain loader of shuffled rows ``{"tokens": int32 [B / P, T], "mask": float32 [B / P, T]}``,
+    with :func:`token_loader`'s contract (global ``batch_size``, checkpointable iterator).
 
     Raises:
       ValueError: naming the argument for bad shapes or sizes.

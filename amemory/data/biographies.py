@@ -116,11 +116,8 @@ class BiographyConfig:
         limits = {"m": (0, 20), "seed": (0, None), **dict.fromkeys(sizes, (1, 100_000))}
         for f, (lo, hi) in limits.items():
             v = getattr(self, f)
-            if (
-                isinstance(v, bool)
-                or not isinstance(v, numbers.Integral)
-                or not lo <= v <= (v if hi is None else hi)
-            ):
+            integer = isinstance(v, numbers.Integral) and not isinstance(v, bool)
+            if not (integer and lo <= v <= (v if hi is None else hi)):
                 allowed = "a non-negative integer" if hi is None else f"an integer in [{lo}, {hi}]"
                 raise ValueError(f"{f} must be {allowed}, got {v!r}")
         if self.n_first_names * self.n_surnames < 2**self.m:
@@ -168,14 +165,13 @@ class BiographyTokenizer:
 class EvalSet:
     """QA evaluation items: every individual x every question template.
 
-    Attributes (Q = 6 * 2^m items, P = longest prompt):
-      prompts: int32 [Q, P], ``<bos> question ? Answer:`` right-padded with ``<pad>``.
-      prompt_len: int32 [Q], number of real prompt tokens; predict at index prompt_len - 1.
-      answer_first: int32 [Q], first answer token (the FTA target).
-      answers: int32 [Q, A], full answer tokens then ``<eos>``, right-padded.
-      group: int32 [Q], group g of the individual.
-      template: int32 [Q], question template 0..5 (order of :data:`QUESTION_TEMPLATES`).
-      person: int32 [Q], individual id.
+    Attributes (Q = 6 * 2^m items, P = longest prompt, all int32):
+      prompts: [Q, P] ``<bos> question ? Answer:``, right-padded with ``<pad>``.
+      prompt_len: [Q] real prompt tokens; predict at index prompt_len - 1.
+      answer_first: [Q] first answer token (the FTA target).
+      answers: [Q, A] answer tokens then ``<eos>``, right-padded.
+      group, template, person: [Q] the individual's group, the question template
+        (index into :data:`QUESTION_TEMPLATES`) and the individual's id.
     """
 
     prompts: np.ndarray
@@ -371,10 +367,10 @@ def make_biographies(cfg: BiographyConfig | None = None) -> BiographyData:
     """Generate the heavy-tailed biography QA dataset (see the module docstring).
 
     Args:
-      cfg: a :class:`BiographyConfig` (default: ``BiographyConfig()``, m = 8).
+      cfg: a :class:`BiographyConfig` (default ``BiographyConfig()``).
 
     Returns:
-      A :class:`BiographyData`; identical arrays for identical configs.
+      A :class:`BiographyData`, identical for identical configs.
 
     Raises:
       ValueError: naming the invalid config field.

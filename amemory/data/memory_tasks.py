@@ -39,8 +39,7 @@ def conditional(K: int, noise: float = 0.0) -> np.ndarray:
     """Exact answer distribution p(i | k) = (1 - noise) 1[i = k] + noise / K.
 
     Args:
-      K: number of classes, integer >= 1.
-      noise: label-noise rate α in [0, 1).
+      K: number of classes, integer >= 1; noise: label-noise rate α in [0, 1).
 
     Returns:
       float64 array [K, K]; row k is p(. | k) and sums to 1.
@@ -57,8 +56,7 @@ def joint(prior, noise: float = 0.0) -> np.ndarray:
     """Exact population joint P[k, i] = p_k p(i | k) of (query k, answer i).
 
     Args:
-      prior: [K] class prior summing to 1.
-      noise: label-noise rate α in [0, 1).
+      prior: [K] class prior summing to 1; noise: label-noise rate α in [0, 1).
 
     Returns:
       float64 array [K, K] summing to 1.

@@ -89,9 +89,8 @@ def _train_tokenizer(kind: str, vocab_size: int, texts: Sequence[str]):
 def get_tokenizer(kind: str, vocab_size: int, corpus: TextCorpus):
     """Train (once) or load the cached tokenizer of ``kind`` for a text corpus.
 
-    The tokenizer is trained on ``corpus.train_texts`` only and cached at
-    ``corpus.cache_dir / f"{kind}-{vocab_size}" / "tokenizer.json"``. Training is
-    deterministic for a given corpus and vocab size.
+    Trained (deterministically) on ``corpus.train_texts`` only and cached at
+    ``corpus.cache_dir / f"{kind}-{vocab_size}" / "tokenizer.json"``.
 
     Args:
       kind: ``"bpe"`` (byte-level BPE) or ``"word"`` (word level with ``<unk>``).
