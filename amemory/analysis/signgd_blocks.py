@@ -186,9 +186,8 @@ def mass_split(m: BlockMargins, eta: float) -> tuple[np.ndarray, np.ndarray]:
       m: margins from :func:`block_margins`; eta: one step size >= 0.
 
     Returns:
-      ``(in_block [n], off_block [n])``: the probabilities of wrong answers in the same
-      block and in the other ``K/b - 1`` blocks; with the correct-class probability they
-      sum to 1.
+      ``(in_block [n], off_block [n])``: wrong answers' probabilities in the same block and
+      in the other ``K/b - 1`` blocks (with the correct class's, they sum to 1).
 
     Raises:
       ValueError: if eta is negative or not finite.

@@ -89,9 +89,7 @@ def optimal_loss(prior, noise: float = 0.0) -> float:
     if a == 0.0:
         return 0.0
     hit = 1.0 - a + a / K
-    h = -hit * math.log(hit)
-    if K > 1:
-        h -= (K - 1) * (a / K) * math.log(a / K)
+    h = -hit * math.log(hit) - (K - 1) * (a / K) * math.log(a / K)
     return float(h * p.sum())
 
 

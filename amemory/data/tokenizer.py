@@ -52,14 +52,12 @@ LONGEST_TRAINING_RUN = 1000
 def _training_pieces(texts: Sequence[str]) -> list[str]:
     """``texts`` as the tokenizer trainer sees them: unchanged, except that runs of more
     than ``LONGEST_TRAINING_RUN`` non-space characters become separate pieces of that length."""
-    long_run, n = re.compile(rf"\S{{{LONGEST_TRAINING_RUN + 1},}}"), LONGEST_TRAINING_RUN
+    n = LONGEST_TRAINING_RUN
+    long_run = re.compile(rf"(\S{{{n + 1},}})")  # captured: split() keeps the runs
     out = []
     for text in texts:
-        pos = 0
-        for m in long_run.finditer(text):
-            out += [text[pos : m.start()], *(m[0][i : i + n] for i in range(0, len(m[0]), n))]
-            pos = m.end()
-        out.append(text[pos:])
+        for i, piece in enumerate(long_run.split(text)):  # odd i: a long run
+            out += [piece[j : j + n] for j in range(0, len(piece), n)] if i % 2 else [piece]
     return out
 
 
