@@ -200,8 +200,7 @@ def _final(name, group_prior, C, noise, lr, T):
 
 
 def final_loss(name: str, group_prior: object, C: int, noise: float, lr: float, T: int) -> float:
-    """Loss (nats) after T steps of ``name`` with learning rate ``lr`` (T traced: one
-    compilation serves every horizon). Arguments as in :func:`run`.
+    """Loss (nats) after T steps of ``name`` (one compilation for every T); as :func:`run`.
 
     Raises:
       ValueError: for an unknown name, C < 1, a group prior that is not 1-D, or T < 0.

@@ -47,20 +47,15 @@ class Interval(NamedTuple):
 
     def describe(self, digits: int = 3) -> str:
         """``0.087 ± 0.012 (95% CI, n=3)``; ``nan`` parts when the interval is undefined."""
-        pct = round(100 * self.confidence)
         if not all(math.isfinite(x) for x in (self.estimate, self.lo, self.hi)):
             return f"{self.estimate:.{digits}g} (no interval, n={self.n})"
-        return (
-            f"{_g(self.estimate, digits)} ± {_g(self.half_width, digits)} ({pct}% CI, n={self.n})"
-        )
+        ci = f"({round(100 * self.confidence)}% CI, n={self.n})"
+        return f"{_g(self.estimate, digits)} ± {_g(self.half_width, digits)} {ci}"
 
     def describe_range(self, digits: int = 3) -> str:
         """``0.79 [0.52, 1.07] (95% CI, n=3)`` (for asymmetric intervals such as ratios)."""
-        pct = round(100 * self.confidence)
-        return (
-            f"{_g(self.estimate, digits)} [{_g(self.lo, digits)}, {_g(self.hi, digits)}] "
-            f"({pct}% CI, n={self.n})"
-        )
+        ci = f"({round(100 * self.confidence)}% CI, n={self.n})"
+        return f"{_g(self.estimate, digits)} [{_g(self.lo, digits)}, {_g(self.hi, digits)}] {ci}"
 
 
 def _g(x: float, digits: int) -> str:
@@ -96,9 +91,8 @@ def mean_interval(values: object, *, confidence: float = 0.95) -> Interval:
       confidence: level in (0, 1).
 
     Returns:
-      :class:`Interval` with ``estimate = mean`` and
-      ``mean ± t_{n-1,(1+c)/2} · sd / sqrt(n)`` (``sd`` with ``n - 1`` in the denominator).
-      Identical values give a zero-width interval.
+      :class:`Interval` ``mean ± t_{n-1,(1+c)/2} · sd / sqrt(n)`` (``sd`` with ``n - 1`` in
+      the denominator).
 
     Raises:
       ValueError: if ``values`` is not 1-D, has fewer than 2 entries or a non-finite

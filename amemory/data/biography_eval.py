@@ -75,7 +75,7 @@ def first_token_accuracy(
       batch_size, seq_len: passed to :func:`first_token_predictions`.
 
     Returns:
-      dict group g -> accuracy in [0, 1], for the groups present in ``eval_set``.
+      dict group g -> accuracy in [0, 1], for the groups in ``eval_set``.
 
     Raises:
       ValueError: naming ``model`` when predictions have the wrong shape.

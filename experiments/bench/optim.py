@@ -16,6 +16,7 @@ GFLOP/s beside a large fp32 matmul's. ``--devices N``: ``experiments/bench/optim
 
 from __future__ import annotations
 
+import collections
 import os
 import pathlib
 import sys
@@ -36,11 +37,7 @@ from amemory.optim._matrices import leaf_layouts
 from amemory.train.planner import ns_flops
 from experiments.bench import host_load, random_like, write_json
 
-TREES = {
-    # name: (d_model, n_layers, d_ff)
-    "cpu": (256, 4, 1024),
-    "gpt2-small": (768, 12, 3072),
-}
+TREES = {"cpu": (256, 4, 1024), "gpt2-small": (768, 12, 3072)}  # (d_model, n_layers, d_ff)
 LR = 0.02
 NS_STEPS = 5
 
@@ -113,12 +110,10 @@ def each_tree(names: list[str], trees: dict, gpt2_layers: int):
 
 def _groups(params: dict) -> dict[tuple[int, int], int]:
     """``(k, l) -> count`` of the wide shape groups amemory's update orthogonalises."""
-    _, _, layouts = leaf_layouts(params, None)
-    groups: dict[tuple[int, int], int] = {}
-    for lay in layouts:
-        key = tuple(sorted((lay.fan_in, lay.fan_out)))
-        groups[key] = groups.get(key, 0) + lay.batch
-    return groups
+    groups: collections.Counter = collections.Counter()
+    for lay in leaf_layouts(params, None)[2]:
+        groups[tuple(sorted((lay.fan_in, lay.fan_out)))] += lay.batch
+    return dict(groups)
 
 
 def _semi_orthogonal(b: int, k: int, l: int, seed: int) -> jax.Array:
