@@ -117,12 +117,10 @@ def one_step_rho(
     Muon from ``W_0 = 0``), a grid approximation of the infimum otherwise.
 
     Args:
-      correct_fn: maps a float64 array of step sizes ``[n]`` to correct-class
-        probabilities ``[n, K]`` (e.g. a jitted vmap of the model's probabilities).
+      correct_fn: float64 step sizes ``[n]`` -> correct-class probabilities ``[n, K]``.
       eps: ε in (0, 1).
-      eta_max: largest step size searched, > 0; must be feasible.
-      eta_min: smallest step size searched, default ``eta_max * 1e-8``; must not be
-        feasible (so that the boundary is bracketed).
+      eta_max: largest step size searched, > 0 and feasible.
+      eta_min: smallest step size searched, infeasible; default ``eta_max * 1e-8``.
       n_grid: number of geometric grid points, >= 3.
       rtol: relative tolerance on the boundary step size, > 0.
 
@@ -130,9 +128,8 @@ def one_step_rho(
       :class:`RhoResult`.
 
     Raises:
-      ValueError: on eps outside (0, 1), non-positive or inverted step range, n_grid < 3,
-        rtol <= 0, a ``correct_fn`` output that is not ``[n, K]``, or when the boundary is
-        not bracketed (``eta_max`` infeasible or ``eta_min`` already feasible).
+      ValueError: on an argument out of range, a ``correct_fn`` output that is not
+        ``[n, K]``, or when ``eta_max`` is infeasible or ``eta_min`` feasible.
     """
     if not 0.0 < eps < 1.0:
         raise ValueError(f"eps must lie in (0, 1), got {eps}")

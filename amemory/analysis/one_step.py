@@ -41,9 +41,6 @@ def optimizer(name: str, learning_rate: optax.ScalarOrSchedule) -> optax.Gradien
       learning_rate: float or optax schedule, η (SignGD: the move of every entry; Muon:
         the spectral norm of the move).
 
-    Returns:
-      ``optax.GradientTransformation``.
-
     Raises:
       ValueError: for an unknown name.
     """
@@ -122,8 +119,7 @@ def first_crossing_rho(
 
     Args:
       dhat: ``[K, K]`` task-space update (see :func:`task_correct_fn`).
-      eps: ε in (0, 1).
-      n_grid: grid size of the search, >= 3.
+      eps: ε in (0, 1); n_grid: grid size of the search, >= 3.
       rtol: relative precision of the crossing η (1e-13 suits float64; a float32
         ``dhat`` needs no better than ~1e-7).
 

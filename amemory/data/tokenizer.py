@@ -92,9 +92,8 @@ def get_tokenizer(kind: str, vocab_size: int, corpus: TextCorpus):
 
     Args:
       kind: ``"bpe"`` (byte-level BPE) or ``"word"`` (word level with ``<unk>``).
-      vocab_size: requested vocabulary size including special tokens; in
-        [512, 65535] for BPE, [4, 65535] for words. A small corpus may yield fewer
-        entries: use ``tokenizer.get_vocab_size()``.
+      vocab_size: requested size including special tokens, in [512, 65535] for BPE,
+        [4, 65535] for words (a small corpus may yield fewer: ``get_vocab_size()``).
       corpus: a :class:`TextCorpus` from :func:`load_text_corpus`.
 
     Returns:
