@@ -178,10 +178,8 @@ def run(
     Args:
       name: ``gd``, ``signgd`` (TRA-SignGD) or ``muon`` (exact msgn, no momentum).
       group_prior: ``[M]`` group masses p̃_g (summing to 1); class prior ``p̃_g / C``.
-      C: classes per group (static: one compilation per C).
-      noise: label noise α in [0, 1).
-      lr: η per step.
-      steps: number of steps (static).
+      C: classes per group (static: one compilation per C); steps: number of steps (static).
+      noise: label noise α in [0, 1); lr: η per step.
 
     Returns:
       ``(losses [steps + 1] numpy, final state)``; losses in nats, index t = after t steps.

@@ -86,8 +86,7 @@ def block_margins(
       K: number of classes, a multiple of the block size b, ``K >= 2b``.
       L: number of head classes, ``1 <= L <= K - 1``.
       alpha: head mass α in (0, 1).
-      key_rotation: R_k ``[b, b]`` orthogonal (the blocks of E).
-      value_rotation: R_v ``[b, b]`` orthogonal (the blocks of Ẽ).
+      key_rotation, value_rotation: R_k, R_v ``[b, b]`` orthogonal (blocks of E and Ẽ).
 
     Returns:
       :class:`BlockMargins` (float64).

@@ -44,8 +44,7 @@ def first_token_predictions(
     L = P if seq_len is None else int(seq_len)
     if L < P:
         raise ValueError(f"seq_len={L} is shorter than the longest prompt ({P} tokens)")
-    tokens = np.zeros((Q, L), dtype=np.int32)  # pad id is 0
-    tokens[:, :P] = eval_set.prompts
+    tokens = np.pad(np.asarray(eval_set.prompts, np.int32), ((0, 0), (0, L - P)))  # pad id 0
     preds = np.empty(Q, dtype=np.int64)
     for start in range(0, Q, batch_size):
         idx = np.arange(start, min(start + batch_size, Q))

@@ -70,8 +70,7 @@ def two_level(K: int, alpha: float, beta: float) -> np.ndarray:
 
     Args:
       K: number of classes, integer >= 2.
-      alpha: total probability of the head, in (0, 1).
-      beta: fraction of classes in the head, in (0, 1).
+      alpha, beta: the head's total probability and fraction of classes, in (0, 1).
 
     Returns:
       float64 array of shape [K], summing to 1; head first.
@@ -116,8 +115,7 @@ def hierarchical(M: int, C: int, exponent: float) -> np.ndarray:
     any exponent >= 0 is accepted here (0 gives the uniform prior).
 
     Args:
-      M: number of groups, integer >= 1.
-      C: classes per group, integer >= 1 (K = M * C).
+      M, C: number of groups and classes per group, integers >= 1 (K = M * C).
       exponent: power-law exponent β >= 0 over the groups.
 
     Returns:

@@ -37,8 +37,8 @@ def frequency_buckets(counts, n_buckets: int = 6) -> tuple[np.ndarray, list[str]
       n_buckets: number of rank bands for the seen tokens, >= 1.
 
     Returns:
-      (bucket_ids, labels): int32 [V] bucket per token id in [0, len(labels)), and
-      one label per bucket such as ``"ranks 1-4"`` or ``"unseen"``.
+      (bucket_ids, labels): int32 [V] bucket per token id, one label per bucket
+      (``"ranks 1-4"``, ``"unseen"``).
 
     Raises:
       ValueError: naming ``counts`` or ``n_buckets`` when invalid.
