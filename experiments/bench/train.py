@@ -21,20 +21,20 @@ import os
 import pathlib
 import platform
 import sys
+import tempfile
 import time
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
 
 from amemory import atomic
 from amemory.cli import Parser
 from amemory.models import transformer
-from amemory.train import optimizers, planner
+from amemory.train import engine, loop, optimizers, parallel, planner
 from amemory.train.config import load_config
-from amemory.train.engine import make_train_step
-from amemory.train.planner import CHIPS, ns_flops
 from amemory.train.state import TrainState
 from experiments.bench import host_load, random_like
 
@@ -45,7 +45,6 @@ REPO = pathlib.Path(__file__).resolve().parents[2]
 
 def _lm_loss(graphdef):
     """``(params, tokens [B, T + 1], rng) -> (mean next-token cross-entropy, {})``."""
-    import optax
 
     def loss(p, b, rng):
         logits = transformer.apply(graphdef, p, b[:, :-1])
@@ -72,12 +71,12 @@ def bench_optimizers(args, batch: int, reps: int) -> dict:
     hidden = [p.shape for p, r in zip(jax.tree.leaves(params), jax.tree.leaves(roles), strict=True)
               if r in ("q", "k", "v", "o", "w_in", "w_gate", "w_out")]  # fmt: skip
     f_step = planner.model_flops_per_token(mc, params, roles, args.seq) * batch * args.seq
-    f_ns = sum(ns_flops(s) for s in hidden)
+    f_ns = sum(planner.ns_flops(s) for s in hidden)
     tokens_per_step = batch * args.seq
     med = {n: res[n]["step_ms_median"] / 1e3 for n in OPTIMIZERS}
     upd = {n: res[n]["update_ms_median"] / 1e3 for n in OPTIMIZERS}
     info = _device()
-    peak = next((c["peak"] for k, c in CHIPS.items() if k.upper() in info["device"]), None)
+    peak = next((c["peak"] for k, c in planner.CHIPS.items() if k.upper() in info["device"]), None)
     others = ("muon", "signgd")
     out = {
         "preset": args.preset, "dtype": args.dtype, "batch": batch, "seq": args.seq, "reps": reps,
@@ -185,18 +184,13 @@ def bench_engine(quick: bool) -> dict:
     intervals between log points) and from outside (its wall time less the compiling
     step, so start-up, log-point work and the final evaluation count). Runs alternate.
     """
-    import tempfile
-
-    from amemory.train import engine as engine_lib
-    from amemory.train import loop, parallel
-
     steps, log_every, rounds = (31, 10, 2) if quick else (61, 20, 3)
     cfg = load_config(
         str(REPO / "experiments" / "configs" / "lm.py"),
         [f"steps={steps}", f"log_every={log_every}", f"eval_every={steps}", "spectrum_every=0",
          "checkpoint_every=0", "progress=false"],
     )  # fmt: skip
-    b = engine_lib.build(cfg, parallel.placement(cfg.parallel))
+    b = engine.build(cfg, parallel.placement(cfg.parallel))
     it, eng = b.task.train_input(), b.engine
     batches = [eng.put_batch(next(it)) for _ in range(8)]
     state, acc = eng.init_state(), eng.new_accumulator(batches[0])
@@ -245,7 +239,7 @@ def _step_setup(mc, batch: int, seq: int, optimizer: str = "adam"):
     roles = transformer.param_roles(params)
     opt = optimizers.build(cfg, params, roles, matrix_axes=transformer.matrix_axes)
     graphdef = transformer._graphdef(mc)
-    step = jax.jit(make_train_step(_lm_loss(graphdef), opt, roles), donate_argnums=0)
+    step = jax.jit(engine.make_train_step(_lm_loss(graphdef), opt, roles), donate_argnums=0)
     state = TrainState(jnp.zeros((), jnp.int32), params, opt.tx.init(params), jax.random.PRNGKey(1))
     rng = np.random.default_rng(0)
     tokens = jnp.asarray(rng.integers(0, mc.vocab_size, (batch, seq + 1)), jnp.int32)
