@@ -4,7 +4,8 @@ Training batches come from ``grain.DataLoader`` (as in the Flax examples and Max
 random-access source, an ``IndexSampler`` that shuffles every epoch and gives process ``p``
 of ``P`` a contiguous ``1/P`` of the records (``ShardByJaxProcess``), batches of ``B / P``
 rows, and an iterator whose state (``get_state`` / ``set_state``) is checkpointed with the
-model, so a resumed run continues the exact data order. The records:
+model, so a resumed run continues the exact data order. A step's global batch concatenates
+the processes' batches (``jax.make_array_from_process_local_data``). The records:
 
 * :class:`TokenWindows` + :class:`RandomCrop`: slot ``i`` covers tokens ``[i T, i T + 2T)``
   of a flat stream and the crop keeps ``T + 1`` of them from a random offset in ``[0, T)``
