@@ -173,10 +173,11 @@ def prepare_corpus(
     """Load, tokenize (with caching) and count a corpus. The one call a training run needs.
 
     The first call for a (corpus, tokenizer, vocab_size) trains the tokenizer on the
-    training split and writes ``CACHED`` under ``<corpus cache>/<tokenizer>-<vocab_size>/``,
-    then ``manifest.json`` with their sizes and SHA-256 digests; later calls load those. A
-    cache that differs from its manifest (or has none) or whose token ids reach the
-    vocabulary size is named in a warning, deleted and rebuilt.
+    training split and writes ``tokenizer.json``, ``train.npy``, ``val.npy`` and then
+    ``manifest.json`` (their sizes and SHA-256 digests) under
+    ``<corpus cache>/<tokenizer>-<vocab_size>/``; later calls load those. A cache that
+    differs from its manifest (or has none) or whose token ids reach the vocabulary size is
+    named in a warning, deleted and rebuilt.
 
     Args:
       name_or_paths: ``"shakespeare"``, text paths/dirs/globs, or ``.bin`` token files /
