@@ -4,8 +4,7 @@ pure Optax).
 
   spectrum         isotropy metrics of matrices: entropy, effective rank, top-k energy, Q75/25
   balance          top-1 error per class, gap Delta, the one-step rho^eps search, head/tail split
-  one_step         the papers' GD/SignGD/Muon, one-step updates, first-crossing rho^eps, the
-                   GD closed form: the one kernel experiments/ and theory_checks/ share
+  one_step         GD/SignGD/Muon, rho^eps, GD closed form: shared by experiments/, theory_checks/
   signgd_blocks    exact per-block reduction of one coupled SignGD step (paper A), any K
   group_symmetric  paper B's GD/TRA-SignGD/Muon on the group-symmetric subspace, any K
   scaling          straight-line and power-law fits with confidence intervals

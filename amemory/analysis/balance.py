@@ -1,20 +1,15 @@
 """Balance of an associative memory across classes: per-class error, gap Δ, one-step ϱ^ε.
 
 Paper A (Wang et al. 2025, arXiv 2509.26030, Section 5) measures how evenly a memory has
-learned its K facts by the probability it puts on the correct answer of each query,
-``q_k = [f_W(E_k)]_k``:
+learned its K facts by the probability of the correct answer of each query,
+``q_k = [f_W(E_k)]_k``: the gap ``Δ(W) = max_k q_k - min_k q_k``, and the one-step balance
+``ϱ^ε = inf_{η >= 0} min_k q_k(W_η)`` subject to ``max_k q_k(W_η) >= 1 - ε``, with
+``W_η = W_0 - η G(W_0)``. A balanced optimizer has ``ϱ^ε`` close to ``1 - ε``, an
+imbalanced one close to 0.
 
-* the gap ``Δ(W) = max_{i,j} (q_i - q_j) = max_k q_k - min_k q_k``;
-* the one-step balance ``ϱ^ε = inf_{η >= 0} min_k q_k(W_η)`` subject to
-  ``max_k q_k(W_η) >= 1 - ε``, with ``W_η = W_0 - η G(W_0)`` one optimizer step of size η.
-  A balanced optimizer has ``ϱ^ε`` close to ``1 - ε`` (the best class has reached
-  ``1 - ε`` and the worst is as good); an imbalanced one has ``ϱ^ε`` close to 0.
-
-Everything here works on the ``[..., K, K]`` probability matrices (row k = the prediction
-for query k, as ``amemory.models.memory.probabilities`` returns) or on the ``[..., K]``
-correct-class probabilities, so this module imports no amemory model code. Array
-functions are ``jax.numpy`` (jit/vmap friendly, dtype preserved); the ϱ^ε search and the
-head/tail split run on the host with numpy.
+Functions take ``[..., K, K]`` probability matrices (row k = query k, as
+``amemory.models.memory.probabilities`` returns) or ``[..., K]`` correct-class
+probabilities, in ``jax.numpy``; the ϱ^ε search and the head/tail split run on the host.
 """
 
 from __future__ import annotations
@@ -46,6 +41,11 @@ def per_class_top1_error(probs: jax.Array) -> jax.Array:
     return (jnp.argmax(probs, axis=-1) != jnp.arange(k)).astype(jnp.result_type(probs, 1.0))
 
 
+def _check_correct(correct: jax.Array) -> None:
+    if jnp.ndim(correct) < 1:
+        raise ValueError(f"correct must be [..., K], got a scalar of shape {jnp.shape(correct)}")
+
+
 def gap(correct: jax.Array) -> jax.Array:
     """Paper A's gap ``Δ = max_k q_k - min_k q_k`` of correct-class probabilities.
 
@@ -58,17 +58,15 @@ def gap(correct: jax.Array) -> jax.Array:
     Raises:
       ValueError: if ``correct`` is a scalar.
     """
-    if jnp.ndim(correct) < 1:
-        raise ValueError(f"correct must be [..., K], got a scalar of shape {jnp.shape(correct)}")
+    _check_correct(correct)
     return jnp.max(correct, axis=-1) - jnp.min(correct, axis=-1)
 
 
 def error_ratio(correct: jax.Array) -> jax.Array:
     """Worst over best class error, ``(1 - min_k q_k) / (1 - max_k q_k)``.
 
-    Theorem 5.3/5.4 of paper A say that for Muon, whenever ``max_k q_k >= 1 - ε`` also
-    ``min_k q_k >= 1 - ε (1 + O(log K / K))``: this ratio is ``1 + O(log K / K)``. For GD it
-    grows without bound as training proceeds (the head is learned, the tail is not).
+    Paper A's Theorems 5.3/5.4: for Muon this ratio is ``1 + O(log K / K)``; for GD it grows
+    without bound as training proceeds.
 
     Args:
       correct: ``[..., K]`` correct-class probabilities, all ``< 1``.
@@ -79,8 +77,7 @@ def error_ratio(correct: jax.Array) -> jax.Array:
     Raises:
       ValueError: if ``correct`` is a scalar.
     """
-    if jnp.ndim(correct) < 1:
-        raise ValueError(f"correct must be [..., K], got a scalar of shape {jnp.shape(correct)}")
+    _check_correct(correct)
     return (1.0 - jnp.min(correct, axis=-1)) / (1.0 - jnp.max(correct, axis=-1))
 
 
@@ -89,11 +86,10 @@ class RhoResult(NamedTuple):
 
     Attributes:
       rho: ϱ^ε, the smallest worst-class probability over feasible step sizes.
-      eta_boundary: smallest feasible step size found (``max_k q_k = 1 - ε`` there, up
-        to the refinement tolerance).
-      n_feasible_grid: number of grid points that were feasible (diagnostic).
-      rho_boundary: ``min_k q_k`` at ``eta_boundary``; equals ``rho`` when ``min_k q_k``
-        is non-decreasing on the feasible set (one step of GD or Muon from 0).
+      eta_boundary: smallest feasible step size found (``max_k q_k = 1 - ε`` to ``rtol``).
+      n_feasible_grid: number of feasible grid points (diagnostic).
+      rho_boundary: ``min_k q_k`` at ``eta_boundary`` (= ``rho`` when ``min_k q_k`` is
+        non-decreasing on the feasible set).
     """
 
     rho: float
@@ -113,23 +109,18 @@ def one_step_rho(
 ) -> RhoResult:
     """One-step balance ``ϱ^ε`` of paper A (Section 5.2; module docstring) by search over η.
 
-    Search: ``q`` is evaluated on a geometric grid of ``n_grid`` step sizes in
-    ``[eta_min, eta_max]``; the feasibility boundary (the first grid interval where
-    ``max_k q_k`` crosses ``1 - ε``) is refined by nested sub-grids of ``n_grid`` points
-    (so a jitted ``correct_fn`` compiles for one shape) to relative width ``rtol``;
-    ``ϱ^ε`` is the minimum of ``min_k q_k`` over the boundary point and all feasible grid
-    points. This is exact when ``min_k q_k`` is non-decreasing on the feasible set
-    (true for one step of GD, SignGD and Muon from ``W_0 = 0``: every logit margin grows
-    linearly in η) and a grid approximation of the infimum otherwise. Feasible step sizes
-    above ``eta_max`` are not searched.
+    ``q`` is evaluated on a geometric grid of ``n_grid`` step sizes in ``[eta_min, eta_max]``;
+    the first grid interval where ``max_k q_k`` crosses ``1 - ε`` is refined by nested
+    sub-grids of ``n_grid`` points (one compiled shape) to relative width ``rtol``; ``ϱ^ε``
+    is the minimum of ``min_k q_k`` over the boundary and all feasible grid points: exact
+    when ``min_k q_k`` is non-decreasing on the feasible set (one step of GD, SignGD and
+    Muon from ``W_0 = 0``), a grid approximation of the infimum otherwise.
 
     Args:
-      correct_fn: maps a float64 array of step sizes ``[n]`` to correct-class
-        probabilities ``[n, K]`` (e.g. a jitted vmap of the model's probabilities).
+      correct_fn: float64 step sizes ``[n]`` -> correct-class probabilities ``[n, K]``.
       eps: ε in (0, 1).
-      eta_max: largest step size searched, > 0; must be feasible.
-      eta_min: smallest step size searched, default ``eta_max * 1e-8``; must not be
-        feasible (so that the boundary is bracketed).
+      eta_max: largest step size searched, > 0 and feasible.
+      eta_min: smallest step size searched, infeasible; default ``eta_max * 1e-8``.
       n_grid: number of geometric grid points, >= 3.
       rtol: relative tolerance on the boundary step size, > 0.
 
@@ -137,9 +128,8 @@ def one_step_rho(
       :class:`RhoResult`.
 
     Raises:
-      ValueError: on eps outside (0, 1), non-positive or inverted step range, n_grid < 3,
-        rtol <= 0, a ``correct_fn`` output that is not ``[n, K]``, or when the boundary is
-        not bracketed (``eta_max`` infeasible or ``eta_min`` already feasible).
+      ValueError: on an argument out of range, a ``correct_fn`` output that is not
+        ``[n, K]``, or when ``eta_max`` is infeasible or ``eta_min`` feasible.
     """
     if not 0.0 < eps < 1.0:
         raise ValueError(f"eps must lie in (0, 1), got {eps}")
@@ -174,10 +164,7 @@ def one_step_rho(
             f"eta_min={eta_min} is already feasible (max_k q_k >= {target}); decrease eta_min"
         )
     lo, hi = grid[first - 1], grid[first]
-    at_boundary = float(q[first].min())
-    best = float(q[feasible].min())
-    # Refine the boundary with sub-grids of the same size (one compiled shape for jitted
-    # correct_fn): each pass shrinks the bracket by a factor n_grid - 1.
+    at_boundary, best = float(q[first].min()), float(q[feasible].min())
     while hi - lo > rtol * hi:
         sub = np.linspace(lo, hi, n_grid)
         qs = q_of(sub)
@@ -198,8 +185,7 @@ def one_step_rho(
 def head_tail_masks(prior: object) -> tuple[np.ndarray, np.ndarray]:
     """Split classes into head and tail at the largest gap of the sorted log-frequencies.
 
-    For paper A's two-level prior (Assumption 5.2) this recovers exactly the L head
-    classes ``p_k = α/L`` and the ``K - L`` tail classes ``p_k = (1-α)/(K-L)``.
+    For paper A's two-level prior (Assumption 5.2) this recovers exactly its L head classes.
 
     Args:
       prior: ``[K]`` positive class frequencies, not all equal, K >= 2.
@@ -221,6 +207,5 @@ def head_tail_masks(prior: object) -> tuple[np.ndarray, np.ndarray]:
     if drops.max() <= 0:
         raise ValueError("prior is constant: no head/tail split")
     cut = int(np.argmax(drops))
-    threshold = 0.5 * (lp[cut] + lp[cut + 1])
-    head = np.log(p) > threshold
+    head = np.log(p) > 0.5 * (lp[cut] + lp[cut + 1])
     return head, ~head

@@ -10,10 +10,8 @@ they therefore keep Ŵ in the subspace
 
     Ŵ = diag(d) ⊗ I_C + B ⊗ 1_C 1_Cᵀ,   d ∈ R^M, B ∈ R^{M×M} (B[g, h]: answers of g, queries of h),
 
-the "group block-symmetric structure" of paper B's implicit-preconditioner argument
-(``docs/science.md#paper-b``). This module runs the three optimizers in that subspace
-with O(M³) work per step, so K can be 10^6 and more; the checks validate it against the
-dense K x K runs of amemory's model and optimizers.
+paper B's "group block-symmetric structure" (``docs/science.md#paper-b``). Here the three
+optimizers run in that subspace with O(M³) work per step, so K can be 10^6 and more.
 
 Gradient (exact). For a query of group h, the logits are ``d_h + B_hh`` (its own answer),
 ``B_hh`` (the C - 1 other answers of h) and ``B_gh`` (the C answers of every g ≠ h). With
@@ -42,8 +40,6 @@ import jax.numpy as jnp
 import numpy as np
 
 from amemory.analysis.one_step import OPTIMIZERS
-
-__all__ = ["OPTIMIZERS", "GroupState", "expand", "final_loss", "gradient", "loss", "project", "run"]
 
 
 class GroupState(NamedTuple):
@@ -83,8 +79,7 @@ def project(W: jax.Array, M: int, C: int) -> tuple[GroupState, jax.Array]:
     mean diagonal of block (h, h) minus ``B_hh``.
 
     Returns:
-      ``(state, residual)``: the projection and ``max |W - expand(state)|``, the
-      deviation from group block-symmetry.
+      ``(state, residual)``: the projection and ``max |W - expand(state)|``.
 
     Raises:
       ValueError: if W is not ``[MC, MC]``.
@@ -181,14 +176,10 @@ def run(
     """``steps`` steps of ``name`` from ``Ŵ_0 = 0`` with constant learning rate ``lr``.
 
     Args:
-      name: ``gd``, ``signgd`` (coordinate-wise sign in task space: TRA-SignGD) or
-        ``muon`` (exact msgn, no momentum).
-      group_prior: ``[M]`` group masses p̃_g (summing to 1); class j of group g has prior
-        ``p̃_g / C``.
-      C: classes per group (static: one compilation per C).
-      noise: label noise α in [0, 1).
-      lr: η per step.
-      steps: number of steps (static).
+      name: ``gd``, ``signgd`` (TRA-SignGD) or ``muon`` (exact msgn, no momentum).
+      group_prior: ``[M]`` group masses p̃_g (summing to 1); class prior ``p̃_g / C``.
+      C: classes per group (static: one compilation per C); steps: number of steps (static).
+      noise: label noise α in [0, 1); lr: η per step.
 
     Returns:
       ``(losses [steps + 1] numpy, final state)``; losses in nats, index t = after t steps.
@@ -207,8 +198,7 @@ def _final(name, group_prior, C, noise, lr, T):
 
 
 def final_loss(name: str, group_prior: object, C: int, noise: float, lr: float, T: int) -> float:
-    """Loss (nats) after T steps of ``name`` with learning rate ``lr`` (T traced: one
-    compilation serves every horizon). Arguments as in :func:`run`.
+    """Loss (nats) after T steps of ``name`` (one compilation for every T); as :func:`run`.
 
     Raises:
       ValueError: for an unknown name, C < 1, a group prior that is not 1-D, or T < 0.

@@ -1,20 +1,13 @@
 """The science kernel of the one-layer memory: the papers' optimizers, one step, ϱ^ε.
 
-One place for what ``experiments/`` and ``theory_checks/`` both need: paper A/B's
-momentum-free GD, SignGD and Muon as Optax transforms (:func:`optimizer`), the update of
-one step computed by running the optimizer itself (:func:`unit_update`, so the checks
-test the library, not a copy of its formula), paper A's one-step balance ``ϱ^ε`` of a
-task-space direction (:func:`first_crossing_rho`) and its GD closed form.
-
-Readings of ``ϱ^ε`` (``docs/science.md#one-step-balance``): paper A defines it as an
-infimum over every feasible step size η. For one step of GD and Muon from ``W_0 = 0``
-every correct-class probability increases with η, so the infimum is attained at the
-first η where ``max_k q_k`` reaches ``1 - ε`` (the *first crossing*). For SignGD with
-coupled embeddings some class has a negative margin and the infimum is 0; the
-meaningful reading there is the first crossing, which :func:`first_crossing_rho`
-returns.
-
-Imports amemory.optim (pure Optax), never models, data or train.
+What ``experiments/`` and ``theory_checks/`` both need: paper A/B's momentum-free GD,
+SignGD and Muon as Optax transforms (:func:`optimizer`), one step's update computed by the
+optimizer itself (:func:`unit_update`, so the checks test the library), and paper A's
+one-step balance ``ϱ^ε`` of a task-space direction (:func:`first_crossing_rho`) with its
+GD closed form. ``ϱ^ε`` is an infimum over step sizes; for one step of GD and Muon from
+``W_0 = 0`` it is attained at the first η where ``max_k q_k`` reaches ``1 - ε`` (the first
+crossing), the reading used for coupled SignGD too, whose infimum is 0
+(``docs/science.md#one-step-balance``). Imports amemory.optim (pure Optax) only.
 """
 
 from __future__ import annotations
@@ -45,11 +38,8 @@ def optimizer(name: str, learning_rate: optax.ScalarOrSchedule) -> optax.Gradien
 
     Args:
       name: one of :data:`OPTIMIZERS`.
-      learning_rate: float or optax schedule (η per step; GD: units of W per unit of
-        gradient; SignGD: the move of every entry; Muon: the spectral norm of the move).
-
-    Returns:
-      ``optax.GradientTransformation``.
+      learning_rate: float or optax schedule, η (SignGD: the move of every entry; Muon:
+        the spectral norm of the move).
 
     Raises:
       ValueError: for an unknown name.
@@ -68,10 +58,8 @@ def optimizer(name: str, learning_rate: optax.ScalarOrSchedule) -> optax.Gradien
 
 
 def unit_update(name: str, grad: jax.Array) -> jax.Array:
-    """Update ``U`` of one step of ``name`` with learning rate 1, so ``W_η = W + η U``.
-
-    ``gd``: ``-G``; ``signgd``: ``-sign(G)``; ``muon``: ``-msgn(G)`` (run through
-    :func:`optimizer`, jit-friendly).
+    """Update ``U`` of one step of ``name`` with learning rate 1, so ``W_η = W + η U``:
+    ``-G``, ``-sign(G)`` or ``-msgn(G)`` (run through :func:`optimizer`, jit-friendly).
 
     Args:
       name: one of :data:`OPTIMIZERS`.
@@ -100,9 +88,8 @@ def task_correct_fn(dhat: Any) -> Callable[[np.ndarray], np.ndarray]:
     """``η [n] -> q [n, K]``: correct-class probabilities of ``Ŵ = η D̂`` in task space.
 
     ``D̂ = ẼᵀUE`` is a one-step update in task space (``[answer i, query k]``, as
-    ``amemory.models.memory.task_space`` returns); for orthonormal embeddings the
-    probabilities equal the model's ``correct_probabilities(η U, E, Ẽ)``. Jitted once per
-    shape; step sizes are mapped in batches of 8 so memory stays ``O(8 K²)``.
+    ``amemory.models.memory.task_space`` returns; for orthonormal embeddings these are the
+    model's ``correct_probabilities(η U, E, Ẽ)``); step sizes are mapped 8 at a time.
 
     Args:
       dhat: ``[K, K]`` task-space update.
@@ -124,17 +111,15 @@ def first_crossing_rho(
 ) -> balance.RhoResult:
     """Paper A's one-step balance ``ϱ^ε`` of a task-space update, first-crossing reading.
 
-    Brackets the boundary automatically: the class with the largest smallest margin
-    ``m = max_k min_{i≠k} (D̂_kk - D̂_ik)`` reaches ``1 - ε`` by
-    ``η = log((K-1)(1-ε)/ε) / m``, so the search runs up to twice that
-    (:func:`amemory.analysis.balance.one_step_rho`). ``result.rho_boundary`` is the
-    first-crossing value; ``result.rho`` is the smallest worst-class probability over the
-    searched feasible range (the infimum reading, restricted to that range).
+    The class with the largest smallest margin ``m = max_k min_{i≠k} (D̂_kk - D̂_ik)``
+    reaches ``1 - ε`` by ``η = log((K-1)(1-ε)/ε) / m``; the search
+    (:func:`amemory.analysis.balance.one_step_rho`) runs to twice that.
+    ``result.rho_boundary`` is the first-crossing value, ``result.rho`` the infimum
+    reading restricted to the searched range.
 
     Args:
       dhat: ``[K, K]`` task-space update (see :func:`task_correct_fn`).
-      eps: ε in (0, 1).
-      n_grid: grid size of the search, >= 3.
+      eps: ε in (0, 1); n_grid: grid size of the search, >= 3.
       rtol: relative precision of the crossing η (1e-13 suits float64; a float32
         ``dhat`` needs no better than ~1e-7).
 
@@ -142,9 +127,7 @@ def first_crossing_rho(
       :class:`amemory.analysis.balance.RhoResult`.
 
     Raises:
-      ValueError: if no class has all margins positive (``max_k q_k`` never reaches
-        ``1 - ε`` for small ε), or on bad ``eps``/``n_grid``/``rtol`` (from
-        ``one_step_rho``).
+      ValueError: if no class has all margins positive, or on bad ``eps``/``n_grid``/``rtol``.
     """
     d = np.asarray(dhat, dtype=np.float64)
     K = d.shape[0]

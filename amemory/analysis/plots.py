@@ -1,14 +1,9 @@
-"""Matplotlib figures used by the experiments and reports (Agg backend, small PNGs).
+"""Matplotlib figures of the experiments and reports (Agg backend, PNGs of about 100 dpi).
 
-Every function takes plain numpy-compatible data (no models, no training code: the
-analysis layer imports none of amemory's models/data/train), writes one PNG and
-returns its path. Figures are sized for a report page (about 100 dpi, < 200 KB).
-
-Colours are fixed per optimizer name so every figure of a report agrees.
-
-Seed bands: wherever a function takes a curve ``y [n]`` it also takes ``y [n, seeds]``
-(one column per seed); it then draws the mean over seeds and shades its 95% Student-t
-interval (:func:`amemory.analysis.stats.band`), the interval the reports' verdicts use.
+Every function takes plain numpy-compatible data, writes one PNG and returns its path;
+colours are fixed per optimizer name. Wherever a function takes a curve ``y [n]`` it also
+takes ``y [n, seeds]``, drawn as the seed mean with its 95% Student-t band
+(:func:`amemory.analysis.stats.band`, the interval the reports' verdicts use).
 """
 
 from __future__ import annotations
@@ -56,8 +51,7 @@ def color_for(name: str, index: int = 0) -> Any:
 
 def _line(ax: Any, x: Sequence[float], y: Any, *, label: str, color: Any, **kw: Any) -> None:
     """Plot ``y [n]`` as a line, or ``y [n, seeds]`` as its seed mean with a 95% band."""
-    x = np.asarray(x, float)
-    y = np.asarray(y, float)
+    x, y = np.asarray(x, float), np.asarray(y, float)
     if y.ndim == 2 and y.shape[1] == 1:
         y = y[:, 0]
     if y.ndim == 1:
@@ -105,25 +99,16 @@ def plot_gap_vs_loss(
     ncols: int = 4,
     suptitle: str | None = None,
 ) -> pathlib.Path:
-    """Grid of panels, each the gap Δ(W) against the loss for several optimizers.
+    """Panels of the gap Δ(W) against the loss, one line per optimizer (paper A Fig. 4b/c).
 
-    Paper A Fig. 4b/c layout: x = population loss (nats, log scale, decreasing to the
-    right as training proceeds), y = Δ(W) = max_i f_ii - min_j f_jj in [0, 1].
-
-    Args:
-      panels: title -> {optimizer name -> (loss [n], gap [n])}.
-      path: output PNG.
-      ncols: panels per row.
-      suptitle: optional figure title.
-
-    Returns:
-      The PNG path.
+    x = population loss (nats, log scale, decreasing to the right), y = Δ(W) =
+    max_i f_ii - min_j f_jj in [0, 1]. ``panels``: title -> {optimizer name -> (loss [n],
+    gap [n])}; ``ncols`` panels per row. Returns the PNG path.
     """
     fig, axes = _panels(len(panels), ncols, 3.2, 2.7)
     for ax, (title, curves) in zip(axes.flat, panels.items(), strict=False):
         for i, (name, (loss, gap)) in enumerate(curves.items()):
-            loss = np.asarray(loss, dtype=float)
-            gap = np.asarray(gap, dtype=float)
+            loss, gap = np.asarray(loss, dtype=float), np.asarray(gap, dtype=float)
             ok = np.isfinite(loss) & np.isfinite(gap) & (loss > 0)
             ax.plot(loss[ok], gap[ok], label=name, color=color_for(name, i), lw=1.5)
         ax.set_xscale("log")
@@ -152,16 +137,9 @@ def plot_curves(
     hline: float | None = None,
     marker: str | None = None,
 ) -> pathlib.Path:
-    """One axes with one line per series; returns the PNG path.
-
-    Args:
-      series: label -> (x [n], y [n] or y [n, seeds] drawn with a seed band).
-      path: output PNG.
-      xlabel, ylabel, title: axis labels and title.
-      logx, logy: log scales.
-      hline: a dashed horizontal reference line (e.g. Adam's final loss).
-      marker: matplotlib marker drawn at every point (None: lines only).
-    """
+    """One axes with one line per series: label -> (x [n], y [n] or [n, seeds]); returns
+    the PNG path. ``hline``: a dashed horizontal reference line (e.g. Adam's final loss);
+    ``marker``: a matplotlib marker drawn at every point (None: lines only)."""
     fig, ax = plt.subplots(figsize=(4.6, 3.2))
     for i, (name, (x, y)) in enumerate(series.items()):
         _line(ax, x, y, label=name, color=color_for(name, i), marker=marker, ms=3)
@@ -185,15 +163,9 @@ def plot_bucket_losses(
 ) -> pathlib.Path:
     """One panel per frequency bucket (head to tail): loss against step per optimizer.
 
-    Args:
-      steps: optimizer -> steps ``[n]``.
-      losses: optimizer -> ``[n, n_buckets]`` loss (nats per token) per bucket, or
-        ``[n, n_buckets, seeds]`` (drawn as seed mean and 95% band).
-      bucket_labels: ``[n_buckets]`` labels, head first.
-      path: output PNG.
-
-    Returns:
-      The PNG path.
+    ``steps``: optimizer -> steps ``[n]``; ``losses``: optimizer -> ``[n, n_buckets]`` or
+    ``[n, n_buckets, seeds]`` loss (nats per token); ``bucket_labels``: ``[n_buckets]``,
+    head first. Returns the PNG path.
     """
     nb = len(bucket_labels)
     fig, axes = plt.subplots(1, nb, figsize=(2.6 * nb, 2.7), squeeze=False)
@@ -296,19 +268,13 @@ def plot_scaling(
     ylabel: str = "excess loss (nats)",
     title: str = "",
 ) -> pathlib.Path:
-    """Log-log points per series plus fitted lines ``y = exp(intercept) x^slope``.
-
-    Args:
-      series: name -> (x [n], y [n]) with positive values.
-      fits: name -> (slope, intercept) in natural-log space; drawn dashed.
-      path: output PNG.
-    """
+    """Log-log points per series, name -> (x [n], y [n]) positive, plus the ``fits``, name
+    -> (slope, intercept) in natural-log space, drawn dashed as ``y = exp(intercept) x^slope``."""
     fig, ax = plt.subplots(figsize=(5.0, 3.6))
     markers = "os^vD*"
     suffixes: dict[str, int] = {}
     for i, (name, (x, y)) in enumerate(series.items()):
-        x = np.asarray(x, float)
-        y = np.asarray(y, float)
+        x, y = np.asarray(x, float), np.asarray(y, float)
         head, _, rest = name.partition(" ")
         c = color_for(head, i)
         mk = markers[suffixes.setdefault(rest, len(suffixes)) % len(markers)]

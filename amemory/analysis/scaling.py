@@ -1,16 +1,12 @@
-"""Straight-line and power-law fits with confidence intervals.
+"""Straight-line and power-law fits with Student-t confidence intervals.
 
-:func:`fit_line` fits ``y = intercept + slope * x`` by ordinary least squares with
-Student-t intervals; :func:`fit_power_law` fits ``y = A x^s`` as the line
-``log y = log A + s log x``. The interval is the usual OLS one: exact when the residuals
-are i.i.d. Gaussian. In the theory checks the residuals are mostly *systematic*
-(finite-size corrections that bend the log-log curve); there the interval measures how
-straight the curve is over the fitted window, and each check states its own tolerance.
-Imports no other part of amemory.
+The interval is the usual OLS one, exact for i.i.d. Gaussian residuals. In the theory
+checks the residuals are mostly systematic (finite-size corrections bend the log-log
+curve): there it measures how straight the curve is over the fitted window, and each check
+states its own tolerance. Imports no other part of amemory.
 
-Reference: any regression text, e.g. Draper & Smith, *Applied Regression Analysis*,
-ch. 1 (slope standard error ``sqrt(RSS / (n - 2) / Sxx)``, t quantile with ``n - 2``
-degrees of freedom).
+Reference: Draper & Smith, *Applied Regression Analysis*, ch. 1 (slope standard error
+``sqrt(RSS / (n - 2) / Sxx)``, t quantile with ``n - 2`` degrees of freedom).
 """
 
 from __future__ import annotations
@@ -104,8 +100,7 @@ def fit_line(x: object, y: object, *, confidence: float = 0.95) -> LineFit:
     rss = float(np.sum((ya - (intercept + slope * xa)) ** 2))
     syy = float(np.sum((ya - my) ** 2))
     s2 = rss / (n - 2)
-    se_slope = math.sqrt(s2 / sxx)
-    se_int = math.sqrt(s2 * (1.0 / n + mx**2 / sxx))
+    se_slope, se_int = math.sqrt(s2 / sxx), math.sqrt(s2 * (1.0 / n + mx**2 / sxx))
     tq = float(stats.t.ppf(0.5 + confidence / 2.0, n - 2))
     return LineFit(
         slope=slope,
@@ -131,9 +126,7 @@ def fit_power_law(x: object, y: object, *, confidence: float = 0.95) -> PowerLaw
       :class:`PowerLawFit`: :func:`fit_line` of ``(log x, log y)``.
 
     Raises:
-      ValueError: if x or y is not 1-D, they differ in length, contain non-positive or
-        non-finite values, fewer than 3 points are given, x has fewer than 2 distinct
-        values, or ``confidence`` is outside (0, 1).
+      ValueError: for non-positive values, or as :func:`fit_line`.
     """
     xa, ya = _as_finite_1d("x", x, positive=True), _as_finite_1d("y", y, positive=True)
     return PowerLawFit(*fit_line(np.log(xa), np.log(ya), confidence=confidence))

@@ -4,10 +4,8 @@ Paper A (Wang et al. 2025, "Muon Outperforms Adam in Tail-End Associative Memory
 Learning", arXiv 2509.26030, Theorem 5.3) shows SignGD is imbalanced for some orthonormal
 embeddings with the construction ``Ẽ = I_{K/b} ⊗ R_v``, ``E = I_{K/b} ⊗ R_k`` (b = 3, ZYZ
 rotations). This module computes the correct-class probabilities after one SignGD step
-from ``W_0 = 0`` under the two-level prior (paper A, Assumption 5.2) in O(1) work per
-step size, for any K, so that the one-step balance can be followed to K = 10^9 and beyond
-(the dense computation is O(K^3)). See ``docs/science.md#coupled-signgd`` for how the
-checks use it.
+from ``W_0 = 0`` under the two-level prior (Assumption 5.2) in O(1) work per step size,
+for any K (the dense computation is O(K^3); ``docs/science.md#coupled-signgd``).
 
 Derivation (exact, no approximation). At ``W_0 = 0`` the negative gradient is
 ``G = Ẽ X Eᵀ`` with ``X = diag(p) - (1/K) 1 pᵀ`` (paper A, Section 5 / Appendix F).
@@ -29,11 +27,8 @@ is thus
 with per-unit-η margins ``m^in_l = T_c[j, j] - T_c[l, j]`` (``m^in_j = 0``) and
 ``m^off_l = T_c[j, j] + v_l w_c[j]``. Blocks with the same prior vector p_c have the same
 margins, so only three block types exist: all-head, all-tail, and (when ``L mod b ≠ 0``)
-the one block that straddles the head/tail boundary. Since ``sign`` discards magnitudes,
-all-head and all-tail blocks differ only through the ``(1/K)`` term of G_cc.
-
-Everything is float64 numpy; K may be any Python int (10^60 works: only ``log(K/b - 1)``
-enters the probabilities).
+the one block that straddles the head/tail boundary. Everything is float64 numpy; K may be
+any Python int (only ``log(K/b - 1)`` enters the probabilities).
 """
 
 from __future__ import annotations
@@ -52,11 +47,9 @@ class BlockMargins(NamedTuple):
     Attributes:
       names: ``n`` labels ``"<type><j>"``, type in head/tail/mixed, j the position in
         its block (0-based), e.g. ``"head1"``.
-      counts: ``n`` Python ints, the number of classes of the whole problem that share
-        each label (ints, not an array: K may exceed the int64 range).
-      inblock: ``[n, b]`` margins against the answers of the class's own block
-        (entry j is 0: the class itself). Negative entries are answers that beat the
-        correct one for every η > 0.
+      counts: ``n`` Python ints (K may exceed int64), the number of classes per label.
+      inblock: ``[n, b]`` margins against the answers of the class's own block (entry j,
+        the class itself, is 0; a negative entry beats the correct answer for every η > 0).
       offblock: ``[n, b]`` margins against answer position l of any *other* block.
       n_other: number of other blocks, ``K/b - 1`` (Python int).
       K: number of classes; L: number of head classes.
@@ -87,21 +80,20 @@ def block_margins(
 
     The prior is paper A's two-level prior with L head classes (indices ``0..L-1``,
     ``p = α/L``) and ``K - L`` tail classes (``p = (1-α)/(K-L)``); L is given directly
-    (not through β) so that every alignment ``L mod b`` can be chosen.
+    (not through β) so that any ``L mod b`` can be chosen.
 
     Args:
       K: number of classes, a multiple of the block size b, ``K >= 2b``.
       L: number of head classes, ``1 <= L <= K - 1``.
       alpha: head mass α in (0, 1).
-      key_rotation: R_k ``[b, b]`` orthogonal (the blocks of E).
-      value_rotation: R_v ``[b, b]`` orthogonal (the blocks of Ẽ).
+      key_rotation, value_rotation: R_k, R_v ``[b, b]`` orthogonal (blocks of E and Ẽ).
 
     Returns:
       :class:`BlockMargins` (float64).
 
     Raises:
-      ValueError: if K is not a multiple of b or smaller than 2b, L or alpha is out of
-        range, or a rotation is not square orthogonal of the same size.
+      ValueError: if K is not a multiple of b or < 2b, L or alpha is out of range, or a
+        rotation is not square orthogonal of the same size.
     """
     rk = _check_rotation("key_rotation", key_rotation)
     rv = _check_rotation("value_rotation", value_rotation)
@@ -173,14 +165,11 @@ def correct_probabilities(m: BlockMargins, etas: object) -> np.ndarray:
 
     Args:
       m: margins from :func:`block_margins`.
-      etas: ``[n_eta]`` step sizes >= 0 (units of the SignGD learning rate: every entry
-        of W moves by η).
+      etas: ``[n_eta]`` step sizes >= 0 (every entry of W moves by η).
 
     Returns:
-      ``[n_eta, n]`` float64; column i is the probability shared by all ``m.counts[i]``
-      classes labelled ``m.names[i]``. Min and max over columns equal min and max over
-      all K classes, so this is a ``correct_fn`` for
-      :func:`amemory.analysis.balance.one_step_rho`.
+      ``[n_eta, n]`` float64; column i is shared by the ``m.counts[i]`` classes labelled
+      ``m.names[i]`` (a ``correct_fn`` for :func:`amemory.analysis.balance.one_step_rho`).
 
     Raises:
       ValueError: if an η is negative or not finite.
@@ -196,9 +185,8 @@ def mass_split(m: BlockMargins, eta: float) -> tuple[np.ndarray, np.ndarray]:
       m: margins from :func:`block_margins`; eta: one step size >= 0.
 
     Returns:
-      ``(in_block [n], off_block [n])``: the probabilities of wrong answers in the same
-      block and in the other ``K/b - 1`` blocks; with the correct-class probability they
-      sum to 1.
+      ``(in_block [n], off_block [n])``: wrong answers' probabilities in the same block and
+      in the other ``K/b - 1`` blocks (with the correct class's, they sum to 1).
 
     Raises:
       ValueError: if eta is negative or not finite.
@@ -211,9 +199,8 @@ def mass_split(m: BlockMargins, eta: float) -> tuple[np.ndarray, np.ndarray]:
 def per_class(m: BlockMargins, values: object) -> np.ndarray:
     """Expands per-label values ``[..., n]`` to all K classes ``[..., K]`` (class order).
 
-    Class k sits at position ``k mod b`` of block ``k // b``; blocks before the head/tail
-    boundary are "head", the block holding it (when ``L mod b ≠ 0``) "mixed", the rest
-    "tail". Meant for comparisons with a dense computation (K up to a few thousand).
+    Class k sits at position ``k mod b`` of block ``k // b`` (for comparisons with a dense
+    computation, K up to a few thousand).
 
     Raises:
       ValueError: if the last axis of ``values`` is not ``len(m.names)``.
@@ -232,10 +219,9 @@ def first_crossing(m: BlockMargins, eps: float, *, n_grid: int = 65) -> balance.
     """Paper A's one-step ``ϱ^ε`` of the coupled SignGD step, searched on the reduction.
 
     ``result.rho_boundary`` is ``min_k q_k`` at the first η where ``max_k q_k`` reaches
-    ``1 - ε`` (the first-crossing reading, ``docs/science.md#one-step-balance``);
-    ``result.eta_boundary`` that η. The bracket is automatic: a class whose in- and
-    off-block margins are all >= μ > 0 reaches ``1 - ε`` by
-    ``η = log((b - 1 + b (K/b - 1))(1-ε)/ε) / μ``; the search runs to twice that.
+    ``1 - ε``, ``result.eta_boundary`` that η. A class whose margins are all >= μ > 0
+    reaches ``1 - ε`` by ``η = log((b - 1 + b (K/b - 1))(1-ε)/ε) / μ``; the search runs to
+    twice that.
 
     Args:
       m: margins from :func:`block_margins`; eps: ε in (0, 1); n_grid: search grid size.
@@ -268,25 +254,20 @@ class Asymptotics(NamedTuple):
     ``η ≈ log(n (1-ε)/ε) / m_b``. There a wrong-answer term of margin μ weighs
     ``(n/ε)^{-μ/m_b}`` (own block) or ``n (n/ε)^{-μ/m_b}`` (other blocks), so the worst
     class's probability is a power law ``ϱ ∝ K^k_exponent ε^eps_exponent`` set by its
-    dominant term. All fields are floats or labels.
+    dominant term.
 
     Attributes:
-      best: label of the best class; m_best: its smallest off-block margin ``m_b``.
-      worst: label of the worst class as K → ∞.
-      dominant: ``"off"`` (it loses to the other blocks' answers) or ``"in"`` (to an
-        answer of its own block).
-      margin: the dominant margin μ of the worst class.
-      k_exponent: ``-(1 - μ/m_b)`` (off) or ``μ/m_b`` (in).
-      eps_exponent: ``-μ/m_b`` (off) or ``-μ/m_b`` (in).
-      sub_leading: the worst class's other off-block margins minus μ, ``[b - 1]`` (how
-        fast the neglected terms fade: as ``K^{-(gap)/m_b}``).
-      best_sub_leading: the same for the best class, ``[b - 1]`` (they shift the
-        crossing η).
+      best, worst: labels of the best class and of the worst class as K → ∞.
+      m_best: the best class's smallest off-block margin ``m_b``.
+      dominant: ``"off"`` (the worst class loses to the other blocks' answers) or ``"in"``
+        (to an answer of its own block); margin: that dominant margin μ.
+      k_exponent: ``-(1 - μ/m_b)`` (off) or ``μ/m_b`` (in); eps_exponent: ``-μ/m_b``.
+      sub_leading, best_sub_leading: ``[b - 1]`` other off-block margins minus the smallest,
+        of the worst and the best class (the neglected terms fade as ``K^{-(gap)/m_b}``).
       regime_exponent: s in ``K*(ε) ∝ ε^{-s}``, the K beyond which the worst class loses
-        more to other blocks than to its own: equating the two masses gives
-        ``s = x / (1 - x)``, ``x = (μ - μ_in)/m_b`` with μ_in the most negative own-block
-        margin; 0 when μ <= 0 (the other blocks dominate at every K) or no own-block
-        margin is negative.
+        more to other blocks than to its own: ``s = x / (1 - x)``, ``x = (μ - μ_in)/m_b``
+        with μ_in the most negative own-block margin; 0 when μ <= 0 or no own-block margin
+        is negative.
     """
 
     best: str
@@ -304,15 +285,13 @@ class Asymptotics(NamedTuple):
 def asymptotics(m: BlockMargins, best: str | None = None) -> Asymptotics:
     """The K → ∞ power law of the coupled SignGD ``ϱ^ε`` predicted from the margins.
 
-    Derivation in :class:`Asymptotics` (and ``docs/science.md#coupled-signgd``); the
-    theory checks compare it with fits of :func:`first_crossing` at large K.
+    Derivation in :class:`Asymptotics` and ``docs/science.md#coupled-signgd``.
 
     Args:
       m: margins from :func:`block_margins`.
-      best: label of the class that reaches ``1 - ε`` first, if known (e.g. measured
-        at the K of interest); default: the K → ∞ best class defined in
-        :class:`Asymptotics`. A class with a small positive own-block margin can win only
-        at astronomically large K, so at moderate K another class crosses first.
+      best: label of the class that reaches ``1 - ε`` first, if known (e.g. measured at
+        the K of interest); default: the K → ∞ best class, which may win only at
+        astronomically large K.
 
     Raises:
       ValueError: if no class beats every answer of its own block with a positive

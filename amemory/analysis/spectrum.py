@@ -14,11 +14,8 @@ sigma_1 >= ... >= sigma_n and energy shares q_i = sigma_i^2 / sum_j sigma_j^2,
 "Non-zero" means sigma_i > rtol * sigma_1 with rtol = max(m, n) * eps(input dtype),
 the numpy.linalg.matrix_rank convention; every metric is restricted to these
 values (a rank-deficient matrix has a finite condition number over its range).
-For n = 1 the normalised entropy is 0/0; it is reported as 0 (all energy in one
-direction). An all-zero matrix gives NaN for every metric.
-
-The metrics are computed on the host in float64 with numpy's SVD: they are logged
-every few hundred steps, where exactness matters more than speed.
+For n = 1 the normalised entropy is reported as 0; an all-zero matrix gives NaN for
+every metric. Computed on the host in float64 with numpy's SVD (exactness over speed).
 """
 
 from __future__ import annotations

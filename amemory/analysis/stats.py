@@ -1,25 +1,14 @@
 """Seed statistics: Student-t intervals of means and paired differences, and three-way verdicts.
 
-Every transformer-scale claim of ``amemory reproduce`` compares two optimizers (or
-two routings) trained on the same seeds. A seed fixes the initialisation, so the runs
-are paired: seed s of Muon and seed s of Adam start from the same weights and read
-the same batches. The compared quantity is summarised per seed, the per-seed
-differences ``d_s = a_s - b_s`` are treated as i.i.d. draws, and the claim is judged
-by the two-sided Student-t interval of their mean:
+Seed s of two optimizers starts from the same weights and reads the same batches, so the
+runs are paired: a claim is judged by the Student-t interval of the mean per-seed
+difference ``d_s = a_s - b_s``, ``mean(d) ± t_{n-1, (1+c)/2} · sd(d) / sqrt(n)``. The claim
+"d > threshold" is held when the whole interval lies above the threshold, not held when
+below, undecided otherwise (:func:`verdict`); a spread claim uses the F interval of a
+variance ratio with threshold 1. Imports no other part of amemory.
 
-    mean(d) ± t_{n-1, (1+c)/2} · sd(d) / sqrt(n)          (c = 0.95 by default)
-
-Three-way verdict (:func:`verdict`): the claim "d > threshold" is **held** when the
-whole interval lies above the threshold, **not held** when it lies below, and
-**undecided** when it contains the threshold. A spread claim ("Muon varies less across
-seeds") uses the F interval of a variance ratio (:func:`variance_ratio_interval`)
-with the threshold 1.
-
-Imports no other part of amemory.
-
-Reference: any statistics text, e.g. Wasserman, *All of Statistics* (2004), Sec. 10.7
-(paired comparisons) and the t and F intervals for a mean and a variance ratio
-(Casella & Berger, *Statistical Inference*, 2nd ed., Sec. 9.2).
+Reference: Wasserman, *All of Statistics* (2004), Sec. 10.7 (paired comparisons);
+Casella & Berger, *Statistical Inference*, 2nd ed., Sec. 9.2 (t and F intervals).
 """
 
 from __future__ import annotations
@@ -40,9 +29,8 @@ class Interval(NamedTuple):
 
     Attributes:
       estimate: the mean (or, for a variance ratio, the ratio of sample variances).
-      lo: lower end of the interval (same units as ``estimate``).
-      hi: upper end.
-      n: number of seeds (samples) used; for a variance ratio, the smaller sample size.
+      lo, hi: ends of the interval (units of ``estimate``).
+      n: number of seeds used; for a variance ratio, the smaller sample size.
       confidence: level of the interval, e.g. 0.95.
     """
 
@@ -59,20 +47,15 @@ class Interval(NamedTuple):
 
     def describe(self, digits: int = 3) -> str:
         """``0.087 ± 0.012 (95% CI, n=3)``; ``nan`` parts when the interval is undefined."""
-        pct = round(100 * self.confidence)
         if not all(math.isfinite(x) for x in (self.estimate, self.lo, self.hi)):
             return f"{self.estimate:.{digits}g} (no interval, n={self.n})"
-        return (
-            f"{_g(self.estimate, digits)} ± {_g(self.half_width, digits)} ({pct}% CI, n={self.n})"
-        )
+        ci = f"({round(100 * self.confidence)}% CI, n={self.n})"
+        return f"{_g(self.estimate, digits)} ± {_g(self.half_width, digits)} {ci}"
 
     def describe_range(self, digits: int = 3) -> str:
         """``0.79 [0.52, 1.07] (95% CI, n=3)`` (for asymmetric intervals such as ratios)."""
-        pct = round(100 * self.confidence)
-        return (
-            f"{_g(self.estimate, digits)} [{_g(self.lo, digits)}, {_g(self.hi, digits)}] "
-            f"({pct}% CI, n={self.n})"
-        )
+        ci = f"({round(100 * self.confidence)}% CI, n={self.n})"
+        return f"{_g(self.estimate, digits)} [{_g(self.lo, digits)}, {_g(self.hi, digits)}] {ci}"
 
 
 def _g(x: float, digits: int) -> str:
@@ -108,9 +91,8 @@ def mean_interval(values: object, *, confidence: float = 0.95) -> Interval:
       confidence: level in (0, 1).
 
     Returns:
-      :class:`Interval` with ``estimate = mean`` and
-      ``mean ± t_{n-1,(1+c)/2} · sd / sqrt(n)`` (``sd`` with ``n - 1`` in the denominator).
-      Identical values give a zero-width interval.
+      :class:`Interval` ``mean ± t_{n-1,(1+c)/2} · sd / sqrt(n)`` (``sd`` with ``n - 1`` in
+      the denominator).
 
     Raises:
       ValueError: if ``values`` is not 1-D, has fewer than 2 entries or a non-finite
@@ -118,8 +100,7 @@ def mean_interval(values: object, *, confidence: float = 0.95) -> Interval:
     """
     c = _check_confidence(confidence)
     a = _samples("values", values)
-    n = a.size
-    mean = float(a.mean())
+    n, mean = a.size, float(a.mean())
     se = float(a.std(ddof=1)) / math.sqrt(n)
     t = float(stats.t.ppf(0.5 + c / 2.0, n - 1))
     return Interval(mean, mean - t * se, mean + t * se, n, c)
@@ -139,8 +120,7 @@ def paired_difference(a: object, b: object, *, confidence: float = 0.95) -> Inte
     Raises:
       ValueError: if the lengths differ, or as :func:`mean_interval`.
     """
-    aa = np.asarray(a, dtype=np.float64)
-    bb = np.asarray(b, dtype=np.float64)
+    aa, bb = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
     if aa.shape != bb.shape:
         raise ValueError(f"paired arms must have the same shape, got {aa.shape} and {bb.shape}")
     return mean_interval(aa - bb, confidence=confidence)
@@ -173,12 +153,9 @@ def slope_interval(x: object, values: object, *, confidence: float = 0.95) -> In
 def seeds_needed(interval: Interval, threshold: float = 0.0, *, cap: int = 10_000) -> float:
     """Seeds a t interval of the observed effect would need to exclude ``threshold``.
 
-    The per-seed standard deviation is recovered from the interval itself,
-    ``sd = half_width · sqrt(n) / t_{n-1}``, and the effect ``|estimate - threshold|`` is
-    held at its observed size: the answer is the smallest n >= 2 with
-    ``t_{n-1} · sd / sqrt(n) < |estimate - threshold|`` (so "undecided" reads as a power
-    problem when it is small, as no effect when it is huge). A power calculation at the
-    observed effect, not a promise: the next seeds move the estimate too.
+    With ``sd = half_width · sqrt(n) / t_{n-1}`` recovered from the interval and the effect
+    held at its observed size, the smallest n >= 2 with ``t_{n-1} · sd / sqrt(n) <
+    |estimate - threshold|``: a power calculation at the observed effect, not a promise.
 
     Returns:
       n as a float; ``inf`` when the effect is 0 or needs more than ``cap`` seeds, NaN for
@@ -203,10 +180,8 @@ def seeds_needed(interval: Interval, threshold: float = 0.0, *, cap: int = 10_00
 def variance_ratio_interval(a: object, b: object, *, confidence: float = 0.95) -> Interval:
     """F interval of ``var(a) / var(b)`` for two independent Gaussian samples.
 
-    ``r = s_a² / s_b²``; the interval is ``[r / F_{(1+c)/2}, r / F_{(1-c)/2}]`` with
-    ``F`` the quantiles of the F distribution with ``(n_a - 1, n_b - 1)`` degrees of
-    freedom. With 3 seeds per arm ``F_{0.975}(2, 2) = 39``: only a ratio far from 1 is
-    decided.
+    ``r = s_a² / s_b²``, interval ``[r / F_{(1+c)/2}, r / F_{(1-c)/2}]`` with F quantiles of
+    ``(n_a - 1, n_b - 1)`` degrees of freedom (3 seeds per arm: ``F_{0.975}(2, 2) = 39``).
 
     Args:
       a, b: ``[n_a]``, ``[n_b]`` finite samples, each with at least 2 entries.
@@ -237,11 +212,9 @@ def verdict(interval: Interval, direction: str, threshold: float = 0.0) -> bool 
     """Three-way verdict on the claim "the quantity is ``direction`` than ``threshold``".
 
     Args:
-      interval: from :func:`mean_interval`, :func:`paired_difference` or
-        :func:`variance_ratio_interval`.
-      direction: one of :data:`DIRECTIONS`: ``"greater"`` claims ``> threshold``,
-        ``"less"`` claims ``< threshold``.
-      threshold: the value the claim compares against (0 for a difference, 1 for a ratio).
+      interval: an :class:`Interval` of this module.
+      direction: one of :data:`DIRECTIONS` (``"greater"``: ``> threshold``).
+      threshold: what the claim compares against (0 for a difference, 1 for a ratio).
 
     Returns:
       ``True`` (held) if the whole interval lies on the claimed side of ``threshold``,
@@ -256,24 +229,19 @@ def verdict(interval: Interval, direction: str, threshold: float = 0.0) -> bool 
     lo, hi = float(interval.lo), float(interval.hi)
     if math.isnan(lo) or math.isnan(hi):
         return None
-    above, below = lo > threshold, hi < threshold
-    if direction == "greater":
-        return True if above else (False if below else None)
-    return True if below else (False if above else None)
+    held, refuted = (lo > threshold, hi < threshold)
+    if direction == "less":
+        held, refuted = refuted, held
+    return True if held else (False if refuted else None)
 
 
 def all_verdicts(verdicts: Iterable[bool | None]) -> bool | None:
-    """Verdict of a claim made of several parts ("for every matrix ...").
-
-    Held if every part is held, not held if any part is not held, else undecided
-    (an empty input is undecided).
-    """
+    """Verdict of a claim made of several parts: held if every part is held, not held if
+    any part is not held, else (and for no parts) undecided."""
     vs = list(verdicts)
-    if not vs:
-        return None
     if any(v is False for v in vs):
         return False
-    return True if all(v is True for v in vs) else None
+    return True if vs and all(v is True for v in vs) else None
 
 
 def band(values: Sequence[Sequence[float]], *, confidence: float = 0.95):

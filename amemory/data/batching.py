@@ -1,26 +1,18 @@
 """Training input on Grain, plus deterministic evaluation windows.
 
-Training batches come from ``grain.DataLoader`` (the input library of the Flax examples
-and MaxText): a random-access source, an ``IndexSampler`` that shuffles every epoch
-and shards the records per process (``ShardByJaxProcess``), batching, and an iterator
-whose state (``get_state`` / ``set_state``, a few integers as JSON) is checkpointed next
-to the model, so a resumed run continues the exact data order. What is specific to
-amemory is only the records:
+Training batches come from ``grain.DataLoader`` (as in the Flax examples and MaxText): a
+random-access source, an ``IndexSampler`` that shuffles every epoch and gives process ``p``
+of ``P`` a contiguous ``1/P`` of the records (``ShardByJaxProcess``), batches of ``B / P``
+rows, and an iterator whose state (``get_state`` / ``set_state``) is checkpointed with the
+model, so a resumed run continues the exact data order. A step's global batch concatenates
+the processes' batches (``jax.make_array_from_process_local_data``). The records:
 
-* :class:`TokenWindows` + :class:`RandomCrop`: windows of ``seq_len + 1`` tokens of a
-  flat token stream (inputs ``[:, :-1]``, targets ``[:, 1:]``). Slot ``i`` covers tokens
-  ``[i T, i T + 2T)`` and the crop keeps ``T + 1`` of them from a random offset in
-  ``[0, T)``, drawn per (epoch, position) from the sampler's seed, so window boundaries
-  move between epochs;
-* :class:`MaskedRows`: fixed padded rows with a loss mask (the synthetic biographies of
-  :mod:`amemory.data.biographies`).
+* :class:`TokenWindows` + :class:`RandomCrop`: slot ``i`` covers tokens ``[i T, i T + 2T)``
+  of a flat stream and the crop keeps ``T + 1`` of them from a random offset in ``[0, T)``
+  drawn per (epoch, position), so window boundaries move between epochs;
+* :class:`MaskedRows`: fixed padded rows with a loss mask (:mod:`amemory.data.biographies`).
 
-:func:`token_loader` and :func:`row_loader` build the loaders; :func:`eval_batches`
-yields the same sequential validation windows on every call (no state, no shuffling).
-
-Process ``p`` of ``P`` reads only its shard of the records (a contiguous ``1/P`` of them,
-``ShardByJaxProcess``) and makes batches of ``B / P`` rows; the global batch of a step
-is the concatenation of the processes' batches (``jax.make_array_from_process_local_data``).
+:func:`eval_batches` yields the same sequential validation windows on every call.
 """
 
 from __future__ import annotations
@@ -43,10 +35,8 @@ def _fingerprint(a: np.ndarray) -> int:
 
 
 class TokenWindows:
-    """Random-access source of ``2T``-token slots of a flat token stream (Grain source).
-
-    Record ``i`` is ``tokens[i T : i T + 2T]`` (int32), so that :class:`RandomCrop` can take
-    a ``T + 1``-token window from any offset in ``[0, T)``. ``len = (N - T) // T``.
+    """Grain source of ``2T``-token slots: record ``i`` is ``tokens[i T : i T + 2T]`` (int32),
+    for :class:`RandomCrop`; ``len = (N - T) // T``.
 
     Args:
       tokens: ``[N]`` integer token ids (np array or memmap).
@@ -166,15 +156,13 @@ def token_loader(
 ) -> grain.DataLoader:
     """Grain loader of shuffled ``T + 1``-token windows of ``tokens``, every epoch anew.
 
-    Iterating it yields int32 ``[batch_size / P, seq_len + 1]`` forever (epochs repeat with
-    a new order and new crop offsets). Its iterator's ``get_state()`` (bytes) is the
-    position to checkpoint; ``set_state`` on a fresh iterator of an identical loader
-    continues the same stream (Grain checks the sampler and source match).
+    Yields int32 ``[batch_size / P, seq_len + 1]`` forever (every epoch a new order and
+    new crop offsets). ``set_state(get_state())`` on a fresh iterator of an identical
+    loader continues the same stream (Grain checks the sampler and source match).
 
     Args:
-      tokens: ``[N]`` token ids.
+      tokens: ``[N]`` token ids; seq_len: T.
       batch_size: B, GLOBAL rows per step, divisible by the process count P.
-      seq_len: T.
       seed: shuffle / crop seed in ``[0, 2**32)``.
       shard_options: Grain sharding (default ``ShardByJaxProcess(drop_remainder=True)``:
         process p reads the p-th contiguous ``1/P`` of the windows).
@@ -194,10 +182,8 @@ def row_loader(
     *,
     shard_options: grain.sharding.ShardOptions | None = None,
 ) -> grain.DataLoader:
-    """Grain loader of shuffled rows: ``{"tokens": int32 [B / P, T], "mask": float32 [B / P, T]}``.
-
-    Same contract as :func:`token_loader` (global ``batch_size``, per-process shards,
-    checkpointable iterator, a new order every epoch).
+    """Grain loader of shuffled rows ``{"tokens": int32 [B / P, T], "mask": float32 [B / P, T]}``,
+    with :func:`token_loader`'s contract (global ``batch_size``, checkpointable iterator).
 
     Raises:
       ValueError: naming the argument for bad shapes or sizes.
@@ -216,14 +202,12 @@ def eval_batches(
 ) -> Iterator[np.ndarray]:
     """Sequential non-overlapping windows for evaluation, the same on every call.
 
-    Window i holds tokens [i T, i T + T + 1). Global batches of ``batch_size``
-    windows, the last partial batch dropped; process p gets rows
-    ``[p B/P, (p+1) B/P)`` of each global batch.
+    Window i holds tokens [i T, i T + T + 1); the last partial global batch is dropped;
+    process p gets rows ``[p B/P, (p+1) B/P)`` of each global batch.
 
     Args:
-      tokens: [N] token ids.
+      tokens: [N] token ids; seq_len: T.
       batch_size: global rows per batch, divisible by ``process_count``.
-      seq_len: T.
       max_batches: stop after this many batches (None: the whole stream).
       process_index / process_count: this process and the number of processes.
 
@@ -252,10 +236,7 @@ def eval_batches(
     if max_batches is not None:
         n_batches = min(n_batches, _check_int("max_batches", max_batches, 1))
     local = batch_size // process_count
+    window = np.arange(seq_len + 1)
     for b in range(n_batches):
-        first = b * batch_size + process_index * local
-        out = np.empty((local, seq_len + 1), dtype=np.int32)
-        for r in range(local):
-            s = (first + r) * seq_len
-            out[r] = tokens[s : s + seq_len + 1]
-        yield out
+        starts = (b * batch_size + process_index * local + np.arange(local)) * seq_len
+        yield np.asarray(tokens[starts[:, None] + window], dtype=np.int32)

@@ -5,48 +5,29 @@ Learning" (arXiv 2509.26030), heavy-tailed knowledge QA; the biography/QA format
 follows Allen-Zhu & Li, "Physics of Language Models 3.1" (arXiv 2309.14316).
 Everything is generated locally and deterministically from ``cfg.seed``.
 
-Exact data design
------------------
-* **Vocabularies** are synthesised by the generator (no external lists):
-  pronounceable pseudo-words built from syllables give ``n_first_names`` first
-  names, ``n_surnames`` surnames, ``n_cities`` cities, and the stems of
-  ``n_universities`` universities ("Velmora University"), ``n_majors`` majors
-  ("Tharistics") and ``n_employers`` employers ("Drovin Labs"), all distinct
-  (defaults: the paper's sizes, :class:`BiographyConfig`).
-* **Individuals**: 2^m of them, each with a unique (first name, surname) pair and
-  7 attributes: full name, birth date (month day year, valid calendar dates in
-  1950-2005), birth city, university, major, employer, work city; values are drawn
+* **Vocabularies**: distinct pronounceable pseudo-words give the first names, surnames,
+  cities, and the stems of universities ("Velmora University"), majors ("Tharistics")
+  and employers ("Drovin Labs"); pool sizes in :class:`BiographyConfig`.
+* **Individuals**: 2^m, each with a unique (first name, surname) pair and 7 attributes
+  (:data:`ATTRIBUTES`; birth dates are valid calendar dates in 1950-2005), drawn
   uniformly and independently.
-* **Groups** (heavy tail): group g = 0..m holds N_0 = 1, N_g = 2^(g-1) individuals
-  (individual ids are ordered by group); every individual of group g appears in
-  S_g = 2^(m-g) *selections*. Group 0 is the head (seen 2^m times), group m the
-  tail (2^(m-1) individuals seen once). ``zipf`` = s generalises this to
-  S_g = round(2^(s (m-g))): frequency ∝ rank^-s over the same individuals (s = 1 the
-  paper's law, s = 0 uniform).
-* **Training rows**: each selection of an individual contributes
-    - one biography row (if ``cfg.biographies``): ``<bos>`` + six sentences, one
-      per attribute, each naming the person (paraphrase: a sentence template drawn
-      per attribute and a sentence order drawn per paraphrase) + ``<eos>``. Each
-      individual has ``n_paraphrases`` fixed biographies; its s-th selection uses
-      paraphrase s mod n_paraphrases. Loss on every token after ``<bos>``.
-    - one QA row (if ``cfg.qa``): the 6 QA pairs of the individual (one per
-      question template), in an order drawn per selection, each pair written
-      ``question-words ? Answer: value-tokens <eos>`` after a leading ``<bos>``.
-      Loss only on the answer tokens and their ``<eos>``.
-  Rows are right-padded with ``<pad>`` to one length T. So with both switches on
-  the training set has 2 (2^m + m 2^(m-1)) rows, half biographies, half QA.
-* **Evaluation**: QA of *all* individuals, all 6 templates: the prompt is
-  ``<bos> question-words ? Answer:`` and the metric is first-token accuracy (FTA):
-  the model's argmax at the last prompt position must equal the first answer
-  token (for birth dates: the month). FTA is reported per group g.
-* **Tokenizer**: word/field level and exact. Every template word, month, day,
-  year and attribute value is one token; keys are typed (``"first:Kalo"``,
-  ``"city:Brenmouth"``, ``"w:born"``), so every id names its field. Special
-  tokens: ``<pad>`` = 0, ``<bos>`` = 1, ``<eos>`` = 2.
+* **Groups** (heavy tail): group g = 0..m holds N_0 = 1, N_g = 2^(g-1) individuals (ids
+  ordered by group), each appearing in S_g = 2^(m-g) *selections*; ``zipf`` = s gives
+  S_g = round(2^(s (m-g))), frequency ∝ rank^-s (s = 1 the paper's law, 0 uniform).
+* **Training rows**, per selection: one biography row (if ``cfg.biographies``):
+  ``<bos>``, six sentences naming the person (template per attribute and sentence order
+  drawn per paraphrase; selection s uses paraphrase s mod ``n_paraphrases``), ``<eos>``,
+  loss on every token after ``<bos>``; and one QA row (if ``cfg.qa``): ``<bos>`` then the
+  6 pairs ``question-words ? Answer: value-tokens <eos>`` in an order drawn per selection,
+  loss on the answers and their ``<eos>`` only. Rows are right-padded with ``<pad>``.
+* **Evaluation**: every individual x every template, prompt ``<bos> question-words ?
+  Answer:``; first-token accuracy (FTA) per group: the argmax at the last prompt position
+  must be the first answer token (for birth dates: the month).
+* **Tokenizer**: exact, one token per template word, month, day, year and attribute value;
+  keys are typed (``"first:Kalo"``, ``"w:born"``); ``<pad>`` = 0, ``<bos>`` = 1, ``<eos>`` = 2.
 
-Training convention (same as the token windows of :mod:`amemory.data.batching`):
-inputs = tokens[:, :-1], targets = tokens[:, 1:], per-target weights =
-loss_mask[:, 1:]; ``loss_mask[n, t] = 1`` iff token t is a training target.
+Training convention (as :mod:`amemory.data.batching`): inputs = tokens[:, :-1], targets =
+tokens[:, 1:], per-target weights = loss_mask[:, 1:].
 """
 
 from __future__ import annotations
@@ -107,14 +88,12 @@ class BiographyConfig:
     """Size and seed of the synthetic biography QA (paper A, A.3).
 
     Attributes:
-      m: number of tail groups; groups g = 0..m, 2^m individuals (paper: 15;
-        default 8 for CPU: 256 individuals, 1280 selections).
+      m: groups g = 0..m, 2^m individuals (paper: 15; default 8 for CPU).
       seed: seed of everything (vocabularies, attributes, paraphrases, row order).
       n_first_names, n_surnames, n_universities, n_majors, n_employers, n_cities:
         pool sizes of the synthesised vocabularies (paper: 400, 1000, 300, 100, 300).
       n_paraphrases: biographies per individual (>= 1).
-      biographies: include biography rows in training.
-      qa: include QA rows in training (at least one of the two must be on).
+      biographies, qa: include biography / QA rows in training (at least one).
       zipf: exponent s of the selection law S_g = round(2^(s (m-g))), in [0, 3].
     """
 
@@ -137,11 +116,8 @@ class BiographyConfig:
         limits = {"m": (0, 20), "seed": (0, None), **dict.fromkeys(sizes, (1, 100_000))}
         for f, (lo, hi) in limits.items():
             v = getattr(self, f)
-            if (
-                isinstance(v, bool)
-                or not isinstance(v, numbers.Integral)
-                or not lo <= v <= (v if hi is None else hi)
-            ):
+            integer = isinstance(v, numbers.Integral) and not isinstance(v, bool)
+            if not (integer and lo <= v <= (v if hi is None else hi)):
                 allowed = "a non-negative integer" if hi is None else f"an integer in [{lo}, {hi}]"
                 raise ValueError(f"{f} must be {allowed}, got {v!r}")
         if self.n_first_names * self.n_surnames < 2**self.m:
@@ -189,14 +165,13 @@ class BiographyTokenizer:
 class EvalSet:
     """QA evaluation items: every individual x every question template.
 
-    Attributes (Q = 6 * 2^m items, P = longest prompt):
-      prompts: int32 [Q, P], ``<bos> question ? Answer:`` right-padded with ``<pad>``.
-      prompt_len: int32 [Q], number of real prompt tokens; predict at index prompt_len - 1.
-      answer_first: int32 [Q], first answer token (the FTA target).
-      answers: int32 [Q, A], full answer tokens then ``<eos>``, right-padded.
-      group: int32 [Q], group g of the individual.
-      template: int32 [Q], question template 0..5 (order of :data:`QUESTION_TEMPLATES`).
-      person: int32 [Q], individual id.
+    Attributes (Q = 6 * 2^m items, P = longest prompt, all int32):
+      prompts: [Q, P] ``<bos> question ? Answer:``, right-padded with ``<pad>``.
+      prompt_len: [Q] real prompt tokens; predict at index prompt_len - 1.
+      answer_first: [Q] first answer token (the FTA target).
+      answers: [Q, A] answer tokens then ``<eos>``, right-padded.
+      group, template, person: [Q] the individual's group, the question template
+        (index into :data:`QUESTION_TEMPLATES`) and the individual's id.
     """
 
     prompts: np.ndarray
@@ -228,10 +203,8 @@ class BiographyData:
     """Output of :func:`make_biographies`.
 
     Attributes:
-      config: the :class:`BiographyConfig`.
-      tokenizer: the :class:`BiographyTokenizer`; ``vocab_size`` = its size.
-      train_tokens: int32 [N, T] training rows (biography and QA rows, shuffled once
-        with the seed), right-padded with ``pad_id``.
+      config: the :class:`BiographyConfig`; tokenizer: the :class:`BiographyTokenizer`.
+      train_tokens: int32 [N, T] biography and QA rows, shuffled with the seed, padded.
       train_mask: float32 [N, T]; 1 where the token is a training target.
       train_kind: int8 [N]; 0 = biography row, 1 = QA row.
       train_person: int32 [N]; the individual of each row.
@@ -394,10 +367,10 @@ def make_biographies(cfg: BiographyConfig | None = None) -> BiographyData:
     """Generate the heavy-tailed biography QA dataset (see the module docstring).
 
     Args:
-      cfg: a :class:`BiographyConfig` (default: ``BiographyConfig()``, m = 8).
+      cfg: a :class:`BiographyConfig` (default ``BiographyConfig()``).
 
     Returns:
-      A :class:`BiographyData`; identical arrays for identical configs.
+      A :class:`BiographyData`, identical for identical configs.
 
     Raises:
       ValueError: naming the invalid config field.

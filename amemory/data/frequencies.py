@@ -49,8 +49,7 @@ def two_level_split(K: int, beta: float) -> int:
       L, an int with 1 <= L <= K - 1.
 
     Raises:
-      ValueError: naming ``K`` or ``beta`` when out of range, or ``beta`` when
-        round(beta * K) leaves no head or no tail class.
+      ValueError: naming ``K`` or ``beta`` when out of range or leaving no head or tail.
     """
     K = _check_int("K", K, 2)
     beta = _check_real("beta", beta, 0.0, 1.0, True, True)
@@ -66,15 +65,12 @@ def two_level_split(K: int, beta: float) -> int:
 def two_level(K: int, alpha: float, beta: float) -> np.ndarray:
     """Two-level imbalanced prior of paper A (Assumption 5.2).
 
-    p_k = alpha / L for k < L (the head) and p_k = (1 - alpha) / (K - L) for
-    k >= L (the tail), with L = round(beta * K) (see :func:`two_level_split`),
-    so beta = L / K is the head fraction and alpha the head's total mass.
-    alpha == beta gives the uniform prior.
+    p_k = alpha / L for k < L (the head) and p_k = (1 - alpha) / (K - L) for k >= L (the
+    tail), with L = round(beta * K) (:func:`two_level_split`); alpha == beta is uniform.
 
     Args:
       K: number of classes, integer >= 2.
-      alpha: total probability of the head, in (0, 1).
-      beta: fraction of classes in the head, in (0, 1).
+      alpha, beta: the head's total probability and fraction of classes, in (0, 1).
 
     Returns:
       float64 array of shape [K], summing to 1; head first.
@@ -105,9 +101,8 @@ def power_law(K: int, exponent: float) -> np.ndarray:
     """
     K = _check_int("K", K, 1)
     s = _check_real("exponent", exponent, 0.0, math.inf, False, True)
-    ranks = np.arange(1, K + 1, dtype=np.float64)
-    # Work in log space and subtract the max so large exponents do not underflow to 0/0.
-    logw = -s * np.log(ranks)
+    # In log space, max subtracted, so large exponents do not underflow to 0/0.
+    logw = -s * np.log(np.arange(1, K + 1, dtype=np.float64))
     w = np.exp(logw - logw.max())
     return w / w.sum()
 
@@ -120,8 +115,7 @@ def hierarchical(M: int, C: int, exponent: float) -> np.ndarray:
     any exponent >= 0 is accepted here (0 gives the uniform prior).
 
     Args:
-      M: number of groups, integer >= 1.
-      C: classes per group, integer >= 1 (K = M * C).
+      M, C: number of groups and classes per group, integers >= 1 (K = M * C).
       exponent: power-law exponent β >= 0 over the groups.
 
     Returns:
@@ -132,19 +126,14 @@ def hierarchical(M: int, C: int, exponent: float) -> np.ndarray:
     """
     M = _check_int("M", M, 1)
     C = _check_int("C", C, 1)
-    group = power_law(M, exponent)
-    return np.repeat(group / C, C)
+    return np.repeat(power_law(M, exponent) / C, C)
 
 
 def from_counts(counts) -> np.ndarray:
-    """Empirical prior p_k = counts_k / sum(counts).
-
-    The order of ``counts`` is kept (no sorting), so index k of the result is
-    class k of the input.
+    """Empirical prior p_k = counts_k / sum(counts), in the order of ``counts`` (no sorting).
 
     Args:
-      counts: 1-D array-like of non-negative finite numbers with a positive sum,
-        shape [K].
+      counts: [K] non-negative finite numbers with a positive sum.
 
     Returns:
       float64 array of shape [K], summing to 1.

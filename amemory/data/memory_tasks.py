@@ -1,13 +1,9 @@
 """Samplers and exact population quantities for associative-memory tasks.
 
-A task is a prior p over K queries (see :mod:`amemory.data.frequencies`) and a
-conditional answer distribution with label noise α (paper B, B.1):
-
-    p(i | k) = (1 - α) 1[i = k] + α / K.
-
-So a noisy answer is drawn uniformly from all K classes, the true one
-included: the probability that the answer differs from the query is
-α (K - 1) / K, not α.
+A task is a prior p over K queries (:mod:`amemory.data.frequencies`) and answers with
+label noise α (paper B, B.1), ``p(i | k) = (1 - α) 1[i = k] + α / K``: a noisy answer is
+uniform over all K classes, the true one included (it differs from the query with
+probability α (K - 1) / K, not α).
 
 Sources: Li et al. 2026 (arXiv 2602.05725), label-noise model; Wang et al.
 2025 (arXiv 2509.26030) is the noiseless case α = 0.
@@ -43,8 +39,7 @@ def conditional(K: int, noise: float = 0.0) -> np.ndarray:
     """Exact answer distribution p(i | k) = (1 - noise) 1[i = k] + noise / K.
 
     Args:
-      K: number of classes, integer >= 1.
-      noise: label-noise rate α in [0, 1).
+      K: number of classes, integer >= 1; noise: label-noise rate α in [0, 1).
 
     Returns:
       float64 array [K, K]; row k is p(. | k) and sums to 1.
@@ -61,8 +56,7 @@ def joint(prior, noise: float = 0.0) -> np.ndarray:
     """Exact population joint P[k, i] = p_k p(i | k) of (query k, answer i).
 
     Args:
-      prior: [K] class prior summing to 1.
-      noise: label-noise rate α in [0, 1).
+      prior: [K] class prior summing to 1; noise: label-noise rate α in [0, 1).
 
     Returns:
       float64 array [K, K] summing to 1.
@@ -75,10 +69,8 @@ def joint(prior, noise: float = 0.0) -> np.ndarray:
 
 
 def optimal_loss(prior, noise: float = 0.0) -> float:
-    """Bayes-optimal population cross-entropy L* = Σ_k p_k H(p(. | k)) in nats.
-
-    This is the infimum of paper B's loss over all predictors; with noise it is
-    attained at p̂ = p(. | k). Closed form per query:
+    """Bayes-optimal population cross-entropy L* = Σ_k p_k H(p(. | k)) in nats, the infimum
+    of paper B's loss, attained at p̂ = p(. | k); per query
     H = -(1 - α + α/K) log(1 - α + α/K) - (K - 1)(α/K) log(α/K).
 
     Args:
@@ -97,9 +89,7 @@ def optimal_loss(prior, noise: float = 0.0) -> float:
     if a == 0.0:
         return 0.0
     hit = 1.0 - a + a / K
-    h = -hit * math.log(hit)
-    if K > 1:
-        h -= (K - 1) * (a / K) * math.log(a / K)
+    h = -hit * math.log(hit) - (K - 1) * (a / K) * math.log(a / K)
     return float(h * p.sum())
 
 
@@ -108,17 +98,14 @@ def sample_pairs(
 ) -> tuple[jax.Array, jax.Array]:
     """Sample i.i.d. (query, answer) pairs: k ~ prior, i ~ p(. | k) with label noise.
 
-    Deterministic in ``key``. The prior is validated on the host (it must be a
-    concrete array) and the sampling itself runs in jax, so the function may be
-    called inside ``jax.jit`` only with ``prior``, ``batch_size`` and ``noise``
-    static.
+    Deterministic in ``key``. The prior is validated on the host, so under ``jax.jit``
+    ``prior``, ``batch_size`` and ``noise`` must be static (or use :func:`make_sampler`).
 
     Args:
       key: a ``jax.random`` key.
       prior: [K] class prior summing to 1 (numpy or jax array).
       batch_size: B, integer >= 1.
-      noise: label-noise rate α in [0, 1); with probability α the answer is
-        replaced by a uniform draw over all K classes (the true one included).
+      noise: label-noise rate α in [0, 1).
 
     Returns:
       (queries, answers), both int32 arrays of shape [B] with values in [0, K).
@@ -144,9 +131,8 @@ def sample_pairs(
 def make_sampler(prior, batch_size: int, noise: float = 0.0):
     """A jitted ``sample(key) -> (queries [B] int32, answers [B] int32)`` for a fixed task.
 
-    Same distribution and same numbers as :func:`sample_pairs` with the same key;
-    validation happens once here, so the returned function can be called inside
-    ``jax.jit`` / ``jax.lax.scan`` with a traced key.
+    The numbers of :func:`sample_pairs` with the same key, validated once here, so the
+    returned function takes a traced key inside ``jax.jit`` / ``jax.lax.scan``.
 
     Raises:
       ValueError: naming ``prior``, ``batch_size`` or ``noise`` when invalid.

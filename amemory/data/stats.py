@@ -27,21 +27,18 @@ def _check_counts(counts) -> np.ndarray:
 def frequency_buckets(counts, n_buckets: int = 6) -> tuple[np.ndarray, list[str]]:
     """Assign every vocabulary entry to a frequency-rank band, head to tail.
 
-    Tokens are ranked by training count (rank 1 = most frequent; ties broken by
-    smaller id). With S tokens of non-zero count, the rank bands have log-spaced
-    upper edges e_b = round(S^(b / n_buckets)), b = 1..n_buckets (duplicate edges
-    merged, so small vocabularies may get fewer bands): band b holds ranks
-    (e_{b-1}, e_b]. Tokens that never occur in training get one extra last bucket
-    labelled ``"unseen"`` (only present when such tokens exist), so a loss per
-    bucket can still be reported for them on validation data.
+    Tokens are ranked by training count (rank 1 = most frequent, ties by smaller id). With
+    S tokens of non-zero count, band b holds ranks (e_{b-1}, e_b] with log-spaced edges
+    e_b = round(S^(b / n_buckets)), b = 1..n_buckets (duplicate edges merged). Tokens never
+    seen in training get one extra last bucket ``"unseen"`` (only when such tokens exist).
 
     Args:
       counts: [V] non-negative training counts per token id.
       n_buckets: number of rank bands for the seen tokens, >= 1.
 
     Returns:
-      (bucket_ids, labels): int32 [V] bucket per token id in [0, len(labels)), and
-      one label per bucket such as ``"ranks 1-4"`` or ``"unseen"``.
+      (bucket_ids, labels): int32 [V] bucket per token id, one label per bucket
+      (``"ranks 1-4"``, ``"unseen"``).
 
     Raises:
       ValueError: naming ``counts`` or ``n_buckets`` when invalid.
@@ -68,10 +65,8 @@ def frequency_buckets(counts, n_buckets: int = 6) -> tuple[np.ndarray, list[str]
 def zipf_exponent(counts, min_count: int = 1) -> float:
     """Fitted Zipf exponent s of counts ∝ rank^(-s).
 
-    Least-squares slope of log(count) against log(rank) over the tokens with
-    count >= ``min_count``, evaluated at log-spaced ranks (about 20 per decade,
-    deduplicated) so that each decade of ranks weighs the same rather than the
-    tail's many singletons dominating.
+    Least-squares slope of log(count) against log(rank) over the tokens with count >=
+    ``min_count``, at about 20 log-spaced ranks per decade, so each decade weighs the same.
 
     Args:
       counts: [V] non-negative counts (order irrelevant).
@@ -93,34 +88,25 @@ def zipf_exponent(counts, min_count: int = 1) -> float:
         return float("nan")
     ranks = np.unique(np.round(np.logspace(0, np.log10(n), int(20 * np.log10(n)) + 2)).astype(int))
     ranks = ranks[(ranks >= 1) & (ranks <= n)]
-    x, y = np.log(ranks), np.log(srt[ranks - 1])
-    slope = np.polyfit(x, y, 1)[0]
-    return float(-slope)
+    return float(-np.polyfit(np.log(ranks), np.log(srt[ranks - 1]), 1)[0])
 
 
 def corpus_stats(corpus: Corpus, n_buckets: int = 6) -> dict:
     """Summary statistics of a prepared corpus (used by ``amemory data stats``).
 
     Returns:
-      dict with ``name``, ``tokenizer``, ``vocab_size``, ``train_tokens``,
-      ``val_tokens``, ``seen_types`` (ids with non-zero training count),
-      ``zipf_exponent`` (:func:`zipf_exponent` of the training counts),
-      ``val_unseen_fraction`` (share of validation tokens never seen in training),
-      and ``buckets``: a list of rows ``{label, n_types, train_share}`` where
-      ``train_share`` is the fraction of training tokens falling in that bucket.
+      dict with ``name``, ``tokenizer``, ``vocab_size``, ``train_tokens``, ``val_tokens``,
+      ``seen_types`` (ids seen in training), ``zipf_exponent`` (of the training counts),
+      ``val_unseen_fraction`` (share of validation tokens unseen in training), and
+      ``buckets``: rows ``{label, n_types, train_share}`` (share of training tokens).
     """
     ids, labels = frequency_buckets(corpus.counts, n_buckets)
     total = float(corpus.counts.sum())
-    rows = []
-    for b, lab in enumerate(labels):
-        m = ids == b
-        rows.append(
-            {
-                "label": lab,
-                "n_types": int(m.sum()),
-                "train_share": float(corpus.counts[m].sum() / total) if total else 0.0,
-            }
-        )
+    rows = [
+        {"label": lab, "n_types": int(np.sum(ids == b)),
+         "train_share": float(corpus.counts[ids == b].sum() / total) if total else 0.0}
+        for b, lab in enumerate(labels)
+    ]  # fmt: skip
     val = np.asarray(corpus.val_tokens)
     unseen = float(np.mean(corpus.counts[val] == 0)) if val.size else 0.0
     return {

@@ -1,15 +1,12 @@
-"""Tokenizers for text corpora: byte-level BPE and word level, trained once and cached.
+"""Tokenizers for text corpora (:mod:`amemory.data.corpus`), trained with the ``tokenizers``
+library on the training split only and cached under
+``<corpus cache>/<kind>-<vocab_size>/tokenizer.json``:
 
-Part of the corpus pipeline (entry point :mod:`amemory.data.corpus`). Tokenizers are
-trained offline on the training split only, with the ``tokenizers`` library, and cached
-beside the corpus under ``<corpus cache>/<kind>-<vocab_size>/tokenizer.json``:
-
-* ``"bpe"``: byte-level BPE (``tokenizers`` library, GPT-2 style byte alphabet, so
-  no unknown tokens); special token ``<|endoftext|>`` separates documents.
-* ``"word"``: word-level (``tokenizers`` WordLevel over the ``Whitespace``
-  pre-tokenizer, i.e. ``\\w+|[^\\w\\s]+``, case kept); the ``vocab_size - 2`` most
-  frequent words get ids, the rest map to ``<unk>`` (id 0). Its token frequencies
-  have a heavier tail than BPE's, for tail studies.
+* ``"bpe"``: byte-level BPE (GPT-2 style byte alphabet, so no unknown tokens);
+  ``<|endoftext|>`` separates documents.
+* ``"word"``: WordLevel over the ``Whitespace`` pre-tokenizer (``\\w+|[^\\w\\s]+``, case
+  kept); the ``vocab_size - 2`` most frequent words get ids, the rest map to ``<unk>``
+  (id 0): a heavier tail than BPE's, for tail studies.
 """
 
 from __future__ import annotations
@@ -23,8 +20,6 @@ import numpy as np
 
 from amemory import atomic
 from amemory.data.sources import TextCorpus
-
-__all__ = ["EOT", "UNK", "TOKENIZER_KINDS", "get_tokenizer"]
 
 EOT = "<|endoftext|>"
 UNK = "<unk>"
@@ -57,14 +52,12 @@ LONGEST_TRAINING_RUN = 1000
 def _training_pieces(texts: Sequence[str]) -> list[str]:
     """``texts`` as the tokenizer trainer sees them: unchanged, except that runs of more
     than ``LONGEST_TRAINING_RUN`` non-space characters become separate pieces of that length."""
-    long_run, n = re.compile(rf"\S{{{LONGEST_TRAINING_RUN + 1},}}"), LONGEST_TRAINING_RUN
+    n = LONGEST_TRAINING_RUN
+    long_run = re.compile(rf"(\S{{{n + 1},}})")  # captured: split() keeps the runs
     out = []
     for text in texts:
-        pos = 0
-        for m in long_run.finditer(text):
-            out += [text[pos : m.start()], *(m[0][i : i + n] for i in range(0, len(m[0]), n))]
-            pos = m.end()
-        out.append(text[pos:])
+        for i, piece in enumerate(long_run.split(text)):  # odd i: a long run
+            out += [piece[j : j + n] for j in range(0, len(piece), n)] if i % 2 else [piece]
     return out
 
 
@@ -94,15 +87,13 @@ def _train_tokenizer(kind: str, vocab_size: int, texts: Sequence[str]):
 def get_tokenizer(kind: str, vocab_size: int, corpus: TextCorpus):
     """Train (once) or load the cached tokenizer of ``kind`` for a text corpus.
 
-    The tokenizer is trained on ``corpus.train_texts`` only and cached at
-    ``corpus.cache_dir / f"{kind}-{vocab_size}" / "tokenizer.json"``. Training is
-    deterministic for a given corpus and vocab size.
+    Trained (deterministically) on ``corpus.train_texts`` only and cached at
+    ``corpus.cache_dir / f"{kind}-{vocab_size}" / "tokenizer.json"``.
 
     Args:
       kind: ``"bpe"`` (byte-level BPE) or ``"word"`` (word level with ``<unk>``).
-      vocab_size: requested vocabulary size including special tokens; in
-        [512, 65535] for BPE, [4, 65535] for words. A small corpus may yield fewer
-        entries: use ``tokenizer.get_vocab_size()``.
+      vocab_size: requested size including special tokens, in [512, 65535] for BPE,
+        [4, 65535] for words (a small corpus may yield fewer: ``get_vocab_size()``).
       corpus: a :class:`TextCorpus` from :func:`load_text_corpus`.
 
     Returns:
@@ -125,8 +116,6 @@ def get_tokenizer(kind: str, vocab_size: int, corpus: TextCorpus):
 
 def _encode_docs(tok, texts: Sequence[str], eot_id: int) -> np.ndarray:
     """Encode documents and join them, each followed by ``eot_id``; int32 [N]."""
-    parts = []
-    for enc in tok.encode_batch(list(texts), add_special_tokens=False):
-        parts.append(np.asarray(enc.ids, dtype=np.int32))
-        parts.append(np.asarray([eot_id], dtype=np.int32))
+    encoded = tok.encode_batch(list(texts), add_special_tokens=False)
+    parts = [np.asarray([*enc.ids, eot_id], dtype=np.int32) for enc in encoded]
     return np.concatenate(parts) if parts else np.zeros(0, np.int32)

@@ -24,6 +24,16 @@ def host_load() -> dict:
     return {"load_average": load, "host_cores": cores, "indicative_only": loaded}
 
 
+def random_like(tree, seed: int):
+    """A tree of standard-normal arrays with ``tree``'s shapes and dtypes (numpy seed ``seed``)."""
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    return jax.tree.map(lambda x: jnp.asarray(rng.standard_normal(x.shape), x.dtype), tree)
+
+
 def write_json(path: pathlib.Path, command: str, load: dict, **fields) -> None:
     """Write a benchmark's ``fields`` to ``path`` beside its command, the jax and optax
     versions, the device, the machine and the host ``load`` (:func:`host_load`)."""

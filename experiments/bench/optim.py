@@ -1,26 +1,22 @@
 """`amemory bench optim`: amemory's Muon update against optax.contrib.muon, and its NS roofline.
 
-Every row of :data:`ROWS` updates the same GPT-shaped tree of hidden matrices (no vectors,
-so optax routes every leaf to Muon): ``optax`` is ``optax.contrib.muon(0.02)``,
-``contrib`` ``amemory.optim.contrib.muon`` with identical arguments (the drop-in), the
-others ``amemory.optim.muon(0.02, preset="optax")`` (optax's maths; Gram form for aspect
-ratio >= 2) with the options beside their names: the Gram form's restart, direct NS, AOL
-pre-conditioning (Turbo-Muon), Polar Express and Dion coefficients. Jitted ``update``
-calls run round-robin in one process (load hits all alike); medians are reported.
+Every row of :data:`ROWS` updates the same GPT-shaped tree of hidden matrices (all routed to
+Muon): ``optax`` is ``optax.contrib.muon(0.02)``, ``contrib`` the drop-in
+``amemory.optim.contrib.muon``, the others ``amemory.optim.muon(0.02, preset="optax")``
+with the options beside their names. Jitted updates run round-robin; medians are reported.
 
 Per tree: ``ortho_error``, the ``orthogonality_error`` of each row's update over
-``-lr * shape_scale`` (mean and max over leaves); ``ratio``, amemory's and contrib's time
-over optax's, and ``best``, the fastest amemory row whose mean and max errors are at most
-optax's (goal <= 0.35); NS efficiency (goal >= 0.85), the roofline time over the NS time,
-where the roofline (:func:`roofline_fn`) replays exactly the batched matmuls of the NS
-program on the shape-grouped stacks the update builds; NS GFLOP counted from each
-program's ``dot_general``s (optax: the direct form, ``planner.ns_flops``) and GFLOP/s over
-the update time, beside a large fp32 matmul's (the practical peak). ``--devices N``: the
-FSDP-sharded benchmark, ``experiments/bench/optim_distributed.py``.
+``-lr * shape_scale`` (mean and max over leaves); ``ratio``, a row's time over optax's, and
+``best``, the fastest amemory row whose errors are at most optax's (goal <= 0.35); NS
+efficiency (goal >= 0.85), the time of a roofline (:func:`roofline_fn`: exactly the NS
+program's batched matmuls on the update's shape-grouped stacks) over the NS time; NS GFLOP
+counted from each program's ``dot_general``s (optax: ``planner.ns_flops``, direct form) and
+GFLOP/s beside a large fp32 matmul's. ``--devices N``: ``experiments/bench/optim_distributed.py``.
 """
 
 from __future__ import annotations
 
+import collections
 import os
 import pathlib
 import sys
@@ -39,13 +35,9 @@ from amemory.cli import Parser
 from amemory.optim import contrib, muon, orthogonality_error, shape_scale_factor
 from amemory.optim._matrices import leaf_layouts
 from amemory.train.planner import ns_flops
-from experiments.bench import host_load, write_json
+from experiments.bench import host_load, random_like, write_json
 
-TREES = {
-    # name: (d_model, n_layers, d_ff)
-    "cpu": (256, 4, 1024),
-    "gpt2-small": (768, 12, 3072),
-}
+TREES = {"cpu": (256, 4, 1024), "gpt2-small": (768, 12, 3072)}  # (d_model, n_layers, d_ff)
 LR = 0.02
 NS_STEPS = 5
 
@@ -118,12 +110,10 @@ def each_tree(names: list[str], trees: dict, gpt2_layers: int):
 
 def _groups(params: dict) -> dict[tuple[int, int], int]:
     """``(k, l) -> count`` of the wide shape groups amemory's update orthogonalises."""
-    _, _, layouts = leaf_layouts(params, None)
-    groups: dict[tuple[int, int], int] = {}
-    for lay in layouts:
-        key = tuple(sorted((lay.fan_in, lay.fan_out)))
-        groups[key] = groups.get(key, 0) + lay.batch
-    return groups
+    groups: collections.Counter = collections.Counter()
+    for lay in leaf_layouts(params, None)[2]:
+        groups[tuple(sorted((lay.fan_in, lay.fan_out)))] += lay.batch
+    return dict(groups)
 
 
 def _semi_orthogonal(b: int, k: int, l: int, seed: int) -> jax.Array:
@@ -139,12 +129,11 @@ _LAYOUT_OPS = ("transpose", "reshape", "broadcast_in_dim", "squeeze", "iota", "s
 def _replay(jaxpr: Any, consts: list, args: list, sink: list, order: dict) -> list:
     """Evaluate ``jaxpr`` keeping only its matmuls.
 
-    ``dot_general`` runs (its result also summed into ``sink``, so none is dead code);
-    layout ops run; every other op forwards one of its operands that has the output's
-    shape and dtype, the one derived from the latest matmul (``order``: id of a value ->
-    index of the matmul it derives from), so the matmuls keep their data dependencies
-    (no two of them see the same inputs, nothing is merged) while the elementwise work
-    is removed; an op with no such operand runs (norms, constants: dead once forwarded).
+    ``dot_general`` (its result also summed into ``sink``, so none is dead code) and layout
+    ops run; every other op forwards the operand of the output's shape and dtype derived
+    from the latest matmul (``order``: id of a value -> index of that matmul), so the
+    matmuls keep their data dependencies while the elementwise work is removed; an op with
+    no such operand runs (norms, constants: dead once forwarded).
     """
     env: dict = {}
 
@@ -239,18 +228,13 @@ def timing(times: dict[str, list[float]], compile_s: dict[str, float], reps: int
 
 
 def _ortho_errors(updates: dict, lr: float) -> np.ndarray:
-    errs = []
-    for leaf in jax.tree.leaves(updates):
-        fi, fo = leaf.shape
-        o = -leaf / (lr * shape_scale_factor("jordan", fi, fo))
-        errs.append(float(orthogonality_error(o)))
-    return np.asarray(errs)
+    scaled = [-u / (lr * shape_scale_factor("jordan", *u.shape)) for u in jax.tree.leaves(updates)]
+    return np.asarray([float(orthogonality_error(o)) for o in scaled])
 
 
 def bench_tree(name: str, params: dict, reps: int, mm_n: int) -> dict[str, Any]:
     """Time every row, the NS programs and their rooflines, interleaved; one tree's figures."""
-    rng = np.random.default_rng(1)
-    grads = jax.tree.map(lambda x: jnp.asarray(rng.standard_normal(x.shape), x.dtype), params)
+    grads = random_like(params, seed=1)
     timers: dict[str, tuple[Callable, tuple]] = {}
     compile_s, errs = {}, {}
     for row, (factory, _) in ROWS.items():

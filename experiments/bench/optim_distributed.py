@@ -1,19 +1,17 @@
 """`amemory bench optim --devices N`: Muon on FSDP-sharded parameters, owner vs GSPMD vs optax.
 
-On an ``N``-device mesh ``("fsdp",)`` (fake CPU devices on a CPU host), every leaf of the
-GPT-shaped tree of ``experiments.bench.optim.gpt_tree``, its gradient and its optimizer
-state are split along the largest axis divisible by ``N`` (``parallel.fsdp_spec``). Three
-jitted updates keep that sharding: (a) ``amemory-owner``, ``muon(lr, preset="optax",
-ns_mesh=(mesh, "fsdp"))``, the owner layout of ``amemory.optim.distributed`` (all-to-all
-in, Newton-Schulz on whole matrices, all-to-all out); (b) ``amemory-gspmd``, the same with
-``distributed="gspmd"`` (XLA's partitioner places Newton-Schulz on the split matrices);
-(c) ``optax``, ``optax.contrib.muon(lr)``. They are timed interleaved (medians) beside the
-two optimizers unsharded on one device (context rows ``*-1dev``). The bytes each update
-moves are read from its compiled HLO (``planner.hlo_stats``' ring model, summed over
-devices), beside one ring all-reduce of the gradient (``2 (n-1) P`` for ``P`` parameter
-bytes) and the owner layout's model, which is checked on sub-meshes of 2, 4 and 8 devices.
-Fake CPU devices share the host's cores: a time is the work of all devices, not the
-critical path of one.
+On an ``N``-device mesh ``("fsdp",)`` (fake CPU devices on a CPU host), every leaf of
+``experiments.bench.optim.gpt_tree``, its gradient and its optimizer state are split along
+the largest axis divisible by ``N`` (``parallel.fsdp_spec``). Three jitted updates keep that
+sharding: ``amemory-owner`` (``muon(lr, preset="optax", ns_mesh=(mesh, "fsdp"))``, the owner
+layout of ``amemory.optim.distributed``: all-to-all in, Newton-Schulz on whole matrices,
+all-to-all out), ``amemory-gspmd`` (``distributed="gspmd"``: XLA places Newton-Schulz on
+the split matrices) and ``optax`` (``optax.contrib.muon(lr)``), timed interleaved beside
+both unsharded on one device (``*-1dev``). Bytes moved are read from the compiled HLO
+(``planner.hlo_stats``' ring model, summed over devices), beside one ring all-reduce of the
+gradient (``2 (n-1) P`` for ``P`` parameter bytes) and the owner layout's model, checked on
+sub-meshes of 2, 4 and 8 devices. Fake CPU devices share the host's cores: a time is the
+work of all devices, not the critical path of one.
 """
 
 from __future__ import annotations
@@ -37,7 +35,7 @@ from amemory.optim._matrices import leaf_layouts
 from amemory.optim.distributed import OwnerLayout
 from amemory.train.parallel import fsdp_spec
 from amemory.train.planner import hlo_stats
-from experiments.bench import host_load, optim, write_json
+from experiments.bench import host_load, optim, random_like, write_json
 
 LR = 0.02
 TREES = {"cpu": (256, 4, 1024), "gpt2-small": (768, 4, 3072)}  # (d_model, layers, d_ff)
@@ -79,8 +77,7 @@ def _model_bytes(mesh, params) -> float:
 
 def bench_tree(name: str, params: dict, n: int, reps: int) -> dict[str, Any]:
     """Time (a), (b), (c) on the n-device mesh (interleaved) and measure their bytes."""
-    rng = np.random.default_rng(1)
-    grads = jax.tree.map(lambda x: jnp.asarray(rng.standard_normal(x.shape), x.dtype), params)
+    grads = random_like(params, seed=1)
     mesh = jax.make_mesh((n,), ("fsdp",), axis_types=(jax.sharding.AxisType.Auto,))
     fns, args, outs, hlo, compile_s = {}, {}, {}, {}, {}
     for key, tx in _candidates(mesh).items():

@@ -1,21 +1,17 @@
 """`amemory bench train`: train-step time of Muon, SignGD and Adam; the engine's overhead.
 
-``--part optimizers``: the real jitted training step of ``amemory.train`` (forward,
-backward, update, per-role update RMS; donated buffers) of the ``--preset`` model (default
-``small``: d=256, 4 layers, V=8192, 7.3M parameters) on random tokens, batch 32 x 128
-(``--quick``: 8 x 128): Adam on everything, or Muon (Jordan's settings) or SignGD on the
-hidden matrices and Adam on the rest. Steps run round-robin (load hits all alike); medians
-are reported. Predicted Muon/Adam: ``1 + NS FLOPs / step FLOPs`` (``planner.ns_flops``,
-``planner.model_flops_per_token``: ``6 N + 12 L T d`` per token), and from the updates
-timed alone, ``1 + (t_update(X) - t_update(Adam)) / t_step(Adam)`` (the step and
-Newton-Schulz run at different FLOP rates); SignGD: 1.00 by FLOPs.
+``--part optimizers``: the jitted training step of ``amemory.train`` (forward, backward,
+update, per-role update RMS; donated buffers) of the ``--preset`` model (default ``small``)
+on random tokens, batch 32 x 128 (``--quick``: 8 x 128): Adam on everything, or Muon or
+SignGD on the hidden matrices and Adam on the rest, run round-robin, medians reported.
+Predicted Muon/Adam: ``1 + NS FLOPs / step FLOPs`` (``planner.ns_flops``,
+``planner.model_flops_per_token``), and ``1 + (t_update(X) - t_update(Adam)) / t_step(Adam)``
+from the updates timed alone; SignGD: 1.00 by FLOPs.
 
-``engine``: ``amemory.train``'s loop (Grain input, prefetch, TensorBoard) against a bare
-loop of the same jitted step on batches already on the device (the quick LM config), by
-the run's records and timed from outside; runs alternate (goal >= 0.97). ``scan``:
-compile and step time of ``gpt2-small`` (Adam, batch 2 x 128) with ``scan_layers`` on and
-off, and with one layer (goal: compile >= 4x faster scanned, step within 5%). ``dtype``:
-the ``--preset`` model with bfloat16 compute against float32 (float32 master weights).
+``engine``: ``amemory.train``'s loop against a bare loop of the same jitted step on batches
+already on the device (goal >= 0.97). ``scan``: compile and step time of ``gpt2-small`` with
+``scan_layers`` on and off, and with one layer (goal: compile >= 4x faster scanned, step
+within 5%). ``dtype``: the ``--preset`` model with bfloat16 compute against float32.
 """
 
 from __future__ import annotations
@@ -25,36 +21,30 @@ import os
 import pathlib
 import platform
 import sys
+import tempfile
 import time
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
 
 from amemory import atomic
 from amemory.cli import Parser
 from amemory.models import transformer
-from amemory.train import optimizers, planner
+from amemory.train import engine, loop, optimizers, parallel, planner
 from amemory.train.config import load_config
-from amemory.train.engine import make_train_step
-from amemory.train.planner import CHIPS, ns_flops
 from amemory.train.state import TrainState
-from experiments.bench import host_load
+from experiments.bench import host_load, random_like
 
 OPTIMIZERS = ("adam", "muon", "signgd")
 PARTS = ("optimizers", "engine", "scan", "dtype")
 REPO = pathlib.Path(__file__).resolve().parents[2]
 
 
-def _random_like(tree: Any, seed: int) -> Any:
-    rng = np.random.default_rng(seed)
-    return jax.tree.map(lambda p: jnp.asarray(rng.standard_normal(p.shape), p.dtype), tree)
-
-
 def _lm_loss(graphdef):
     """``(params, tokens [B, T + 1], rng) -> (mean next-token cross-entropy, {})``."""
-    import optax
 
     def loss(p, b, rng):
         logits = transformer.apply(graphdef, p, b[:, :-1])
@@ -67,46 +57,26 @@ def bench_optimizers(args, batch: int, reps: int) -> dict:
     """Step and update times of Adam, Muon and SignGD, interleaved (see the module doc)."""
     base = transformer.PRESETS[args.preset]
     mc = transformer.preset(args.preset, max_len=max(args.seq, base.max_len), dtype=args.dtype)
-    runs = {}
-    grads = None
-    for name in OPTIMIZERS:
-        step, state, tokens, opt = _step_setup(mc, batch, args.seq, name)
-        params = state.params
-        if grads is None:
-            grads = _random_like(params, seed=1)
-        update = jax.jit(opt.tx.update)
-        upd_state = opt.tx.init(params)
-        jax.block_until_ready(update(grads, upd_state, params))
-        t0 = time.perf_counter()
-        state, m = step(state, tokens)
-        jax.block_until_ready(m["loss"])
-        compile_s = time.perf_counter() - t0
-        state, m = step(state, tokens)  # one warm step
-        jax.block_until_ready(m["loss"])
-        runs[name] = {"step": step, "state": state, "compile_s": compile_s, "times": [],
-                      "update": (update, upd_state, params), "update_times": []}  # fmt: skip
-    for _ in range(reps):
-        for name in OPTIMIZERS:
-            r = runs[name]
-            t0 = time.perf_counter()
-            r["state"], m = r["step"](r["state"], tokens)
-            jax.block_until_ready(m["loss"])
-            r["times"].append(time.perf_counter() - t0)
-            update, upd_state, p0 = r["update"]
-            t0 = time.perf_counter()
-            jax.block_until_ready(update(grads, upd_state, p0))
-            r["update_times"].append(time.perf_counter() - t0)
+    setups = {n: _step_setup(mc, batch, args.seq, n) for n in OPTIMIZERS}
+    params = setups["adam"][1].params
+    grads = random_like(params, seed=1)
+    updates = {}
+    for name, (_, state, _, opt) in setups.items():
+        update, upd_state = jax.jit(opt.tx.update), opt.tx.init(state.params)
+        jax.block_until_ready(update(grads, upd_state, state.params))
+        updates[name] = (update, (grads, upd_state, state.params))
+    res = _compare_steps(setups, reps, updates)
 
     roles = transformer.param_roles(params)
     hidden = [p.shape for p, r in zip(jax.tree.leaves(params), jax.tree.leaves(roles), strict=True)
               if r in ("q", "k", "v", "o", "w_in", "w_gate", "w_out")]  # fmt: skip
     f_step = planner.model_flops_per_token(mc, params, roles, args.seq) * batch * args.seq
-    f_ns = sum(ns_flops(s) for s in hidden)
+    f_ns = sum(planner.ns_flops(s) for s in hidden)
     tokens_per_step = batch * args.seq
-    med = {n: float(np.median(runs[n]["times"])) for n in OPTIMIZERS}
-    upd = {n: float(np.median(runs[n]["update_times"])) for n in OPTIMIZERS}
+    med = {n: res[n]["step_ms_median"] / 1e3 for n in OPTIMIZERS}
+    upd = {n: res[n]["update_ms_median"] / 1e3 for n in OPTIMIZERS}
     info = _device()
-    peak = next((c["peak"] for k, c in CHIPS.items() if k.upper() in info["device"]), None)
+    peak = next((c["peak"] for k, c in planner.CHIPS.items() if k.upper() in info["device"]), None)
     others = ("muon", "signgd")
     out = {
         "preset": args.preset, "dtype": args.dtype, "batch": batch, "seq": args.seq, "reps": reps,
@@ -120,10 +90,9 @@ def bench_optimizers(args, batch: int, reps: int) -> dict:
             f"{n}/adam": 1.0 + (upd[n] - upd["adam"]) / med["adam"] for n in others},
         "measured_ratio": {f"{n}/adam": med[n] / med["adam"] for n in others},
         "optimizers": {n: {
-            "step_ms_median": 1e3 * med[n], "step_ms_min": 1e3 * float(np.min(runs[n]["times"])),
-            "tokens_per_s": tokens_per_step / med[n], "model_gflop_per_s": f_step / med[n] / 1e9,
+            **res[n], "tokens_per_s": tokens_per_step / med[n],
+            "model_gflop_per_s": f_step / med[n] / 1e9,
             "mfu": (f_step / med[n] / peak) if (peak and args.dtype == "bfloat16") else None,
-            "compile_s": runs[n]["compile_s"], "update_ms_median": 1e3 * upd[n],
         } for n in OPTIMIZERS},
     }  # fmt: skip
     print(
@@ -210,25 +179,18 @@ def _interval_tokens_per_s(workdir: pathlib.Path) -> float:
 def bench_engine(quick: bool) -> dict:
     """Engine overhead: ``amemory.train.run`` vs a bare loop of the same jitted step.
 
-    The bare loop runs the step ``run`` builds (``amemory.train.engine.build``) on 8
-    batches of the task's Grain input put on the device first, timing
-    ``state, acc = engine.step(state, acc, batch)`` alone. The run is timed two ways: by
-    its own records (the intervals between log points), and from outside, its whole wall
-    time less its first (compiling) step, so that start-up, log-point work (jsonl and
-    TensorBoard writes, the finiteness check) and the final evaluation count. Runs alternate.
+    The bare loop runs the step ``run`` builds (``amemory.train.engine.build``) on 8 batches
+    of the task's input already on the device. The run is timed by its own records (the
+    intervals between log points) and from outside (its wall time less the compiling
+    step, so start-up, log-point work and the final evaluation count). Runs alternate.
     """
-    import tempfile
-
-    from amemory.train import engine as engine_lib
-    from amemory.train import loop, parallel
-
     steps, log_every, rounds = (31, 10, 2) if quick else (61, 20, 3)
     cfg = load_config(
         str(REPO / "experiments" / "configs" / "lm.py"),
         [f"steps={steps}", f"log_every={log_every}", f"eval_every={steps}", "spectrum_every=0",
          "checkpoint_every=0", "progress=false"],
     )  # fmt: skip
-    b = engine_lib.build(cfg, parallel.placement(cfg.parallel))
+    b = engine.build(cfg, parallel.placement(cfg.parallel))
     it, eng = b.task.train_input(), b.engine
     batches = [eng.put_batch(next(it)) for _ in range(8)]
     state, acc = eng.init_state(), eng.new_accumulator(batches[0])
@@ -277,15 +239,16 @@ def _step_setup(mc, batch: int, seq: int, optimizer: str = "adam"):
     roles = transformer.param_roles(params)
     opt = optimizers.build(cfg, params, roles, matrix_axes=transformer.matrix_axes)
     graphdef = transformer._graphdef(mc)
-    step = jax.jit(make_train_step(_lm_loss(graphdef), opt, roles), donate_argnums=0)
+    step = jax.jit(engine.make_train_step(_lm_loss(graphdef), opt, roles), donate_argnums=0)
     state = TrainState(jnp.zeros((), jnp.int32), params, opt.tx.init(params), jax.random.PRNGKey(1))
     rng = np.random.default_rng(0)
     tokens = jnp.asarray(rng.integers(0, mc.vocab_size, (batch, seq + 1)), jnp.int32)
     return step, state, tokens, opt
 
 
-def _compare_steps(variants: dict, reps: int) -> dict:
-    """Compile each variant's step (lower + compile, timed), then time steps round-robin."""
+def _compare_steps(variants: dict, reps: int, updates: dict | None = None) -> dict:
+    """Compile each variant's step (lower + compile, timed), then time steps round-robin;
+    ``updates`` (name -> ``(fn, args)``) are timed each after its variant's step."""
     runs = {}
     for name, (step, state, tokens, _) in variants.items():
         t0 = time.perf_counter()
@@ -296,15 +259,24 @@ def _compare_steps(variants: dict, reps: int) -> dict:
         runs[name] = {"fn": compiled, "state": state, "tokens": tokens, "compile_s": compile_s,
                       "times": []}  # fmt: skip
         print(f"  {name}: compiled in {compile_s:.1f} s")
+    update_times: dict[str, list[float]] = {n: [] for n in updates or {}}
     for _ in range(reps):
-        for r in runs.values():
+        for name, r in runs.items():
             t0 = time.perf_counter()
             r["state"], m = r["fn"](r["state"], r["tokens"])
             jax.block_until_ready(m["loss"])
             r["times"].append(time.perf_counter() - t0)
-    return {n: {"compile_s": r["compile_s"], "step_ms_median": 1e3 * float(np.median(r["times"])),
-                "step_ms_min": 1e3 * float(np.min(r["times"]))}
-            for n, r in runs.items()}  # fmt: skip
+            if updates:
+                fn, args = updates[name]
+                t0 = time.perf_counter()
+                jax.block_until_ready(fn(*args))
+                update_times[name].append(time.perf_counter() - t0)
+    out = {n: {"compile_s": r["compile_s"], "step_ms_median": 1e3 * float(np.median(r["times"])),
+               "step_ms_min": 1e3 * float(np.min(r["times"]))}
+           for n, r in runs.items()}  # fmt: skip
+    for n, t in update_times.items():
+        out[n]["update_ms_median"] = 1e3 * float(np.median(t))
+    return out
 
 
 def bench_scan(quick: bool) -> dict:
