@@ -7,9 +7,9 @@ the integrity digest of :mod:`amemory.train.integrity`); ``data`` (the Grain pos
 after the saved step's batch, one JSON file per process, when the task reads data).
 
 Saves are asynchronous and atomic (Orbax writes ``<step>.orbax-checkpoint-tmp`` and renames
-it), so a process killed mid-save leaves the previous step as the latest; a writing
-manager removes such unfinished directories when it starts. Multi-process runs call every
-method on every process. ``restore_intact`` restores the newest step that fits the run and
+it), so a process killed mid-save leaves the previous step as the latest; a
+:class:`Checkpointer` removes such unfinished directories when it starts. Multi-process runs
+call every method on every process. ``restore_intact`` restores the newest step that fits the run and
 reads back intact, moving aside only proven damage.
 """
 
@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import pathlib
+import shutil
 import tempfile
 from typing import Any, NamedTuple
 
@@ -78,9 +79,7 @@ def _manager(directory: pathlib.Path, read_only: bool = False, **options) -> ocp
         "extra": ocp.JsonCheckpointHandler(),
         "data": grain.checkpoint.CheckpointHandler(),
     }
-    options = ocp.CheckpointManagerOptions(
-        create=not read_only, read_only=read_only, cleanup_tmp_directories=not read_only, **options
-    )
+    options = ocp.CheckpointManagerOptions(create=not read_only, read_only=read_only, **options)
     return ocp.CheckpointManager(directory, options=options, item_handlers=handlers)
 
 
@@ -107,6 +106,8 @@ class Checkpointer:
             self.directory.mkdir(parents=True, exist_ok=True)
             tempfile.TemporaryFile(dir=self.directory).close()  # writable, or fail now
         self.unfinished = sorted(p.name for p in self.directory.glob(f"*{TMP_SUFFIX}*"))
+        for name in self.unfinished if jax.process_index() == 0 else ():
+            shutil.rmtree(self.directory / name)  # a save killed before Orbax renamed it
         self._unconfirmed = False  # an asynchronous save whose outcome is not yet known
         self._manager = _manager(
             self.directory, max_to_keep=max_to_keep, enable_async_checkpointing=async_save
