@@ -9,8 +9,8 @@ after the saved step's batch, one JSON file per process, when the task reads dat
 Saves are asynchronous and atomic (Orbax writes ``<step>.orbax-checkpoint-tmp`` and renames
 it), so a process killed mid-save leaves the previous step as the latest; a
 :class:`Checkpointer` removes such unfinished directories when it starts. Multi-process runs
-call every method on every process. ``restore_intact`` restores the newest step that fits the run and
-reads back intact, moving aside only proven damage.
+call every method on every process. ``restore_intact`` restores the newest step that fits the
+run and reads back intact, moving aside only proven damage.
 """
 
 from __future__ import annotations
