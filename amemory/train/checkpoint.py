@@ -102,7 +102,7 @@ class Checkpointer:
 
     def __init__(self, directory: str | pathlib.Path, *, max_to_keep: int = 3, async_save=True):
         self.directory = pathlib.Path(directory).absolute()
-        with self._writing():
+        with _writing(self.directory):
             self.directory.mkdir(parents=True, exist_ok=True)
             tempfile.TemporaryFile(dir=self.directory).close()  # writable, or fail now
         self.unfinished = sorted(p.name for p in self.directory.glob(f"*{TMP_SUFFIX}*"))
@@ -135,7 +135,7 @@ class Checkpointer:
         items = {"state": ocp.args.StandardSave(state), "extra": ocp.args.JsonSave(extra)}
         if data is not None:
             items["data"] = grain.checkpoint.CheckpointSave(_InputState(data))
-        with self._writing():
+        with _writing(self.directory):
             self._manager.save(int(step), args=ocp.args.Composite(**items))
         self._unconfirmed = True
 
@@ -161,13 +161,11 @@ class Checkpointer:
     ) -> Restored:
         """Restore the newest checkpoint that reads back intact, rejecting newer damaged ones.
 
-        From the newest step down, each step is judged before its arrays are read: its
-        JSON extras go to ``accept`` (the caller's resume contract) and its recorded tree,
-        shapes and dtypes are compared with ``target``; a refusal or mismatch raises and
-        moves nothing. The arrays are then read in their saved dtypes and checked against
-        their digest. A step is moved aside (:meth:`reject`) and the next older one tried
-        only when damage is proven: its files fail to read, also when re-read as stored on
-        one device, its digest differs, or it holds NaN/inf.
+        From the newest step down, a step's JSON extras go to ``accept`` (the resume
+        contract) and its recorded leaves are compared with ``target`` before its arrays are
+        read; a refusal or mismatch raises and moves nothing. The arrays are then read and
+        checked against their digest; a step is moved aside (:meth:`reject`) only on proven
+        damage (it fails to read also as stored on one device, its digest differs, NaN/inf).
 
         Args:
           target: ``TrainState`` of arrays or ``jax.ShapeDtypeStruct`` (with shardings).
@@ -196,9 +194,7 @@ class Checkpointer:
                     hold.replay = True
                     raise  # the checkpoint reads fine (or was not read); the config does not fit
                 except Exception as e:  # noqa: BLE001 - damaged only if a plain re-read says so
-                    reason = (
-                        str(e) if isinstance(e, CorruptCheckpointError) else self._diagnose(step)
-                    )
+                    reason = _diagnose(self._manager, step, e)
                     hold.replay = reason is None
                     if reason is None:
                         raise IncompatibleCheckpointError(
@@ -214,27 +210,6 @@ class Checkpointer:
             raise ValueError(f"no intact checkpoint in {self.directory} (rejected {listing})")
         raise ValueError(f"no checkpoint in {self.directory}")
 
-    def _diagnose(self, step: int) -> str | None:
-        """Re-read ``step`` as stored on one device and check its digest: the reason it is
-        damaged, or None when it reads back intact."""
-        try:
-            verify(*_read_as_stored(self._manager, step)[:2])
-        except Exception as e:  # noqa: BLE001 - the plain read fails too: damage
-            return _first_line(e)
-        return None
-
-    @contextlib.contextmanager
-    def _writing(self):
-        """Report a failed write (TensorStore raises ValueError) as ``CheckpointWriteError``."""
-        try:
-            yield
-        except (NonFiniteStateError, CheckpointWriteError):
-            raise
-        except (OSError, ValueError, RuntimeError) as e:
-            raise CheckpointWriteError(
-                f"cannot write a checkpoint in {self.directory}: {_first_line(e, tail=True)}"
-            ) from e
-
     def check_errors(self) -> None:
         """Raise the ``CheckpointWriteError`` of a finished asynchronous save that failed
         (does not block; single-process runs: hosts finish at different times)."""
@@ -245,7 +220,7 @@ class Checkpointer:
 
     def wait(self) -> None:
         """Block until pending saves are on disk (``CheckpointWriteError`` if one failed)."""
-        with self._writing():
+        with _writing(self.directory):
             self._manager.wait_until_finished()
 
     def close(self) -> None:
@@ -254,6 +229,31 @@ class Checkpointer:
             self.wait()
         finally:
             self._manager.close()
+
+
+@contextlib.contextmanager
+def _writing(directory: pathlib.Path):
+    """Report a failed write (TensorStore raises ValueError) as ``CheckpointWriteError``."""
+    try:
+        yield
+    except (NonFiniteStateError, CheckpointWriteError):
+        raise
+    except (OSError, ValueError, RuntimeError) as e:
+        raise CheckpointWriteError(
+            f"cannot write a checkpoint in {directory}: {_first_line(e, tail=True)}"
+        ) from e
+
+
+def _diagnose(manager: ocp.CheckpointManager, step: int, error: Exception) -> str | None:
+    """Why ``step`` is damaged, given the ``error`` its restore raised, or None when it reads
+    back intact (re-read as stored on one device, digest checked): not damage."""
+    if isinstance(error, CorruptCheckpointError):
+        return str(error)
+    try:
+        verify(*_read_as_stored(manager, step)[:2])
+    except Exception as e:  # noqa: BLE001 - the plain read fails too: damage
+        return _first_line(e)
+    return None
 
 
 def _compare(saved: dict, target: Any, where: pathlib.Path, cast: bool, fresh_opt: bool) -> bool:

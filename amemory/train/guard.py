@@ -300,6 +300,46 @@ def process_count() -> int:
         ) from None
 
 
+def _no_checkpoint(workdir: pathlib.Path, ckpt: Any, is_main: bool) -> None:
+    """``--resume`` found no checkpoint: a one-line note when ``workdir`` records no training
+    (a preemptible loop's first launch), else a ValueError naming what it holds and the way
+    out, touching nothing (unfinished saves aside: the Checkpointer removed them)."""
+    log, rejected = workdir / "metrics.jsonl", pathlib.Path(f"{ckpt.directory}-rejected")
+    held = [f"{log} records training steps"] if log.is_file() and (
+        b'"kind": "train"' in log.read_bytes()) else []  # fmt: skip
+    if rejected.is_dir() and any(rejected.iterdir()):
+        held.append(f"{rejected} holds checkpoints moved aside")
+    killed = (f" (the run was killed while writing its first one: {', '.join(ckpt.unfinished)} "
+              "was never finished and is removed)") if ckpt.unfinished else ""  # fmt: skip
+    if held:
+        raise ValueError(
+            f"--resume: no checkpoint in {ckpt.directory}{killed}, but {' and '.join(held)}; "
+            "starting again at step 0 would overwrite that log: move a checkpoint back, "
+            f"move those files away (mv {log} {log}.old), or choose another --workdir"
+        )
+    if is_main:
+        _say(f"note: --resume found no checkpoint in {ckpt.directory}; starting at step 0")
+
+
+def _newest_healthy(ckpt: Any, healthy_through: int | None) -> tuple[str, int | None]:
+    """``(text naming the newest healthy checkpoint, its step or None)``; newer checkpoints
+    are moved aside, so ``--resume`` continues from it."""
+    ckpt.wait()
+    h, steps = healthy_through, ckpt.all_steps()
+    good = max((s for s in steps if h is not None and s < h), default=None)
+    if good is None and not steps:
+        return "no checkpoint on disk", None
+    if good is None:
+        return (f"no checkpoint on disk is confirmed healthy (the newest, {ckpt.path(steps[-1])}, "
+                "has no healthy train record after it)"), None  # fmt: skip
+    why = f"written after the newest healthy checkpoint ({good}) and before a stop"
+    moved = ckpt.reject([s for s in steps if s > good], why)
+    where = f"newest healthy checkpoint: {ckpt.path(good)}"
+    if moved:
+        where += f" (newer unconfirmed ones moved to {moved[0].parent}; --resume continues from it)"
+    return where, good
+
+
 class RunGuard:
     """This module's policy for one run: use as ``with RunGuard(...) as g:``.
 
@@ -374,24 +414,8 @@ class RunGuard:
         return found.step, found.state, found.extra, found.data
 
     def resume_without_checkpoint(self, ckpt: Any) -> None:
-        """``--resume`` found no checkpoint: a one-line note when the workdir records no
-        training (a preemptible loop's first launch), else a ValueError naming what it
-        holds and the way out, touching nothing (unfinished saves aside: removed)."""
-        log, rejected = self.workdir / "metrics.jsonl", pathlib.Path(f"{ckpt.directory}-rejected")
-        held = [f"{log} records training steps"] if log.is_file() and (
-            b'"kind": "train"' in log.read_bytes()) else []  # fmt: skip
-        if rejected.is_dir() and any(rejected.iterdir()):
-            held.append(f"{rejected} holds checkpoints moved aside")
-        killed = (f" (the run was killed while writing its first one: {', '.join(ckpt.unfinished)} "
-                  "was never finished and is removed)") if ckpt.unfinished else ""  # fmt: skip
-        if held:
-            raise ValueError(
-                f"--resume: no checkpoint in {ckpt.directory}{killed}, but {' and '.join(held)}; "
-                "starting again at step 0 would overwrite that log: move a checkpoint back, "
-                f"move those files away (mv {log} {log}.old), or choose another --workdir"
-            )
-        if self._lock.is_main:
-            _say(f"note: --resume found no checkpoint in {ckpt.directory}; starting at step 0")
+        """``--resume`` found no checkpoint: see :func:`_no_checkpoint`."""
+        _no_checkpoint(self.workdir, ckpt, self._lock.is_main)
 
     def attach(self, ckpt: Any, log: Any) -> None:
         """Bind the run's Checkpointer and metrics log; write the events gathered so far."""
@@ -403,21 +427,7 @@ class RunGuard:
     def fail(self, error: type, step: int, what: str, event: dict) -> NoReturn:
         """Log ``event`` at ``step`` and raise ``error``: ``what`` and the newest healthy
         checkpoint (newer ones are moved aside, so ``--resume`` continues from it)."""
-        self._ckpt.wait()
-        h, steps = self.healthy_through, self._ckpt.all_steps()
-        good = max((s for s in steps if h is not None and s < h), default=None)
-        if good is not None:
-            moved = self._ckpt.reject([s for s in steps if s > good], "written after the newest "
-                                      f"healthy checkpoint ({good}) and before a stop")  # fmt: skip
-            where = f"newest healthy checkpoint: {self._ckpt.path(good)}" + (
-                f" (newer unconfirmed ones moved to {moved[0].parent}; --resume continues "
-                "from it)" if moved else "")  # fmt: skip
-        elif steps:
-            newest = self._ckpt.path(steps[-1])
-            where = (f"no checkpoint on disk is confirmed healthy (the newest, {newest}, has no "
-                     "healthy train record after it)")  # fmt: skip
-        else:
-            where = "no checkpoint on disk"
+        where, good = _newest_healthy(self._ckpt, self.healthy_through)
         if self._log is not None:
             healthy = str(self._ckpt.path(good)) if good is not None else None
             self._log.write("event", step, **event, healthy_checkpoint=healthy)
