@@ -353,9 +353,8 @@ class RunGuard:
       allow_changed: fields the resume contract lets differ (``--allow-changed``).
 
     Raises:
-      ValueError: ``JAX_PLATFORMS`` names a backend this host cannot start.
-      WorkdirBusyError (on enter): another run holds the workdir.
-      OSError (on enter): the workdir cannot be created or written.
+      ValueError: ``JAX_PLATFORMS`` names a backend this host cannot start. On enter:
+        ``WorkdirBusyError`` (another run holds the workdir), ``OSError`` (not writable).
     """
 
     def __init__(self, config: Any, workdir: str | os.PathLike, allow_changed: Any = ()):
@@ -367,8 +366,7 @@ class RunGuard:
         self._lock = WorkdirLock(self.workdir, processes=self.processes)
         self._signals = StopSignals(enabled=self.processes == 1)
         self._pending: list[tuple[int, dict]] = []  # events waiting for metrics.jsonl
-        self._log: Any = None
-        self._ckpt: Any = None
+        self._log = self._ckpt = None
         self.healthy_through: int | None = None  # newest step whose train record was healthy
         self._last_record: int | None = None  # step of the newest train record
 
@@ -474,10 +472,9 @@ class RunGuard:
             self.fail(NonFiniteLossError, step, str(e), {"event": "nonfinite", "state": e.counts})
 
     def stop_requested(self, step: int) -> bool:
-        """True when the run should save ``step`` and stop (call after every step): a
-        SIGTERM/SIGINT arrived, or (several processes) JAX's preemption service reached its
-        sync point at ``step`` on every host. Raises ``CheckpointWriteError`` when an
-        asynchronous save failed since the last step."""
+        """True when the run should save ``step`` and stop (call after every step): a signal
+        arrived, or (several processes) JAX's preemption service reached its sync point at
+        ``step`` on every host. ``CheckpointWriteError``: an asynchronous save failed."""
         if self._ckpt is not None:
             self._ckpt.check_errors()  # a background save that failed: report it now
             if self.processes > 1 and self._ckpt.reached_preemption(step):

@@ -40,15 +40,10 @@ def _worst(counts: dict[str, int]) -> str:
     return ", ".join(f"{k} ({v})" for k, v in list(counts.items())[:3])
 
 
-def _key_name(entry: Any) -> str:
-    return next((str(getattr(entry, a)) for a in ("key", "name", "idx") if hasattr(entry, a)),
-                str(entry))  # fmt: skip
-
-
 def leaf_names(tree: Any) -> dict[str, Any]:
     """``{"opt_state.0.mu.layers.0.w": leaf}``: dotted names as Orbax records them."""
     flat, _ = jax.tree_util.tree_flatten_with_path(tree)
-    return {".".join(_key_name(e) for e in path): leaf for path, leaf in flat}
+    return {jax.tree_util.keystr(path, simple=True, separator="."): x for path, x in flat}
 
 
 def _words(x: jax.Array) -> jax.Array:
