@@ -314,7 +314,7 @@ def topology_devices(topology: str) -> tuple[str, list]:
         with noise.held(fd=True):
             return chip, topologies.get_topology_desc(**args).devices
     except (RuntimeError, NotImplementedError, ValueError) as e:
-        raise ValueError(f"topology={topology!r} is not a {chip} topology this compiler knows: "
+        raise ValueError(f"topology={topology!r}: the {chip} compiler cannot load it: "
                          f"{(str(e).splitlines() or [''])[0][:200]}") from None  # fmt: skip
 
 
