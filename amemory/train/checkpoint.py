@@ -1,69 +1,43 @@
-"""Checkpoints: Orbax ``CheckpointManager`` with digests and a verified, fail-safe restore.
+"""Checkpoints: an Orbax ``CheckpointManager`` with digests and a verified, fail-safe restore.
 
 One checkpoint step holds up to three items: ``state`` (the ``TrainState``, restored
 against an abstract target so optax states come back as NamedTuples with the target's
 sharding); ``extra`` (JSON: the run config, ``task_meta`` such as ``model.scan_layers``,
-the integrity digest); ``data`` (the Grain position after the saved step's batch, one JSON
-file per process, when the task reads data: a resumed run reads the batch that followed).
+the integrity digest of :mod:`amemory.train.integrity`); ``data`` (the Grain position
+after the saved step's batch, one JSON file per process, when the task reads data).
 
-Saves are asynchronous and atomic (Orbax writes a temporary directory and renames it), so
-a process killed mid-save leaves the previous step as the latest. Multi-process runs call
-every method on every process. Orbax checks each TensorStore shard's index but not the
-array bytes, so ``save`` stores a per-leaf digest computed on the device
-(:func:`state_digest`) and refuses a non-finite state; ``restore_intact`` restores the
-newest step that fits the run and reads back intact, moving aside only proven damage.
+Saves are asynchronous and atomic (Orbax writes ``<step>.orbax-checkpoint-tmp`` and renames
+it), so a process killed mid-save leaves the previous step as the latest; a
+:class:`Checkpointer` removes such unfinished directories when it starts. Multi-process runs
+call every method on every process. ``restore_intact`` restores the newest step that fits the
+run and reads back intact, moving aside only proven damage.
 """
 
 from __future__ import annotations
 
 import contextlib
-import gc
-import os
 import pathlib
 import shutil
-import sys
 import tempfile
-import time
 from typing import Any, NamedTuple
 
 import grain
 import jax
-import jax.numpy as jnp
 import numpy as np
 import orbax.checkpoint as ocp
 
+from amemory.train import noise
 from amemory.train import state as state_lib
+from amemory.train.integrity import (  # noqa: F401 - the names callers import from here
+    CorruptCheckpointError,
+    NonFiniteStateError,
+    leaf_names,
+    record,
+    reject,
+    verify,
+)  # fmt: skip
 
-
-def _key_name(entry: Any) -> str:
-    for attr in ("key", "name", "idx"):
-        if hasattr(entry, attr):
-            return str(getattr(entry, attr))
-    return str(entry)
-
-
-def leaf_names(tree: Any) -> dict[str, Any]:
-    """``{"opt_state.0.mu.layers.0.w": leaf}``: dotted names as Orbax records them."""
-    flat, _ = jax.tree_util.tree_flatten_with_path(tree)
-    return {".".join(_key_name(e) for e in path): leaf for path, leaf in flat}
-
-
-#: Name of the digest written into ``extra["integrity"]["digest"]`` (bump if it changes).
-DIGEST = "u32sum+u32possum/v1"
-
-
-class NonFiniteStateError(RuntimeError):
-    """``save`` was asked to write a state with NaN/inf values; nothing was written.
-
-    Attributes:
-      step: the step that was not saved.
-      counts: ``{leaf name: number of non-finite entries}`` (non-zero entries only).
-    """
-
-    def __init__(self, step: int, counts: dict[str, int]):
-        self.step, self.counts = int(step), dict(counts)
-        worst = ", ".join(f"{k} ({v})" for k, v in list(self.counts.items())[:3])
-        super().__init__(f"state of step {step} has non-finite values in {worst}; not saved")
+TMP_SUFFIX = ".orbax-checkpoint-tmp"  # Orbax's unfinished step directories: <step><suffix>*
 
 
 class CheckpointWriteError(OSError):
@@ -74,10 +48,6 @@ class IncompatibleCheckpointError(ValueError):
     """A checkpoint this run refuses (a config error; nothing is moved): its leaves do not fit
     the model/optimizer, the resume contract refused it, or it reads back intact but cannot
     be restored into this run."""
-
-
-class CorruptCheckpointError(RuntimeError):
-    """A checkpoint step cannot be read back as saved (raised and caught inside restore)."""
 
 
 class Restored(NamedTuple):
@@ -93,56 +63,6 @@ class Restored(NamedTuple):
     notes: tuple = ()
 
 
-def _words(x: jax.Array) -> jax.Array:
-    """The bit pattern of ``x`` as uint32 words (flat): floats bitcast, ints/bools cast."""
-    if jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key):
-        x = jax.random.key_data(x)
-    if x.dtype == jnp.bool_:
-        return x.reshape(-1).astype(jnp.uint32)
-    width = x.dtype.itemsize
-    unsigned = {1: jnp.uint8, 2: jnp.uint16, 4: jnp.uint32, 8: jnp.uint32}[width]
-    w = jax.lax.bitcast_convert_type(x, unsigned)  # 8-byte types get a trailing axis of 2
-    return w.reshape(-1).astype(jnp.uint32)
-
-
-@jax.jit
-def _digest_tree(tree: Any) -> Any:
-    def leaf(x):
-        w = _words(x)
-        pos = jnp.arange(1, w.size + 1, dtype=jnp.uint32)
-        bad = jnp.sum(~jnp.isfinite(x)) if jnp.issubdtype(x.dtype, jnp.inexact) else 0
-        # uint32 arithmetic wraps: sums are exact modulo 2**32, whatever the reduction order
-        return jnp.stack([jnp.sum(w, dtype=jnp.uint32), jnp.sum(w * pos, dtype=jnp.uint32),
-                          jnp.asarray(bad, jnp.uint32)])  # fmt: skip
-
-    return jax.tree.map(leaf, tree)
-
-
-def state_digest(state: Any) -> tuple[dict[str, list[int]], dict[str, int]]:
-    """Per-leaf digest and non-finite count of a (device) pytree, computed on the device.
-
-    For leaf words ``w_i`` (the bit pattern as uint32, i = 1..n in row-major order)
-    the digest is ``[sum_i w_i, sum_i i * w_i]`` modulo 2**32: any single changed
-    word changes the first sum, a swap of two words the second. The sums are exact
-    integer reductions, so they do not depend on sharding, device count or reduction
-    order (the same state saved from 8 devices and read on 1 gives the same digest).
-    One fused pass over the state on the device; only 3 integers per leaf reach the host.
-    The pair of sums is a Fletcher-style checksum (J. G. Fletcher, "An Arithmetic
-    Checksum for Serial Transmissions", IEEE Trans. Commun. 30(1), 1982) over 32-bit words.
-
-    Args:
-      state: pytree of arrays (numpy or jax, any sharding whose reduction is replicated).
-
-    Returns:
-      ``({leaf name: [sum, weighted sum]}, {leaf name: non-finite count})`` with the
-      names of :func:`leaf_names`; the counts dict lists non-zero counts only.
-    """
-    out = leaf_names(jax.device_get(_digest_tree(state)))
-    digest = {k: [int(v[0]), int(v[1])] for k, v in out.items()}
-    bad = {k: int(v[2]) for k, v in out.items() if int(v[2])}
-    return digest, bad
-
-
 def _first_line(e: BaseException, tail: bool = False) -> str:
     """``Type: first line of the message`` without TensorStore's spec dump, at most 240 chars
     (``tail``: the end of a long line, where TensorStore puts the OS error)."""
@@ -153,151 +73,71 @@ def _first_line(e: BaseException, tail: bool = False) -> str:
     return "..." + line[-237:] if tail else line[:237] + "..."
 
 
-def _settle(held: Any, swallowed: list, quiet_s: float = 0.3, max_s: float = 3.0) -> None:
-    """Wait until nothing more reaches ``held`` or ``swallowed`` for ``quiet_s`` (<= ``max_s``)."""
-    gc.collect()  # finalise the failed readers now, while their messages are held
-    t0 = last_change = time.monotonic()
-    seen = (-1, -1)
-    while time.monotonic() - t0 < max_s:
-        sys.stderr.flush()
-        now = (os.fstat(held.fileno()).st_size, len(swallowed))
-        if now != seen:
-            seen, last_change = now, time.monotonic()
-        elif time.monotonic() - last_change >= quiet_s:
-            break
-        time.sleep(0.05)
-    gc.collect()
-
-
-@contextlib.contextmanager
-def _stderr_held():
-    """Hold what is written to file descriptor 2; yields a list to set ``[True]`` to replay it.
-
-    A failed TensorStore read makes Orbax's reader threads print tracebacks and the full
-    TensorStore spec (about 150 lines), and leaves "Event loop is closed" errors to
-    ``sys.unraisablehook``, while the exception itself is caught. When a damaged
-    checkpoint is skipped that noise is dropped; otherwise it is written out.
-    """
-    replay = [False]
-    swallowed: list = []
-    previous_hook = sys.unraisablehook
-    try:
-        sys.stderr.flush()
-        saved = os.dup(2)
-    except (OSError, ValueError):  # no usable fd 2 (embedded interpreters): hold nothing
-        yield replay
-        return
-    sys.unraisablehook = swallowed.append
-    with tempfile.TemporaryFile() as held:
-        os.dup2(held.fileno(), 2)
-        try:
-            yield replay
-        finally:
-            if not replay[0]:  # a failed read: let its reader threads finish here
-                _settle(held, swallowed)
-            sys.stderr.flush()
-            os.dup2(saved, 2)
-            os.close(saved)
-            sys.unraisablehook = previous_hook
-            if replay[0]:
-                for args in swallowed:
-                    previous_hook(args)
-                held.seek(0)
-                data = held.read()
-                if data:
-                    os.write(2, data)
-
-
-def _handlers() -> dict:  # built per manager: handlers touch the JAX backend
-    return {
+def _manager(directory: pathlib.Path, read_only: bool = False, **options) -> ocp.CheckpointManager:
+    handlers = {  # built per manager: handlers touch the JAX backend
         "state": ocp.StandardCheckpointHandler(),
         "extra": ocp.JsonCheckpointHandler(),
         "data": grain.checkpoint.CheckpointHandler(),
     }
+    options = ocp.CheckpointManagerOptions(create=not read_only, read_only=read_only, **options)
+    return ocp.CheckpointManager(directory, options=options, item_handlers=handlers)
 
 
 class Checkpointer:
-    """Orbax ``CheckpointManager`` for ``TrainState`` + JSON extras.
+    """Orbax ``CheckpointManager`` for ``TrainState`` + JSON extras; the manager's own methods
+    (``latest_step``, ``all_steps``, ``reached_preemption``, ...) are reached through it.
 
     Args:
       directory: checkpoint root (created if missing); usually ``workdir/checkpoints``.
       max_to_keep: number of most recent steps kept on disk.
       async_save: write arrays in a background thread (default True).
+
+    Attributes:
+      unfinished: names of the unfinished step directories found at start (removed).
+
+    Raises:
+      CheckpointWriteError: ``directory`` cannot be created or written (a regular file,
+        a read-only file system), before anything is trained.
     """
 
     def __init__(self, directory: str | pathlib.Path, *, max_to_keep: int = 3, async_save=True):
         self.directory = pathlib.Path(directory).absolute()
+        with _writing(self.directory):
+            self.directory.mkdir(parents=True, exist_ok=True)
+            tempfile.TemporaryFile(dir=self.directory).close()  # writable, or fail now
+        self.unfinished = sorted(p.name for p in self.directory.glob(f"*{TMP_SUFFIX}*"))
+        for name in self.unfinished if jax.process_index() == 0 else ():
+            shutil.rmtree(self.directory / name)  # a save killed before Orbax renamed it
         self._unconfirmed = False  # an asynchronous save whose outcome is not yet known
-        options = ocp.CheckpointManagerOptions(
-            max_to_keep=max_to_keep, create=True, enable_async_checkpointing=async_save
-        )
-        self._manager = ocp.CheckpointManager(
-            self.directory, options=options, item_handlers=_handlers()
+        self._manager = _manager(
+            self.directory, max_to_keep=max_to_keep, enable_async_checkpointing=async_save
         )
 
-    def latest_step(self) -> int | None:
-        """Step number of the newest complete checkpoint, or None."""
-        return self._manager.latest_step()
-
-    def all_steps(self) -> list[int]:
-        """All complete checkpoint steps on disk, ascending."""
-        return sorted(self._manager.all_steps())
+    def __getattr__(self, name: str) -> Any:
+        if name == "_manager":  # not yet set (failed __init__)
+            raise AttributeError(name)
+        return getattr(self._manager, name)
 
     def path(self, step: int) -> pathlib.Path:
         """Directory of checkpoint ``step``."""
         return self.directory / str(step)
 
-    def save(
-        self, step: int, state: state_lib.TrainState, extra: dict, data: bytes | None = None
-    ) -> None:
-        """Start saving ``state``, JSON-serialisable ``extra`` and this process's input
-        position ``data`` (a Grain iterator's ``get_state()``, or None) as ``step``;
+    def save(self, step: int, state: Any, extra: dict, data: bytes | None = None) -> None:
+        """Start saving ``state``, JSON ``extra`` (plus ``"integrity"``: its digest) and this
+        process's input position ``data`` (a Grain ``get_state()``, or None) as ``step``;
         returns early (arrays are written in the background).
-
-        ``extra["integrity"]`` receives the digest of :func:`state_digest`.
 
         Raises:
           NonFiniteStateError: ``state`` holds NaN/inf (nothing is written).
-          CheckpointWriteError: this save, or the previous asynchronous one, failed to
-            write (full disk, read-only file system).
+          CheckpointWriteError: this save, or the previous asynchronous one, failed to write.
         """
-        digest, bad = state_digest(state)
-        if bad:
-            raise NonFiniteStateError(step, bad)
-        extra = {**extra, "integrity": {"digest": DIGEST, "leaves": digest}}
+        extra = {**extra, "integrity": record(state, step)}
         items = {"state": ocp.args.StandardSave(state), "extra": ocp.args.JsonSave(extra)}
         if data is not None:
             items["data"] = grain.checkpoint.CheckpointSave(_InputState(data))
-        with self._writing():
+        with _writing(self.directory):
             self._manager.save(int(step), args=ocp.args.Composite(**items))
         self._unconfirmed = True
-
-    def check_compatible(self, step: int, target: Any, *, cast=False, fresh_opt=False) -> bool:
-        """Compare the saved leaves of ``step`` with ``target`` by name, shape and dtype, from
-        the metadata. ``cast`` allows dtype differences; ``fresh_opt`` any difference under
-        ``opt_state`` (then returns True). Raises ``IncompatibleCheckpointError`` (a
-        ValueError) naming the first differing leaf, ``CorruptCheckpointError`` when the
-        metadata does not read."""
-        saved, want = _layout(self._manager, step), leaf_names(target)
-        problems = []  # (leaf name, how it differs)
-        for n, leaf in want.items():
-            s, t_shape, t_dtype = saved.get(n), tuple(np.shape(leaf)), np.dtype(leaf.dtype)
-            if s is None:
-                problems.append((n, "is missing; the current model/optimizer needs it"))
-            elif tuple(s.shape) != t_shape:
-                problems.append((n, f"has shape {tuple(s.shape)}, but the current "
-                                 f"model/optimizer expects {t_shape}"))  # fmt: skip
-            elif np.dtype(s.dtype) != t_dtype and not cast:
-                problems.append((n, f"was saved as {np.dtype(s.dtype)}, the current "
-                                 f"model/optimizer has {t_dtype}"))  # fmt: skip
-        extra = sorted(set(saved) - set(want))
-        problems += [(n, "is not in the current model/optimizer") for n in extra]
-        if fresh_opt and all(n.startswith("opt_state.") for n, _ in problems):
-            return bool(problems)
-        if problems:
-            n, how = problems[0]
-            raise IncompatibleCheckpointError(f"checkpoint {self.path(step)}: leaf {n!r} {how}")
-        return False
 
     def extra(self, step: int) -> dict:
         """The JSON ``extra`` item of ``step`` (config, task_meta, ...), without the arrays."""
@@ -306,111 +146,26 @@ class Checkpointer:
             items["data"] = grain.checkpoint.CheckpointRestore(_InputState(None))
         return dict(self._manager.restore(int(step), args=ocp.args.Composite(**items))["extra"])
 
-    def verify(self, step: int, state: Any, extra: dict) -> bool:
-        """Check a restored ``state`` against the digest saved in ``extra`` and for finiteness;
-        False when ``extra`` holds no digest (written before digests: finiteness only).
-
-        Raises:
-          CorruptCheckpointError: naming the first leaf whose digest differs, or the
-            leaves holding NaN/inf and how many.
-        """
-        digest, bad = state_digest(state)
-        if bad:
-            worst = ", ".join(f"{k} ({v})" for k, v in list(bad.items())[:3])
-            raise CorruptCheckpointError(f"non-finite values restored in {worst}")
-        saved = (extra.get("integrity") or {}).get("leaves")
-        if saved is None:
-            return False
-        for name, want in saved.items():
-            got = digest.get(name)
-            if got != list(want):
-                raise CorruptCheckpointError(
-                    f"checksum mismatch in {name} (saved {want}, read {got}): the data on "
-                    "disk changed after it was written"
-                )
-        return True
-
-    def _reject(self, step: int, reason: str) -> pathlib.Path:
-        """Move checkpoint ``step`` to ``<directory>-rejected/<step>[.n]`` with REASON.txt."""
-        dest_root = self.directory.with_name(self.directory.name + "-rejected")
-        dest = dest_root / str(step)
-        n = 0
-        while dest.exists():
-            n += 1
-            dest = dest_root / f"{step}.{n}"
-        if jax.process_index() == 0:
-            dest_root.mkdir(parents=True, exist_ok=True)
-            shutil.move(str(self.path(step)), dest)
-            (dest / "REASON.txt").write_text(reason + "\n")
-        _barrier(f"amemory_reject_{step}")
-        self._manager.reload()
-        return dest
-
     def reject(self, steps: list[int], reason: str) -> list[pathlib.Path]:
-        """Move the given checkpoint steps aside (see ``restore_intact``); returns new paths."""
+        """Move the given steps to ``<directory>-rejected/`` with REASON.txt; the new paths."""
         self.wait()
-        return [self._reject(s, reason) for s in steps if s in self.all_steps()]
-
-    def _read_checked(self, step: int, target: Any, data: bool, accept: Any, fresh: Any):
-        """One step of :meth:`restore_intact`: ``(state, extra, position, notes)``."""
-        extra = self.extra(step)  # unreadable JSON: damaged (the caller catches it)
-        try:
-            allowed = accept(step, extra) if accept is not None else {}
-        except ValueError as e:  # the resume contract: nothing is read or moved
-            raise IncompatibleCheckpointError(str(e)) from e
-        reset = fresh is not None and any(k.startswith("optimizer.") for k in allowed)
-        cast = any(k.endswith("dtype") for k in allowed)
-        reset = self.check_compatible(step, target, cast=cast, fresh_opt=reset)
-        if data and not _has_input_state(self.path(step)):
-            raise CorruptCheckpointError(
-                f"no input position (data/) for process "
-                f"{jax.process_index()} of {jax.process_count()}"
-            )
-        shardings = {n: x.sharding for n, x in leaf_names(target).items()}
-        state, extra, position = _read_as_stored(self._manager, step, shardings.get)
-        notes = [] if self.verify(step, state, extra) else [
-            f"checkpoint {step} has no integrity record (written before digests): its arrays "
-            "were checked for NaN/inf only"]  # fmt: skip
-        source = leaf_names(state)
-        if reset:  # parameters, step and key from the checkpoint, a fresh optimizer state
-            count = source["step"]
-            for n, x in leaf_names(fresh().opt_state).items():
-                fresh_x = x + (count - x) if n.endswith(".count") else x  # schedules go on
-                source["opt_state." + n] = jax.device_put(fresh_x, x.sharding)
-            notes.append(
-                f"the optimizer state of checkpoint {step} does not fit the changed optimizer: "
-                "parameters, step and key restored, optimizer state fresh (moments zero, "
-                "schedule counts at the checkpoint's step)"
-            )
-        flat, treedef = jax.tree_util.tree_flatten(target)
-        leaves = [source[n] for n in leaf_names(target)]
-        if any(x.dtype != t.dtype for x, t in zip(leaves, flat, strict=True)):
-            leaves = [x.astype(t.dtype) for x, t in zip(leaves, flat, strict=True)]
-            notes.append(f"checkpoint {step}: leaves cast to this run's dtypes")
-        return jax.tree_util.tree_unflatten(treedef, leaves), extra, position, notes
-
-    def _diagnose(self, step: int) -> str | None:
-        """Re-read ``step`` as stored on one device and check its digest: the reason it is
-        damaged, or None when it reads back intact."""
-        try:
-            self.verify(step, *_read_as_stored(self._manager, step)[:2])
-        except Exception as e:  # noqa: BLE001 - the plain read fails too: damage
-            return _first_line(e)
-        return None
+        moved = []
+        for step in (s for s in steps if s in self.all_steps()):
+            moved.append(reject(self.path(step), reason, move=jax.process_index() == 0))
+            _barrier(f"amemory_reject_{step}")
+            self._manager.reload()
+        return moved
 
     def restore_intact(
-        self, target: state_lib.TrainState, *, data: bool = False, accept: Any = None,
-        fresh: Any = None,
-    ) -> Restored:  # fmt: skip
+        self, target: Any, *, data: bool = False, accept: Any = None, fresh: Any = None
+    ) -> Restored:
         """Restore the newest checkpoint that reads back intact, rejecting newer damaged ones.
 
-        From the newest step down, each step is judged before its arrays are read: its
-        JSON extras go to ``accept`` (the caller's resume contract) and its recorded tree,
-        shapes and dtypes are compared with ``target``; a refusal or mismatch raises and
-        moves nothing. The arrays are then read in their saved dtypes and checked against
-        their digest. A step is moved to ``<directory>-rejected/`` (with ``REASON.txt``) and
-        the next older one tried only when damage is proven: its files fail to read, also
-        when re-read as stored on one device, its digest differs, or it holds NaN/inf.
+        From the newest step down, a step's JSON extras go to ``accept`` (the resume
+        contract) and its recorded leaves are compared with ``target`` before its arrays are
+        read; a refusal or mismatch raises and moves nothing. The arrays are then read and
+        checked against their digest; a step is moved aside (:meth:`reject`) only on proven
+        damage (it fails to read also as stored on one device, its digest differs, NaN/inf).
 
         Args:
           target: ``TrainState`` of arrays or ``jax.ShapeDtypeStruct`` (with shardings).
@@ -431,71 +186,41 @@ class Checkpointer:
         """
         skipped: list[tuple[pathlib.Path, str]] = []
         for step in sorted(self.all_steps(), reverse=True):
-            with _stderr_held() as replay:
+            reason = None
+            with noise.held(fd=True) as hold:  # a failed read's threads print ~150 lines
                 try:
-                    state, extra, position, notes = self._read_checked(
-                        step, target, data, accept, fresh
-                    )
-                    ok, reason = True, ""
+                    found = _read_checked(self, step, target, data, accept, fresh)
                 except IncompatibleCheckpointError:
-                    replay[0] = True
+                    hold.replay = True
                     raise  # the checkpoint reads fine (or was not read); the config does not fit
                 except Exception as e:  # noqa: BLE001 - damaged only if a plain re-read says so
-                    ok = False
-                    corrupt = isinstance(e, CorruptCheckpointError)
-                    reason = str(e) if corrupt else self._diagnose(step)
+                    reason = _diagnose(self._manager, step, e)
+                    hold.replay = reason is None
                     if reason is None:
-                        replay[0] = True
                         raise IncompatibleCheckpointError(
                             f"checkpoint {self.path(step)} reads back intact but cannot be "
                             f"restored into this run ({_first_line(e)}); nothing was moved"
                         ) from e
-                replay[0] = ok
-            if _all_agree(ok):
-                return Restored(step, state, extra, skipped, position, tuple(notes))
+            if _all_agree(reason is None):
+                return Restored(step, found[0], found[1], skipped, found[2], tuple(found[3]))
             reason = reason or "damaged on another process"
-            skipped.append((self._reject(step, reason), reason))
+            skipped.append((self.reject([step], reason)[0], reason))
         if skipped:
             listing = "; ".join(f"{p}: {r}" for p, r in skipped)
             raise ValueError(f"no intact checkpoint in {self.directory} (rejected {listing})")
         raise ValueError(f"no checkpoint in {self.directory}")
 
-    def reached_preemption(self, step: int) -> bool:
-        """True on every process at the step JAX's preemption service agreed on (multi-host).
-
-        Orbax's ``CheckpointManager.reached_preemption``; False when the service is
-        not running (single process, or ``jax.distributed`` not initialised).
-        """
-        return bool(self._manager.reached_preemption(int(step)))
-
-    @contextlib.contextmanager
-    def _writing(self):
-        """Report a failed write (TensorStore raises ValueError) as ``CheckpointWriteError``."""
-        try:
-            yield
-        except (NonFiniteStateError, CheckpointWriteError):
-            raise
-        except (OSError, ValueError, RuntimeError) as e:
-            raise CheckpointWriteError(
-                f"cannot write a checkpoint in {self.directory}: {_first_line(e, tail=True)}"
-            ) from e
-
     def check_errors(self) -> None:
         """Raise the ``CheckpointWriteError`` of a finished asynchronous save that failed
-        (does not block; single-process runs)."""
-        if jax.process_count() > 1:  # hosts finish at different times: left to the next save
-            return
-        if self._unconfirmed and not self._manager.is_saving_in_progress():
-            self._unconfirmed = False
-            self.wait()  # finished: returns at once, raising the save's error if it failed
+        (does not block; single-process runs: hosts finish at different times)."""
+        if jax.process_count() == 1 and self._unconfirmed:
+            if not self._manager.is_saving_in_progress():
+                self._unconfirmed = False
+                self.wait()  # finished: returns at once, raising the save's error if it failed
 
     def wait(self) -> None:
-        """Block until pending asynchronous saves are on disk.
-
-        Raises:
-          CheckpointWriteError: a pending save failed to write.
-        """
-        with self._writing():
+        """Block until pending saves are on disk (``CheckpointWriteError`` if one failed)."""
+        with _writing(self.directory):
             self._manager.wait_until_finished()
 
     def close(self) -> None:
@@ -504,6 +229,95 @@ class Checkpointer:
             self.wait()
         finally:
             self._manager.close()
+
+
+@contextlib.contextmanager
+def _writing(directory: pathlib.Path):
+    """Report a failed write (TensorStore raises ValueError) as ``CheckpointWriteError``."""
+    try:
+        yield
+    except (NonFiniteStateError, CheckpointWriteError):
+        raise
+    except (OSError, ValueError, RuntimeError) as e:
+        raise CheckpointWriteError(
+            f"cannot write a checkpoint in {directory}: {_first_line(e, tail=True)}"
+        ) from e
+
+
+def _diagnose(manager: ocp.CheckpointManager, step: int, error: Exception) -> str | None:
+    """Why ``step`` is damaged, given the ``error`` its restore raised, or None when it reads
+    back intact (re-read as stored on one device, digest checked): not damage."""
+    if isinstance(error, CorruptCheckpointError):
+        return str(error)
+    try:
+        verify(*_read_as_stored(manager, step)[:2])
+    except Exception as e:  # noqa: BLE001 - the plain read fails too: damage
+        return _first_line(e)
+    return None
+
+
+def _compare(saved: dict, target: Any, where: pathlib.Path, cast: bool, fresh_opt: bool) -> bool:
+    """Compare saved leaf metadata ``{name: (shape, dtype)}`` with ``target`` by name, shape and
+    dtype. ``cast`` allows dtype differences; ``fresh_opt`` any difference under
+    ``opt_state`` (then returns True). Raises ``IncompatibleCheckpointError`` naming the
+    first differing leaf."""
+    problems = []  # (leaf name, how it differs)
+    for n, leaf in leaf_names(target).items():
+        s, shape, dtype = saved.get(n), tuple(np.shape(leaf)), np.dtype(leaf.dtype)
+        if s is None:
+            problems.append((n, "is missing; the current model/optimizer needs it"))
+        elif tuple(s.shape) != shape:
+            problems.append((n, f"has shape {tuple(s.shape)}, but the current "
+                             f"model/optimizer expects {shape}"))  # fmt: skip
+        elif np.dtype(s.dtype) != dtype and not cast:
+            problems.append((n, f"was saved as {np.dtype(s.dtype)}, the current "
+                             f"model/optimizer has {dtype}"))  # fmt: skip
+    extra = sorted(set(saved) - set(leaf_names(target)))
+    problems += [(n, "is not in the current model/optimizer") for n in extra]
+    if fresh_opt and all(n.startswith("opt_state.") for n, _ in problems):
+        return bool(problems)
+    if problems:
+        raise IncompatibleCheckpointError(
+            f"checkpoint {where}: leaf {problems[0][0]!r} {problems[0][1]}"
+        )
+    return False
+
+
+def _read_checked(ckpt: Checkpointer, step: int, target: Any, data: bool, accept, fresh):
+    """One step of :meth:`Checkpointer.restore_intact`: ``(state, extra, position, notes)``."""
+    extra = ckpt.extra(step)  # unreadable JSON: damaged (the caller catches it)
+    try:
+        allowed = accept(step, extra) if accept is not None else {}
+    except ValueError as e:  # the resume contract: nothing is read or moved
+        raise IncompatibleCheckpointError(str(e)) from e
+    reset = fresh is not None and any(k.startswith("optimizer.") for k in allowed)
+    cast = any(k.endswith("dtype") for k in allowed)
+    reset = _compare(_layout(ckpt._manager, step), target, ckpt.path(step), cast, reset)
+    if data and not _has_input_state(ckpt.path(step)):
+        raise CorruptCheckpointError(
+            f"no input position (data/) for process {jax.process_index()} of {jax.process_count()}"
+        )
+    shardings = {n: x.sharding for n, x in leaf_names(target).items()}
+    state, extra, position = _read_as_stored(ckpt._manager, step, shardings.get)
+    notes = [] if verify(state, extra) else [
+        f"checkpoint {step} has no integrity record (written before digests): its arrays "
+        "were checked for NaN/inf only"]  # fmt: skip
+    source = leaf_names(state)
+    if reset:  # parameters, step and key from the checkpoint, a fresh optimizer state
+        for n, x in leaf_names(fresh().opt_state).items():
+            fresh_x = x + (source["step"] - x) if n.endswith(".count") else x  # schedules go on
+            source["opt_state." + n] = jax.device_put(fresh_x, x.sharding)
+        notes.append(
+            f"the optimizer state of checkpoint {step} does not fit the changed optimizer: "
+            "parameters, step and key restored, optimizer state fresh (moments zero, "
+            "schedule counts at the checkpoint's step)"
+        )
+    flat, treedef = jax.tree_util.tree_flatten(target)
+    leaves = [source[n] for n in leaf_names(target)]
+    if any(x.dtype != t.dtype for x, t in zip(leaves, flat, strict=True)):
+        leaves = [x.astype(t.dtype) for x, t in zip(leaves, flat, strict=True)]
+        notes.append(f"checkpoint {step}: leaves cast to this run's dtypes")
+    return jax.tree_util.tree_unflatten(treedef, leaves), extra, position, notes
 
 
 def _barrier(name: str) -> None:
@@ -530,15 +344,14 @@ def _has_input_state(step_dir: pathlib.Path) -> bool:
 
 
 class _InputState:
-    """A saved or restored Grain iterator state, in the shape Grain's Orbax handler wants
-    (``get_state`` / ``set_state`` / ``start_prefetch``): the loop saves the state recorded
-    when the batch of the saved step was read, not the live iterator's (which is ahead by
-    the prefetched batches), and sets the restored one on its iterator itself."""
+    """A saved or restored Grain iterator state in the shape Grain's Orbax handler wants: the
+    loop saves the state recorded when the saved step's batch was read (the live iterator is
+    ahead by the prefetched batches) and sets the restored one on its iterator itself."""
 
     def __init__(self, state: bytes | None):
         self.state = state
 
-    def get_state(self) -> bytes:
+    def get_state(self) -> bytes | None:
         return self.state
 
     def set_state(self, state: bytes) -> None:
@@ -549,23 +362,27 @@ class _InputState:
 
 
 def load_params(directory: str | pathlib.Path, step: int | None = None) -> Any:
-    """Parameters of a saved run as a nested dict of numpy arrays (no target needed).
-
-    For analysis and tests: the tree is restored as stored (list indices become
-    string keys such as ``"0"``); pass it through ``leaf_names`` to compare by name.
+    """Parameters of a saved run as a nested dict of numpy arrays (no target needed; reads
+    only: nothing is created or removed). The tree is restored as stored (list indices
+    become string keys such as ``"0"``); pass it through ``leaf_names`` to compare by name.
 
     Args:
       directory: a run's ``checkpoints/`` directory.
       step: checkpoint step; None = the latest.
 
     Raises:
-      ValueError: if the directory holds no checkpoint.
+      ValueError: the directory holds no checkpoint (or not ``step``).
     """
-    manager = ocp.CheckpointManager(pathlib.Path(directory).absolute(), item_handlers=_handlers())
+    directory = pathlib.Path(directory).absolute()
+    if not directory.is_dir():
+        raise ValueError(f"no checkpoint in {directory} (no such directory)")
+    manager = _manager(directory, read_only=True)
     try:
+        steps = manager.all_steps()
         step = manager.latest_step() if step is None else step
-        if step is None:
-            raise ValueError(f"no checkpoint in {directory}")
+        if step not in steps:
+            raise ValueError(f"no checkpoint {step} in {directory} (steps: {list(steps)})"
+                             if steps else f"no checkpoint in {directory}")  # fmt: skip
         state = _read_as_stored(manager, step)[0]
     finally:
         manager.close()

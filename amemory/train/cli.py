@@ -75,7 +75,7 @@ def main(argv: list[str]) -> int:
         except lock.WorkdirBusyError as e:
             parser.fail(e)
             return lock.EXIT_BUSY
-    from amemory.train import guard
+    from amemory.train import guard, noise
     from amemory.train.config import format_config, load_config, validate
 
     try:  # validated once: here for --print-config, else at the start of train()
@@ -94,7 +94,7 @@ def main(argv: list[str]) -> int:
 
     allow = tuple(f.strip() for item in args.allow_changed for f in item.split(",") if f.strip())
     try:
-        with guard.held_background_errors():  # a failure is reported in one line below
+        with noise.held():  # Orbax's thread noise: a failure is reported in one line below
             summary = train(config, args.workdir, resume=args.resume, allow_changed=allow)
     except (ValueError, guard.WorkdirBusyError) as e:
         parser.fail(e)

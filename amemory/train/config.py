@@ -15,6 +15,7 @@ the fields a component owns by building that component (``MuonOptions``,
 from __future__ import annotations
 
 import ast
+import importlib.machinery
 import importlib.util
 import io
 import json
@@ -22,6 +23,7 @@ import math
 import pathlib
 import re
 import tokenize
+import traceback
 from collections.abc import Sequence
 from typing import Any
 
@@ -135,12 +137,24 @@ def load_config(path: str, overrides: Sequence[str] = ()) -> ConfigDict:
     p = pathlib.Path(file)
     if not p.is_file():
         raise ValueError(f"--config: file {file!r} not found")
-    spec = importlib.util.spec_from_file_location(f"_amemory_config_{p.stem}", p)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    if not hasattr(module, "get_config"):
-        raise ValueError(f"--config: {file!r} defines no get_config()")
-    config = module.get_config(arg) if arg else module.get_config()
+    loader = importlib.machinery.SourceFileLoader(f"_amemory_config_{p.stem}", file)
+    module = importlib.util.module_from_spec(importlib.util.spec_from_loader(loader.name, loader))
+    try:  # a Python error in the config file is a bad config: one line naming file and line
+        loader.exec_module(module)
+        if not hasattr(module, "get_config"):
+            raise ValueError(f"--config: {file!r} defines no get_config()")
+        config = module.get_config(arg) if arg else module.get_config()
+    except Exception as e:  # noqa: BLE001 - the user's code: any error
+        if str(e).startswith("--config:"):
+            raise
+        where = [f.lineno for f in traceback.extract_tb(e.__traceback__) if f.filename == file]
+        line = getattr(e, "lineno", None) if isinstance(e, SyntaxError) else (where or [None])[-1]
+        first = (str(e).splitlines() or [""])[0]
+        where = f" line {line}" if line else ""
+        raise ValueError(f"--config: {file}{where}: {type(e).__name__}: {first}") from None
+    if not isinstance(config, ConfigDict):
+        raise ValueError(f"--config: {file}: get_config() returned {type(config).__name__}, "
+                         "not an ml_collections ConfigDict")  # fmt: skip
     with_engine_defaults(config)
     apply_overrides(config, overrides)
     check_preset_overrides(config, overrides)
@@ -358,6 +372,11 @@ def validate(config: ConfigDict) -> None:
     seeds = config.get("seeds", ())
     if not all(isinstance(s, int) for s in seeds) or len(set(seeds)) != len(seeds):
         raise ValueError(f"config.seeds={seeds!r}; must be distinct integers (or empty)")
+    for name, s in [("seed", config.get("seed", 0))] + [("seeds", s) for s in seeds]:
+        if not 0 <= s < 2**32:  # a PRNG key holds 32 bits: larger seeds overflow or repeat
+            raise ValueError(
+                f"config.{name}: {s} is out of range; seeds are integers in [0, 2**32)"
+            )
     noise = config.get("noise", 0.0)
     if not 0.0 <= float(noise) < 1.0:
         raise ValueError(f"config.noise={noise!r}; must be in [0, 1)")

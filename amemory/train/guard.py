@@ -1,33 +1,23 @@
-"""Run guards: preemption, the workdir lock, divergence, non-finite stops, the resume contract.
+"""Run guards: the policy of a run's stops, health and resume contract.
 
-One :class:`RunGuard` wraps a training run (``amemory.train.loop.run``) and the loop
-calls it at a few points; everything here works when the loop fetches metrics to
-the host only at log steps:
+One :class:`RunGuard` wraps a training run (``amemory.train.loop.run``); the loop calls it
+where the loss reaches the host (``check_finite``, ``observe_log``), at each save
+(``save``: never NaN/inf), after every step (``stop_requested``, then ``stop``), on resume
+(``restore``: the newest intact checkpoint that passes :func:`check_resume`) and for any
+other stop (``fail``: names the newest healthy checkpoint). The guarantees are the table of
+``docs/reliability.md``, each with its test.
 
-  ``g.restore(ckpt, target)``        newest intact checkpoint that passes the resume
-                                     contract (``check_resume``), judged before reading
-  ``g.attach(ckpt, log)``            once metrics.jsonl is open: writes pending events
-  ``g.check_finite(step, loss)``     wherever the loss reaches the host (NaN/inf -> stop)
-  ``g.fail(error, step, what, ev)``  any other stop: names the newest healthy checkpoint
-  ``g.observe_log(step, loss, gn)``  at each train record: divergence test, health marks
-  ``g.save(ckpt, step, state, ex)``  every checkpoint save (never writes NaN/inf)
-  ``g.stop_requested(step)``         after every step: SIGTERM/SIGINT/preemption notice
-  ``g.stop(ckpt, step)``             after the loop saved that step: "stopped" event, raise
-
-The guarantees (stop signals, preemption on several hosts, the lock, healthy checkpoints)
-are README's "Reliability" table, each with its test. A checkpoint is *healthy* when a
-train record after it had a finite loss the divergence test did not flag, or the step that
-failed after it had such a loss (computed on the checkpoint's parameters) after a healthy
-record; non-finite and divergence stops name the newest healthy one and move newer ones to
-``checkpoints-rejected/``. Multi-process runs leave SIGTERM to JAX's preemption service
-(Orbax ``CheckpointManager.reached_preemption``: every host stops at the same step).
+A checkpoint is *healthy* when a train record after it had a finite loss the divergence
+test did not flag, or the step that failed after it had such a loss (computed on the
+checkpoint's parameters) after a healthy record; non-finite and divergence stops name the
+newest healthy one and move newer ones to ``checkpoints-rejected/``. Multi-process runs
+leave SIGTERM to JAX's preemption service (Orbax ``CheckpointManager.reached_preemption``:
+every host stops at the same step).
 """
 
 from __future__ import annotations
 
-import contextlib
 import json
-import logging
 import math
 import os
 import pathlib
@@ -38,9 +28,9 @@ from typing import Any, NoReturn
 
 import numpy as np
 
-from amemory.train.lock import WorkdirBusyError, WorkdirLock, busy_message, holder_info
+from amemory.train.lock import WorkdirBusyError, WorkdirLock  # noqa: F401 - re-exported
 
-# Exit statuses of ``amemory train`` (README, "Reliability").
+# Exit statuses of ``amemory train`` (docs/reliability.md).
 EXIT_NONFINITE = 1
 EXIT_CONFIG = 2  # bad config, bad data, unwritable workdir, resume contract
 EXIT_DIVERGED = 3
@@ -50,21 +40,11 @@ EXIT_INTERRUPTED = 130  # SIGINT: 128 + 2, the shell's convention for Ctrl-C
 # Config fields that may differ on resume (they change what is logged or how it runs, not
 # what is computed). A dotted prefix covers its whole group. Everything else must match.
 RESUME_FREE = (
-    "steps",
-    "log_every",
-    "eval_every",
-    "spectrum_every",
-    "spectrum_roles",
-    "checkpoint_every",
-    "keep_checkpoints",
-    "progress",
-    "parallel",
-    "divergence",
-    "optimizer.diagnostics",
-    "data.eval_batches",
-    "data.n_buckets",
+    "steps", "log_every", "eval_every", "spectrum_every", "spectrum_roles",
+    "checkpoint_every", "keep_checkpoints", "progress", "parallel", "divergence",
+    "optimizer.diagnostics", "data.eval_batches", "data.n_buckets",
     "data.biographies.eval_per_group",
-)
+)  # fmt: skip
 
 
 class NonFiniteLossError(RuntimeError):
@@ -86,19 +66,18 @@ class RunInterrupted(KeyboardInterrupt):
     A ``KeyboardInterrupt``, so that callers' ``except Exception`` blocks (``amemory
     reproduce`` records a failed stage and goes on) do not swallow a stop request.
 
-    Attributes:
-      reason: ``"SIGTERM"``, ``"SIGINT"`` or ``"preemption"``.
-      step: the step saved.
-      checkpoint: its directory.
-      exit_code: ``EXIT_INTERRUPTED`` for SIGINT, else ``EXIT_PREEMPTED``.
+    Attributes: ``reason`` (``"SIGTERM"``, ``"SIGINT"`` or ``"preemption"``), ``step`` (the
+    step saved), ``checkpoint`` (its directory), ``exit_code`` (130 for SIGINT, else 75).
     """
 
-    def __init__(self, reason: str, step: int, checkpoint: str):
+    def __init__(self, reason: str, step: int, checkpoint: str, finished: bool = False):
         self.reason, self.step, self.checkpoint = reason, int(step), checkpoint
         self.exit_code = EXIT_INTERRUPTED if reason == "SIGINT" else EXIT_PREEMPTED
+        then = (
+            "the run had finished (summary.json written)" if finished else "continue with --resume"
+        )
         super().__init__(
-            f"stopped by {reason} after step {step}; checkpoint {checkpoint} saved; "
-            "continue with --resume"
+            f"stopped by {reason} after step {step}; checkpoint {checkpoint} saved; {then}"
         )
 
 
@@ -108,50 +87,12 @@ def exit_code(error: BaseException) -> int:
     return getattr(error, "exit_code", EXIT_CONFIG)
 
 
-@contextlib.contextmanager
-def held_background_errors() -> Any:
-    """Hold ERROR logs and unraisable exceptions of background threads while a run lasts.
-
-    For ``amemory train``: a failed Orbax save (a full disk) makes its writer threads log
-    tracebacks (absl) and TensorStore leave "Event loop is closed" errors to
-    ``sys.unraisablehook`` before the main thread raises the same error. They are dropped
-    when the run fails (the CLI reports it in one line) and replayed when it does not.
-    """
-    held_logs: list = []
-    held_unraisable: list = []
-
-    class _Hold(logging.Filter):
-        def filter(self, record: logging.LogRecord) -> bool:
-            if record.levelno >= logging.ERROR:
-                held_logs.append(record)
-                return False
-            return True
-
-    absl_logger, hold = logging.getLogger("absl"), _Hold()
-    previous_hook = sys.unraisablehook
-    absl_logger.addFilter(hold)
-    sys.unraisablehook = held_unraisable.append
-    failed = True
-    try:
-        yield
-        failed = False
-    finally:
-        absl_logger.removeFilter(hold)
-        sys.unraisablehook = previous_hook
-        if not failed:
-            for record in held_logs:
-                absl_logger.handle(record)
-            for args in held_unraisable:
-                previous_hook(args)
-
-
 class StopSignals:
-    """SIGTERM / SIGINT handlers that only set a flag (restored on exit).
+    """SIGTERM / SIGINT handlers that only set ``requested`` (restored on exit).
 
-    Installed from the main thread of a single-process run; elsewhere (a worker
-    thread, or a multi-process run where JAX's preemption service owns SIGTERM)
-    nothing is installed and ``requested`` stays None. After the first signal a
-    second SIGINT raises ``KeyboardInterrupt`` at once (the user insists).
+    Installed from the main thread of a single-process run only (a multi-process run
+    leaves SIGTERM to JAX's preemption service). After the first signal a second SIGINT
+    raises ``KeyboardInterrupt`` at once (the user insists).
     """
 
     def __init__(self, enabled: bool = True):
@@ -160,15 +101,13 @@ class StopSignals:
         self._previous: dict[int, Any] = {}
 
     def _handle(self, signum: int, frame: Any) -> None:
-        if self.requested is None:
-            self.requested = signal.Signals(signum).name
+        self.requested = self.requested or signal.Signals(signum).name
         if signum == signal.SIGINT:
             signal.signal(signal.SIGINT, signal.default_int_handler)
 
     def __enter__(self) -> StopSignals:
-        if self._enabled:
-            for sig in (signal.SIGTERM, signal.SIGINT):
-                self._previous[sig] = signal.signal(sig, self._handle)
+        for sig in (signal.SIGTERM, signal.SIGINT) if self._enabled else ():
+            self._previous[sig] = signal.signal(sig, self._handle)
         return self
 
     def __exit__(self, *exc: Any) -> None:
@@ -184,8 +123,8 @@ class DivergenceMonitor:
 
     * *high*: ``L > loss_factor * m`` and ``L > L_0``, where ``m`` is the smallest
       loss of the earlier records and ``L_0`` the first one. The second condition
-      keeps a sampled loss that has dropped near zero (a memorised task: minimum
-      0.005, typical 0.1) from counting as divergence; a blow-up passes both.
+      keeps a sampled loss that has dropped near zero (a memorised task) from counting
+      as divergence; a blow-up passes both.
     * *dead*: ``g == 0`` exactly and ``L > 0``: no parameter can move again, though
       the loss is not zero (a loss of exactly 0 with a zero gradient is convergence).
 
@@ -228,16 +167,12 @@ class DivergenceMonitor:
             self.high = self.dead = np.zeros(loss.shape, int)  # replaced, never updated in place
             self.since = np.full(loss.shape, step)
         dead = (gn == 0) & (loss > 0) if gn is not None else np.zeros(loss.shape, bool)
-        streak_start = (self.high == 0) & (self.dead == 0)
-        self.since = np.where(streak_start, step, self.since)
-        self.high = np.where(high, self.high + 1, 0)
-        self.dead = np.where(dead, self.dead + 1, 0)
+        self.since = np.where((self.high == 0) & (self.dead == 0), step, self.since)
+        self.high, self.dead = np.where(high, self.high + 1, 0), np.where(dead, self.dead + 1, 0)
         self.best = np.minimum(self.best, loss)
         blown = ~np.isfinite(gn) if gn is not None else np.zeros(loss.shape, bool)
         healthy = not bool(np.any(high | dead | blown))
-        if not self.enabled:
-            return healthy, None
-        for s in range(loss.size):
+        for s in range(loss.size) if self.enabled else ():
             seed = f" (seed index {s})" if loss.size > 1 else ""
             if self.high[s] >= self.patience:
                 return healthy, (
@@ -258,10 +193,7 @@ class DivergenceMonitor:
 def _flat(d: Any, prefix: str = "") -> dict[str, Any]:
     if not isinstance(d, dict):
         return {prefix[:-1]: d}
-    out: dict[str, Any] = {}
-    for k, v in d.items():
-        out.update(_flat(v, f"{prefix}{k}."))
-    return out
+    return {k: v for key, sub in d.items() for k, v in _flat(sub, f"{prefix}{key}.").items()}
 
 
 def _covered(field: str, names: Any) -> bool:
@@ -269,18 +201,11 @@ def _covered(field: str, names: Any) -> bool:
 
 
 def config_changes(saved: dict, current: dict) -> dict[str, tuple[Any, Any]]:
-    """``{field: (saved value, current value)}`` for every leaf field that differs.
-
-    Both configs are JSON dicts (``json.loads(config.to_json_best_effort())``); a
-    field missing on one side shows as ``"<absent>"``.
-    """
-    a, b = _flat(saved), _flat(current)
-    absent = "<absent>"
-    return {
-        k: (a.get(k, absent), b.get(k, absent))
-        for k in sorted(set(a) | set(b))
-        if a.get(k, absent) != b.get(k, absent)
-    }
+    """``{field: (saved value, current value)}`` for every leaf field that differs between
+    two JSON config dicts; a field missing on one side shows as ``"<absent>"``."""
+    a, b, absent = _flat(saved), _flat(current), "<absent>"
+    return {k: (a.get(k, absent), b.get(k, absent)) for k in sorted(set(a) | set(b))
+            if a.get(k, absent) != b.get(k, absent)}  # fmt: skip
 
 
 def check_resume(
@@ -288,10 +213,9 @@ def check_resume(
 ) -> tuple[dict, dict]:
     """The resume contract: what may differ between a checkpoint's config and the new one.
 
-    Fields that change what a run computes (model, data, optimizer, schedule, batch,
-    seeds: everything outside ``RESUME_FREE``) must be equal, unless listed in
-    ``allow_changed`` (a field or a group prefix). ``steps`` may grow but not drop
-    below the checkpoint's step.
+    Fields that change what a run computes (everything outside ``RESUME_FREE``) must be
+    equal, unless listed in ``allow_changed`` (a field or a group prefix). ``steps`` may
+    grow but not drop below the checkpoint's ``step``.
 
     Args:
       saved / current: JSON config dicts of the checkpoint and of this run.
@@ -335,141 +259,161 @@ def check_resume(
     return allowed, free
 
 
+def _contract(guard: RunGuard, ckpt: Any, meta: dict, changes: dict):
+    """``accept(step, extra)`` for ``Checkpointer.restore_intact``: the layout fields of
+    ``meta`` must equal the checkpoint's ``task_meta``, then :func:`check_resume`."""
+    current = json.loads(guard.config.to_json_best_effort())
+
+    def accept(step: int, extra: dict) -> dict:
+        for key, value in meta.items():  # layout fields: a conversion, not a flag
+            saved = (extra.get("task_meta") or {}).get(key, value)
+            if saved != value:
+                raise ValueError(
+                    f"checkpoint {ckpt.path(step)} was written with config.{key}={saved!r}, "
+                    f"this run has {value!r}: the parameter layouts differ (convert with "
+                    "amemory.models.transformer.stack_layers / unstack_layers)"
+                )
+        changes["allowed"], changes["free"] = check_resume(
+            extra.get("config") or {}, current, step=step,
+            checkpoint=str(ckpt.path(step)), allow_changed=guard.allow_changed,
+        )  # fmt: skip
+        return changes["allowed"]
+
+    return accept
+
+
 def _say(text: str) -> None:
     sys.stderr.write(f"amemory train: {text}\n")
     sys.stderr.flush()
 
 
-class RunGuard:
-    """Everything of this module for one run: use as ``with RunGuard(...) as g:``.
+def process_count() -> int:
+    """``jax.process_count()``; a ValueError naming ``JAX_PLATFORMS`` when it names a backend
+    this host cannot start (a TPU run launched on a CPU host)."""
+    import jax
 
-    Entering takes the workdir lock (process 0; every process learns the outcome)
-    and installs the stop signals; leaving undoes both.
+    try:
+        return jax.process_count()
+    except RuntimeError as e:
+        raise ValueError(
+            f"JAX_PLATFORMS={os.environ.get('JAX_PLATFORMS', '')!r}: {str(e).splitlines()[0]}"
+        ) from None
+
+
+def _no_checkpoint(workdir: pathlib.Path, ckpt: Any, is_main: bool) -> None:
+    """``--resume`` found no checkpoint: a one-line note when ``workdir`` records no training
+    (a preemptible loop's first launch), else a ValueError naming what it holds and the way
+    out, touching nothing (unfinished saves aside: the Checkpointer removed them)."""
+    log, rejected = workdir / "metrics.jsonl", pathlib.Path(f"{ckpt.directory}-rejected")
+    held = [f"{log} records training steps"] if log.is_file() and (
+        b'"kind": "train"' in log.read_bytes()) else []  # fmt: skip
+    if rejected.is_dir() and any(rejected.iterdir()):
+        held.append(f"{rejected} holds checkpoints moved aside")
+    killed = (f" (the run was killed while writing its first one: {', '.join(ckpt.unfinished)} "
+              "was never finished and is removed)") if ckpt.unfinished else ""  # fmt: skip
+    if held:
+        raise ValueError(
+            f"--resume: no checkpoint in {ckpt.directory}{killed}, but {' and '.join(held)}; "
+            "starting again at step 0 would overwrite that log: move a checkpoint back, "
+            f"move those files away (mv {log} {log}.old), or choose another --workdir"
+        )
+    if is_main:
+        _say(f"note: --resume found no checkpoint in {ckpt.directory}; starting at step 0")
+
+
+def _newest_healthy(ckpt: Any, healthy_through: int | None) -> tuple[str, int | None]:
+    """``(text naming the newest healthy checkpoint, its step or None)``; newer checkpoints
+    are moved aside, so ``--resume`` continues from it."""
+    ckpt.wait()
+    h, steps = healthy_through, ckpt.all_steps()
+    good = max((s for s in steps if h is not None and s < h), default=None)
+    if good is None and not steps:
+        return "no checkpoint on disk", None
+    if good is None:
+        return (f"no checkpoint on disk is confirmed healthy (the newest, {ckpt.path(steps[-1])}, "
+                "has no healthy train record after it)"), None  # fmt: skip
+    why = f"written after the newest healthy checkpoint ({good}) and before a stop"
+    moved = ckpt.reject([s for s in steps if s > good], why)
+    where = f"newest healthy checkpoint: {ckpt.path(good)}"
+    if moved:
+        where += f" (newer unconfirmed ones moved to {moved[0].parent}; --resume continues from it)"
+    return where, good
+
+
+class RunGuard:
+    """This module's policy for one run: use as ``with RunGuard(...) as g:``.
+
+    Entering takes the workdir lock (process 0; every process learns the outcome) and
+    installs the stop signals; leaving undoes both, and raises ``RunInterrupted`` when a
+    stop signal arrived after the last step's check (the run finished and was saved).
 
     Args:
       config: the run ConfigDict (``divergence``: ``enabled``, ``loss_factor``, ``patience``).
       workdir: the run directory.
       allow_changed: fields the resume contract lets differ (``--allow-changed``).
 
-    Raises (on enter):
-      WorkdirBusyError: another run holds the workdir.
-      OSError: the workdir cannot be created or written.
+    Raises:
+      ValueError: ``JAX_PLATFORMS`` names a backend this host cannot start. On enter:
+        ``WorkdirBusyError`` (another run holds the workdir), ``OSError`` (not writable).
     """
 
     def __init__(self, config: Any, workdir: str | os.PathLike, allow_changed: Any = ()):
-        import jax
-
         self.config, self.allow_changed = config, tuple(allow_changed)
         self.workdir = pathlib.Path(workdir).absolute()
-        self.processes, self.is_main = jax.process_count(), jax.process_index() == 0
+        self.processes = process_count()
         div = config.get("divergence", None)  # enabled, loss_factor, patience
         self.monitor = DivergenceMonitor(**(div.to_dict() if div is not None else {}))
         self._lock = WorkdirLock(self.workdir, processes=self.processes)
         self._signals = StopSignals(enabled=self.processes == 1)
-        self._stack = contextlib.ExitStack()
-        self._pending: list[tuple[int, dict]] = []
-        self._log: Any = None
-        self._ckpt: Any = None
+        self._pending: list[tuple[int, dict]] = []  # events waiting for metrics.jsonl
+        self._log = self._ckpt = None
         self.healthy_through: int | None = None  # newest step whose train record was healthy
         self._last_record: int | None = None  # step of the newest train record
 
     def __enter__(self) -> RunGuard:
-        error: BaseException | None = None
-        if self.is_main:
-            try:
-                self._stack.enter_context(self._lock)
-            except (WorkdirBusyError, OSError) as e:
-                error = e
-        if self.processes > 1:
-            from jax.experimental import multihost_utils
-
-            ok = multihost_utils.broadcast_one_to_all(np.int32(error is None))
-            if not int(ok) and error is None:
-                error = WorkdirBusyError(busy_message(self.workdir, holder_info(self._lock.path)))
-        if error is not None:
-            self._stack.close()
-            raise error
-        self._stack.enter_context(self._signals)
+        self._lock.acquire_everywhere()
+        self._signals.__enter__()
         return self
 
-    def __exit__(self, *exc: Any) -> None:
-        self._stack.close()
+    def __exit__(self, kind: Any, *exc: Any) -> None:
+        self._signals.__exit__()
+        self._lock.release()
+        late = self._signals.requested if kind is None and self._ckpt is not None else None
+        if late:  # a signal in the last step or the end phase: the run is complete and saved
+            step = self._ckpt.latest_step() or 0
+            raise RunInterrupted(late, step, str(self._ckpt.path(step)), finished=True)
 
-    def restore(
-        self, ckpt: Any, target: Any, *, data: bool = False, meta: dict | None = None,
-        fresh: Any = None,
-    ) -> tuple[int, Any, dict, bytes | None]:  # fmt: skip
-        """Newest intact checkpoint of ``ckpt`` into ``target``; each candidate's config must
-        pass :func:`check_resume` and its ``task_meta`` equal ``meta`` (this run's) before
-        any array is read (``fresh``: as ``Checkpointer.restore_intact``).
+    def restore(self, ckpt: Any, target: Any, *, data=False, meta=None, fresh=None) -> tuple:
+        """Newest intact checkpoint of ``ckpt`` into ``target`` (``Checkpointer.restore_intact``
+        with the resume contract of :func:`_contract`).
 
-        Returns ``(step, state, extra, input position or None)`` (``data``: also read the
-        input position); damaged checkpoints (``checkpoint_rejected``), config changes
-        (``config_changed``) and restore warnings (``restore_note``) are reported on stderr
-        and as events.
-
-        Raises:
-          ValueError: from ``Checkpointer.restore_intact`` or :func:`check_resume`.
+        Returns ``(step, state, extra, input position or None)``; damaged checkpoints
+        (``checkpoint_rejected``), config changes (``config_changed``) and restore warnings
+        (``restore_note``) are reported on stderr and as events. Raises ValueError as
+        ``restore_intact`` and :func:`check_resume`.
         """
-        current = json.loads(self.config.to_json_best_effort())
         changes: dict = {}
-
-        def accept(step: int, extra: dict) -> dict:
-            for key, value in (meta or {}).items():  # layout fields: a conversion, not a flag
-                saved = (extra.get("task_meta") or {}).get(key, value)
-                if saved != value:
-                    raise ValueError(
-                        f"checkpoint {ckpt.path(step)} was written with config.{key}={saved!r}, "
-                        f"this run has {value!r}: the parameter layouts differ (convert with "
-                        "amemory.models.transformer.stack_layers / unstack_layers)"
-                    )
-            changes["allowed"], changes["free"] = check_resume(
-                extra.get("config") or {}, current, step=step,
-                checkpoint=str(ckpt.path(step)), allow_changed=self.allow_changed,
-            )  # fmt: skip
-            return changes["allowed"]
-
+        accept = _contract(self, ckpt, meta or {}, changes)
         found = ckpt.restore_intact(target, data=data, accept=accept, fresh=fresh)
-
-        def warn(text: str, **event: Any) -> None:  # on stderr now, in metrics.jsonl later
-            if self.is_main:
+        warnings = [(f"checkpoint {moved.name} was damaged ({why}); moved to {moved}",
+                     {"event": "checkpoint_rejected", "checkpoint": str(moved), "reason": why})
+                    for moved, why in found.skipped]  # fmt: skip
+        warnings += [(note, {"event": "restore_note", "note": note}) for note in found.notes]
+        for text, event in warnings:  # on stderr now, in metrics.jsonl once it is open
+            if self._lock.is_main:
                 _say(f"warning: {text}")
             self._pending.append((found.step, event))
-
-        for moved, why in found.skipped:
-            warn(f"checkpoint {moved.name} was damaged ({why}); moved to {moved}",
-                 event="checkpoint_rejected", checkpoint=str(moved), reason=why)  # fmt: skip
-        for note in found.notes:
-            warn(note, event="restore_note", note=note)
-        allowed, free = changes["allowed"], changes["free"]
-        if allowed or free:
-            self._pending.append(
-                (found.step, {"event": "config_changed", "allowed": allowed, "bookkeeping": free})
-            )
+        if changes["allowed"] or changes["free"]:
+            event = {"event": "config_changed", "allowed": changes["allowed"]}
+            self._pending.append((found.step, event | {"bookkeeping": changes["free"]}))
         h = found.extra.get("healthy_through")
         self.healthy_through = int(h) if h is not None else None
         self._last_record = found.step  # h == step: the record of the saved step was healthy
         return found.step, found.state, found.extra, found.data
 
     def resume_without_checkpoint(self, ckpt: Any) -> None:
-        """``--resume`` found no checkpoint: a one-line note when the workdir records no
-        training (a preemptible loop's first launch), else a ValueError naming what it
-        holds (train records, checkpoints moved aside), touching nothing."""
-        log = self.workdir / "metrics.jsonl"
-        rejected = ckpt.directory.with_name(ckpt.directory.name + "-rejected")
-        held = []
-        if log.is_file() and b'"kind": "train"' in log.read_bytes():
-            held.append(f"{log} records training steps")
-        if rejected.is_dir() and any(rejected.iterdir()):
-            held.append(f"{rejected} holds checkpoints moved aside")
-        if held:
-            raise ValueError(
-                f"--resume: no checkpoint in {ckpt.directory}, but {' and '.join(held)}; "
-                "starting again at step 0 would overwrite that log: move a checkpoint back, "
-                "move those files away, or choose another --workdir"
-            )
-        if self.is_main:
-            _say(f"note: --resume found no checkpoint in {ckpt.directory}; starting at step 0")
+        """``--resume`` found no checkpoint: see :func:`_no_checkpoint`."""
+        _no_checkpoint(self.workdir, ckpt, self._lock.is_main)
 
     def attach(self, ckpt: Any, log: Any) -> None:
         """Bind the run's Checkpointer and metrics log; write the events gathered so far."""
@@ -478,96 +422,49 @@ class RunGuard:
             log.write("event", step, **fields)
         self._pending.clear()
 
-    def _healthy_checkpoint(self) -> int | None:
-        self._ckpt.wait()
-        h = self.healthy_through
-        good = [s for s in self._ckpt.all_steps() if h is not None and s < h]
-        return max(good) if good else None
-
-    def _describe_healthy(self) -> tuple[str, int | None]:
-        """Text naming the newest healthy checkpoint; newer ones are moved aside."""
-        good = self._healthy_checkpoint()
-        if good is None:
-            newest = self._ckpt.latest_step()
-            if newest is None:
-                return "no checkpoint on disk", None
-            return (
-                "no checkpoint on disk is confirmed healthy (the newest, "
-                f"{self._ckpt.path(newest)}, has no healthy train record after it)"
-            ), None
-        newer = [s for s in self._ckpt.all_steps() if s > good]
-        moved = self._ckpt.reject(
-            newer, f"written after the newest healthy checkpoint ({good}) and before a stop"
-        )
-        text = f"newest healthy checkpoint: {self._ckpt.path(good)}"
-        if moved:
-            text += (
-                f" (newer unconfirmed ones moved to {moved[0].parent}; --resume continues from it)"
-            )
-        return text, good
-
     def fail(self, error: type, step: int, what: str, event: dict) -> NoReturn:
-        """Log ``event`` (plus the healthy checkpoint) at ``step`` and raise ``error``
-        whose message is ``what`` and the newest healthy checkpoint (newer ones are moved
-        aside, so ``--resume`` continues from it)."""
-        where, good = self._describe_healthy()
-        healthy = str(self._ckpt.path(good)) if good is not None else None
+        """Log ``event`` at ``step`` and raise ``error``: ``what`` and the newest healthy
+        checkpoint (newer ones are moved aside, so ``--resume`` continues from it)."""
+        where, good = _newest_healthy(self._ckpt, self.healthy_through)
         if self._log is not None:
+            healthy = str(self._ckpt.path(good)) if good is not None else None
             self._log.write("event", step, **event, healthy_checkpoint=healthy)
         raise error(f"{what}; {where}")
 
     def confirm_by_failed_step(self, step: int, loss: Any) -> None:
-        """A step failed with a non-finite gradient or update: when its ``loss`` (per seed,
-        computed on the parameters of ``step - 1``) is finite and not high, and the last
-        train record was healthy, checkpoints up to ``step - 1`` count as healthy."""
+        """A step failed with a non-finite gradient or update: when its ``loss`` (per seed, on
+        the parameters of ``step - 1``) is finite and not high, and the last train record was
+        healthy, checkpoints up to ``step - 1`` count as healthy."""
         ok = np.all(np.isfinite(loss)) and not np.any(self.monitor.high_loss(loss))
         if ok and self.healthy_through is not None and self.healthy_through == self._last_record:
             self.healthy_through = int(step)
 
     def check_finite(self, step: int, loss: Any) -> None:
-        """Stop on a NaN/inf loss (any seed).
-
-        Raises:
-          NonFiniteLossError: naming ``step`` and the newest healthy checkpoint.
-        """
+        """Stop on a NaN/inf loss (any seed): ``NonFiniteLossError`` naming ``step`` and the
+        newest healthy checkpoint."""
         loss = np.asarray(loss)
-        if np.all(np.isfinite(loss)):
-            return
-        values = [x if math.isfinite(x) else None for x in np.atleast_1d(loss).tolist()]
-        self.fail(
-            NonFiniteLossError, step, f"non-finite training loss {loss.tolist()} at step {step}",
-            {"event": "nonfinite", "loss": values},
-        )  # fmt: skip
+        if not np.all(np.isfinite(loss)):
+            values = [x if math.isfinite(x) else None for x in np.atleast_1d(loss).tolist()]
+            self.fail(NonFiniteLossError, step, f"non-finite training loss {loss.tolist()} at "
+                      f"step {step}", {"event": "nonfinite", "loss": values})  # fmt: skip
 
     def observe_log(self, step: int, loss: Any, grad_norm: Any = None) -> None:
-        """One train record: mark health, and stop when the divergence test fires.
-
-        Raises:
-          NonFiniteLossError: the loss is NaN/inf.
-          DivergenceError: the message says which rule fired since which step, and
-            names the newest healthy checkpoint.
-        """
+        """One train record: mark health; ``NonFiniteLossError`` on NaN/inf, ``DivergenceError``
+        when the divergence test fires (says which rule since which step)."""
         self.check_finite(step, loss)
         healthy, message = self.monitor.observe(step, loss, grad_norm)
         self._last_record = int(step)
-        if healthy:
-            self.healthy_through = int(step)
+        self.healthy_through = int(step) if healthy else self.healthy_through
         if message:
-            self.fail(
-                DivergenceError, step, message + " (config.divergence sets the test)",
-                {"event": "diverged", "message": message},
-            )  # fmt: skip
+            self.fail(DivergenceError, step, message + " (config.divergence sets the test)",
+                      {"event": "diverged", "message": message})  # fmt: skip
 
     def save(
         self, ckpt: Any, step: int, state: Any, extra: dict, data: bytes | None = None
     ) -> None:
-        """``ckpt.save`` (with input position ``data``) that never writes NaN/inf (checked
-        on the device first).
-
-        Raises:
-          NonFiniteLossError: the state holds NaN/inf (names the leaves; nothing written).
-        """
-        from amemory.train.checkpoint import NonFiniteStateError
+        """``ckpt.save`` (with input position ``data``) that never writes NaN/inf (checked on
+        the device first): ``NonFiniteLossError`` naming the leaves, nothing written."""
+        from amemory.train.integrity import NonFiniteStateError
 
         try:
             ckpt.save(step, state, {**extra, "healthy_through": self.healthy_through}, data)
@@ -575,35 +472,21 @@ class RunGuard:
             self.fail(NonFiniteLossError, step, str(e), {"event": "nonfinite", "state": e.counts})
 
     def stop_requested(self, step: int) -> bool:
-        """True when the run should save ``step`` and stop (call after every step).
-
-        Single process: a SIGTERM/SIGINT arrived. Several processes: JAX's preemption
-        service reached its sync point at ``step`` on every host (the same step on all).
-
-        Raises:
-          CheckpointWriteError: an asynchronous save finished since the last step and
-            failed (reported at the step it is noticed, not at the next save).
-        """
+        """True when the run should save ``step`` and stop (call after every step): a signal
+        arrived, or (several processes) JAX's preemption service reached its sync point at
+        ``step`` on every host. ``CheckpointWriteError``: an asynchronous save failed."""
         if self._ckpt is not None:
             self._ckpt.check_errors()  # a background save that failed: report it now
-        if self._signals.requested is not None:
-            return True
-        if self.processes > 1 and self._ckpt is not None:
-            if self._ckpt.reached_preemption(step):
+            if self.processes > 1 and self._ckpt.reached_preemption(step):
                 self._signals.requested = "preemption"
-                return True
-        return False
+        return self._signals.requested is not None
 
     def stop(self, ckpt: Any, step: int) -> NoReturn:
-        """After the loop wrote the metrics of ``step`` and saved it: wait for the save,
-        log a ``stopped`` event, raise.
-
-        Raises:
-          RunInterrupted: always (``amemory train`` exits 75 or 130 with its one line).
-        """
+        """After the loop wrote the metrics of ``step`` and saved it: wait for the save, log a
+        ``stopped`` event, raise ``RunInterrupted`` (``amemory train`` exits 75 or 130)."""
         ckpt.wait()
-        reason = self._signals.requested or "preemption"
-        path = str(ckpt.path(step))
+        reason, path = self._signals.requested or "preemption", str(ckpt.path(step))
         if self._log is not None:
             self._log.write("event", step, event="stopped", reason=reason, checkpoint=path)
+        self._signals.requested = None  # reported here, not again on exit
         raise RunInterrupted(reason, step, path)

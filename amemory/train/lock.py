@@ -64,31 +64,50 @@ class WorkdirLock:
 
     def __init__(self, workdir: str | os.PathLike, processes: int = 1):
         self.workdir = pathlib.Path(workdir).absolute()
-        self.path = self.workdir / LOCK_NAME
-        self.processes = processes
-        self._fd: int | None = None
+        self.path, self.processes, self._fd = self.workdir / LOCK_NAME, processes, None
+        self.is_main = True  # process 0 (set by ``acquire_everywhere``)
 
     def acquire(self) -> WorkdirLock:
         self.workdir.mkdir(parents=True, exist_ok=True)
         fd = os.open(self.workdir, os.O_RDONLY | os.O_DIRECTORY)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            info = {
+                "pid": os.getpid(),
+                "host": socket.gethostname(),
+                "processes": self.processes,
+                "started": _dt.datetime.now().astimezone().isoformat(timespec="seconds"),
+            }
+            self.path.write_text(json.dumps(info) + "\n")
         except BlockingIOError:
             os.close(fd)
             raise WorkdirBusyError(busy_message(self.workdir, holder_info(self.path))) from None
-        info = {
-            "pid": os.getpid(),
-            "host": socket.gethostname(),
-            "started": _dt.datetime.now().astimezone().isoformat(timespec="seconds"),
-            "processes": self.processes,
-        }
-        try:
-            self.path.write_text(json.dumps(info) + "\n")
         except OSError:
             os.close(fd)
             raise
         self._fd = fd
         return self
+
+    def acquire_everywhere(self) -> None:
+        """``acquire`` on process 0 of a (multi-process) JAX run; every process raises its
+        error (the others a ``WorkdirBusyError``) when it fails."""
+        import jax
+        import numpy as np
+
+        self.is_main, error = jax.process_index() == 0, None
+        if self.is_main:
+            try:
+                self.acquire()
+            except (WorkdirBusyError, OSError) as e:
+                error = e
+        if self.processes > 1:
+            from jax.experimental import multihost_utils
+
+            ok = multihost_utils.broadcast_one_to_all(np.int32(error is None))
+            if not int(ok) and error is None:
+                error = WorkdirBusyError(busy_message(self.workdir, holder_info(self.path)))
+        if error is not None:
+            raise error
 
     def release(self) -> None:
         if self._fd is not None:

@@ -18,6 +18,7 @@ of the step time comes from :data:`CHIPS`. The approach follows MaxText's
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import json
 import math
 import pathlib
@@ -280,6 +281,43 @@ def _advice(temporaries: bool) -> str:
     )
 
 
+def topology_devices(topology: str) -> tuple[str, list]:
+    """``(chip, devices)`` of a topology string, checked before anything is compiled.
+
+    ``chip:AxB[xC]`` for a TPU of :data:`CHIPS` (a shape ``get_topology_desc`` knows),
+    ``chip:N`` or ``chip:HOSTSxN`` for a GPU of :data:`GPU_TARGETS`.
+
+    Raises:
+      ValueError: an unknown chip, a malformed or unknown shape, or a missing compiler
+        plugin (names what to install).
+    """
+    from jax.experimental import topologies
+
+    from amemory.train import noise
+
+    chip, _, shape = topology.partition(":")
+    gpu = chip in GPU_TARGETS
+    if chip not in TARGETS:
+        raise ValueError(f"topology={topology!r}: the chip must be one of {TARGETS}")
+    form = r"([1-9]\d*x)?[1-9]\d*" if gpu else r"[1-9]\d*(x[1-9]\d*){1,2}"
+    if not re.fullmatch(form, shape):
+        raise ValueError(f"topology={topology!r}: the shape must look like "
+                         f"{'8 or 2x8 (hosts x GPUs)' if gpu else '2x2 or 2x2x2'}")  # fmt: skip
+    plugin = ("jax_cuda12_plugin", "jax[cuda12-local]") if gpu else ("libtpu", "jax[tpu]")
+    if importlib.util.find_spec(plugin[0]) is None:
+        raise ValueError(f"topology={topology!r} needs the {plugin[0]} compiler: pip install "
+                         f"'{plugin[1]}' (no {chip} needed on this host)")  # fmt: skip
+    hosts, _, per_host = shape.rpartition("x")
+    args = (dict(platform="cuda", topology=f"1x{hosts or 1}x{per_host}", target_config=GPU_TARGETS[
+        chip]) if gpu else dict(topology_name=topology, platform="tpu"))  # fmt: skip
+    try:  # the compiler's start-up log is shown only when the topology loads
+        with noise.held(fd=True):
+            return chip, topologies.get_topology_desc(**args).devices
+    except (RuntimeError, NotImplementedError, ValueError) as e:
+        raise ValueError(f"topology={topology!r}: the {chip} compiler cannot load it: "
+                         f"{(str(e).splitlines() or [''])[0][:200]}") from None  # fmt: skip
+
+
 def plan(config: Any, topology: str, *, save: str | pathlib.Path | None = None) -> dict:
     """Compile ``amemory train``'s step for ``config`` on a TPU (or GPU) ``topology``; report.
 
@@ -304,24 +342,13 @@ def plan(config: Any, topology: str, *, save: str | pathlib.Path | None = None) 
     Raises:
       ValueError: an unknown chip or a bad config (names the field).
     """
-    from jax.experimental import topologies
-
     from amemory.train import config as config_lib
     from amemory.train import engine as engine_lib
     from amemory.train import parallel
 
-    chip, _, shape = topology.partition(":")
-    if chip not in TARGETS:
-        raise ValueError(f"topology={topology!r}: the chip must be one of {TARGETS}")
+    chip, devices = topology_devices(topology)
     config_lib.with_engine_defaults(config)
     config_lib.validate(config)
-    if chip in GPU_TARGETS:  # "h100:2x8": 2 hosts of 8 GPUs
-        hosts, _, per_host = shape.rpartition("x")
-        devices = topologies.get_topology_desc(
-            platform="cuda", topology=f"1x{hosts or 1}x{per_host}", target_config=GPU_TARGETS[chip]
-        ).devices
-    else:
-        devices = topologies.get_topology_desc(topology_name=topology, platform="tpu").devices
     place = parallel.placement(config.parallel, devices)
     b = engine_lib.build(config, place)
     local = next(iter(b.task.train_input() or [None]))

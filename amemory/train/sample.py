@@ -15,6 +15,7 @@ document (the end-of-text token).
 from __future__ import annotations
 
 import json
+import math
 import pathlib
 
 from ml_collections import ConfigDict
@@ -52,11 +53,11 @@ def load_run(workdir: str | pathlib.Path, *, step: int | None = None, seed_index
     if not path.is_file():
         raise ValueError(f"--workdir {workdir}: no config.json (not an amemory train run)")
     config = ConfigDict(json.loads(path.read_text()))
-    if config.task != "lm" or config.data.kind != "corpus":
+    kind = (config.get("data") or {}).get("kind")
+    if config.get("task") != "lm" or kind != "corpus":
         raise ValueError(
             f"--workdir {workdir}: amemory sample needs a language model on a text corpus "
-            f"(task='lm', data.kind='corpus'), got task={config.task!r}, "
-            f"data.kind={config.data.get('kind')!r}"
+            f"(task='lm', data.kind='corpus'), got task={config.get('task')!r}, data.kind={kind!r}"
         )
     d = config.data
     data = prepare_corpus(d.corpus, tokenizer=d.tokenizer, vocab_size=int(d.vocab_size))
@@ -90,13 +91,16 @@ def sample_text(
     (See the module docstring; a word-level tokenizer re-spaces the prompt.)
 
     Raises:
-      ValueError: as :func:`load_run`, or bad decoding options (names the option).
+      ValueError: as :func:`load_run`, or bad decoding options (names the option; a
+        non-finite ``temperature`` before anything is read).
     """
     import jax
     import jax.numpy as jnp
 
     from amemory.models import decode
 
+    if not (math.isfinite(temperature) and temperature >= 0):
+        raise ValueError(f"--temperature {temperature}: must be a finite number >= 0 (0 = greedy)")
     graphdef, params, tok, data = load_run(workdir, step=step, seed_index=seed_index)
     ids = tok.encode(prompt, add_special_tokens=False).ids if prompt else [data.eot_id]
     out = decode.generate(
