@@ -27,7 +27,7 @@ def get_config(scale: str = "quick") -> ConfigDict:
     c.pal_results = PAL_URL  # path or URL of pal's committed grid (downloaded once)
     c.N, c.M, c.alpha = 100, 5, 2.0  # inputs, classes (y = x mod M), Zipf exponent
     c.d = (10, 20, 50, 100)  # of pal's 10, 20, 50, 100, 200, 500, 1000
-    c.batch_sizes = (64, 256, 1024)  # of pal's 16, 64, 256, 1024
+    c.batch_sizes = (256, 1024)  # of pal's 16, 64, 256, 1024
     c.lrs = (0.1, 1.0, 10.0, 100.0)  # pal's
     c.seeds = tuple(range(42, 52))  # pal's seed numbers (fed to jax.random)
     c.optimizers = ("sgd", "signgd", "muon", "adam")
