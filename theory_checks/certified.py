@@ -109,13 +109,9 @@ def gd_closed_form(ctx: Context) -> CheckResult:
         r = (1 - alpha) / (K - L) / (alpha / L)  # tail over head prior
         D = _gd_tail(K, lambda v, r=r: r, lambda v: r_thm, lambda v: v.exp())
         out.append(certify(D, math.log(1e-4), math.log(1e-2), 1e-12))
-    return _result(
-        "Thm 5.3 (GD): ϱ^ε = x^r/(x^r+K-1) on the whole range",
-        "|ϱ/closed - 1| ≤ 1e-12",
-        f"every K ≡ 0 (mod 5) in [60, {Ks[-1]}], ε ∈ [1e-4, 1e-2]",
-        "1e-12 rel.",
-        out,
-    )
+    rng = f"every K ≡ 0 (mod 5) in [60, {Ks[-1]}], ε ∈ [1e-4, 1e-2]"
+    return _result("Thm 5.3 (GD): ϱ^ε = x^r/(x^r+K-1) on the whole range", "|ϱ/closed - 1| ≤ 1e-12",
+                   rng, "1e-12 rel.", out)  # fmt: skip
 
 
 @register("wang2025.gd_one_step_rho.certified")
@@ -131,8 +127,8 @@ def gd_one_step_rho(ctx: Context) -> CheckResult:
 
     from amemory.analysis import one_step
 
-    out, lib = [], 0.0
-    for K in (100,) if ctx.quick else (10, 100, 1000):
+    out, lib, Ks = [], 0.0, (100,) if ctx.quick else (10, 100, 1000)
+    for K in Ks:
         r = lambda a, K=K: (-a * arb(K).log()).exp()  # noqa: E731  (p_K / p_1)
         rho = lambda a, K=K: (-a * arb(K).log()).exp()  # noqa: E731  (the library's r)
         D = _gd_tail(K, r, rho, lambda a: arb("0.01"))
@@ -146,14 +142,10 @@ def gd_one_step_rho(ctx: Context) -> CheckResult:
                 lib, float(abs(one_step.gd_one_step_rho(p / p.sum(), 0.01) / exact - 1).upper())
             )
     out.append((lib <= 1e-12, lib, 0))
-    return _result(
-        "gd_one_step_rho: ϱ^ε = x^r/(x^r+K-1), r = p_min/p_max, any prior",
-        "|ϱ/closed - 1| ≤ 1e-12; library float within 1e-12",
-        "Zipf a ∈ [0.5, 2], ε = 0.01, K ∈ {10, 100, 1000}",
-        "1e-12 rel.",
-        out,
-        library_err=lib,
-    )
+    return _result("gd_one_step_rho: ϱ^ε = x^r/(x^r+K-1), r = p_min/p_max, any prior",
+                   "|ϱ/closed - 1| ≤ 1e-12; library float within 1e-12",
+                   f"Zipf a ∈ [0.5, 2], ε = 0.01, K ∈ {Ks}", "1e-12 rel.", out,
+                   library_err=lib)  # fmt: skip
 
 
 @register("wang2025.propF3_singular_values_of_X.certified")
@@ -180,14 +172,9 @@ def prop_f3(ctx: Context) -> CheckResult:
 
         out.append(certify(lambda al, e=eig: e(al)[0], 0.55, 0.95, 1e-12))
         out.append(certify(lambda al, e=eig: e(al)[1], 0.55, 0.95, 1e-12))
-    return _result(
-        "Prop. F.3: the non-trivial singular values of X are σ and 0",
-        "exact",
-        f"α ∈ [0.55, 0.95], K ≡ 0 (mod {5 if ctx.quick else 15}) in [60, {K}], L = K/5",
-        "1e-12",
-        out,
-        kind="paper",
-    )
+    rng = f"α ∈ [0.55, 0.95], K ≡ 0 (mod {5 if ctx.quick else 15}) in [60, {K}], L = K/5"
+    return _result("Prop. F.3: the non-trivial singular values of X are σ and 0", "exact", rng,
+                   "1e-12", out, kind="paper")  # fmt: skip
 
 
 @register("li2026.gd_noiseless_per_class.certified")
@@ -210,13 +197,8 @@ def li_gd_rate(ctx: Context) -> CheckResult:
     m_lo, m_hi = math.log(K * 250) - 1, math.log(K * 1e6)  # s(m_lo) < 250, s(m_hi) > 1e6
     S = [((arb(m).exp() + (K - 1) * arb(m) - 1) / K) for m in (m_lo, m_hi)]
     out = [certify(D, m_lo, m_hi, 1.0), (S[0] < 250 and S[1] > 1e6, 0.0, 0)]
-    return _result(
-        "Noiseless GD: L_j p_j η t → (K-1)/K within 2(K-1)log(Ks)/(Ks)",
-        "ratio ≤ 1",
-        "s = η p_j t ∈ [250, 1e6], K = 24",
-        "1 (the bound)",
-        out,
-    )
+    return _result("Noiseless GD: L_j p_j η t → (K-1)/K within 2(K-1)log(Ks)/(Ks)", "ratio ≤ 1",
+                   "s = η p_j t ∈ [250, 1e6], K = 24", "1 (the bound)", out)  # fmt: skip
 
 
 @register("wang2025.thm53_signgd_block_reduction.certified")
@@ -258,15 +240,11 @@ def block_reduction(ctx: Context) -> CheckResult:
                 return 1 / ex(col) - 1 / red
 
             out.append(certify(D, 0.0, 10.0, 1e-10))
-    return _result(
-        "SignGD's coupled step reduces exactly to 3x3 blocks, for all η",
-        "dense q = reduced q",
-        f"η ∈ [0, 10], K = 90, L mod 3 ∈ "
-        f"{RESIDUES[:1] if ctx.quick else RESIDUES}, "
-        + ("2 classes" if ctx.quick else "every distinct class"),
-        "1e-12",
-        out,
+    rng = f"η ∈ [0, 10], K = 90, L mod 3 ∈ {RESIDUES[:1] if ctx.quick else RESIDUES}, " + (
+        "2 classes" if ctx.quick else "every distinct class"
     )
+    return _result("SignGD's coupled step reduces exactly to 3x3 blocks, for all η",
+                   "dense q = reduced q", rng, "1e-10", out)  # fmt: skip
 
 
 def _sign_pattern(res: int, u):
@@ -355,13 +333,7 @@ def regime_margins(ctx: Context) -> CheckResult:
         neg = res != 1 or all(x < 0 for x in margins[5][3:])
         out.append((err <= 1e-12 and neg and k0[-1] <= 900, err, len(boxes)))
         exps.append(_asym(res).regime_exponent)
-    return _result(
-        "Coupled SignGD: one sign pattern, hence one set of margins and exponents, "
-        "for every lattice K ≥ K0",
-        "s = " + ", ".join(fmt(e, 4) for e in exps),
-        "every lattice K ≥ K0, K0 = " + ", ".join(f"{k} (L≡{r})" for r, k in enumerate(k0)),
-        "margins 1e-12",
-        out,
-        exponents=exps,
-        k0=k0,
-    )
+    rng = "every lattice K ≥ K0, K0 = " + ", ".join(f"{k} (L≡{r})" for r, k in enumerate(k0))
+    return _result("Coupled SignGD: one sign pattern, hence one set of margins and exponents, "
+                   "for every lattice K ≥ K0", "s = " + ", ".join(fmt(e, 4) for e in exps), rng,
+                   "margins 1e-12", out, exponents=exps, k0=k0)  # fmt: skip
