@@ -62,7 +62,12 @@ def test_select_and_registry():
     paper_a = common.select("wang2025")
     assert paper_a and all(n.startswith("wang2025.") for n in paper_a)
     both = common.select("propF3, li2026.gd_stability")
-    assert both == ["wang2025.propF3_singular_values_of_X", "li2026.gd_stability_threshold"]
+    assert both == ["wang2025.propF3_singular_values_of_X",
+                    "wang2025.propF3_singular_values_of_X.certified",
+                    "li2026.gd_stability_threshold"]  # fmt: skip
+    certified = [n for n in common.REGISTRY if n.endswith(".certified")]
+    assert len(certified) >= 6 and all(n.removesuffix(".certified") in common.REGISTRY
+                                       or "gd_one_step_rho" in n for n in certified)  # fmt: skip
     with pytest.raises(ValueError, match="matches no check"):
         common.select("nope")
 
@@ -74,7 +79,9 @@ def test_check_result_and_table():
     table = common.markdown_table([r])
     lines = table.splitlines()
     assert lines[0].startswith("| check | kind | statement | predicted | measured")
-    assert lines[2] == "| a.b | paper | stmt \\|x\\| | 1 | 2 | ±1 | PASS | 1.2 |"
+    assert lines[2] == "| a.b | paper | stmt \\|x\\| | 1 | 2 | ±1 | PASS | - | 1.2 |"
+    r.certified = "K ∈ [1, 2]"
+    assert "| PASS | K ∈ [1, 2] | 1.2 |" in common.markdown_table([r])
     assert common.fmt(0.0625) == "0.0625" and common.fmt(1.2e-5) == "1.20e-05"
 
 
@@ -141,3 +148,25 @@ def test_gd_slope_check_fails_with_a_wrong_exponent():
 
     assert check(W._r() - 1)
     assert not check(W._r() - 1 + 0.02) and not check(W._r() - 1 - 0.02)
+
+
+def test_certify_proves_identities_and_refuses_false_bounds():
+    """Ball-arithmetic bisection: an identity holds to 1e-20 on a range; a bound that a
+    point of the range violates (exp(x) vs its quadratic Taylor polynomial, max 0.218 at
+    x = 1) is refused at tol 0.2 and proved at 0.22; a closed form with an exponent 0.1%
+    off (GD balance) is refused."""
+    from flint import arb
+
+    from theory_checks import certified as C
+
+    ok, worst, n = C.certify(lambda x: x.sin() ** 2 + x.cos() ** 2 - 1, 0.0, 10.0, 1e-20)
+    assert ok and worst <= 1e-20 and n >= 1
+    taylor = lambda x: x.exp() - (1 + x + x * x / 2)  # noqa: E731
+    assert not C.certify(taylor, 0.0, 1.0, 0.2)[0]
+    assert C.certify(taylor, 0.0, 1.0, 0.22)[0]
+    assert not C.certify(taylor, 0.0, 1.0, 0.2, order=0)[0]
+    r = (1 - arb("0.8")) / 48 / (arb("0.8") / 12)
+    good = C._gd_tail(60, lambda u: r, lambda u: r, lambda u: u.exp())
+    bad = C._gd_tail(60, lambda u: r, lambda u: r * arb("1.001"), lambda u: u.exp())
+    assert C.certify(good, -9.2, -4.6, 1e-12)[0]
+    assert not C.certify(bad, -9.2, -4.6, 1e-12)[0]

@@ -22,9 +22,10 @@ Modules:
                     TRA-SignGD, SignGD in the original coordinates.
   kim2026           Kim et al. 2026 (arXiv 2603.26554): one-step capacity of Muon vs SGD
                     with Gaussian embeddings.
+  certified         closed forms proved over ranges by ball arithmetic (python-flint).
 
-Adding a check: write ``fn(ctx: Context) -> CheckResult`` in the paper's module (a module
-is listed in :data:`theory_checks.cli.PAPER_MODULES`), decorate it with
+Adding a check: write ``fn(ctx: Context) -> CheckResult`` in the paper's module (every
+module of this package is imported by :func:`theory_checks.cli._load`), decorate it with
 ``@register("<paper>.<statement>")``, justify its tolerance in the docstring, state its
 reading of the paper where the text allows two, honour ``ctx.quick`` (the quick suite runs
 in the test suite, < 60 s in all), mark the result ``kind="derived"`` when it tests a

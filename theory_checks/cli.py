@@ -38,18 +38,16 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-PAPER_MODULES = (
-    "theory_checks.wang2025", "theory_checks.wang2025_signgd", "theory_checks.li2026",
-    "theory_checks.li2026_scaling", "theory_checks.li2026_structure", "theory_checks.kim2026",
-)  # fmt: skip
-
-
 def _load() -> None:
-    """Imports the check modules (registering their checks), paper A first."""
+    """Imports every module of the package (each registers its checks), by name."""
     import importlib
+    import pkgutil
 
-    for name in PAPER_MODULES:
-        importlib.import_module(name)
+    import theory_checks
+
+    for info in pkgutil.iter_modules(theory_checks.__path__):
+        if info.name not in ("cli", "common") and not info.name.startswith("_"):
+            importlib.import_module(f"theory_checks.{info.name}")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -79,7 +77,8 @@ def main(argv: list[str] | None = None) -> int:
 
     def progress(r: common.CheckResult) -> None:
         verdict = "PASS" if r.passed else "FAIL"
-        print(f"[{verdict}] {r.name} ({r.seconds:.1f} s)", file=sys.stderr, flush=True)
+        cert = f", certified over {r.certified}" if r.certified else ""
+        print(f"[{verdict}] {r.name} ({r.seconds:.1f} s{cert})", file=sys.stderr, flush=True)
 
     results = common.run_checks(names, ctx, progress)
     total = time.perf_counter() - t0

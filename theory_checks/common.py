@@ -46,6 +46,8 @@ class CheckResult:
       figure: path of a figure written by the check, or None.
       seconds: wall time of the check (filled in by the runner).
       details: extra numbers (JSON-serialisable) for ``--json`` output.
+      certified: the range over which ball arithmetic proved the statement
+        (:mod:`theory_checks.certified`), or "" for a floating-point check.
     """
 
     statement: str
@@ -58,6 +60,7 @@ class CheckResult:
     figure: str | None = None
     seconds: float = 0.0
     details: dict[str, Any] = dataclasses.field(default_factory=dict)
+    certified: str = ""
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
@@ -165,14 +168,14 @@ def _cell(s: str) -> str:
 
 def markdown_table(results: list[CheckResult], *, with_statement: bool = True) -> str:
     """Results as a markdown table: check, kind, (statement,) predicted, measured, tolerance,
-    verdict, seconds."""
+    verdict, certified range, seconds."""
     head = ["check", "kind"] + (["statement"] if with_statement else [])
-    head += ["predicted", "measured", "tolerance", "verdict", "s"]
+    head += ["predicted", "measured", "tolerance", "verdict", "certified over", "s"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in results:
         row = [r.name, r.kind] + ([r.statement] if with_statement else [])
         row += [r.predicted, r.measured, r.tolerance, "PASS" if r.passed else "FAIL"]
-        row.append(f"{r.seconds:.1f}")
+        row += [r.certified or "-", f"{r.seconds:.1f}"]
         lines.append("| " + " | ".join(_cell(c) for c in row) + " |")
     return "\n".join(lines)
 

@@ -345,7 +345,8 @@ def signgd_regime_change(ctx: Context) -> CheckResult:
     smallest off-block margin and m_b that of the class that crosses first there (head
     class 2, 2.473): L ≡ 0: s = 1.83 (the "beyond roughly ε^-1.8"); L ≡ 2: s = 0.99;
     L ≡ 1: s = 0, because the straddling block's class 2 has negative off-block margins
-    once its sign pattern settles (K >= 90, a 1/K effect), so the other blocks win at
+    once its sign pattern settles (K >= 285, proved by
+    ``wang2025.thm53_signgd_regime_change.certified``; a 1/K effect), so the other blocks win at
     every larger K whatever ε. The statement is asymptotic in ε → 0, so the exponent is
     fitted over ε ∈ [1e-8, 1e-3] (6 points); K* at ε = 0.1 and 0.01 is reported (for
     L ≡ 1 it falls before the sign pattern settles). Passes when each predicted s lies
