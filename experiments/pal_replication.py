@@ -37,7 +37,6 @@ import gzip
 import json
 import math
 import pathlib
-import urllib.request
 from typing import Any
 
 import jax
@@ -110,21 +109,23 @@ def train(cfg: ConfigDict, name: str, d: int, batch: int) -> np.ndarray:
     return np.asarray(f(lrs, seeds))
 
 
-def load_pal(source: str, cfg: ConfigDict, cache: pathlib.Path) -> dict[tuple, np.ndarray]:
+def load_pal(source: str, cfg: ConfigDict) -> dict[tuple, np.ndarray]:
     """pal's errors per cell ``(optimizer, d, lr, batch, ntrain)`` -> ``[seeds]``.
 
-    ``source`` is a path or URL of ``res/finer_dim/all.jsonl.gz`` (a URL is downloaded
-    once into ``cache``). Only the matrix model without layer norm at ``cfg.N, cfg.M``.
+    ``source`` is the path of ``projects/scaling_law/grid_experiments/res/finer_dim/
+    all.jsonl.gz`` in a local clone of github.com/facebookresearch/pal (amemory downloads
+    nothing at run time). Only the matrix model without layer norm at ``cfg.N, cfg.M``.
 
     Raises:
-      ValueError: if no row of the file matches.
+      ValueError: if ``source`` is not an existing file, or no row of the file matches.
     """
-    path = pathlib.Path(source)
-    if "://" in source:
-        path = cache / "pal_finer_dim.jsonl.gz"
-        if not path.exists():
-            cache.mkdir(parents=True, exist_ok=True)
-            urllib.request.urlretrieve(source, path)
+    path = pathlib.Path(source or "")
+    if not source or not path.is_file():
+        raise ValueError(
+            f"config.pal_results: {source!r} is not a file; give the path of "
+            "projects/scaling_law/grid_experiments/res/finer_dim/all.jsonl.gz in a clone of "
+            "https://github.com/facebookresearch/pal (--set pal_results=PATH)"
+        )
     cells = collections.defaultdict(list)
     for r in map(json.loads, gzip.open(path, "rt")):
         if r["model"] == "matrix" and not r.get("layernorm") and (r["N"], r["M"]) == (cfg.N, cfg.M):
@@ -148,7 +149,7 @@ def agree(ours: np.ndarray, theirs: np.ndarray) -> tuple[float, float]:
 
 def run(cfg: ConfigDict, stage: common.Stage) -> dict[str, Any]:
     """Train every optimizer over the grid, compare the reproduced cells with pal's."""
-    pal = load_pal(cfg.pal_results, cfg, stage.cache_dir)
+    pal = load_pal(cfg.pal_results, cfg)
     ours = {}  # (name, d, batch) -> [lr, seed, ckpt, 2]
     for name in cfg.optimizers:
         for d in cfg.d:

@@ -68,8 +68,8 @@ def test_load_pal_keeps_matrix_rows_without_layernorm(tmp_path):
     with gzip.open(path, "wt") as f:
         f.write("\n".join(map(json.dumps, rows)) + "\n")
     cfg = ConfigDict(dict(N=100, M=5))
-    cells = pr.load_pal(str(path), cfg, tmp_path)
+    cells = pr.load_pal(str(path), cfg)
     assert list(cells) == [("SGD", 10, 1.0, 256, 1024)]
     np.testing.assert_allclose(cells["SGD", 10, 1.0, 256, 1024], [0.1, 0.2])
     with pytest.raises(ValueError, match="no matrix-model row"):
-        pr.load_pal(str(path), ConfigDict(dict(N=50, M=5)), tmp_path)
+        pr.load_pal(str(path), ConfigDict(dict(N=50, M=5)))

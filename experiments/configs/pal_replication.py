@@ -15,16 +15,13 @@ from ml_collections import ConfigDict
 
 from experiments.configs import new_config
 
-PAL_URL = (
-    "https://github.com/facebookresearch/pal/raw/main/projects/scaling_law/"
-    "grid_experiments/res/finer_dim/all.jsonl.gz"
-)
-
 
 def get_config(scale: str = "quick") -> ConfigDict:
     """The pal_replication config (one size: pal's); ``ValueError`` for an unknown scale."""
     c, _ = new_config(scale)
-    c.pal_results = PAL_URL  # path or URL of pal's committed grid (downloaded once)
+    # pal's committed grid: projects/scaling_law/grid_experiments/res/finer_dim/all.jsonl.gz
+    # in a local clone of github.com/facebookresearch/pal (required; nothing is downloaded).
+    c.pal_results = ""
     c.N, c.M, c.alpha = 100, 5, 2.0  # inputs, classes (y = x mod M), Zipf exponent
     c.d = (10, 20, 50, 100)  # of pal's 10, 20, 50, 100, 200, 500, 1000
     c.batch_sizes = (256, 1024)  # of pal's 16, 64, 256, 1024
