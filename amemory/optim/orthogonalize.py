@@ -102,8 +102,10 @@ PRECONDITIONINGS = ("frobenius", "spectral", "aol", "schatten")
 #: Forms of the iteration (see :func:`newton_schulz`).
 NS_METHODS = ("auto", "direct", "gram")
 #: How ``eps`` guards the norm division: ``"add"`` ``X / (||X|| + eps)`` (Keller Jordan,
-#: optax) or ``"clamp"`` ``X / max(||X||, eps)`` (torch.optim.Muon: scale-invariant).
-NS_EPS_MODES = ("add", "clamp")
+#: optax), ``"clamp"`` ``X / max(||X||, eps)`` (torch.optim.Muon) or ``"relative"``
+#: ``X / (||X|| + eps 2^e)`` with ``2^e`` the power of two at or above ``max |X|``
+#: (scale-invariant at every scale: ``NS(2^j X) == NS(X)`` bit for bit; zero maps to zero).
+NS_EPS_MODES = ("add", "clamp", "relative")
 #: Unit balls whose linear-minimisation oracle :func:`norm_ball_lmo` returns.
 NORMS = ("spectral", "sign", "colnorm", "rownorm")
 
@@ -190,7 +192,7 @@ def newton_schulz(
     coeffs: str | Any = "jordan",
     steps: int = 5,
     eps: float = 1e-7,
-    eps_mode: str = "add",
+    eps_mode: str = "relative",
     dtype: Any = None,
     method: str = "direct",
     preconditioning: str = "frobenius",
@@ -223,8 +225,13 @@ def newton_schulz(
       steps: number of NS steps.
       eps: added to the norm before dividing (guards zero inputs: zero maps to zero),
         and the floor of the AOL / Schatten rescale denominators.
-      eps_mode: ``"add"`` (``||X|| + eps``) or ``"clamp"`` (``max(||X||, eps)``, as
-        torch.optim.Muon: the output does not depend on the input's scale above ``eps``).
+      eps_mode: ``"relative"`` (``||X|| + eps 2^e``, ``2^e`` the power of two at or above
+        ``max |X|``: the output does not depend on the input's scale, down to subnormal
+        inputs), ``"add"`` (``||X|| + eps``: Keller Jordan, optax) or ``"clamp"``
+        (``max(||X||, eps)``: torch.optim.Muon). In every mode the norm is computed
+        after an exact power-of-two rescale, so its sum of squares cannot underflow
+        (fp32 underflows below entries of about 1e-20; Emerging-Optimizers reduces in
+        fp64 instead, ``normalize_in_double``).
       dtype: compute dtype (e.g. ``jnp.bfloat16`` on GPU/TPU, as in the PyTorch
         reference); ``None`` keeps ``x.dtype`` (at least float32). The result is cast
         back to ``x.dtype``.
@@ -274,20 +281,27 @@ def newton_schulz(
     return _ns_dynamic(x, eps, table, factor, cdtype, method, preconditioning, restarts, eps_mode)
 
 
-def _ns(x, eps, table, factor, cdtype, method, preconditioning, restarts, eps_mode="add"):
+def _ns(x, eps, table, factor, cdtype, method, preconditioning, restarts, eps_mode):
     """The NS iteration (see :func:`newton_schulz`); arguments already validated."""
     out_dtype = x.dtype
     tall = x.shape[-2] > x.shape[-1]
     X = jnp.swapaxes(x, -1, -2) if tall else x  # [..., k, l], k <= l
-    X = X.astype(cdtype)
+    X = X.astype(jnp.result_type(X.dtype, jnp.float32))
     if preconditioning in ("frobenius", "spectral"):
+        # X = 2^e X' with 2^e the power of two at or above max |X|: exact, so the norm of X'
+        # (entries up to 1) cannot underflow, and the output is invariant under X -> 2^j X
+        peak = jnp.max(jnp.abs(X), axis=(-2, -1), keepdims=True)
+        two = jnp.ldexp(jnp.ones_like(peak), jnp.frexp(peak)[1])  # [..., 1, 1]; 1 for X = 0
+        X = (X / two.astype(X.dtype)).astype(cdtype)
         if preconditioning == "frobenius":
             norm = _frobenius(X)
         else:
             xs = X.astype(jnp.result_type(X.dtype, jnp.float32))
             norm = jnp.linalg.svd(xs, compute_uv=False)[..., :1, None]
+        eps = eps if eps_mode == "relative" else eps / two  # "add"/"clamp": eps on ||X||
         norm = jnp.maximum(factor * norm, eps) if eps_mode == "clamp" else factor * norm + eps
         X = X / norm.astype(cdtype)
+    X = X.astype(cdtype)
     A = X @ _ht(X)  # [..., k, k]
     if preconditioning == "aol":
         s = jax.lax.rsqrt(jnp.maximum(jnp.sum(jnp.sqrt(_abs2(A)), axis=-1), eps))  # [..., k]
