@@ -149,7 +149,7 @@ class TransformerConfig:
       d_model: D, residual width; must be divisible by ``n_heads``.
       n_layers: number of blocks.
       n_heads: H; head dim ``D / H`` must be even when ``position="rope"``.
-      n_kv_heads: H_kv key/value heads, dividing H (MHA only): None = H (multi-head),
+      n_kv_heads: H_kv key/value heads, dividing H (not MLA): None = H (multi-head),
         1 = multi-query (Shazeer 2019, arXiv 1911.02150), else grouped-query attention
         (Ainslie et al. 2023, arXiv 2305.13245; query head h reads K/V head
         ``h // (H / H_kv)``); k and v kernels ``[D, H_kv d_h]``, KV cache ``H / H_kv``
@@ -250,10 +250,10 @@ class TransformerConfig:
             )
         kv = self.n_kv_heads
         if kv is not None and (isinstance(kv, bool) or not isinstance(kv, int) or kv < 1
-                               or self.n_heads % kv or self.attention != "mha"):  # fmt: skip
+                               or self.n_heads % kv or self.attention == "mla"):  # fmt: skip
             raise ValueError(
                 f"TransformerConfig.n_kv_heads must be None or an integer dividing "
-                f"n_heads={self.n_heads} (attention='mha' only), got {kv!r}"
+                f"n_heads={self.n_heads} (not with attention='mla'), got {kv!r}"
             )
         if not 0.0 <= float(self.dropout) < 1.0:
             raise ValueError(f"TransformerConfig.dropout must lie in [0, 1), got {self.dropout}")

@@ -121,7 +121,7 @@ class MuonOptions:
       preconditioning: ``"frobenius"``, ``"spectral"``, ``"aol"`` (Turbo-Muon) or
         ``"schatten"`` (see ``orthogonalize.newton_schulz``).
       gram_restarts: steps before which the Gram form restarts; ``None``: ``(2,)``
-        (Dao-AILab) below 32-bit compute, none in float32 (see ``newton_schulz``).
+        (Dao-AILab) below 32-bit compute, ``(2, 4)`` in float32 (see ``newton_schulz``).
       presign: orthogonalise ``sign(U)`` instead of ``U`` (AdaMuon's sign stabilisation).
       nuclear_scale: ``"none"``; ``"matrix"`` multiplies each matrix's direction by
         ``<U, O>`` (``= ||U||_*`` for the exact polar factor: PolarGrad, arXiv
