@@ -69,3 +69,24 @@ def test_an_attention_variant_added_by_the_recipe_trains_and_decodes(corpus, tmp
     _, cache = decode.extend(graphdef, params, tokens[:, :5], cache, 0)
     out = decode.extend(graphdef, params, tokens[:, 5:], cache, 5)[0]
     np.testing.assert_allclose(out, full[:, 5:], rtol=1e-4, atol=1e-5)
+
+
+def test_grouped_kv_heads_shrink_the_cache_and_pair_vo_per_head():
+    """GQA (6 query heads, 2 K/V heads): the cache is 3x smaller than MHA's, and the "vo"
+    spectrum matrix equals the loop sum_h W_O^h W_V^(h // 3) (y = W x convention)."""
+    config = T.preset("tiny", n_heads=6, n_kv_heads=2)
+    mha = config.replace(n_kv_heads=None)
+    assert 3 * decode.cache_bytes_per_token(config) == decode.cache_bytes_per_token(mha)
+    _, params = T.init(config, jax.random.key(3))
+    attn, dh = params["layers"][1]["attn"], config.head_dim
+    wv, wo = (
+        np.asarray(attn["v"]["kernel"]).T,
+        np.asarray(attn["o"]["kernel"]).T,
+    )  # [2dh, D], [D, 6dh]
+    want = sum(
+        wo[:, h * dh : (h + 1) * dh] @ wv[(h // 3) * dh : (h // 3 + 1) * dh] for h in range(6)
+    )
+    got = matrices.hidden_matrices(params, config=config)["layers/1/vo"]
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+    per_head = matrices.vo_maps(params, config)[1]  # [H, D, D]
+    np.testing.assert_allclose(per_head.sum(0), want, rtol=1e-5, atol=1e-6)
