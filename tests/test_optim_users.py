@@ -47,7 +47,7 @@ class Block(nnx.Module):
 
 
 def _vmapped(rngs):
-    return nnx.vmap(Block, in_axes=0, out_axes=0)(rngs.fork(split=L))
+    return nnx.vmap(Block, in_axes=0, out_axes=0)(rngs.split(L))
 
 
 def _scanned(rngs):
@@ -55,11 +55,11 @@ def _scanned(rngs):
     def make(carry, r):
         return carry, Block(r)
 
-    return make(0, rngs.fork(split=L))[1]
+    return make(0, rngs.split(L))[1]
 
 
 def _nested(rngs):  # a stack of stacks: [2, L, ...]
-    return nnx.vmap(_vmapped, in_axes=0, out_axes=0)(rngs.fork(split=2))
+    return nnx.vmap(_vmapped, in_axes=0, out_axes=0)(rngs.split(2))
 
 
 class Model(nnx.Module):
@@ -143,7 +143,7 @@ def test_stacked_layers_on_an_explicit_mesh():
 
 
 def test_a_layer_axis_that_does_not_lead_is_refused_naming_the_leaf():
-    model = Model(lambda r: nnx.vmap(Block, in_axes=0, out_axes=1)(r.fork(split=L)), nnx.Rngs(0))
+    model = Model(lambda r: nnx.vmap(Block, in_axes=0, out_axes=1)(r.split(L)), nnx.Rngs(0))
     with pytest.raises(ValueError, match=r"'blocks/attn/key/kernel' has shape \(6, 3, 2, 3\) but"):
         optim.nnx_layers(model)
 
