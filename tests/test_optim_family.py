@@ -84,10 +84,17 @@ def test_gram_restart_keeps_float16_stable_and_auto_keeps_bf16_direct():
     )
     assert restart < direct + 0.03, (restart, direct)
     assert none > 0.3, none
-    restarts_fp32 = optim.newton_schulz(x, method="gram")  # float32: no restart by default
+    restarts_fp32 = optim.newton_schulz(x, method="gram")  # float32: restarts (2, 4)
     np.testing.assert_array_equal(
-        restarts_fp32, optim.newton_schulz(x, method="gram", gram_restarts=())
+        restarts_fp32, optim.newton_schulz(x, method="gram", gram_restarts=(2, 4))
     )
+    # over 4 decades, in float32: without restarts the Gram form drifts from the direct one
+    # (docs/peers.md, "Gram Newton-Schulz in fp32"); the default restarts remove the drift
+    y = jnp.asarray(_ill_conditioned(np.random.default_rng(1), 2, 24, 96, 4), jnp.float32)
+    ns = lambda **kw: np.asarray(optim.newton_schulz(y, coeffs="polar_express", steps=8, **kw))  # noqa: E731
+    direct = ns(method="direct")
+    assert np.abs(ns(method="gram") - direct).max() < 1e-4
+    assert np.abs(ns(method="gram", gram_restarts=()) - direct).max() > 1e-3
     auto = optim.newton_schulz(x, dtype=jnp.bfloat16, method="auto")
     np.testing.assert_array_equal(auto, optim.newton_schulz(x, dtype=jnp.bfloat16, method="direct"))
 

@@ -61,9 +61,20 @@ def test_muonh_and_adamh_are_their_direction_then_the_projection():
 # ----------------------------------------------------------------------------- QK-Clip
 
 MLA_DIMS = dict(kv_rank=10, rope_dim=4, q_rank=12)
+#: attention variants: MHA, MLA, and fewer K/V heads than query heads (MQA, GQA)
+VARIANTS = {
+    "mha": dict(attention="mha"),
+    "mla": dict(attention="mla", mla=MLA_DIMS),
+    "mqa": dict(n_kv_heads=1),
+    "gqa": dict(n_heads=6, n_kv_heads=2),
+}
 
 
-@pytest.mark.parametrize("attention", ["mha", "mla"])
+def _heads(config, role):
+    return config.kv_heads if role in ("k", "v") else config.n_heads
+
+
+@pytest.mark.parametrize("attention", list(VARIANTS))
 def test_qk_clip_caps_logits_keeps_other_heads_and_decoding(attention):
     """The clip scales each clipped head's logit by exactly tau / max (layer 0, whose input
     it does not change, lands on min(max, tau)); un-clipped heads and every other weight
@@ -73,7 +84,7 @@ def test_qk_clip_caps_logits_keeps_other_heads_and_decoding(attention):
     from amemory.models import transformer as T
     from amemory.models.matrices import HEADS, head_view
 
-    config = T.preset("tiny", attention=attention, mla=MLA_DIMS)
+    config = T.preset("tiny", **VARIANTS[attention])
     graphdef, params = T.init(config, jax.random.key(0))
     params = jax.tree.map(lambda x: x * 8.0, params)  # logits of order 1
     tokens = jax.random.randint(jax.random.key(1), (2, 9), 0, config.vocab_size)
@@ -83,23 +94,25 @@ def test_qk_clip_caps_logits_keeps_other_heads_and_decoding(attention):
     top2 = T.apply(graphdef, clipped, tokens, with_aux=True)[1]["max_logit"]
     np.testing.assert_allclose(top2[0], np.minimum(top[0], tau), rtol=1e-5)
     gamma = np.minimum(1.0, tau / np.asarray(top, np.float64))
-    h = config.n_heads
+    grouped = config.kv_heads < config.n_heads  # a shared K head: all of gamma on q (MaxText)
     for i in range(config.n_layers):
         for role, new in clipped["layers"][i]["attn"].items():
             old, new = (
                 np.asarray(params["layers"][i]["attn"][role]["kernel"]),
                 np.asarray(new["kernel"]),
             )
-            if HEADS.get(role, (0, 0.0))[1] == 0:
+            power = {"q": 1.0, "k": 0.0}.get(role) if grouped else None
+            power = HEADS.get(role, (0, 0.0))[1] if power is None else power
+            if power == 0:
                 np.testing.assert_array_equal(new, old)
                 continue
-            w = old.shape[1] // h
-            for head in range(h):
+            w = old.shape[1] // config.n_heads
+            for head in range(config.n_heads):
                 cols = slice(head * w, (head + 1) * w)
                 if gamma[i, head] == 1.0:
                     np.testing.assert_array_equal(new[:, cols], old[:, cols])
                 else:
-                    want = old[:, cols] * gamma[i, head] ** HEADS[role][1]
+                    want = old[:, cols] * gamma[i, head] ** power
                     np.testing.assert_allclose(new[:, cols], want, rtol=1e-6)
     stacked = T.stack_layers(params)
     clipped_s = qk_clip(stacked, top, tau, head_view(config))
@@ -121,7 +134,7 @@ def _polar_np(m):
     return u @ vh
 
 
-@pytest.mark.parametrize("attention", ["mha", "mla"])
+@pytest.mark.parametrize("attention", list(VARIANTS))
 def test_per_head_muon_equals_a_loop_over_heads_in_both_layouts(attention):
     """Exact-polar Muon on the per-head view equals numpy's polar factor of every head block
     (columns of q/k/v-like kernels, rows of o), times the Jordan scale of the block
@@ -131,7 +144,7 @@ def test_per_head_muon_equals_a_loop_over_heads_in_both_layouts(attention):
     from amemory.models import transformer as T
     from amemory.models.matrices import HEADS, per_head_axes
 
-    config = T.preset("tiny", attention=attention, mla=MLA_DIMS)
+    config = T.preset("tiny", **VARIANTS[attention])
     _, params = T.init(config, jax.random.key(0))
     attn = {"layers": {i: {"attn": params["layers"][i]["attn"]} for i in range(2)}}
     rng = np.random.default_rng(3)
@@ -139,7 +152,6 @@ def test_per_head_muon_equals_a_loop_over_heads_in_both_layouts(attention):
     kw = dict(momentum=0.0, nesterov=False, orthogonalizer="polar", shape_scale="jordan")
     tx = optim.scale_by_muon(matrix_axes=per_head_axes(config), **kw)
     out = tx.update(grads, tx.init(attn), attn)[0]
-    h = config.n_heads
     for i in range(2):
         for role, g in grads["layers"][i]["attn"].items():
             g, got = (
@@ -151,7 +163,7 @@ def test_per_head_muon_equals_a_loop_over_heads_in_both_layouts(attention):
                 np.testing.assert_allclose(got, want, atol=2e-5)
                 continue
             cols = HEADS[role][0] == -1
-            blocks = np.split(g, h, axis=1 if cols else 0)
+            blocks = np.split(g, _heads(config, role), axis=1 if cols else 0)
             want = [_polar_np(b) * max(1.0, b.shape[1] / b.shape[0]) ** 0.5 for b in blocks]
             np.testing.assert_allclose(got, np.concatenate(want, axis=1 if cols else 0), atol=2e-5)
     stacked = T.stack_layers(attn)

@@ -98,14 +98,16 @@ def _write(cache: dict, new: dict, pos: jax.Array) -> dict:
 
 
 class Attention(nnx.Module):
-    """Causal multi-head self-attention with separate 2-D q, k, v, o kernels ``[D, D]``."""
+    """Causal self-attention with separate 2-D kernels: q, o ``[D, D]``; k, v ``[D, H_kv d_h]``
+    (``config.kv_heads``: H = MHA, 1 = MQA, else GQA; query head h reads K/V head
+    ``h // (H / H_kv)``, as Llama's ``repeat_kv``)."""
 
     def __init__(self, config: Any, *, rngs: nnx.Rngs):
-        d, std = config.d_model, config.init_std
+        d, std, d_kv = config.d_model, config.init_std, config.kv_heads * config.head_dim
         self.config = config
         self.q = linear(config, d, d, std, rngs)
-        self.k = linear(config, d, d, std, rngs)
-        self.v = linear(config, d, d, std, rngs)
+        self.k = linear(config, d, d_kv, std, rngs)
+        self.v = linear(config, d, d_kv, std, rngs)
         self.o = linear(config, d, d, std / math.sqrt(2 * config.n_layers), rngs)
         if config.qk_norm:
             kw = dict(epsilon=config.norm_eps, dtype=config.dtype, param_dtype=config.param_dtype)
@@ -115,10 +117,9 @@ class Attention(nnx.Module):
     def _qkv(self, x: jax.Array, positions: jax.Array | None):
         c = self.config
         b, t, _ = x.shape
-        heads = (b, t, c.n_heads, c.head_dim)
-        q = self.q(x).reshape(heads)  # (B, T, H, Dh)
-        k = self.k(x).reshape(heads)
-        v = self.v(x).reshape(heads)
+        q = self.q(x).reshape(b, t, c.n_heads, c.head_dim)  # (B, T, H, Dh)
+        k = self.k(x).reshape(b, t, c.kv_heads, c.head_dim)  # (B, T, H_kv, Dh)
+        v = self.v(x).reshape(b, t, c.kv_heads, c.head_dim)
         if c.qk_norm:
             q, k = self.q_norm(q), self.k_norm(k)
         if c.position == "rope":
@@ -129,13 +130,19 @@ class Attention(nnx.Module):
         b, t, _ = x.shape
         q, k, v = self._qkv(x, None)
         scale = 1.0 / math.sqrt(self.config.head_dim)
-        y, top = attend(q, k, v, causal_mask(t, t), scale)  # (B, T, H, Dh), (H,)
+        y, top = attend(q, *self._grouped(k, v), causal_mask(t, t), scale)  # (B, T, H, Dh), (H,)
         return self.o(y.reshape(b, t, self.config.d_model)), top  # (B, T, D)
+
+    def _grouped(self, k: jax.Array, v: jax.Array) -> tuple[jax.Array, jax.Array]:
+        """K/V ``[B, T, H_kv, Dh]`` -> ``[B, T, H, Dh]``, each K/V head repeated for its
+        ``H / H_kv`` query heads."""
+        group = self.config.n_heads // self.config.kv_heads
+        return jnp.repeat(k, group, axis=2), jnp.repeat(v, group, axis=2)
 
     @staticmethod
     def cache_spec(config: Any, batch: int, length: int) -> dict[str, tuple[int, ...]]:
-        """Cached arrays per layer: ``k``, ``v`` ``[B, L, H, Dh]`` (keys after RoPE)."""
-        shape = (batch, length, config.n_heads, config.head_dim)
+        """Cached arrays per layer: ``k``, ``v`` ``[B, L, H_kv, Dh]`` (keys after RoPE)."""
+        shape = (batch, length, config.kv_heads, config.head_dim)
         return {"k": shape, "v": shape}
 
     def extend(self, x: jax.Array, cache: dict, pos: jax.Array) -> tuple[jax.Array, dict]:
@@ -147,7 +154,8 @@ class Attention(nnx.Module):
         q, k, v = self._qkv(x, pos + jnp.arange(s))
         cache = _write(cache, {"k": k, "v": v}, pos)
         mask = causal_mask(s, cache["k"].shape[1], pos)
-        y, _ = attend(q, cache["k"], cache["v"], mask, 1.0 / math.sqrt(self.config.head_dim))
+        k, v = self._grouped(cache["k"], cache["v"])
+        y, _ = attend(q, k, v, mask, 1.0 / math.sqrt(self.config.head_dim))
         return self.o(y.reshape(b, s, self.config.d_model)), cache
 
 

@@ -2,7 +2,8 @@
 
 The cache is a list with one dict of arrays per layer, shaped by the attention kind's
 ``cache_spec`` (:mod:`amemory.models.attention`): MHA caches keys and values
-``[B, L, H, d_h]`` (``2 H d_h`` numbers per token and layer), MLA caches the latent
+``[B, L, H_kv, d_h]`` (``2 H_kv d_h`` numbers per token and layer; ``H_kv = H`` unless
+``n_kv_heads`` sets MQA / GQA), MLA caches the latent
 ``c_kv [B, L, d_c]`` and the RoPE key ``[B, L, d_R]`` (``d_c + d_R`` numbers; DeepSeek-V2,
 arXiv 2405.04434, Sec. 2.1.2). :func:`extend` runs S new tokens through the model at
 positions ``pos..pos+S-1``; its logits equal those rows of the full forward pass
@@ -66,7 +67,7 @@ def init_cache(config: Any, batch: int, length: int) -> list[dict[str, jax.Array
 
 
 def cache_bytes_per_token(config: Any, *, per_layer: bool = False) -> int:
-    """Bytes of KV cache one token occupies: ``2 H d_h`` (MHA) or ``d_c + d_R`` (MLA) numbers
+    """Bytes of KV cache one token occupies: ``2 H_kv d_h`` (MHA) or ``d_c + d_R`` (MLA) numbers
     per layer, times the compute dtype's size, times ``n_layers`` unless ``per_layer``.
 
     Raises:

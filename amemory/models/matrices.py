@@ -30,19 +30,30 @@ HEADS = {
     **dict.fromkeys(("q", "k", "q_up", "k_up"), (-1, 0.5)), "q_rope": (-1, 1.0),
     **dict.fromkeys(("v", "v_up"), (-1, 0.0)), "o": (-2, 0.0),
 }  # fmt: skip
+#: With fewer K/V heads than query heads (``n_kv_heads``: MQA / GQA) a K head is shared by
+#: a group of query heads, as MLA's RoPE key is: QK-Clip puts all of ``gamma`` on the query
+#: head and leaves the shared key untouched (MaxText ``qk_clip_utils.py``'s rule for it).
+GROUPED = {"q": 1.0, "k": 0.0}
+#: Roles whose kernels hold the K/V heads (``config.kv_heads`` of them).
+KV_ROLES = ("k", "v")
 
 
 def head_view(config: Any):
-    """``(path, leaf) -> (layer, head axis, H, QK-Clip power) | None`` (:data:`HEADS`;
-    ``layer`` None for a stacked leaf ``[L, ...]``), the model side of
-    ``amemory.optim.qk_clip`` and of :func:`per_head_axes`."""
+    """``(path, leaf) -> (layer, head axis, heads, QK-Clip power) | None`` (:data:`HEADS`;
+    ``heads``: ``config.kv_heads`` for :data:`KV_ROLES`, else ``n_heads``; :data:`GROUPED`
+    powers when ``kv_heads < n_heads``; ``layer`` None for a stacked leaf ``[L, ...]``), the
+    model side of ``amemory.optim.qk_clip`` and of :func:`per_head_axes`."""
+    grouped = config.kv_heads < config.n_heads
 
     def view(path: Any, leaf: Any = None):
-        axis, power = HEADS.get(role_of(path), (None, 0.0))
+        role = role_of(path)
+        axis, power = HEADS.get(role, (None, 0.0))
         if axis is None:
             return None
         layer = [int(k) for k in path[1:2] if isinstance(k, int) or str(k).isdigit()]
-        return (layer[0] if layer else None), axis, config.n_heads, power
+        heads = config.kv_heads if role in KV_ROLES else config.n_heads
+        power = GROUPED.get(role, power) if grouped else power
+        return (layer[0] if layer else None), axis, heads, power
 
     return view
 
@@ -83,6 +94,17 @@ def _math(kernel: jax.Array) -> jax.Array:
     return jnp.swapaxes(kernel, -1, -2)
 
 
+def _per_query_head(wv: jax.Array, config: Any) -> jax.Array:
+    """Value matrix ``[..., H_kv d_h, D]`` -> ``[..., H d_h, D]``: each K/V head's rows
+    repeated for the ``H / H_kv`` query heads that read it (MQA / GQA; identity for MHA)."""
+    h_kv = config.kv_heads if config is not None else None
+    if h_kv is None or h_kv == config.n_heads:
+        return wv
+    lead, dh = wv.shape[:-2], config.head_dim
+    heads = jnp.repeat(wv.reshape(*lead, h_kv, dh, wv.shape[-1]), config.n_heads // h_kv, -3)
+    return heads.reshape(*lead, config.n_heads * dh, wv.shape[-1])
+
+
 def vo_maps(params: Mapping[str, Any], config: Any, *, per_head: bool = True):
     """Value-output maps of every layer, in the ``y = M x`` convention.
 
@@ -106,7 +128,7 @@ def vo_maps(params: Mapping[str, Any], config: Any, *, per_head: bool = True):
     if config.attention != "mha":
         raise ValueError(f"vo_maps needs attention='mha', got {config.attention!r}")
     h, dh = config.n_heads, config.head_dim
-    wv = _math(_kernels(params, "attn", "v"))  # [..., L, D(out), D(in)]
+    wv = _per_query_head(_math(_kernels(params, "attn", "v")), config)  # [..., L, D, D(in)]
     wo = _math(_kernels(params, "attn", "o"))
     if not per_head:
         return wo @ wv  # [..., L, D, D]
@@ -130,8 +152,14 @@ def ffn_matrices(params: Mapping[str, Any]) -> dict[str, jax.Array]:
     return {r: _math(k) for r, k in out.items() if k is not None}
 
 
-def hidden_matrices(params: Mapping[str, Any], *, include_vo: bool = True) -> dict[str, jax.Array]:
+def hidden_matrices(
+    params: Mapping[str, Any], *, include_vo: bool = True, config: Any = None
+) -> dict[str, jax.Array]:
     """Every hidden matrix by name, for spectrum logging (either layout).
+
+    ``config`` (the ``TransformerConfig``) is needed for ``"vo"`` with fewer K/V heads than
+    query heads (``n_kv_heads``): each query head's ``W_O^h`` pairs with its K/V head's
+    ``W_V``.
 
     Returns:
       ``{"layers/i/<role>": [..., d_out, d_in]}`` (``W = kernel.T``) for every role of
@@ -141,7 +169,8 @@ def hidden_matrices(params: Mapping[str, Any], *, include_vo: bool = True) -> di
       ``W_O W_uv W_dkv`` (MLA; not a role). Leading seed axes are carried through.
 
     Raises:
-      ValueError: if params is not a Transformer parameter dict.
+      ValueError: if params is not a Transformer parameter dict, or ``include_vo`` with
+        grouped K/V heads and no ``config``.
     """
     out = {}
     for i, path, leaf in _block_leaves(params):
@@ -150,10 +179,15 @@ def hidden_matrices(params: Mapping[str, Any], *, include_vo: bool = True) -> di
             out[f"layers/{i}/{role}"] = _math(leaf)
     if include_vo:
         for i in sorted({int(k.split("/")[1]) for k in out}):
-            v = out.get(f"layers/{i}/v")
+            v, o = out.get(f"layers/{i}/v"), out[f"layers/{i}/o"]
             if v is None:  # MLA: values are v_up(kv_down(x))
                 v = out[f"layers/{i}/v_up"] @ out[f"layers/{i}/kv_down"]
-            out[f"layers/{i}/vo"] = out[f"layers/{i}/o"] @ v
+            if v.shape[-2] != o.shape[-1] and config is None:
+                raise ValueError(
+                    f"hidden_matrices: v {v.shape} and o {o.shape} of layer {i} have different "
+                    "head counts (n_kv_heads < n_heads): pass config= to pair them per head"
+                )
+            out[f"layers/{i}/vo"] = o @ _per_query_head(v, config)
     return out
 
 

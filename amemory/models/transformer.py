@@ -31,7 +31,8 @@ Parameter tree (``init`` returns it as a plain nested dict; list indices are int
     embed/embedding              [V, D]        embed
     pos_embed/embedding          [max_len, D]  embed   (position="learned" only)
     layers/i/attn_norm/scale     [D]           norm    (+ bias for layernorm: norm)
-    layers/i/attn/{q,k,v,o}/kernel [D, D]      q, k, v, o (+ bias: bias if use_bias)
+    layers/i/attn/{q,o}/kernel   [D, D]        q, o    (+ bias: bias if use_bias)
+    layers/i/attn/{k,v}/kernel   [D, H_kv d_h] k, v    (H_kv = n_kv_heads; D when H_kv = H)
     layers/i/attn/{q,k}_norm/scale [D/H]       norm    (qk_norm only)
     layers/i/mlp_norm/scale      [D]           norm
     layers/i/mlp/w_in/kernel     [D, F]        w_in
@@ -148,6 +149,11 @@ class TransformerConfig:
       d_model: D, residual width; must be divisible by ``n_heads``.
       n_layers: number of blocks.
       n_heads: H; head dim ``D / H`` must be even when ``position="rope"``.
+      n_kv_heads: H_kv key/value heads, dividing H (not MLA): None = H (multi-head),
+        1 = multi-query (Shazeer 2019, arXiv 1911.02150), else grouped-query attention
+        (Ainslie et al. 2023, arXiv 2305.13245; query head h reads K/V head
+        ``h // (H / H_kv)``); k and v kernels ``[D, H_kv d_h]``, KV cache ``H / H_kv``
+        times smaller. :attr:`kv_heads` is the resolved count.
       d_ff: F, FFN hidden width.
       max_len: longest sequence accepted (size of the learned position table).
       ffn: ``"gelu"`` (non-gated: w_in, w_out) or ``"swiglu"`` (gated: w_in, w_gate, w_out).
@@ -207,6 +213,7 @@ class TransformerConfig:
     attention: str = "mha"
     mla: MLAConfig = MLAConfig()
     moe: MoEConfig = MoEConfig()
+    n_kv_heads: int | None = None
 
     def __post_init__(self):
         sizes = ("vocab_size", "d_model", "n_layers", "n_heads", "d_ff", "max_len")
@@ -241,6 +248,13 @@ class TransformerConfig:
                 f"TransformerConfig: position='rope' needs an even head dim, got "
                 f"d_model/n_heads={self.head_dim}"
             )
+        kv = self.n_kv_heads
+        if kv is not None and (isinstance(kv, bool) or not isinstance(kv, int) or kv < 1
+                               or self.n_heads % kv or self.attention == "mla"):  # fmt: skip
+            raise ValueError(
+                f"TransformerConfig.n_kv_heads must be None or an integer dividing "
+                f"n_heads={self.n_heads} (not with attention='mla'), got {kv!r}"
+            )
         if not 0.0 <= float(self.dropout) < 1.0:
             raise ValueError(f"TransformerConfig.dropout must lie in [0, 1), got {self.dropout}")
         for name in ("rope_base", "init_std", "norm_eps"):
@@ -267,6 +281,11 @@ class TransformerConfig:
     def head_dim(self) -> int:
         """D / H."""
         return self.d_model // self.n_heads
+
+    @property
+    def kv_heads(self) -> int:
+        """H_kv: ``n_kv_heads``, or ``n_heads`` when None."""
+        return self.n_kv_heads or self.n_heads
 
     @property
     def mla_dims(self) -> MLAConfig:

@@ -110,8 +110,10 @@ class MuonOptions:
       ns_coeffs: ``"jordan"``, ``"polar_express"``, ``"dion"`` or an array ``[steps, 3]``.
       ns_steps: NS steps; ``None``: 5, or the length of an array ``ns_coeffs``. Static.
       ns_eps: guards the norm division before NS (1e-7 Keller/torch, 1e-8 optax).
-      ns_eps_mode: ``"add"`` (``||U|| + eps``: Keller, optax) or ``"clamp"``
-        (``max(||U||, eps)``: torch.optim.Muon, scale-invariant).
+      ns_eps_mode: ``"relative"`` (eps relative to ``max |U|``: the update does not
+        depend on the gradient's scale, down to 1e-30 and below), ``"add"``
+        (``||U|| + eps``: Keller, optax) or ``"clamp"`` (``max(||U||, eps)``:
+        torch.optim.Muon); the presets set the peer's.
       ns_dtype: NS compute dtype: ``None`` (momentum's dtype, at least fp32), a dtype or
         its name (``"bfloat16"``), or ``"auto"`` (bf16 on GPU/TPU, fp32 on CPU).
       ns_method: ``"auto"`` (the Gram form when ``fan_max >= 2 fan_min``, except
@@ -119,7 +121,7 @@ class MuonOptions:
       preconditioning: ``"frobenius"``, ``"spectral"``, ``"aol"`` (Turbo-Muon) or
         ``"schatten"`` (see ``orthogonalize.newton_schulz``).
       gram_restarts: steps before which the Gram form restarts; ``None``: ``(2,)``
-        (Dao-AILab) below 32-bit compute, none in float32 (see ``newton_schulz``).
+        (Dao-AILab) below 32-bit compute, ``(2, 4)`` in float32 (see ``newton_schulz``).
       presign: orthogonalise ``sign(U)`` instead of ``U`` (AdaMuon's sign stabilisation).
       nuclear_scale: ``"none"``; ``"matrix"`` multiplies each matrix's direction by
         ``<U, O>`` (``= ||U||_*`` for the exact polar factor: PolarGrad, arXiv
@@ -154,7 +156,7 @@ class MuonOptions:
     ns_coeffs: Any = "jordan"
     ns_steps: int | None = None
     ns_eps: Any = 1e-7
-    ns_eps_mode: str = "add"
+    ns_eps_mode: str = "relative"
     ns_dtype: Any = None
     ns_method: str = "auto"
     preconditioning: str = "frobenius"

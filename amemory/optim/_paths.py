@@ -6,6 +6,11 @@ diagnostics. ``flax.nnx.Optimizer(model, tx, wrt=nnx.Param)`` calls ``tx.init`` 
 end in an attribute key ``value`` (``l1/kernel/value``); it calls ``tx.update`` on pure
 arrays (``l1/kernel``). :func:`path_keys` drops that trailing attribute key, so a role
 function sees the same path at ``init`` and ``update``.
+
+Its entries are plain ``str`` / ``int`` keys (flax ``traverse_util``'s form: ``path[-1] ==
+"kernel"``, ``"/".join(map(str, path))``) that also answer to the attributes of
+``jax.tree_util`` key entries: ``.key`` (``DictKey``), ``.name`` (``GetAttrKey``) and, on
+indices, ``.idx`` (``SequenceKey``); so a role function written for either form works.
 """
 
 from __future__ import annotations
@@ -17,8 +22,20 @@ import jax
 __all__ = ["path_keys", "path_str"]
 
 
+class Key(str):
+    """A ``str`` path entry that also reads as a ``DictKey`` / ``GetAttrKey`` (``.key``)."""
+
+    key = name = property(str.__str__)
+
+
+class Index(int):
+    """An ``int`` path entry that also reads as a ``SequenceKey`` (``.idx``, ``.key``)."""
+
+    idx = key = property(int.__int__)
+
+
 def path_keys(path: tuple[Any, ...]) -> tuple[str | int, ...]:
-    """Turn a jax key path into a tuple of ``str`` / ``int`` keys.
+    """Turn a jax key path into a tuple of ``str`` / ``int`` keys (:class:`Key` / :class:`Index`).
 
     ``DictKey("w") -> "w"``, ``SequenceKey(3) -> 3``, ``GetAttrKey("mu") -> "mu"``,
     ``FlattenedIndexKey(i) -> i``; anything else -> ``str(key)``. A trailing
@@ -41,7 +58,7 @@ def path_keys(path: tuple[Any, ...]) -> tuple[str | int, ...]:
             out.append(k.key)
         else:
             out.append(str(k))
-    return tuple(out)
+    return tuple(Index(k) if isinstance(k, int) else Key(k) for k in out)
 
 
 def path_str(path: tuple[Any, ...]) -> str:

@@ -142,8 +142,9 @@ def orthogonalize_via_newton_schulz(
     lay = matrix_layout(x, _axes(dims))
     m = lay.to_matrix(x)
     o = newton_schulz(
-        m, coeffs=table, steps=steps, eps=eps, method="auto", preconditioning=preconditioning
-    )
+        m, coeffs=table, steps=steps, eps=eps, eps_mode="add", method="auto",
+        preconditioning=preconditioning,
+    )  # fmt: skip
     return lay.from_matrix(o)
 
 
@@ -182,6 +183,7 @@ def scale_by_muon(
         ns_coeffs=table,
         ns_steps=steps,
         ns_eps=eps,
+        ns_eps_mode="add",
         preconditioning=preconditioning,
         nuclear_scale="leaf" if adaptive else "none",
         shape_scale="none",

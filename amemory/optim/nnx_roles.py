@@ -10,7 +10,16 @@ batch axes: ``"BTD,NDH->BTNH"`` ``[N, D, H]`` is ``(D, N*H)``); ``Conv``/``ConvT
 ``[*k, c_in, c_out]`` is ``(prod(k) * c_in, c_out)`` (Keller Jordan's CIFAR-10
 speedruns); ``MultiHeadAttention`` ``query|key|value`` ``[d, H, d_h]`` are ``q|k|v``
 ``(d, H*d_h)``, ``out`` ``[H, d_h, d]`` is ``o``; ``Embed``, norm ``scale`` and any
-``bias`` have roles but no matrix; any other parameter is a ``ValueError`` naming it.
+``bias`` have roles but no matrix; ``nnx.LoRA`` (also inside ``nnx.LoRALinear``)
+``lora_a [in, r]`` / ``lora_b [r, out]`` have roles ``lora_a`` / ``lora_b`` and are matrices
+(in no group: a ``"rest"`` rule sends both to Adam, ``{"hidden+lora_b": muon(...)}`` sends
+B to Muon); any other parameter is a ``ValueError`` naming it.
+
+Layers stacked by ``nnx.vmap`` / ``nnx.scan`` (Flax's scan-over-layers idiom, nested stacks
+too): a kernel with more leading axes than its layer declares (``Linear(in, out)`` with
+kernel ``[L, in, out]``) gets them as batch axes, one matrix per layer; a kernel whose
+trailing axes do not match its layer's declared shape (the layer axis not leading) is a
+``ValueError`` naming it.
 
 The output layer gets role ``head`` (Muon's authors route it to Adam): the
 ``Linear``/``LinearGeneral``/``Einsum`` defined last among the model's own attributes, one
@@ -47,9 +56,10 @@ __all__ = [
 _ATTENTION = {"query": "q", "key": "k", "value": "v", "out": "o"}
 #: The roles this module gives, and the groups a routing spec may name (``hidden``: every
 #: kernel but the head).
+_LORA = ("lora_a", "lora_b")
 _VOCAB = (
-    ("q", "k", "v", "o", "dense", "head", "embed", "norm", "bias"),
-    {"qk": ("q", "k"), "vo": ("v", "o"), "hidden": ("q", "k", "v", "o", "dense")},
+    ("q", "k", "v", "o", "dense", "head", "embed", "norm", "bias", *_LORA),
+    {"qk": ("q", "k"), "vo": ("v", "o"), "hidden": ("q", "k", "v", "o", "dense"), "lora": _LORA},
 )
 #: Layer names of a model's output layer at the model top (``head``/``lm_head`` anywhere).
 HEAD_NAMES = ("head", "lm_head", "output_layer", "classifier", "logits", "out_proj")
@@ -65,11 +75,14 @@ def _classify(keys: tuple, shape: tuple) -> tuple[str, Any]:
     where = f"parameter {'/'.join(map(str, keys))!r} with shape {shape}"
     if name in ("embedding", "scale", "bias"):
         return {"embedding": "embed", "scale": "norm", "bias": "bias"}[name], None
+    if name in _LORA and len(shape) == 2:
+        return name, (0, 1)
     if name != "kernel":
         raise ValueError(
             f"nnx_role: cannot classify {where}; known: Linear, LinearGeneral, Einsum, Conv, "
             f"ConvTranspose and MultiHeadAttention kernels, Embed 'embedding', norm 'scale', "
-            "any 'bias'; pass your own role_fn for other parameters"
+            "any 'bias', LoRA 'lora_a'/'lora_b' (stacked ones: use optim.nnx_layers); pass "
+            "your own role_fn for other parameters"
         )
     if len(shape) == 3 and parent in _ATTENTION:
         return _ATTENTION[parent], ((0, 1), 2) if parent == "out" else (0, (1, 2))
@@ -127,6 +140,19 @@ class NnxLayers:
         """
         return self._lookup(_keys(path), leaf)[1]
 
+    def per_head_matrix_axes(self, path: Any, leaf: Any) -> tuple[Any, Any] | None:
+        """:meth:`matrix_axes` with attention kernels per head: the head axis (the first of
+        ``q|k|v``'s output axes ``[.., d, H, d_h]``, of ``o``'s input axes ``[.., H, d_h,
+        d]``; its size is the layer's own head count) becomes a batch axis; Kimi K3's
+        per-head Muon (arXiv 2607.24653, Sec. 2.5)."""
+        role, axes = self._lookup(_keys(path), leaf)
+        if axes is None or role not in _ATTENTION.values():
+            return axes
+        split = 0 if role == "o" else 1  # o: heads on the input side
+        if isinstance(axes[split], tuple) and len(axes[split]) == 2:
+            return (axes[0], axes[1][1]) if split else (axes[0][1], axes[1])
+        return axes
+
     def _lookup(self, keys: tuple, leaf: Any) -> tuple[str, Any]:
         hit = self.kernels.get("/".join(map(str, keys)))
         return hit if hit is not None else _classify(keys, tuple(np.shape(leaf)))
@@ -134,16 +160,49 @@ class NnxLayers:
 
 #: The module table read from a path alone (no model): enough for Linear ``(0, 1)``,
 #: MultiHeadAttention (``(0, (1, 2))`` for ``query|key|value`` ``[d, H, d_h]``,
-#: ``((0, 1), 2)`` for ``out`` ``[H, d_h, d]``), Embed, norms and biases.
-nnx_role, nnx_matrix_axes = NnxLayers({}).role, NnxLayers({}).matrix_axes
+#: ``((0, 1), 2)`` for ``out`` ``[H, d_h, d]``; per head ``(0, 2)`` and ``(1, 2)``),
+#: Embed, norms, biases and unstacked LoRA.
+_PATH_ONLY = NnxLayers({})
+nnx_role, nnx_matrix_axes = _PATH_ONLY.role, _PATH_ONLY.matrix_axes
+nnx_per_head_matrix_axes = _PATH_ONLY.per_head_matrix_axes
 
 
-def nnx_per_head_matrix_axes(path: Any, leaf: Any) -> tuple[Any, Any] | None:
-    """:func:`nnx_matrix_axes` with ``MultiHeadAttention`` kernels per head (the head axis
-    ``H`` a batch axis): ``(0, 2)`` for ``[d, H, d_h]``, ``(1, 2)`` for ``out`` ``[H, d_h,
-    d]``; Kimi K3's per-head Muon (arXiv 2607.24653, Sec. 2.5)."""
-    axes = nnx_matrix_axes(path, leaf)
-    return {(0, (1, 2)): (0, 2), ((0, 1), 2): (1, 2)}.get(axes, axes)
+def _stacked(axes: Any, extra: int) -> Any:
+    """``(in_axes, out_axes)`` of one layer's kernel shifted past ``extra`` leading axes."""
+    return tuple(a + extra if isinstance(a, int) else tuple(i + extra for i in a) for a in axes)
+
+
+def _extra(name: str, shape: tuple, declared: tuple) -> int:
+    """How many leading (stacked-layer) axes ``shape`` has beyond the layer's ``declared``.
+
+    Raises:
+      ValueError: the trailing axes of ``shape`` are not ``declared`` (names the leaf).
+    """
+    extra = len(shape) - len(declared)
+    if extra < 0 or tuple(shape[extra:]) != tuple(declared):
+        raise ValueError(
+            f"nnx_layers: {name!r} has shape {tuple(shape)} but its layer declares "
+            f"{tuple(declared)}; stacked layers (nnx.vmap / nnx.scan) must put their layer "
+            "axes first (out_axes=0), or pass your own matrix_axes for this leaf"
+        )
+    return extra
+
+
+def _declared(mod: Any, nnx: Any) -> tuple[tuple[int, ...], Any] | None:
+    """``(kernel shape one layer declares, its (in_axes, out_axes))``, or None (another
+    layer: classified by its path)."""
+    if isinstance(mod, nnx.Conv | nnx.ConvTranspose):
+        n = len(mod.kernel_shape)
+        return tuple(mod.kernel_shape), (tuple(range(n - 1)), n - 1)
+    if isinstance(mod, nnx.LinearGeneral):
+        shape = (*mod.batch_axis.values(), *mod.in_features, *mod.out_features)
+        nb, ni = len(mod.batch_axis), len(mod.in_features)
+        return shape, (tuple(range(nb, nb + ni)), tuple(range(nb + ni, len(shape))))
+    if isinstance(mod, nnx.Einsum):
+        return tuple(mod.kernel_shape), _einsum_axes(mod.einsum_str, len(mod.kernel_shape))
+    if isinstance(mod, nnx.Linear):
+        return (mod.in_features, mod.out_features), (0, 1)
+    return None
 
 
 def _einsum_axes(spec: str, ndim: int) -> tuple[Any, Any] | None:
@@ -181,7 +240,9 @@ def nnx_layers(model: Any, *, heads: tuple[str, ...] | None = None) -> NnxLayers
 
     Raises:
       ValueError: ``heads`` names a layer without a kernel (lists those with one); an
-        Einsum kernel with no axis summed over or added to the output (no matrix).
+        Einsum kernel with no axis summed over or added to the output (no matrix); a
+        kernel (or LoRA matrix) whose trailing axes are not its layer's declared shape
+        (names it).
     """
     from flax import nnx  # only here: amemory.optim imports no Flax at module level
 
@@ -189,25 +250,22 @@ def nnx_layers(model: Any, *, heads: tuple[str, ...] | None = None) -> NnxLayers
     for path, mod in _in_order(model, (), nnx):
         if isinstance(mod, nnx.MultiHeadAttention):
             attention.add(path)
-        if not isinstance(getattr(mod, "kernel", None), nnx.Param):
+        if isinstance(mod, nnx.LoRA):  # lora_a [.., in, r], lora_b [.., r, out]
+            a, b = np.shape(mod.lora_a), np.shape(mod.lora_b)
+            wants = ((a, (mod.in_features, a[-1])), (b, (a[-1], mod.out_features)))
+            for leaf, (shape, want) in zip(_LORA, wants, strict=True):
+                name = "/".join(map(str, path + (leaf,)))
+                kernels[name] = (leaf, _stacked((0, 1), _extra(name, shape, want)))
+        declared = _declared(mod, nnx)
+        if declared is None or not isinstance(getattr(mod, "kernel", None), nnx.Param):
             continue
-        ndim, name = np.ndim(mod.kernel), "/".join(map(str, path + ("kernel",)))
-        if isinstance(mod, nnx.Conv | nnx.ConvTranspose):
-            axes = (tuple(range(ndim - 1)), ndim - 1)
-        elif isinstance(mod, nnx.LinearGeneral):
-            nb, ni = len(mod.batch_axis), len(mod.in_features)
-            axes = (tuple(range(nb, nb + ni)), tuple(range(nb + ni, ndim)))
-        elif isinstance(mod, nnx.Einsum):
-            axes = _einsum_axes(mod.einsum_str, ndim)
-        elif isinstance(mod, nnx.Linear):
-            axes = (0, 1)
-        else:
-            continue  # another layer: classified by its path
-        if axes is None:
+        name = "/".join(map(str, path + ("kernel",)))
+        if declared[1] is None:
             raise ValueError(
                 f"nnx_layers: Einsum kernel {name!r} ({mod.einsum_str!r}) has no matrix view "
                 "(no axis summed over or added to the output); pass your own role_fn for it"
             )
+        axes = _stacked(declared[1], _extra(name, np.shape(mod.kernel), declared[0]))
         attn = path[:-1] in attention
         kernels[name] = (_ATTENTION.get(path[-1], "dense") if attn else "dense", axes)
         order.append((path, mod))

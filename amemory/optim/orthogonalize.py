@@ -85,6 +85,17 @@ _CANS = (
     (3.2866, -2.4647, 0.5074), (2.2737, -1.6447, 0.4162),
 )  # fmt: skip
 
+# Dao-AILab's Gram Newton-Schulz table (github.com/Dao-AILab/gram-newton-schulz,
+# ``coefficients.py``, ``YOU_COEFFICIENTS``, after @YouJiacheng; used with a restart before
+# step 2), the table torch.optim.Muon's Gram path takes as ``gram_ns_coefficients``.
+_DAO_GRAM = (
+    (7.892582874424408, -20.38301394587957, 13.555306149406924),
+    (3.911484868135431, -2.5464635929060884, 0.4268988319673074),
+    (3.760657955697423, -2.512819018216563, 0.4323647349070073),
+    (3.160399673686287, -2.149649518898498, 0.3996366907664389),
+    (2.1910971618617303, -1.441662010214663, 0.328146487623155),
+)
+
 #: Named coefficient sets: name -> (per-step triples, pre-normalisation factor).
 #: The input is divided by ``factor * ||X|| + eps`` before the first step; the
 #: last triple is repeated when more steps are asked for than the set lists.
@@ -95,6 +106,7 @@ COEFFICIENT_SETS: dict[str, tuple[tuple[tuple[float, float, float], ...], float]
     # DeepSeek-V4: 8 Jordan steps, then 2 of the convergent (2, -1.5, 0.5) (DeepSeek-AI 2026).
     "deepseek_v4": ((_JORDAN,) * 8 + ((2.0, -1.5, 0.5),) * 2, 1.0),
     "cans": (_CANS, 1.0),
+    "dao_gram": (_DAO_GRAM, 1.0),
 }
 
 #: How the input is scaled before the first NS step (see :func:`newton_schulz`).
@@ -102,8 +114,10 @@ PRECONDITIONINGS = ("frobenius", "spectral", "aol", "schatten")
 #: Forms of the iteration (see :func:`newton_schulz`).
 NS_METHODS = ("auto", "direct", "gram")
 #: How ``eps`` guards the norm division: ``"add"`` ``X / (||X|| + eps)`` (Keller Jordan,
-#: optax) or ``"clamp"`` ``X / max(||X||, eps)`` (torch.optim.Muon: scale-invariant).
-NS_EPS_MODES = ("add", "clamp")
+#: optax), ``"clamp"`` ``X / max(||X||, eps)`` (torch.optim.Muon) or ``"relative"``
+#: ``X / (||X|| + eps 2^e)`` with ``2^e`` the power of two at or above ``max |X|``
+#: (scale-invariant at every scale: ``NS(2^j X) == NS(X)`` bit for bit; zero maps to zero).
+NS_EPS_MODES = ("add", "clamp", "relative")
 #: Unit balls whose linear-minimisation oracle :func:`norm_ball_lmo` returns.
 NORMS = ("spectral", "sign", "colnorm", "rownorm")
 
@@ -190,7 +204,7 @@ def newton_schulz(
     coeffs: str | Any = "jordan",
     steps: int = 5,
     eps: float = 1e-7,
-    eps_mode: str = "add",
+    eps_mode: str = "relative",
     dtype: Any = None,
     method: str = "direct",
     preconditioning: str = "frobenius",
@@ -223,8 +237,13 @@ def newton_schulz(
       steps: number of NS steps.
       eps: added to the norm before dividing (guards zero inputs: zero maps to zero),
         and the floor of the AOL / Schatten rescale denominators.
-      eps_mode: ``"add"`` (``||X|| + eps``) or ``"clamp"`` (``max(||X||, eps)``, as
-        torch.optim.Muon: the output does not depend on the input's scale above ``eps``).
+      eps_mode: ``"relative"`` (``||X|| + eps 2^e``, ``2^e`` the power of two at or above
+        ``max |X|``: the output does not depend on the input's scale, down to subnormal
+        inputs), ``"add"`` (``||X|| + eps``: Keller Jordan, optax) or ``"clamp"``
+        (``max(||X||, eps)``: torch.optim.Muon). In every mode the norm is computed
+        after an exact power-of-two rescale, so its sum of squares cannot underflow
+        (fp32 underflows below entries of about 1e-20; Emerging-Optimizers reduces in
+        fp64 instead, ``normalize_in_double``).
       dtype: compute dtype (e.g. ``jnp.bfloat16`` on GPU/TPU, as in the PyTorch
         reference); ``None`` keeps ``x.dtype`` (at least float32). The result is cast
         back to ``x.dtype``.
@@ -238,9 +257,13 @@ def newton_schulz(
       preconditioning: ``"frobenius"``, ``"spectral"``, ``"aol"`` or ``"schatten"``.
       gram_restarts: step indices (0-based) before which the Gram form restarts.
         ``None``: Dao-AILab's ``(2,)`` (a restart after the second step) when the compute
-        dtype has fewer than 32 bits, ``()`` otherwise: the restart stabilises low
-        precision and costs two ``k x k x l`` matmuls (27% of the Gram form's FLOPs at
-        ``l = 4k``, 5 steps); in float32 the Gram form is as accurate without it.
+        dtype has fewer than 32 bits, ``(2, 4)`` otherwise. Each restart costs two
+        ``k x k x l`` matmuls and removes the error ``R`` accumulates: without restarts
+        the float32 Gram form is 10 to 1000 times further from a float64 reference than
+        the direct form on ill-conditioned inputs (worst with Polar Express); with
+        ``(2, 4)`` it is within a factor 2 of the direct form and, at 5 steps, still
+        needs fewer FLOPs for ``l >= 2k`` (``11 + 6 l / k`` against ``5 + 10 l / k``
+        units of ``k^3``). Measured errors: docs/peers.md, "Gram Newton-Schulz in fp32".
 
     Returns:
       ``[..., m, n]`` array of ``x.dtype``.
@@ -264,7 +287,7 @@ def newton_schulz(
     if method == "auto":  # Gram form where it saves FLOPs and stays accurate
         method = "gram" if l >= 2 * k and jnp.dtype(cdtype) != jnp.bfloat16 else "direct"
     if gram_restarts is None:
-        gram_restarts = (2,) if jnp.finfo(cdtype).bits < 32 else ()
+        gram_restarts = (2,) if jnp.finfo(cdtype).bits < 32 else (2, 4)
     restarts = tuple(int(i) for i in gram_restarts)
     if isinstance(table, np.ndarray):  # static: part of the compiled program
         static_table = tuple(tuple(float(v) for v in row) for row in table)
@@ -274,20 +297,27 @@ def newton_schulz(
     return _ns_dynamic(x, eps, table, factor, cdtype, method, preconditioning, restarts, eps_mode)
 
 
-def _ns(x, eps, table, factor, cdtype, method, preconditioning, restarts, eps_mode="add"):
+def _ns(x, eps, table, factor, cdtype, method, preconditioning, restarts, eps_mode):
     """The NS iteration (see :func:`newton_schulz`); arguments already validated."""
     out_dtype = x.dtype
     tall = x.shape[-2] > x.shape[-1]
     X = jnp.swapaxes(x, -1, -2) if tall else x  # [..., k, l], k <= l
-    X = X.astype(cdtype)
+    X = X.astype(jnp.result_type(X.dtype, jnp.float32))
     if preconditioning in ("frobenius", "spectral"):
+        # X = 2^e X' with 2^e the power of two at or above max |X|: exact, so the norm of X'
+        # (entries up to 1) cannot underflow, and the output is invariant under X -> 2^j X
+        peak = jnp.max(jnp.abs(X), axis=(-2, -1), keepdims=True)
+        two = jnp.ldexp(jnp.ones_like(peak), jnp.frexp(peak)[1])  # [..., 1, 1]; 1 for X = 0
+        X = (X / two.astype(X.dtype)).astype(cdtype)
         if preconditioning == "frobenius":
             norm = _frobenius(X)
         else:
             xs = X.astype(jnp.result_type(X.dtype, jnp.float32))
             norm = jnp.linalg.svd(xs, compute_uv=False)[..., :1, None]
+        eps = eps if eps_mode == "relative" else eps / two  # "add"/"clamp": eps on ||X||
         norm = jnp.maximum(factor * norm, eps) if eps_mode == "clamp" else factor * norm + eps
         X = X / norm.astype(cdtype)
+    X = X.astype(cdtype)
     A = X @ _ht(X)  # [..., k, k]
     if preconditioning == "aol":
         s = jax.lax.rsqrt(jnp.maximum(jnp.sum(jnp.sqrt(_abs2(A)), axis=-1), eps))  # [..., k]

@@ -3,7 +3,10 @@
 Every trainable parameter has one role, given by ``role_fn(path, leaf)`` or
 ``role_fn(path)``; ``path`` is a tuple of keys such as ``("layers", 3, "attn", "v",
 "kernel")`` (``_paths.path_keys``: the same at ``init`` and ``update`` under
-``flax.nnx.Optimizer``). A rule set maps role specs to transformations::
+``flax.nnx.Optimizer``). Each key is a ``str`` (an ``int`` for a list index) that also
+has the attributes of a ``jax.tree_util`` key entry (``.key``, ``.name``; ``.idx`` on
+indices), so ``path[-1] == "kernel"`` and ``any(k.key == "kernel" for k in path)`` both
+work. A rule set maps role specs to transformations::
 
     routed({"vo+ffn": muon(0.02), "rest": optax.adam(3e-4)}, role_fn)
 
@@ -208,14 +211,16 @@ def _labels_and_paths(params, rules, role_fn):
     return labels, treedef, paths, leaves, roles
 
 
-def _check_claimed(rules, labels, roles, role_fn) -> None:
+def _check_claimed(rules, labels, roles, role_fn, paths=()) -> None:
     """Without a vocabulary, a typo in a spec would route to "rest" silently: raise."""
     idle = [k for k in rules if k not in (REST, NONE) and k not in labels]
     if idle and not isinstance(role_fn, Roles):
+        got = f" (it got e.g. {path_keys(paths[0])!r})" if paths else ""
         raise ValueError(
             f"rule(s) {idle} claim no parameter (roles present: {sorted(set(roles))}); "
             "role_fn has no vocabulary to check specs against: pass an "
-            "amemory.optim.routing.Roles"
+            "amemory.optim.routing.Roles. role_fn(path, leaf) is called with path a tuple "
+            f"of str/int keys whose entries also have .key/.name/.idx{got}"
         )
 
 
@@ -227,7 +232,10 @@ def routed(
     Args:
       rules: ``{spec: transform}``; specs as in :func:`parse_spec`, or ``"rest"``.
       role_fn: ``(path keys tuple, leaf) -> role``, or a :class:`Roles` (whose vocabulary
-        checks the specs and roles).
+        checks the specs and roles). ``path``: a tuple of ``str`` / ``int`` keys
+        (``("l1", "kernel")``, flax ``traverse_util``'s form, ``nnx`` ``value`` keys
+        removed) whose entries also carry ``jax.tree_util``'s ``.key`` / ``.name`` /
+        ``.idx``: a role_fn written for either form works.
 
     Returns:
       ``optax.GradientTransformation`` whose state is ``optax.partition``'s.
@@ -262,7 +270,7 @@ def routed(
                     "(optax.partition would mix the two transforms' states); make role_fn a "
                     "function of the path alone (amemory.optim normalises nnx paths)"
                 )
-        _check_claimed(rules, labels, roles, role_fn)
+        _check_claimed(rules, labels, roles, role_fn, paths)
         return treedef.unflatten(labels)
 
     return optax.partition(transforms, param_labels)

@@ -65,6 +65,7 @@ NULLABLE = frozenset(
         "model.d_model",
         "model.n_layers",
         "model.n_heads",
+        "model.n_kv_heads",
         "model.d_ff",
         "model.ffn",
         "model.norm",

@@ -204,7 +204,7 @@ class _Transformer:
 
         want = set(self.spectrum_roles)
         with_vo = "o" in want and bool({"v", "v_up"} & want)
-        mats = transformer.hidden_matrices(params, include_vo=with_vo)
+        mats = transformer.hidden_matrices(params, include_vo=with_vo, config=self.model_config)
         out: dict[str, list] = {}
         for name, m in mats.items():
             role = name.rsplit("/", 1)[-1]

@@ -74,6 +74,7 @@ def get_config(scale: str = "quick") -> ConfigDict:
     c.model.d_model = _int_or_none(128 if quick else None)  # residual width
     c.model.n_layers = _int_or_none(2 if quick else None)  # number of decoder blocks
     c.model.n_heads = _int_or_none(4 if quick else None)  # heads (d_model divisible by it)
+    c.model.n_kv_heads = _int_or_none(None)  # K/V heads: 1 = MQA, a divisor of n_heads = GQA
     c.model.d_ff = _int_or_none(512 if quick else None)  # FFN hidden width
     c.model.ffn = config_dict.placeholder(str)  # "gelu" (non-gated) | "swiglu" (gated)
     c.model.norm = config_dict.placeholder(str)  # "layernorm" | "rmsnorm"
