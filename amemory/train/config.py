@@ -45,6 +45,25 @@ ENGINE_DEFAULTS: dict[str, tuple[Any, str]] = {
         "Newton-Schulz compute dtype: 'auto' (bf16 on GPU/TPU, fp32 on CPU) | float32 | bfloat16",
     ),
     "profile_steps": ((), "(first, last): jax.profiler trace of these steps into the workdir"),
+    "gradient_accumulation_steps": (
+        1,
+        "k: a step's batch runs as k microbatches (lax.scan), then one optimizer update",
+    ),
+    "data.eval_batch_size": (
+        0,
+        "validation rows per batch; 0 = data.batch_size clipped to what the split holds",
+    ),
+    "optimizer.adam_weight_decay": (0.0, "decoupled weight decay of the Adam-trained matrices"),
+    "optimizer.decay_embeddings": (False, "decay embedding tables too (else matrices only)"),
+    "optimizer.weight_decay_scaling": (
+        "lr",
+        "'lr': theta -= lr (u + wd theta) | 'independent': theta -= lr u + s(t) wd r theta",
+    ),
+    "optimizer.parametrization": (
+        "sp",
+        "'sp' standard | 'mup': Adam's rates on matrices x r, head init x sqrt(r)",
+    ),
+    "optimizer.base_width": (0, "width rates were tuned at: r = base_width / d_model; 0: r = 1"),
 }
 
 # Enumerated fields: dotted name -> allowed values (checked when the field exists). The
@@ -93,6 +112,9 @@ MINIMUMS: dict[str, int] = {
     "data.batch_size": 1,
     "data.n_buckets": 1,
     "data.eval_batches": 1,
+    "data.eval_batch_size": 0,
+    "gradient_accumulation_steps": 1,
+    "optimizer.base_width": 0,
     "data.vocab_size": 2,
     "schedule.warmup_steps": 0,
     "memory.K": 2,
@@ -108,12 +130,14 @@ def optimizer_choices() -> dict[str, tuple]:
     ``amemory.optim.PRESETS``, ``amemory.train.memory_task``; imported lazily: jax)."""
     from amemory import optim
     from amemory.train import memory_task
-    from amemory.train.optimizers import names
+    from amemory.train.optimizers import DECAY_SCALINGS, PARAMETRIZATIONS, names
     from amemory.train.tasks import TASKS
 
     return {
         "task": TASKS, "optimizer.name": names(), "optimizer.preset": (None, *optim.PRESETS),
         "memory.embeddings": memory_task.EMBEDDINGS, "prior.kind": memory_task.PRIORS,
+        "optimizer.parametrization": PARAMETRIZATIONS,
+        "optimizer.weight_decay_scaling": DECAY_SCALINGS,
     }  # fmt: skip
 
 
@@ -247,6 +271,7 @@ INTERVALS: dict[str, tuple[float, float, bool, bool]] = {
     "optimizer.signum_beta": (0.0, 1.0, True, False),
     "optimizer.eps": (0.0, _INF, False, False),  # 0: 0/0 = NaN on a zero gradient entry
     "optimizer.weight_decay": (0.0, _INF, True, False),
+    "optimizer.adam_weight_decay": (0.0, _INF, True, False),
     "optimizer.grad_clip": (0.0, _INF, True, False),
     "optimizer.qk_clip": (0.0, _INF, True, False),
     "schedule.final_fraction": (0.0, 1.0, True, True),
