@@ -38,12 +38,10 @@ def accumulated_grad(
     microbatches ``[B / k, ...]`` (microbatch ``i`` holds rows ``i, i + k, ...``, so each
     device splits its own rows: no data moves) and ``lax.scan`` runs forward and backward
     on one at a time (only one microbatch's activations are live), microbatch ``i`` with
-    key ``fold_in(rng, i)``. Gradients, loss and aux metrics are summed in float32,
-    weighted by ``aux[LOSS_WEIGHT]`` (the number the microbatch's mean divides by; 1 when
-    absent), and divided by the summed weight: the mean of the whole batch, exactly, for a
-    loss that is a (masked) mean over rows. ``aux["max_logit"]`` is the maximum over
-    microbatches. ``k = 1`` is ``value_and_grad(loss_fn)(params, batch, rng)``. The
-    gradient accumulation of MaxText (``gradient_accumulation_steps``) and nanoGPT.
+    key ``fold_in(rng, i)``. Gradients, loss and aux metrics are summed in float32, weighted
+    by ``aux[LOSS_WEIGHT]`` (the count a masked mean divides by; else 1), and divided by the
+    summed weight: the whole batch's mean, exactly; ``aux["max_logit"]`` is the maximum.
+    ``k = 1`` is ``value_and_grad``. As MaxText's ``gradient_accumulation_steps``.
 
     Args:
       loss_fn: ``(params, batch, rng) -> (mean loss, aux)``.

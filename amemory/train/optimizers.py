@@ -6,18 +6,13 @@ code edits. The matrix part, ``optimizer.name`` (a name of ``amemory.optim.OPTIM
 ``optimizer.adam_lr`` every other parameter (everything for ``name="adam"``). Both rates
 follow one schedule shape (a multiplier ``s(t)`` in [0, 1]).
 
-Weight decay, as nanoGPT, MaxText and Levanter use it: only what the optimizer treats as a
-matrix decays (the task's ``matrix_axes``: Muon-routed leaves, the head and other
-Adam-side matrices), not norm scales, biases or (unless ``optimizer.decay_embeddings``)
-embedding tables. ``optimizer.weight_decay`` is the decay of ``optimizer.name``'s leaves
-(every leaf for "adam"), ``optimizer.adam_weight_decay`` that of the Adam half of a hybrid
-run (Levanter PR #1147: the two halves' update sizes differ several-fold). Scalings
-(:data:`DECAY_SCALINGS`): "lr", ``theta <- theta - lr (u + wd theta)`` (Loshchilov &
-Hutter, arXiv 1711.05101), or "independent", ``theta <- theta - lr u - s(t) wd
-(base_width / width) theta``: not tied to the rate and proportional to 1/width (Qiu et al.,
-arXiv 2512.05620, Sec. 5, "independent weight decay ... as 1/width"; their code,
-github.com/charliezchen/scaling-matrix-preconditioning ``train.py``, ``wdxD / D``).
-Parametrizations (:data:`PARAMETRIZATIONS`) are described there.
+Weight decay (nanoGPT, MaxText and Levanter's rule): only matrices decay (the task's
+``matrix_axes``; embeddings only with ``optimizer.decay_embeddings``), ``optimizer.name``'s
+by ``optimizer.weight_decay``, the Adam half's by ``optimizer.adam_weight_decay`` (Levanter
+PR #1147). :data:`DECAY_SCALINGS`: "lr", ``theta <- theta - lr (u + wd theta)`` (Loshchilov
+& Hutter, arXiv 1711.05101), or "independent", ``theta <- theta - lr u - s(t) wd r theta``,
+``r = base_width / width`` (Qiu et al., arXiv 2512.05620, weight-decay section: decay as
+1/width; github.com/charliezchen/scaling-matrix-preconditioning ``train.py``: ``wdxD / D``).
 """
 
 from __future__ import annotations
@@ -33,17 +28,12 @@ from amemory import optim
 
 MATRIX = "matrix"
 ADAM = "adam"
-
-
 #: ``config.optimizer.weight_decay_scaling`` values (see the module docstring).
 DECAY_SCALINGS = ("lr", "independent")
-#: ``config.optimizer.parametrization`` values: "sp", the standard parametrization (every
-#: Adam leaf at ``adam_lr``, the model's own init); "mup", muP for Adam (Yang et al., Tensor
-#: Programs V, arXiv 2203.03466, Table 3): with ``r = base_width / width``, Adam's rate on
-#: hidden and output matrices is ``adam_lr * r`` (Adam LR 1/fan_in), on embeddings, norm
-#: scales and biases ``adam_lr`` (Adam LR 1), and the head's init std is scaled by
-#: ``sqrt(r)`` (output init variance 1/fan_in^2). Muon's counterpart is
-#: ``optimizer.shape_scale="spectral"`` (Yang, Simon & Bernstein, arXiv 2310.17813).
+#: ``config.optimizer.parametrization`` values: "sp" (standard); "mup", muP for Adam (Yang
+#: et al., Tensor Programs V, arXiv 2203.03466, Table 3): Adam's rate on hidden and output
+#: matrices ``adam_lr * r`` (Adam LR 1/fan_in), on embeddings, norms and biases ``adam_lr``,
+#: head init std x ``sqrt(r)`` (variance 1/fan_in^2). Muon's: ``shape_scale="spectral"``.
 PARAMETRIZATIONS = ("sp", "mup")
 
 
