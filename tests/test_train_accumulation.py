@@ -130,3 +130,17 @@ def test_a_resumed_accumulating_run_continues_bit_for_bit(corpus, tmp_path):
     _, resumed = run(lm_config(corpus, steps=4, **extra), tmp_path / "cut", resume=True)
     for a, b in zip(jax.tree.leaves(resumed.params), jax.tree.leaves(whole.params), strict=True):
         np.testing.assert_array_equal(a, b)
+
+
+def test_eval_batch_defaults_to_the_training_batch_clipped_to_the_split(corpus, capfd):
+    from amemory.train.tasks import LMTask
+
+    place = parallel.placement(lm_config(corpus).parallel)
+    task = LMTask(lm_config(corpus, **{"data.batch_size": 200}), place)
+    windows = (len(task.data.val_tokens) - 1) // 16  # seq_len 16: windows of 17 tokens
+    assert 0 < windows < 200 and task.eval_batch_size == windows
+    assert f"data.eval_batch_size={windows}: the validation split holds {windows}" in (
+        capfd.readouterr().err
+    )
+    assert LMTask(lm_config(corpus), place).eval_batch_size == 8  # fits: the training batch
+    assert LMTask(lm_config(corpus, **{"data.eval_batch_size": 3}), place).eval_batch_size == 3
