@@ -75,6 +75,17 @@ def test_only_matrices_decay_each_half_by_its_own_rate():
     np.testing.assert_array_equal(new["scale"], p["scale"])
 
 
+def test_a_matrix_optimizer_holding_vectors_masks_their_decay():
+    """signgd on every role: its norm scale, bias and embedding stay (the factory's mask)."""
+    built, p = _build(**{"optimizer.name": "signgd", "optimizer.muon_roles": "all"})
+    assert {row[3] for row in built.table} == {"signgd"}
+    new = _step(built, p)
+    for k in ("scale", "b", "embed"):
+        np.testing.assert_array_equal(new[k], p[k])
+    for k in ("q", "head"):
+        np.testing.assert_allclose(new[k], p[k] * (1 - LR * WD), rtol=1e-6)
+
+
 def test_independent_decay_is_wd_over_width_whatever_the_rate():
     for lr in (LR, 10 * LR):
         built, p = _build(
