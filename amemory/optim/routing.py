@@ -89,6 +89,7 @@ class RoutingRow(NamedTuple):
     shape: tuple[int, ...]
     role: str
     transform: str  # the rule key that claims the role
+    wd: float | None = None  # its weight decay (0: not decayed), where routing_table got it
 
 
 def parse_spec(spec: str, vocab: Roles | None = None) -> tuple[str, ...]:
@@ -276,24 +277,33 @@ def routed(
     return optax.partition(transforms, param_labels)
 
 
-def routing_table(params: Any, rules: Mapping[str, Any], role_fn: RoleFn) -> list[RoutingRow]:
+def routing_table(
+    params: Any, rules: Mapping[str, Any], role_fn: RoleFn, weight_decay: Any = None
+) -> list[RoutingRow]:
     """The resolved routing, one :class:`RoutingRow` per parameter leaf, for logs.
+
+    ``weight_decay``: a same-structure tree of each leaf's decay coefficient (0 where the
+    decay mask leaves it out), shown as the rows' ``wd``; None leaves ``wd`` None.
 
     Raises:
       ValueError: as :func:`routed`.
     """
-    labels, _, paths, leaves, roles = _labels_and_paths(params, rules, role_fn)
+    labels, treedef, paths, leaves, roles = _labels_and_paths(params, rules, role_fn)
     _check_claimed(rules, labels, roles, role_fn)
+    wds = [None] * len(leaves) if weight_decay is None else treedef.flatten_up_to(weight_decay)
     return [
-        RoutingRow(path_str(p), tuple(int(d) for d in np.shape(x)), r, lab)
-        for p, x, r, lab in zip(paths, leaves, roles, labels, strict=True)
+        RoutingRow(path_str(p), tuple(int(d) for d in np.shape(x)), r, lab, wd)
+        for p, x, r, lab, wd in zip(paths, leaves, roles, labels, wds, strict=True)
     ]
 
 
 def format_routing_table(rows: list[RoutingRow]) -> str:
-    """Plain-text table of :func:`routing_table` rows (one line per parameter)."""
+    """Plain-text table of :func:`routing_table` rows (one line per parameter), with a
+    ``wd`` column where the rows carry weight decay."""
     width = max([len(r.path) for r in rows] + [4])
-    lines = [f"{'path':<{width}}  {'shape':<16} {'role':<7} transform"]
+    wd = any(r.wd is not None for r in rows)
+    lines = [f"{'path':<{width}}  {'shape':<16} {'role':<7} {'transform':<10}" + " wd" * wd]
     for r in rows:
-        lines.append(f"{r.path:<{width}}  {str(r.shape):<16} {r.role:<7} {r.transform}")
-    return "\n".join(lines)
+        cell = f" {r.wd:g}" if wd and r.wd is not None else ""
+        lines.append(f"{r.path:<{width}}  {str(r.shape):<16} {r.role:<7} {r.transform!s:<10}{cell}")
+    return "\n".join(line.rstrip() for line in lines)

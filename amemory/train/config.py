@@ -34,20 +34,18 @@ from ml_collections import ConfigDict
 # (--print-config): dotted name -> (default, comment). A field is added only where its
 # parent group exists (the memory task has no `model` or `data` group).
 ENGINE_DEFAULTS: dict[str, tuple[Any, str]] = {
-    "model.scan_layers": (
-        False,
-        "stack the blocks' parameters [L, ...] and run them with one lax.scan (fast compile)",
-    ),
-    "model.remat_policy": (
-        "nothing_saveable",
-        "with model.remat: jax.checkpoint_policies name kept for the backward pass",
-    ),
-    "optimizer.ns_dtype": (
-        "auto",
-        "Newton-Schulz compute dtype: 'auto' (bf16 on GPU/TPU, fp32 on CPU) | float32 | bfloat16",
-    ),
+    "model.scan_layers": (False, "stack the blocks [L, ...], run them in one lax.scan"),
+    "model.remat_policy": ("nothing_saveable", "with model.remat: jax.checkpoint_policies name"),
+    "optimizer.ns_dtype": ("auto", "Newton-Schulz: auto (bf16 GPU/TPU, fp32 CPU) | float32 | bf16"),
     "profile_steps": ((), "(first, last): jax.profiler trace of these steps into the workdir"),
-}
+    "gradient_accumulation_steps": (1, "k: the batch runs as k microbatches, then one update"),
+    "data.eval_batch_size": (0, "validation rows per batch; 0: data.batch_size, clipped to split"),
+    "optimizer.adam_weight_decay": (0.0, "decoupled weight decay of the Adam half's matrices"),
+    "optimizer.decay_embeddings": (False, "decay embedding tables too (else matrices only)"),
+    "optimizer.weight_decay_scaling": ("lr", "lr: lr (u + wd theta) | independent: s(t) wd r"),
+    "optimizer.parametrization": ("sp", "sp | mup: Adam's matrix rates x r, head init x sqrt(r)"),
+    "optimizer.base_width": (0, "width rates were tuned at: r = base_width / d_model; 0: r = 1"),
+}  # fmt: skip
 
 # Enumerated fields: dotted name -> allowed values (checked when the field exists). The
 # fields of registries (optimizer, schedule, task, memory) are derived by optimizer_choices().
@@ -61,46 +59,26 @@ CHOICES: dict[str, tuple] = {
 
 # Fields that accept None ("keep the preset's value" / "auto-detect").
 NULLABLE = frozenset(
-    {
-        "model.d_model",
-        "model.n_layers",
-        "model.n_heads",
-        "model.n_kv_heads",
-        "model.d_ff",
-        "model.ffn",
-        "model.norm",
-        "model.position",
-        "model.qk_norm",
-        "model.tied_head",
-        "model.mla.kv_rank",
-        "model.mla.rope_dim",
-        "model.moe.d_expert",
-        "optimizer.preset",
-        "optimizer.lr",
-        "memory.d",
-        "parallel.coordinator_address",
-        "parallel.num_processes",
-        "parallel.process_id",
-    }
+    "model.d_model model.n_layers model.n_heads model.n_kv_heads model.d_ff model.ffn "
+    "model.norm model.position model.qk_norm model.tied_head model.mla.kv_rank "
+    "model.mla.rope_dim model.moe.d_expert optimizer.preset optimizer.lr memory.d "
+    "parallel.coordinator_address parallel.num_processes parallel.process_id".split()
 )
 
 # Integer fields with their minimum value.
 MINIMUMS: dict[str, int] = {
-    "steps": 1,
-    "log_every": 1,
-    "eval_every": 1,
-    "spectrum_every": 0,
-    "checkpoint_every": 0,
-    "keep_checkpoints": 1,
-    "data.seq_len": 1,
-    "data.batch_size": 1,
-    "data.n_buckets": 1,
-    "data.eval_batches": 1,
+    **dict.fromkeys(
+        "steps log_every eval_every keep_checkpoints data.seq_len data.batch_size data.n_buckets "
+        "data.eval_batches gradient_accumulation_steps divergence.patience".split(),
+        1,
+    ),
+    **dict.fromkeys(
+        "spectrum_every checkpoint_every data.eval_batch_size optimizer.base_width "
+        "schedule.warmup_steps batch_size".split(),
+        0,
+    ),
     "data.vocab_size": 2,
-    "schedule.warmup_steps": 0,
     "memory.K": 2,
-    "batch_size": 0,
-    "divergence.patience": 1,
 }
 
 
@@ -111,12 +89,14 @@ def optimizer_choices() -> dict[str, tuple]:
     ``amemory.optim.PRESETS``, ``amemory.train.memory_task``; imported lazily: jax)."""
     from amemory import optim
     from amemory.train import memory_task
-    from amemory.train.optimizers import names
+    from amemory.train.optimizers import DECAY_SCALINGS, PARAMETRIZATIONS, names
     from amemory.train.tasks import TASKS
 
     return {
         "task": TASKS, "optimizer.name": names(), "optimizer.preset": (None, *optim.PRESETS),
         "memory.embeddings": memory_task.EMBEDDINGS, "prior.kind": memory_task.PRIORS,
+        "optimizer.parametrization": PARAMETRIZATIONS,
+        "optimizer.weight_decay_scaling": DECAY_SCALINGS,
     }  # fmt: skip
 
 
@@ -262,6 +242,7 @@ INTERVALS: dict[str, tuple[float, float, bool, bool]] = {
     "optimizer.signum_beta": (0.0, 1.0, True, False),
     "optimizer.eps": (0.0, _INF, False, False),  # 0: 0/0 = NaN on a zero gradient entry
     "optimizer.weight_decay": (0.0, _INF, True, False),
+    "optimizer.adam_weight_decay": (0.0, _INF, True, False),
     "optimizer.grad_clip": (0.0, _INF, True, False),
     "optimizer.qk_clip": (0.0, _INF, True, False),
     "schedule.final_fraction": (0.0, 1.0, True, True),

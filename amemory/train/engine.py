@@ -26,11 +26,71 @@ from amemory.train import optimizers, parallel
 from amemory.train.state import TrainState
 
 OPTIMIZER_SCOPE = "optimizer_update"  # name of the update's ops in compiled HLO
+LOSS_WEIGHT = "loss_weight"  # aux entry: what a task's mean loss divides by (masked tokens)
+
+
+def accumulated_grad(
+    loss_fn: Callable, params: Any, batch: Any, rng: jax.Array, microbatches: int = 1
+) -> tuple[tuple[jax.Array, dict], Any]:
+    """``((loss, aux), grads)`` of ``loss_fn`` on ``batch``, in ``microbatches`` pieces.
+
+    With ``k = microbatches > 1`` every leaf ``[B, ...]`` of ``batch`` is split into ``k``
+    microbatches ``[B / k, ...]`` (microbatch ``i`` holds rows ``i, i + k, ...``, so each
+    device splits its own rows: no data moves) and ``lax.scan`` runs forward and backward
+    on one at a time (only one microbatch's activations are live), microbatch ``i`` with
+    key ``fold_in(rng, i)``. Gradients, loss and aux metrics are summed in float32, weighted
+    by ``aux[LOSS_WEIGHT]`` (the count a masked mean divides by; else 1), and divided by the
+    summed weight: the whole batch's mean, exactly; ``aux["max_logit"]`` is the maximum.
+    ``k = 1`` is ``value_and_grad``. As MaxText's ``gradient_accumulation_steps``.
+
+    Args:
+      loss_fn: ``(params, batch, rng) -> (mean loss, aux)``.
+      params: the parameter tree; gradients come back in its dtypes.
+      batch: a tree of arrays ``[B, ...]``, ``B`` divisible by ``k``.
+      rng: the step's key.
+      microbatches: ``k >= 1``.
+
+    Raises:
+      ValueError: ``B`` not divisible by ``k`` (shows both).
+    """
+    grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
+    if microbatches == 1:
+        (loss, aux), grads = grad_fn(params, batch, rng)
+        aux.pop(LOSS_WEIGHT, None)
+        return (loss, aux), grads
+    k = microbatches
+    for x in jax.tree.leaves(batch):
+        if x.shape[0] % k:
+            raise ValueError(f"batch rows {x.shape[0]} not divisible by microbatches={k}")
+    # [B, ...] -> [k, B / k, ...]: microbatch i = rows i, i + k, ...
+    micro = jax.tree.map(lambda x: jnp.swapaxes(x.reshape(-1, k, *x.shape[1:]), 0, 1), batch)
+
+    def one(mb: Any, i: jax.Array) -> dict:
+        (loss, aux), g = grad_fn(params, mb, jax.random.fold_in(rng, i))
+        w = jnp.asarray(aux.pop(LOSS_WEIGHT, 1.0), jnp.float32)
+        top = {"max_logit": aux.pop("max_logit")} if "max_logit" in aux else {}
+        out = jax.tree.map(lambda x: w * x.astype(jnp.float32), (loss, aux, g))
+        return {"w": w, "sums": out, "top": top}
+
+    def body(acc: dict, xs: tuple) -> tuple[dict, None]:
+        out = one(*xs)
+        top = jax.tree.map(jnp.maximum, acc["top"], out["top"])
+        return {"w": acc["w"] + out["w"], "sums": jax.tree.map(jnp.add, acc["sums"], out["sums"]),
+                "top": top}, None  # fmt: skip
+
+    first = jax.tree.map(lambda x: x[0], micro)
+    init = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), jax.eval_shape(one, first, 0))
+    init["top"] = jax.tree.map(lambda x: jnp.full_like(x, -jnp.inf), init["top"])
+    acc, _ = jax.lax.scan(body, init, (micro, jnp.arange(k)))
+    loss, aux, grads = jax.tree.map(lambda x: x / acc["w"], acc["sums"])
+    grads = jax.tree.map(lambda g, p: g.astype(p.dtype), grads, params)
+    return (loss, aux | acc["top"]), grads
 
 
 def make_train_step(
-    loss_fn: Callable, opt: optimizers.Optimizer, roles: Any, *, diagnostics: bool = False
-) -> Callable:
+    loss_fn: Callable, opt: optimizers.Optimizer, roles: Any, *, diagnostics: bool = False,
+    microbatches: int = 1, sample: Callable | None = None,
+) -> Callable:  # fmt: skip
     """One optimizer step ``(state, batch) -> (state, metrics)`` (pure; jit/vmap it).
 
     Args:
@@ -39,6 +99,10 @@ def make_train_step(
       opt: resolved optimizer (transformation and learning-rate schedules).
       roles: tree of role strings, same structure as params.
       diagnostics: add ``amemory.optim.collect_diagnostics(opt_state)`` to the metrics.
+      microbatches: gradient accumulation (:func:`accumulated_grad`): the optimizer runs
+        once on the mean gradient of ``microbatches`` pieces of the batch.
+      sample: ``rng -> batch`` for a task that draws its batch on the device
+        (``MemoryTask.sample_batch``), called with the step's key when ``batch`` is None.
 
     Returns:
       the step function; its metrics are the scalars of a train record (docs/metrics.md;
@@ -50,7 +114,9 @@ def make_train_step(
 
     def step(state: TrainState, batch: Any) -> tuple[TrainState, dict]:
         rng, sub = jax.random.split(state.rng)
-        (loss, aux), grads = jax.value_and_grad(loss_fn, has_aux=True)(state.params, batch, sub)
+        if sample is not None and batch is None:
+            batch = sample(sub)
+        (loss, aux), grads = accumulated_grad(loss_fn, state.params, batch, sub, microbatches)
         top = aux.pop("max_logit", None)  # (L, H): attention's max logits
         with jax.named_scope(OPTIMIZER_SCOPE):
             updates, opt_state = opt.tx.update(grads, state.opt_state, state.params)
@@ -143,12 +209,16 @@ class Engine:
       keys: the seed key ``[2]`` or seed keys ``[S, 2]`` (multi-seed).
       multi: multi-seed run (state leaves ``[S, ...]``, step vmapped over seeds).
       diagnostics: record Muon's orthogonality errors.
+      microbatches: ``config.gradient_accumulation_steps`` (:func:`accumulated_grad`).
     """
 
     def __init__(self, place: parallel.Placement, task, opt, roles, keys, multi: bool,
-                 diagnostics: bool):  # fmt: skip
+                 diagnostics: bool, microbatches: int = 1):  # fmt: skip
         self.place, self.multi, self.keys = place, multi, keys
-        step = make_train_step(task.loss, opt, roles, diagnostics=diagnostics)
+        step = make_train_step(
+            task.loss, opt, roles, diagnostics=diagnostics, microbatches=microbatches,
+            sample=getattr(task, "sample_batch", None),
+        )  # fmt: skip
 
         def init_one(key):
             k_init, k_rng = jax.random.split(key)
@@ -263,10 +333,11 @@ def build(config: Any, place: parallel.Placement, task: Any = None) -> Built:
     opt = optimizers.build(
         config, abstract_params, roles, muon_roles=task.muon_roles,
         matrix_axes=task.matrix_axes, mesh=place.mesh if place.mode == "sharded" else None,
-        head_view=getattr(task, "head_view", None),
+        head_view=getattr(task, "head_view", None), width=getattr(task, "width", None),
     )  # fmt: skip
     info = optim.OPTIMIZERS.get(config.optimizer.name)  # None for "adam"
     diagnostics = bool(config.optimizer.diagnostics and info and info.orthogonalizes)
-    engine = Engine(place, task, opt, roles, keys if multi else keys[0], multi, diagnostics)
+    k = int(config.get("gradient_accumulation_steps", 1))
+    engine = Engine(place, task, opt, roles, keys if multi else keys[0], multi, diagnostics, k)
     n_params = int(sum(np.prod(x.shape) for x in jax.tree.leaves(abstract_params)))
     return Built(task, opt, engine, seeds, multi, n_params)

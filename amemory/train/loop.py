@@ -72,11 +72,12 @@ class _Feed:
 
 
 def _routes(table: list) -> str:
-    """One line of the routing table: ``routing: q,k,v,o -> muon; embed,norm -> adam``."""
-    by_tx: dict[str, dict[str, None]] = {}  # transform -> its roles, an ordered set
-    for _, _, role, tx_name, *_ in table:
-        by_tx.setdefault(tx_name, {})[role] = None
-    return "routing: " + "; ".join(f"{','.join(r)} -> {t}" for t, r in by_tx.items())
+    """One line of the routing table and its decay: ``routing: q,k,v,o -> muon wd=0.1;
+    head -> adam wd=0.01; embed,norm -> adam`` (``wd`` only where it is not 0)."""
+    by_tx: dict[tuple, dict[str, None]] = {}  # (transform, wd) -> its roles, an ordered set
+    for _, _, role, tx_name, _, wd in table:
+        by_tx.setdefault((tx_name, f" wd={wd:g}" if wd else ""), {})[role] = None
+    return "routing: " + "; ".join(f"{','.join(r)} -> {t}{w}" for (t, w), r in by_tx.items())
 
 
 def _per_seed(x: Any, multi: bool) -> Any:

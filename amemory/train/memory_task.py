@@ -73,11 +73,18 @@ class MemoryTask:
         self.noise = float(config.noise)
         self.batch_size = int(config.batch_size)
         self._sample = None
+        k = int(config.get("gradient_accumulation_steps", 1))
         if self.batch_size:
-            parallel.check_batch(self.batch_size, place.data_shards, "batch_size")
+            parallel.check_batch(self.batch_size, place.data_shards, "batch_size", k)
             self._sample = memory_tasks.make_sampler(self.prior, self.batch_size, self.noise)
+        elif k > 1:
+            raise ValueError(
+                f"config.gradient_accumulation_steps={k} needs sampled pairs (config.batch_size "
+                "> 0); batch_size=0 trains on the exact population loss"
+            )
         self._eval_fn = None
         self.tokens_per_step = self.batch_size if self.batch_size else K
+        self.width = d  # what optimizer.base_width scales by
         self.spectrum_roles = ("W",)
 
     def init_params(self, key: jax.Array) -> Any:
@@ -97,12 +104,18 @@ class MemoryTask:
     def checkpoint_meta(self) -> dict[str, Any]:
         return {}
 
+    def sample_batch(self, rng: jax.Array) -> tuple[jax.Array, jax.Array] | None:
+        """The step's ``(queries [B], answers [B])`` drawn on the device from the step's key
+        (None for the population loss); the engine calls it, then splits the pairs into
+        microbatches under gradient accumulation."""
+        return None if self._sample is None else self._sample(rng)
+
     def loss(self, params, batch, rng):
-        del batch  # the memory makes its own data
-        if self._sample is None:
+        del rng  # the pairs come from sample_batch
+        if batch is None:
             loss = memory.population_loss(params["W"], self.E, self.Et, self.prior_j, self.noise)
         else:
-            q, a = self._sample(rng)  # (B,), (B,)
+            q, a = batch  # (B,), (B,)
             loss = memory.sampled_loss(params["W"], self.E, self.Et, q, a)
         return loss, {}
 

@@ -4,8 +4,15 @@ The one place where optimizer names become objects (big_vision style), so sweeps
 code edits. The matrix part, ``optimizer.name`` (a name of ``amemory.optim.OPTIMIZERS``) at
 ``optimizer.lr``, trains the roles of ``optimizer.muon_roles``; ``optax.adamw`` at
 ``optimizer.adam_lr`` every other parameter (everything for ``name="adam"``). Both rates
-follow one schedule shape (a multiplier in [0, 1]); weight decay is decoupled in both
-halves: ``theta <- theta - lr * (u + weight_decay * theta)``, ``u`` the direction.
+follow one schedule shape (a multiplier ``s(t)`` in [0, 1]).
+
+Weight decay (nanoGPT, MaxText and Levanter's rule): only matrices decay (the task's
+``matrix_axes``; embeddings only with ``optimizer.decay_embeddings``), ``optimizer.name``'s
+by ``optimizer.weight_decay``, the Adam half's by ``optimizer.adam_weight_decay`` (Levanter
+PR #1147). :data:`DECAY_SCALINGS`: "lr", ``theta <- theta - lr (u + wd theta)`` (Loshchilov
+& Hutter, arXiv 1711.05101), or "independent", ``theta <- theta - lr u - s(t) wd r theta``,
+``r = base_width / width`` (Qiu et al., arXiv 2512.05620, weight-decay section: decay as
+1/width; github.com/charliezchen/scaling-matrix-preconditioning ``train.py``: ``wdxD / D``).
 """
 
 from __future__ import annotations
@@ -21,6 +28,13 @@ from amemory import optim
 
 MATRIX = "matrix"
 ADAM = "adam"
+#: ``config.optimizer.weight_decay_scaling`` values (see the module docstring).
+DECAY_SCALINGS = ("lr", "independent")
+#: ``config.optimizer.parametrization`` values: "sp" (standard); "mup", muP for Adam (Yang
+#: et al., Tensor Programs V, arXiv 2203.03466, Table 3): Adam's rate on hidden and output
+#: matrices ``adam_lr * r`` (Adam LR 1/fan_in), on embeddings, norms and biases ``adam_lr``,
+#: head init std x ``sqrt(r)`` (variance 1/fan_in^2). Muon's: ``shape_scale="spectral"``.
+PARAMETRIZATIONS = ("sp", "mup")
 
 
 def names() -> tuple[str, ...]:
@@ -89,15 +103,49 @@ class Optimizer:
     lr: optax.Schedule  # matrix-part learning rate at a step (the Adam one for name="adam")
     adam_lr: optax.Schedule  # Adam-part learning rate at a step
     labels: Any  # same tree as params: "matrix" | "adam"
-    table: list  # rows [path, shape, role, transform, "batch x (fan_in, fan_out)" or ""]
+    table: list  # rows [path, shape, role, transform, "batch x (fan_in, fan_out)" or "", wd]
     layout: list  # orthogonalisation groups: amemory.optim.describe_layout rows ([] otherwise)
     clip: Any = None  # (params, max_logit [L, H]) -> params: QK-Clip after the step, or None
 
 
-def _matrix_tx(ocfg: Any, lr: optax.Schedule, matrix_axes: Any, ns_mesh: Any):
-    """``OPTIMIZERS[name].factory(lr, weight_decay=..., **options)``; each option of the
-    entry is read from the config field ``<name>_<option>`` if it exists, else ``<option>``;
-    a preset's own options are not overridden by the config's."""
+def width_ratio(ocfg: Any, width: int | None) -> float:
+    """``r = optimizer.base_width / width`` (1 when ``base_width`` is 0).
+
+    Raises:
+      ValueError: ``base_width > 0`` for a task without a width (names the field).
+    """
+    base = int(ocfg.get("base_width", 0))
+    if not base:
+        return 1.0
+    if not width:
+        raise ValueError(f"config.optimizer.base_width={base} needs a task with a model width")
+    return base / width
+
+
+def _scaled_decay(mult: dict[str, float], coef: dict[str, float]) -> optax.GradientTransformation:
+    """Stateless ``u <- mult (u + coef theta)`` per leaf (dicts keyed by ``optim.path_str``);
+    its state is ``optax.add_decayed_weights``'s, so ``optax.adamw``'s checkpoints fit."""
+
+    def update_fn(updates, state, params=None):
+        def one(path, u, p):
+            key = optim.path_str(path)
+            u = u + coef[key] * p if coef[key] else u
+            return (u * mult[key]).astype(u.dtype) if mult[key] != 1 else u
+
+        if params is None and any(coef.values()):
+            raise ValueError("weight decay needs the params: pass them to update")
+        params = updates if params is None else params  # read only where coef != 0
+        return jax.tree_util.tree_map_with_path(one, updates, params), state
+
+    return optax.GradientTransformation(lambda _: optax.EmptyState(), update_fn)
+
+
+def _matrix_tx(ocfg: Any, lr: optax.Schedule, matrix_axes: Any, ns_mesh: Any, wd: float,
+               mask: Any):  # fmt: skip
+    """``OPTIMIZERS[name].factory(lr, weight_decay=wd, **options)`` (``weight_decay_mask=mask``
+    where some of its leaves do not decay); each option of the entry is read from the config
+    field ``<name>_<option>`` if it exists, else ``<option>``; a preset's own options are not
+    overridden by the config's."""
     entry = optim.OPTIMIZERS[ocfg.name]
     kw = {}
     for opt in entry.options:
@@ -108,8 +156,10 @@ def _matrix_tx(ocfg: Any, lr: optax.Schedule, matrix_axes: Any, ns_mesh: Any):
         kw = {k: v for k, v in kw.items() if k not in optim.PRESETS[kw["preset"]]}
     if entry.orthogonalizes:
         kw.update(matrix_axes=matrix_axes, ns_mesh=ns_mesh, diagnostics=bool(ocfg.diagnostics))
+    if wd and mask is not None:
+        kw["weight_decay_mask"] = mask
     try:
-        return entry.factory(lr, weight_decay=float(ocfg.weight_decay), **kw)
+        return entry.factory(lr, weight_decay=wd, **kw)
     except ValueError as e:  # MuonOptions and the factories validate; name the config group
         raise ValueError(f"config.optimizer ({ocfg.name}): {e}") from None
 
@@ -123,6 +173,7 @@ def build(
     matrix_axes: Any = None,
     mesh: jax.sharding.Mesh | None = None,
     head_view: Any = None,
+    width: int | None = None,
 ) -> Optimizer:
     """Build the run's optimizer for ``params`` (one seed, no leading seed axis).
 
@@ -130,7 +181,8 @@ def build(
     ``{<muon roles>: matrix part, "rest": Adam}``; its rule per leaf becomes the label
     tree of ``optax.partition({"matrix": ..., "adam": ...}, labels)`` (the state keeps
     that tree, so checkpoints stay compatible). When every leaf lands in one part, ``tx``
-    is that part alone (no partition state).
+    is that part alone (no partition state). Adam is ``optax.adamw``'s chain with per-leaf
+    rates and decay; which leaves decay, and how, follows the module docstring.
 
     Args:
       config: the run ConfigDict (reads ``optimizer``, ``schedule``, ``steps``).
@@ -144,6 +196,8 @@ def build(
         ``ns_mesh=(mesh, "fsdp")``); None on one device / pmap.
       head_view: the model's head layout (``amemory.models.matrices.head_view``), which
         ``optimizer.qk_clip > 0`` needs (``amemory.optim.qk_clip``).
+      width: the model's width (``d_model``), which ``optimizer.base_width > 0`` scales
+        by (:func:`width_ratio`).
 
     Returns:
       an :class:`Optimizer`.
@@ -179,26 +233,49 @@ def build(
     role_fn = optim.Roles(lambda path: by_path[optim.path_str(path)], role_of.roles, {})
     rows = optim.routing_table(params, part, role_fn)
     orth = ocfg.name != ADAM and optim.OPTIMIZERS[ocfg.name].orthogonalizes
-    table = []
+    ratio = width_ratio(ocfg, width)
+    mup = ocfg.get("parametrization", "sp") == "mup"
+    independent = ocfg.get("weight_decay_scaling", "lr") == "independent"
+    table, rate, coef = [], {}, {}  # per leaf: Adam-rate multiplier, coefficient of theta
     for r, (path, leaf) in zip(rows, jax.tree_util.tree_flatten_with_path(params)[0], strict=True):
-        cell = ""
-        if part[r.transform] == MATRIX and orth:
-            try:
-                lay = optim.matrix_layout(leaf, matrix_axes, path)
-            except ValueError:
+        matrix = part[r.transform] == MATRIX
+        try:
+            lay = optim.matrix_layout(leaf, matrix_axes, path)
+        except ValueError:
+            lay = None
+            if matrix and orth:
                 raise ValueError(
                     f"config.optimizer.muon_roles={ocfg.muon_roles!r} routes {r.path} "
                     f"(role {r.role!r}, shape {r.shape}) to {ocfg.name}, which needs matrices "
                     "(2-D, or stacks of them); leave embed/head/norm/bias roles to Adam"
                 ) from None
-            cell = f"{lay.batch} x ({lay.fan_in}, {lay.fan_out})"
-        name = ocfg.name if part[r.transform] == MATRIX else ADAM
-        table.append([r.path, list(r.shape), r.role, name, cell])
+        cell = f"{lay.batch} x ({lay.fan_in}, {lay.fan_out})" if matrix and orth else ""
+        own = matrix or ocfg.name == ADAM  # optimizer.name's leaf
+        wd = float(ocfg.weight_decay if own else ocfg.get("adam_weight_decay", 0.0))
+        hidden = lay is not None and r.role != "embed"  # muP: hidden and output matrices
+        if lay is None or (r.role == "embed" and not ocfg.get("decay_embeddings", False)):
+            wd = 0.0  # matrices decay; norm scales, biases and embeddings do not
+        rate[r.path] = ratio if mup and hidden and not matrix else 1.0
+        wd *= ratio if independent else 1.0
+        peak = lr_peak if matrix else adam_peak  # independent: lr(t) (u + wd / peak theta)
+        coef[r.path] = wd / (peak * rate[r.path]) if independent else wd
+        name = ocfg.name if matrix else ADAM
+        table.append([r.path, list(r.shape), r.role, name, cell, wd])
     labels = jax.tree.unflatten(jax.tree.structure(params), [part[r.transform] for r in rows])
-    adam = optax.adamw(
-        adam_lr, b1=float(ocfg.b1), b2=float(ocfg.b2), eps=float(ocfg.eps),
-        weight_decay=float(ocfg.weight_decay),
-    )  # fmt: skip
+    adam = optax.chain(
+        optax.scale_by_adam(b1=float(ocfg.b1), b2=float(ocfg.b2), eps=float(ocfg.eps)),
+        _scaled_decay(rate, coef),  # optax.adamw's chain, per-leaf rates and decay
+        optax.scale_by_learning_rate(adam_lr),
+    )
+    # the matrix part: one coefficient, and a mask where some of its leaves do not decay
+    m_coef = [coef[r.path] for r in rows if part[r.transform] == MATRIX]
+    m_wd = max(m_coef, default=0.0)
+    m_mask = None
+    if min(m_coef, default=m_wd) != m_wd:
+
+        def m_mask(tree):
+            return jax.tree_util.tree_map_with_path(lambda p, _: coef[optim.path_str(p)] > 0, tree)
+
     used = {part[r.transform] for r in rows}
     ns_mesh = (mesh, "fsdp") if mesh is not None else None
     layout = []
@@ -211,9 +288,9 @@ def build(
     if used == {ADAM}:
         tx, lr_sched = adam, adam_lr
     elif used == {MATRIX}:
-        tx, lr_sched = _matrix_tx(ocfg, lr, matrix_axes, ns_mesh), lr
+        tx, lr_sched = _matrix_tx(ocfg, lr, matrix_axes, ns_mesh, m_wd, m_mask), lr
     else:
-        matrix = _matrix_tx(ocfg, lr, matrix_axes, ns_mesh)
+        matrix = _matrix_tx(ocfg, lr, matrix_axes, ns_mesh, m_wd, m_mask)
         tx, lr_sched = optax.partition({MATRIX: matrix, ADAM: adam}, labels), lr
     if float(ocfg.grad_clip) > 0:
         tx = optax.chain(optax.clip_by_global_norm(float(ocfg.grad_clip)), tx)

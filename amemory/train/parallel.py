@@ -49,12 +49,14 @@ def initialize_distributed(pcfg: Any) -> None:
     )
 
 
-def check_batch(batch_size: int, data_shards: int, field: str) -> None:
-    """Raise ValueError unless ``batch_size`` splits evenly over the data shards."""
-    if batch_size % data_shards:
+def check_batch(batch_size: int, data_shards: int, field: str, microbatches: int = 1) -> None:
+    """Raise ValueError unless ``batch_size`` splits evenly over the data shards, each
+    shard's rows into ``microbatches`` (``config.gradient_accumulation_steps``)."""
+    if batch_size % (data_shards * microbatches):
+        times = f" times gradient_accumulation_steps={microbatches}" if microbatches > 1 else ""
         raise ValueError(
             f"config.{field}={batch_size} must be divisible by the {data_shards} data shards "
-            "(devices) of this parallel mode"
+            f"(devices) of this parallel mode{times}"
         )
 
 

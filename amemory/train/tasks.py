@@ -10,6 +10,7 @@ corpus), :class:`BiographyTask` (synthetic biographies, arXiv 2509.26030) or
 from __future__ import annotations
 
 import functools
+import sys
 from collections.abc import Callable, Iterator
 from typing import Any, Protocol
 
@@ -21,6 +22,7 @@ import optax
 from amemory.models.roles import role_of
 from amemory.optim.routing import parse_roles
 from amemory.train import parallel
+from amemory.train.engine import LOSS_WEIGHT
 
 
 class Task(Protocol):
@@ -30,6 +32,10 @@ class Task(Protocol):
       kind: name written to records and the summary (``"lm"``, ``"biographies"``, ...).
       tokens_per_step: global tokens (LM) or queries (memory) consumed per step.
       muon_roles: roles trained by ``optimizer.name``; None = ``optimizer.muon_roles``.
+
+    Optional: ``width`` (the model width ``optimizer.base_width`` scales by),
+    ``sample_batch(rng) -> batch`` (a batch drawn on the device when ``train_input`` is
+    None), ``head_view`` (QK-Clip).
     """
 
     kind: str
@@ -50,8 +56,10 @@ class Task(Protocol):
         ...
 
     def loss(self, params: Any, batch: Any, rng: jax.Array) -> tuple[jax.Array, dict]:
-        """``(mean loss in nats, aux)`` of one step; ``aux`` maps names to scalar metrics
-        (averaged over the log interval like the loss, written as ``aux/<name>``)."""
+        """``(mean loss in nats, aux)`` of one step (or microbatch); ``aux`` maps names to
+        scalar metrics (averaged over the log interval like the loss, written as
+        ``aux/<name>``), and holds ``engine.LOSS_WEIGHT`` where the mean divides by a
+        count that varies between batches (masked tokens)."""
         ...
 
     def train_input(self) -> Iterator[Any] | None:
@@ -140,10 +148,12 @@ def _lm_loss(graphdef, params, tokens, targets, mask, rng, dropout: bool, lb_coe
     else:
         mask = mask.astype(ce.dtype)
         ce = (ce * mask).sum() / jnp.maximum(mask.sum(), 1.0)
+    # the count a masked mean divides by, so that microbatches are weighted by it
+    weight = {} if mask is None else {LOSS_WEIGHT: mask.sum()}
     if "moe_lb_loss" not in aux:
-        return ce, {"max_logit": aux["max_logit"]}
+        return ce, {"max_logit": aux["max_logit"], **weight}
     loss = ce + lb_coef * aux["moe_lb_loss"]
-    return loss, {"ce_loss": ce, "moe_lb_coef": jnp.float32(lb_coef), **aux}
+    return loss, {"ce_loss": ce, "moe_lb_coef": jnp.float32(lb_coef), **aux, **weight}
 
 
 class _Transformer:
@@ -166,11 +176,26 @@ class _Transformer:
         if float(config.optimizer.get("qk_clip", 0.0)) > 0 and (mc.qk_norm or mc.use_bias):
             raise ValueError("config.optimizer.qk_clip needs model.qk_norm and use_bias off")
         self.spectrum_roles = parse_roles(config.spectrum_roles, role_of, "spectrum_roles")
+        self.width = mc.d_model  # what optimizer.base_width scales by
+        self.head_scale = 1.0  # muP (Tensor Programs V, Table 3): output init var 1/fan_in^2
+        if config.optimizer.get("parametrization", "sp") == "mup":
+            from amemory.train.optimizers import width_ratio
+
+            if mc.tied_head:
+                raise ValueError(
+                    "config.optimizer.parametrization='mup' scales the head apart from the "
+                    "embedding: set model.tied_head=false"
+                )
+            self.head_scale = width_ratio(config.optimizer, self.width) ** 0.5
 
     def init_params(self, key: jax.Array) -> Any:
         from amemory.models import transformer
 
-        return transformer.init_params(self.model_config, key)
+        params = transformer.init_params(self.model_config, key)
+        if self.head_scale == 1.0:
+            return params
+        roles = transformer.param_roles(params)
+        return jax.tree.map(lambda p, r: p * self.head_scale if r == "head" else p, params, roles)
 
     def roles(self, params: Any) -> Any:
         from amemory.models import transformer
@@ -232,10 +257,12 @@ class LMTask(_Transformer):
         from amemory.data import corpus as C
 
         d = config.data
-        parallel.check_batch(int(d.batch_size), place.data_shards, "data.batch_size")
+        k = int(config.get("gradient_accumulation_steps", 1))
+        parallel.check_batch(int(d.batch_size), place.data_shards, "data.batch_size", k)
         self.data = C.prepare_corpus(d.corpus, tokenizer=d.tokenizer, vocab_size=int(d.vocab_size))
         self._setup_model(config, self.data.vocab_size)
         self.batch_size, self.seq_len = int(d.batch_size), int(d.seq_len)
+        self.eval_batch_size = self._eval_size(int(d.get("eval_batch_size", 0)), place.data_shards)
         self.loader = batching.token_loader(
             self.data.train_tokens, self.batch_size, self.seq_len, int(config.seed)
         )
@@ -248,6 +275,21 @@ class LMTask(_Transformer):
         next(self._eval_batches(max_batches=1))
         self._stats = jax.jit(self._eval_stats)
 
+    def _eval_size(self, asked: int, shards: int) -> int:
+        """``data.eval_batch_size``, or for 0 the training batch size clipped to the windows
+        the validation split holds (a multiple of the data shards; a note says so)."""
+        if asked:
+            parallel.check_batch(asked, shards, "data.eval_batch_size")
+            return asked
+        windows = (int(self.data.val_tokens.shape[0]) - 1) // self.seq_len
+        size = min(self.batch_size, windows // shards * shards)
+        if 0 < size < self.batch_size and jax.process_index() == 0:
+            sys.stderr.write(
+                f"amemory: note: data.eval_batch_size={size}: the validation split holds "
+                f"{windows} windows of {self.seq_len + 1} tokens (< data.batch_size)\n"
+            )
+        return size or self.batch_size  # 0: no batch fits; eval_batches says so
+
     def loss(self, params, batch, rng):
         tokens, targets = batch[:, :-1], batch[:, 1:]  # (B, T)
         return _lm_loss(
@@ -258,7 +300,7 @@ class LMTask(_Transformer):
         from amemory.data import batching
 
         return batching.eval_batches(
-            self.data.val_tokens, self.batch_size, self.seq_len,
+            self.data.val_tokens, self.eval_batch_size, self.seq_len,
             max_batches=max_batches or self.eval_n,
             process_index=jax.process_index(), process_count=jax.process_count(),
         )  # fmt: skip
@@ -307,7 +349,8 @@ class BiographyTask(_Transformer):
         from amemory.models import transformer
 
         d = config.data
-        parallel.check_batch(int(d.batch_size), place.data_shards, "data.batch_size")
+        k = int(config.get("gradient_accumulation_steps", 1))
+        parallel.check_batch(int(d.batch_size), place.data_shards, "data.batch_size", k)
         bc = d.biographies
         zipf = float(bc.get("zipf", 1.0))  # absent in older configs: the paper's law
         self.data = B.make_biographies(B.BiographyConfig(m=int(bc.m), seed=int(bc.seed), zipf=zipf))

@@ -133,7 +133,7 @@ def get_config(scale: str = "quick") -> ConfigDict:
     c.optimizer.orthogonalizer = "newton_schulz"  # "newton_schulz" | "polar" (exact SVD)
     # Muon update scale: "jordan" | "none" | "rms_match" | "spectral"
     c.optimizer.shape_scale = "jordan"
-    c.optimizer.weight_decay = 0.0  # decoupled weight decay on both halves (papers use 0)
+    c.optimizer.weight_decay = 0.0  # weight decay of optimizer.name's matrices (papers use 0)
     c.optimizer.grad_clip = 0.0  # clip gradients to this global L2 norm first; 0 = off
     # Muon on attention kernels head by head (Kimi K3 / GLM-5's Muon Split; a matrix view:
     # amemory.models.matrices.per_head_axes); also MuonH's radius is then per head
