@@ -12,7 +12,7 @@ import functools
 import numpy as np
 
 from theory_checks.common import CheckResult, Context, fit, fmt, register, trajectory
-from theory_checks.li2026 import mstar, prior, runner
+from theory_checks.li2026 import mstar, prior, runner, switch_time
 
 
 @register("li2026.implicit_preconditioner")
@@ -33,8 +33,7 @@ def preconditioner(ctx: Context) -> CheckResult:
         K = M * C
         n = int(1.5 * mstar(K, noise) / eta) + 2
         L, dev = runner(M, C, beta, noise, "muon", n, "precond")(eta)  # dev at W_t
-        rises = np.nonzero(np.diff(L) > 0)[0]
-        ts = int(rises[0]) if rises.size else n  # steps from W_t, t < ts, lowered the loss
+        ts = switch_time(L, n)  # steps from W_t, t < ts, lowered the loss
         joint, cond = dev[:ts, 0].max(), dev[:ts, 1].max()
         after = dev[ts:, 0].max()
         bound = (1 + M) / C
@@ -64,8 +63,7 @@ def tra_signgd(ctx: Context) -> CheckResult:
     Muon's switch time). [derived] the match is asymptotic in C: pass if the probability
     gap shrinks with C (each at most 1.05x the previous, round-off allowance) and the last
     is at most half the first; its C-exponent is reported. After the switch both
-    oscillate around the optimum with phases that need not agree; that gap is reported
-    (it stays ≈ 0.03 up to C = 16 and drops at C = 32).
+    oscillate around the optimum with phases that need not agree; that gap is reported.
     """
     M, beta, noise, eta = 4, 1.5, 0.1, 0.1
     Cs = [4, 8, 16] if ctx.quick else [4, 8, 16, 32]
@@ -75,8 +73,7 @@ def tra_signgd(ctx: Context) -> CheckResult:
         n = int(1.5 * mstar(K, noise) / (2 * eta)) + 2
         lt, pt = runner(M, C, beta, noise, "signgd", n, "probs")(eta)
         lm, pm = runner(M, C, beta, noise, "muon", n, "probs")(2 * eta)
-        rises = np.nonzero(np.diff(lm) > 0)[0]
-        ts = int(rises[0]) if rises.size else n
+        ts = switch_time(lm, n)
         gp = np.abs(pt - pm).max(axis=(1, 2))
         gaps_p.append(float(gp[: ts + 1].max()))
         gaps_l.append(float(np.abs(lt - lm)[: ts + 1].max()))
@@ -198,8 +195,7 @@ def signgd_original(ctx: Context) -> CheckResult:
         _, _, po = _full_space(M, C, beta, noise, "signgd", eta, n)
         lt, pt = runner(M, C, beta, noise, "signgd", n, "probs")(eta)
         muon = {k: runner(M, C, beta, noise, "muon", n, "probs")(k * eta) for k in kappas}
-        rises = np.nonzero(np.diff(muon[2.0][0]) > 0)[0]
-        ts = int(rises[0]) if rises.size else n
+        ts = switch_time(muon[2.0][0], n)
         gap = lambda a, b, ts=ts: float(np.abs(a - b).max(axis=(1, 2))[: ts + 1].max())
         tra.append(gap(pt, muon[2.0][1]))
         g = {k: gap(po, muon[k][1]) for k in kappas}

@@ -27,6 +27,7 @@ from theory_checks.common import CheckResult, Context, fit, fmt, half, register,
 
 ALPHA, BETA = 0.8, 0.2
 EPS = 0.01
+EPSS = [1e-4, 3e-4, 1e-3, 3e-3, 1e-2]  # ε grid of the GD checks
 
 
 def k_grid(ctx: Context) -> list[int]:
@@ -45,16 +46,11 @@ def problem(K: int, embedding: str, alpha: float = ALPHA, beta: float = BETA, se
     from amemory.models import memory
 
     p = jnp.asarray(frequencies.two_level(K, alpha, beta))
-    if embedding == "decoupled":
-        E, Et = memory.decoupled(K)
-    elif embedding == "coupled":
-        E, Et = memory.coupled_rotation(K)
-    elif embedding == "random":
+    if embedding == "random":
         E, Et = memory.random_orthonormal(K, K, jax.random.key(seed))
-    else:  # pragma: no cover - internal
-        raise ValueError(embedding)
-    w0 = jnp.zeros((K, K))
-    g = jax.grad(memory.population_loss)(w0, E, Et, p)
+    else:
+        E, Et = {"decoupled": memory.decoupled, "coupled": memory.coupled_rotation}[embedding](K)
+    g = jax.grad(memory.population_loss)(jnp.zeros((K, K)), E, Et, p)
     return p, E, Et, g
 
 
@@ -118,14 +114,8 @@ def prop_f3(ctx: Context) -> CheckResult:
         sv = np.sort(np.linalg.svd(np.asarray(g), compute_uv=False))
         L = frequencies.two_level_split(K, BETA)
         a, b = ALPHA / L, (1 - ALPHA) / (K - L)
-        pred = np.sort(
-            np.r_[
-                np.full(L - 1, a),
-                np.full(K - L - 1, b),
-                math.sqrt((a**2 * (K - L) + b**2 * L) / K),
-                0.0,
-            ]
-        )
+        mixed = math.sqrt((a**2 * (K - L) + b**2 * L) / K)
+        pred = np.sort(np.r_[np.full(L - 1, a), np.full(K - L - 1, b), mixed, 0.0])
         worst = max(worst, float(np.max(np.abs(sv - pred)) / a))
     return CheckResult(
         statement="At W_0 = 0, -∇L = Ẽ X Eᵀ has singular values a (L-1), b (K-L-1), "
@@ -138,12 +128,6 @@ def prop_f3(ctx: Context) -> CheckResult:
     )
 
 
-def _gd_grid(ctx: Context):
-    Ks = k_grid(ctx)
-    epss = [1e-4, 3e-4, 1e-3, 3e-3, 1e-2]
-    return Ks, epss
-
-
 @register("wang2025.thm53_gd_closed_form")
 def gd_closed_form(ctx: Context) -> CheckResult:
     """One-step GD balance equals the closed form x^r/(x^r + K - 1) ([derived]).
@@ -154,10 +138,9 @@ def gd_closed_form(ctx: Context) -> CheckResult:
     ``1/(1 + (K-1) e^{-η p_k})``), so the tolerance is the search's relative precision,
     1e-8 (boundary located to 1e-13 in η, amplified by the slope of q in η).
     """
-    Ks, epss = _gd_grid(ctx)
     worst, rows = 0.0, []
-    for K in Ks[:1] if ctx.quick else Ks[:3]:
-        for eps in epss:
+    for K in k_grid(ctx)[: 1 if ctx.quick else 3]:
+        for eps in EPSS:
             rho = _rho(K, "random", "gd", eps)
             pred = _gd_closed_form(K, eps)
             rows.append((K, eps, rho, pred))
@@ -215,7 +198,7 @@ def gd_slope_k(ctx: Context) -> CheckResult:
     same K grid minus its slope on K = 61440..983040 (:func:`_slope_check`), plus the fit's
     95% CI half-width, plus 1e-3.
     """
-    Ks, _ = _gd_grid(ctx)
+    Ks = k_grid(ctx)
     ys = [_rho(K, "decoupled", "gd", EPS) for K in Ks]
     r = _r()
     return _slope_check(
@@ -232,12 +215,11 @@ def gd_slope_eps(ctx: Context) -> CheckResult:
     K = 240 minus its ε-slope at K = 983040 (it has ``log(1/ε - 1)`` and the ``x^r`` in the
     denominator), plus CI half-width, plus 1e-3.
     """
-    _, epss = _gd_grid(ctx)
     K = 240
-    ys = [_rho(K, "decoupled", "gd", e) for e in epss]
+    ys = [_rho(K, "decoupled", "gd", e) for e in EPSS]
     return _slope_check(
         f"Thm 5.3 (GD): ϱ^ε ∝ ε^(-r), r = {fmt(_r())} (K = {K})",
-        epss, ys, -_r(), _closed_slope([K], epss), _closed_slope(_LARGE_K[-1:], epss), "ε",
+        EPSS, ys, -_r(), _closed_slope([K], EPSS), _closed_slope(_LARGE_K[-1:], EPSS), "ε",
     )  # fmt: skip
 
 
@@ -253,9 +235,8 @@ def muon_balance(ctx: Context) -> CheckResult:
     changes of basis: msgn(ẼXEᵀ) = Ẽ msgn(X) Eᵀ). The fitted K-exponent of δ is reported.
     """
     Ks = k_grid(ctx)
-    out = {}
-    for emb in ("decoupled", "coupled"):
-        out[emb] = np.array([1 - _rho(K, emb, "muon", EPS) / (1 - EPS) for K in Ks])
+    out = {emb: np.array([1 - _rho(K, emb, "muon", EPS) / (1 - EPS) for K in Ks])
+           for emb in ("decoupled", "coupled")}  # fmt: skip
     c = out["decoupled"] * np.array(Ks) / (EPS * np.log(Ks))
     same = float(np.max(np.abs(out["decoupled"] - out["coupled"])))
     nonincreasing = bool(np.all(c[1:] <= 1.05 * c[:-1]))
@@ -282,10 +263,7 @@ def muon_direction(ctx: Context) -> CheckResult:
     line by O(1/K) ≈ 0.02 at K = 60.
     """
     Ks = k_grid(ctx)
-    dev = []
-    for K in Ks:
-        dhat, _ = _one_step(K, "coupled", "muon")
-        dev.append(float(np.max(np.abs(dhat - np.eye(K)))))
+    dev = [float(np.max(np.abs(_one_step(K, "coupled", "muon")[0] - np.eye(K)))) for K in Ks]
     f = fit(Ks, dev)
     return CheckResult(
         statement="Thm 5.3 (Muon): -G_Muon(W_0) = ẼEᵀ + O(1/K) entrywise",
@@ -395,11 +373,9 @@ def thm54(ctx: Context) -> CheckResult:
     ε(1 + O(log K/K)) for every ε reached). Both must stay bounded as K grows (the
     larger K's value at most 1.05x the smaller K's, round-off allowance) and below 5
     (the one-step constant is ≈ 1.6 at K = 60). GD's worst/best error ratio must exceed
-    10 (imbalanced). Fragility, reported: near convergence some gradient singular values
-    come close to msgn's zero threshold (K·eps·σ_max), and whether one is kept at step ~25
-    moves the K = 60 value of K|a_t - b_t|/a_t between 0.71 and 0.77 (it is 0.77 in this
-    single-program run, 0.71 when the same run is vmapped with other schedules), so the
-    5% growth criterion against K = 240's 0.81 sits at its edge.
+    10 (imbalanced). Fragile: near convergence some gradient singular values come close to
+    msgn's zero threshold (K·eps·σ_max), and whether one is kept moves K|a_t - b_t|/a_t at
+    K = 60 by several percent, so the 5% growth criterion sits near its edge.
     """
     from amemory.analysis import balance
 
@@ -438,12 +414,7 @@ def thm54_schedules(ctx: Context) -> CheckResult:
     """
     Ks = [30, 60] if ctx.quick else [60, 240]
     embs = ["decoupled"] if ctx.quick else ["decoupled", "random", "coupled"]
-    rows, ok = [], True
-    for emb in embs:
-        for sched in ("cosine", "step"):
-            stats = _thm54_stats(Ks, sched, emb)
-            rows.append((emb, sched, stats))
-            ok &= _thm54_ok(stats)
+    rows = [(emb, sched, _thm54_stats(Ks, sched, emb)) for emb in embs for sched in SCHEDULES]
     return CheckResult(
         statement="Thm 5.4: the balance of multi-step Muon holds for any fixed step schedule "
         "(cosine, step decay)",
@@ -454,7 +425,7 @@ def thm54_schedules(ctx: Context) -> CheckResult:
             for emb, sched, st in rows
         ),
         tolerance="< 5 and non-increasing in K (5%)",
-        passed=ok,
+        passed=all(_thm54_ok(stats) for *_, stats in rows),
         details={"rows": rows},
     )
 
@@ -465,22 +436,22 @@ def pg_max(K: int) -> float:
     return float(frequencies.two_level(K, ALPHA, BETA).max())
 
 
-@functools.cache
-def _sweep():
-    """Jitted ``(D̂ [K, K], etas [n], p [K]) -> (loss [n], gap [n])`` of ``Ŵ = η D̂``.
-
-    Task-space evaluation (logits ``η D̂ᵀ``), exact for orthonormal embeddings; the
-    basis change ``D̂ = ẼᵀDE`` is done once per direction with ``memory.task_space``.
-    """
+def _loss_gap(what, p):
+    """(loss, gap Δ = max q - min q) of the task-space memory Ŵ [K, K] (logits Ŵᵀ), exact
+    for orthonormal embeddings."""
     import jax
     import jax.numpy as jnp
 
-    def one(dhat, eta, p):
-        logp = jax.nn.log_softmax(eta * dhat.T, axis=-1)  # row k = query k
-        lq = jnp.diagonal(logp)
-        return -jnp.dot(p, lq), jnp.max(jnp.exp(lq)) - jnp.min(jnp.exp(lq))
+    lq = jnp.diagonal(jax.nn.log_softmax(what.T, axis=-1))  # row k = query k
+    return -jnp.dot(p, lq), jnp.max(jnp.exp(lq)) - jnp.min(jnp.exp(lq))
 
-    return jax.jit(jax.vmap(one, in_axes=(None, 0, None)))
+
+@functools.cache
+def _sweep():
+    """Jitted ``(D̂ [K, K], etas [n], p [K]) -> (loss [n], gap [n])`` of ``Ŵ = η D̂``."""
+    import jax
+
+    return jax.jit(jax.vmap(lambda dhat, eta, p: _loss_gap(eta * dhat, p), in_axes=(None, 0, None)))
 
 
 @functools.cache
@@ -493,26 +464,18 @@ def _fig4_trajectory(K: int, opt: str, lr: float, steps: int, space: str):
     ``memory.population_loss`` (needed for SignGD, which is not basis-invariant) and
     recorded through ``memory.task_space``.
     """
-    import jax
     import jax.numpy as jnp
 
     from amemory.models import memory
 
     p, E, Et, _ = problem(K, "decoupled" if space == "task" else space)
-
-    def stats(what):
-        logp = jax.nn.log_softmax(what.T, axis=-1)
-        q = jnp.exp(jnp.diagonal(logp))
-        return -jnp.dot(p, jnp.diagonal(logp)), jnp.max(q) - jnp.min(q)
-
     if space == "task":
-        loss = lambda w: stats(w)[0]
-        record = stats
+        loss = lambda w: _loss_gap(w, p)[0]
+        record = lambda w: _loss_gap(w, p)
     else:
         loss = lambda w: memory.population_loss(w, E, Et, p)
-        record = lambda w: stats(memory.task_space(w, E, Et))
-    lt, dt = trajectory(opt, lr, loss, jnp.zeros((K, K)), steps, record)
-    return lt, dt
+        record = lambda w: _loss_gap(memory.task_space(w, E, Et), p)
+    return trajectory(opt, lr, loss, jnp.zeros((K, K)), steps, record)
 
 
 @register("wang2025.fig4_gap_vs_loss")
@@ -538,11 +501,9 @@ def fig4(ctx: Context) -> CheckResult:
     from amemory.models import memory
 
     K = 60 if ctx.quick else 999
-    steps = 40 if ctx.quick else 15
-    if ctx.quick:
-        lrs = {"gd": 2.0 / pg_max(K), "signgd": 0.05, "muon": 0.4}
-    else:  # fewer, larger steps: each Muon step at K = 999 is a float64 SVD
-        lrs = {"gd": 2.0 / pg_max(K), "signgd": 0.15, "muon": 0.7}
+    steps = 40 if ctx.quick else 15  # full: fewer, larger steps (each a K = 999 float64 SVD)
+    lrs = {"gd": 2.0 / pg_max(K), "signgd": 0.05 if ctx.quick else 0.15,
+           "muon": 0.4 if ctx.quick else 0.7}  # fmt: skip
     expect = {
         ("gd", "decoupled"): "imb", ("gd", "coupled"): "imb",
         ("signgd", "decoupled"): "bal", ("signgd", "coupled"): "imb",
@@ -559,10 +520,9 @@ def fig4(ctx: Context) -> CheckResult:
             # one step W_η = η D over a sweep of η (loss and gap of each W_η)
             etas = np.geomspace(1e-3, 1e3, 60) / float(np.max(np.abs(np.asarray(d))))
             L1, D1 = (np.asarray(a) for a in _sweep()(dhat, jnp.asarray(etas), p))
-            if opt == "signgd" and emb == "coupled":
-                lt, Dt = _fig4_trajectory(K, opt, lrs[opt], steps, "coupled")
-            else:  # task space: GD and Muon commute with orthonormal changes of basis
-                lt, Dt = _fig4_trajectory(K, opt, lrs[opt], steps, "task")
+            # task space, except SignGD on coupled embeddings (not basis-invariant)
+            space = "coupled" if (opt, emb) == ("signgd", "coupled") else "task"
+            lt, Dt = _fig4_trajectory(K, opt, lrs[opt], steps, space)
             ax.plot(L1, D1, "--", color=colors[opt], label=f"{opt} one step")
             ax.plot(lt, Dt, "-", marker=".", color=colors[opt], label=f"{opt} {steps} steps")
             window = L1 >= 0.05 * math.log(K)

@@ -66,6 +66,14 @@ def _check_int(name: str, value: Any, minimum: int) -> int:
     return int(value)
 
 
+def _check_sizes(builder: str, K: Any, d: Any, min_K: int = 1, d_ge_K: bool = True):
+    """Validated ``(K, d)`` of an embedding builder (``d >= K`` when ``d_ge_K``)."""
+    K, d = _check_int("K", K, min_K), _check_int("d", d, 1)
+    if d_ge_K and d < K:
+        raise ValueError(f"{builder} needs d >= K, got d={d} < K={K}")
+    return K, d
+
+
 def _float_dtype(dtype: Any) -> Any:
     """The requested dtype, or the default float (float64 under x64, else float32)."""
     return jnp.zeros(()).dtype if dtype is None else jnp.dtype(dtype)
@@ -294,10 +302,7 @@ def random_orthonormal(
     Raises:
       ValueError: if ``d < K`` or K, d are not positive integers.
     """
-    K = _check_int("K", K, 1)
-    d = _check_int("d", d, 1)
-    if d < K:
-        raise ValueError(f"random_orthonormal needs d >= K, got d={d} < K={K}")
+    K, d = _check_sizes("random_orthonormal", K, d)
     k1, k2 = jax.random.split(key)
     dt = _float_dtype(dtype)
     return _orthonormal_columns(k1, d, K, dt), _orthonormal_columns(k2, d, K, dt)
@@ -320,15 +325,10 @@ def gaussian(K: int, d: int, key: jax.Array, *, dtype: Any = None) -> tuple[jax.
     Raises:
       ValueError: if K or d is not a positive integer.
     """
-    K = _check_int("K", K, 1)
-    d = _check_int("d", d, 1)
-    k1, k2 = jax.random.split(key)
-    dt = _float_dtype(dtype)
-    scale = 1.0 / math.sqrt(d)
-    return (
-        scale * jax.random.normal(k1, (d, K), dtype=dt),
-        scale * jax.random.normal(k2, (d, K), dtype=dt),
-    )
+    K, d = _check_sizes("gaussian", K, d, d_ge_K=False)
+    scale, dt = 1.0 / math.sqrt(d), _float_dtype(dtype)
+    E, Et = (scale * jax.random.normal(k, (d, K), dtype=dt) for k in jax.random.split(key))
+    return E, Et
 
 
 def coherent(
@@ -354,10 +354,7 @@ def coherent(
     Raises:
       ValueError: if ``d < K``, ``K < 2`` or the coherence is outside the open interval.
     """
-    K = _check_int("K", K, 2)
-    d = _check_int("d", d, 1)
-    if d < K:
-        raise ValueError(f"coherent needs d >= K, got d={d} < K={K}")
+    K, d = _check_sizes("coherent", K, d, min_K=2)
     c = float(coherence)
     if not -1.0 / (K - 1) < c < 1.0:
         raise ValueError(f"coherence must lie in (-1/(K-1), 1) = ({-1.0 / (K - 1)}, 1), got {c}")
