@@ -94,8 +94,7 @@ def one_step_capacity(ctx: Context) -> CheckResult:
     N, seeds, counts = _counts(ctx)
     sgd, muon = counts[:, 0], counts[:, 1]
     small = None if ctx.quick else _counts(ctx, [16])[2][0]
-    fs = fit(DS, np.maximum(sgd, 0.5))
-    fm = fit(DS, np.maximum(muon, 0.5))
+    fs, fm = fit(DS, np.maximum(sgd, 0.5)), fit(DS, np.maximum(muon, 0.5))
     ratio = muon / np.maximum(sgd, 0.5)
     ok = bool(np.all(muon > sgd)) and bool(np.all(np.diff(ratio) >= 0))
     ok &= fm.slope_ci[0] > fs.slope_ci[1]
@@ -109,25 +108,15 @@ def one_step_capacity(ctx: Context) -> CheckResult:
         measured=f"items recovered (d={DS}, N={N}): SGD {', '.join(fmt(x, 3) for x in sgd)}; "
         f"Muon {', '.join(fmt(x, 3) for x in muon)}; exponents SGD {fs.describe()}, "
         f"Muon {fm.describe()}"
-        + (
-            ""
-            if small is None
-            else f"; d=16 (not gated): SGD {fmt(small[0], 3)}, Muon {fmt(small[1], 3)}"
-        ),
+        + ("" if small is None else f"; d=16 (not gated): SGD {fmt(small[0], 3)}, "
+           f"Muon {fmt(small[1], 3)}"),  # fmt: skip
         tolerance="counts and ratio trend exact; exponent intervals disjoint, Muon's above 1, "
         "SGD's below 1",
         passed=ok,
-        details={
-            "d": DS,
-            "N": N,
-            "alpha": ALPHA,
-            "seeds": seeds,
-            "sgd": sgd.tolist(),
-            "muon": muon.tolist(),
-            "sgd_fit": [fs.slope, *fs.slope_ci],
-            "muon_fit": [fm.slope, *fm.slope_ci],
-        },
-    )
+        details={"d": DS, "N": N, "alpha": ALPHA, "seeds": seeds, "sgd": sgd.tolist(),
+                 "muon": muon.tolist(), "sgd_fit": [fs.slope, *fs.slope_ci],
+                 "muon_fit": [fm.slope, *fm.slope_ci]},
+    )  # fmt: skip
 
 
 @register("kim2026.multi_step_conjecture")

@@ -28,9 +28,8 @@ def _muon_excess(M: int, C: int, beta: float, T: int, c: float = C_MUON) -> floa
     from amemory.analysis import group_symmetric as gs
 
     K = M * C
-    return gs.final_loss("muon", prior(M, 1, beta), C, NOISE, c * math.log(K) / T, T) - lstar(
-        K, NOISE
-    )
+    loss = gs.final_loss("muon", prior(M, 1, beta), C, NOISE, c * math.log(K) / T, T)
+    return loss - lstar(K, NOISE)
 
 
 @register("li2026.gd_excess_exponent")
@@ -112,13 +111,9 @@ def gd_log_k(ctx: Context) -> CheckResult:
         f"log K exponent {', '.join(fmt(s.slope, 3) for s in slopes)} (T = {Ts.tolist()})",
         tolerance="non-decreasing (1e-9)",
         passed=nondecreasing,
-        details={
-            "Cs": Cs,
-            "Ts": Ts.tolist(),
-            "R": R.tolist(),
-            "log_k_exponents": [(s.slope, *s.slope_ci) for s in slopes],
-        },
-    )
+        details={"Cs": Cs, "Ts": Ts.tolist(), "R": R.tolist(),
+                 "log_k_exponents": [(s.slope, *s.slope_ci) for s in slopes]},
+    )  # fmt: skip
 
 
 @register("li2026.muon_excess_bound")
@@ -159,13 +154,9 @@ def muon_bound(ctx: Context) -> CheckResult:
         measured=measured,
         tolerance=f"A ≤ c²/8 = {fmt(c**2 / 8, 3)}",
         passed=top <= c**2 / 8,
-        details={
-            "Ts": Ts,
-            "A_beta": A_beta,
-            "A_K": {str(k): v for k, v in A_K.items()},
-            "A_c2": A2,
-        },
-    )
+        details={"Ts": Ts, "A_beta": A_beta, "A_K": {str(k): v for k, v in A_K.items()},
+                 "A_c2": A2},
+    )  # fmt: skip
 
 
 @register("li2026.muon_advantage_grows")

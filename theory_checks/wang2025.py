@@ -330,11 +330,9 @@ def _multi_step(
         )
 
     loss = lambda w: memory.population_loss(w, E, Et, p)
-    if scheduled:
-        out = trajectory(opt, _schedules(lr, steps), loss, jnp.zeros((K, K)), steps, record)
-    else:
-        out = tuple(a[None] for a in trajectory(opt, lr, loss, jnp.zeros((K, K)), steps, record))
-    return out, np.asarray(p)
+    rates = _schedules(lr, steps) if scheduled else lr
+    out = trajectory(opt, rates, loss, jnp.zeros((K, K)), steps, record)
+    return (out if scheduled else tuple(a[None] for a in out)), np.asarray(p)
 
 
 def _thm54_stats(Ks: list[int], schedule: str, emb: str = "decoupled"):

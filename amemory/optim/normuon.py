@@ -131,14 +131,14 @@ def _moment_transform(opts: MuonOptions, beta2: Any, normalize, nu_shape, owner_
         count = optax.safe_increment(state.count)
         mu, u = momentum(grads, treedef.flatten_up_to(state.mu), count, opts)
         mats = [lay.to_matrix(x) for x, lay in zip(u, layouts, strict=True)]
-        nu = state.nu if opts.layout is not None else treedef.flatten_up_to(state.nu)
-        o, errors, new_nu = orthogonalize(mats, layouts, opts, normalize, nu)
-        if opts.layout is None:
-            new_nu = [v.reshape(w.shape) for v, w in zip(new_nu, nu, strict=True)]
-            new_nu = treedef.unflatten(new_nu)
+        if opts.layout is not None:  # OwnerStacks in, OwnerStacks out
+            o, errors, nu = orthogonalize(mats, layouts, opts, normalize, state.nu)
+        else:
+            old = treedef.flatten_up_to(state.nu)
+            o, errors, nu = orthogonalize(mats, layouts, opts, normalize, old)
+            nu = treedef.unflatten([v.reshape(w.shape) for v, w in zip(nu, old, strict=True)])
         out, diag = scale(o, grads, layouts, opts, errors, treedef)
-        mu = treedef.unflatten(mu)
-        return out, state_cls(count=count, mu=mu, nu=new_nu, diagnostics=diag)
+        return out, state_cls(count=count, mu=treedef.unflatten(mu), nu=nu, diagnostics=diag)
 
     return auto_sharded(optax.GradientTransformation(init_fn, update_fn))
 
@@ -189,18 +189,13 @@ def normuon(
     weight_decay_mask: Any = None,
     **options: Any,
 ) -> optax.GradientTransformation:
-    """NorMuon optimizer: :func:`scale_by_normuon`, decoupled weight decay, learning rate.
-
-    ``theta <- theta - lr * (O' + wd * theta)`` with ``O'`` the :func:`scale_by_normuon`
-    output.
+    """NorMuon optimizer: ``theta <- theta - lr * (O' + wd * theta)``, ``O'`` the
+    :func:`scale_by_normuon` output (``beta2``, ``normuon_eps``, ``**options``: as there).
 
     Args:
       learning_rate: float or optax schedule.
-      beta2: second-moment decay in ``[0, 1)``.
-      normuon_eps: see :func:`scale_by_normuon`.
       weight_decay: decoupled weight decay (``None``: 0).
       weight_decay_mask: optax mask for the decay.
-      **options: any :class:`amemory.optim.MuonOptions` field.
 
     Returns:
       ``optax.GradientTransformation``.
@@ -268,24 +263,10 @@ def adamuon(
     weight_decay_mask: Any = None,
     **options: Any,
 ) -> optax.GradientTransformation:
-    """AdaMuon optimizer: :func:`scale_by_adamuon`, decoupled weight decay, learning rate.
-
-    ``theta <- theta - lr * (O' + wd * theta)`` (the official ``p (1 - lr wd) - lr O'``).
-
-    Args:
-      learning_rate: float or optax schedule (the update RMS is ``rms_scale``: use
-        Adam-like learning rates).
-      beta2: decay of the second moment (``None``: ``momentum``).
-      adamuon_eps: see :func:`scale_by_adamuon`.
-      weight_decay: decoupled weight decay (``None``: 0).
-      weight_decay_mask: optax mask for the decay.
-      **options: any :class:`amemory.optim.MuonOptions` field.
-
-    Returns:
-      ``optax.GradientTransformation``.
-
-    Raises:
-      ValueError: unknown option name (lists the allowed ones) or bad value.
+    """AdaMuon optimizer: ``theta <- theta - lr * (O' + wd * theta)`` (the official
+    ``p (1 - lr wd) - lr O'``), ``O'`` the :func:`scale_by_adamuon` output (``beta2``,
+    ``adamuon_eps``, ``**options``: as there). The update RMS is ``rms_scale``: use Adam-like
+    learning rates. Other arguments, return value and errors as :func:`normuon`.
     """
     direction = scale_by_adamuon(beta2=beta2, adamuon_eps=adamuon_eps, **options)
     return decoupled(direction, learning_rate, weight_decay, weight_decay_mask)
