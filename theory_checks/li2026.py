@@ -308,7 +308,6 @@ def gd_stability(ctx: Context) -> CheckResult:
     """
     import jax
     import jax.numpy as jnp
-    import optax
 
     from amemory.models import memory
 
@@ -323,25 +322,13 @@ def gd_stability(ctx: Context) -> CheckResult:
     pert = 1e-7 * jax.random.normal(jax.random.key(3), (K, K))
     proj = lambda w: w - w.mean(axis=0, keepdims=True)
     rows, ok = [], True
+    record = lambda w: jnp.linalg.norm(proj(w - wstar)) / jnp.linalg.norm(proj(pert))
     for beta in (1.5, 3.0):
         p = jnp.asarray(prior(M, C, beta))
         loss = lambda w, p=p: memory.population_loss(w, eye, eye, p, noise)
-
-        @jax.jit
-        def run(eta, loss=loss):
-            tx = optax.sgd(eta)
-            w0 = wstar + pert
-
-            def body(c, _):
-                w, s = c
-                u, s = tx.update(jax.grad(loss)(w), s, w)
-                return (w + u, s), None
-
-            (w, _), _ = jax.lax.scan(body, (w0, tx.init(w0)), length=steps)
-            return jnp.linalg.norm(proj(w - wstar)) / jnp.linalg.norm(proj(pert))
-
-        for f in fs:
-            g = float(run(f * thr / float(p[0])))
+        rates = np.repeat(np.array(fs)[:, None] * thr / float(p[0]), steps, axis=1)  # [f, t]
+        growth = trajectory("gd", rates, loss, wstar + pert, steps, record)[:, -1]
+        for f, g in zip(fs, growth.tolist(), strict=True):
             rows.append((beta, f, g))
             ok &= (g < 1) if f < 1 else (g > 1)
     return CheckResult(
