@@ -170,12 +170,10 @@ def full_space_run(K: int, class_prior, noise: float, opt: str, lr: float, steps
 def gd_noiseless(ctx: Context) -> CheckResult:
     """Noiseless GD: L_j(t) ≍ 1/(p_j η t), i.e. L_j·p_j·η·t tends to one constant.
 
-    K = 24 (M = 4 groups of C = 6, β = 1.5), random orthonormal embeddings (full space),
-    η = 1/p_1, T = 4000 steps (quick 2000), so s_j = η p_j T >= 500 (250) for every class.
-    [derived] constant: column j's margin obeys e^m + (K-1)m ≈ K s + 1 (continuous
-    time), so L_j s_j → (K-1)/K with relative correction ≈ (K-1) log(K s)/(K s). The
-    tolerance is twice that correction at the smallest s_j (factor 2 for the discrete
-    steps) plus 1e-3.
+    Random orthonormal embeddings, η = 1/p_1, s_j = η p_j T >= 250 for every class.
+    [derived] constant: column j's margin obeys e^m + (K-1)m ≈ K s + 1 (continuous time),
+    so L_j s_j → (K-1)/K with relative correction ≈ (K-1) log(K s)/(K s); tolerance twice
+    that at the smallest s_j (the discrete steps) plus 1e-3.
     """
     M, C, beta = 4, 6, 1.5
     K = M * C
@@ -203,15 +201,11 @@ def gd_noiseless(ctx: Context) -> CheckResult:
 def muon_noiseless(ctx: Context) -> CheckResult:
     """Noiseless Muon: L_j(t) ≍ K exp(-(1+o(1)) η t) uniformly in j.
 
-    K = 24 (M = 4, C = 6, β = 1.5), η = 0.5, 40 steps (loss from log K to ~1e-7).
-    Measured: (i) the decay rate of the total loss, fitted as log L = a - r·t over the
-    second half of the run (``fit_power_law`` on x = e^t), against r = η; tolerance 5%
-    + CI (the o(1): Muon's diagonal step is η(1 - O(1/K)) and the off-diagonal
-    competition shifts the rate by O(1/K) ≈ 4%); (ii) uniformity: the per-class exponent
-    deviation max_j |log(L_j(T)/(K e^{-ηT}))|/(ηT) is at most 0.1 (the o(1); here M/C =
-    2/3, so Muon's step differs across groups by a few percent);
-    (iii) embedding invariance: a run with random orthonormal E, Ẽ gives the same
-    per-class losses as task space to 1e-9 relative.
+    K = 24, 40 steps. Measured: (i) the decay rate r of the total loss (log L = a - r·t
+    fitted over the second half) against η, tolerance 5% + CI (the o(1): Muon's diagonal
+    step is η(1 - O(1/K)), O(1/K) ≈ 4%); (ii) uniformity: max_j |log(L_j(T)/(K e^{-ηT}))|
+    /(ηT) ≤ 0.1 (the o(1); Muon's step differs across groups by O(M/C)); (iii) embedding
+    invariance: random orthonormal E, Ẽ give the task-space losses to 1e-9 relative.
     """
     M, C, beta, eta, T = 4, 6, 1.5, 0.5, 40
     K = M * C
@@ -241,19 +235,16 @@ def muon_noisy(ctx: Context) -> CheckResult:
     """Noisy Muon: descent (≈ K e^{-ηt} + αηt) then oscillation (≈ η² + L*), switch at
     Θ(log K / η).
 
-    α = 0.1, M = 4, β = 1.5, C ∈ {8, 32} (K = 32, 128; quick C ∈ {8, 16}), η ∈ {0.2, 0.4,
-    0.8} (quick {0.2, 0.4}), run to twice the predicted switch time. Switch time t_s:
-    first step where the total loss rises. [derived] Muon moves every margin by ≈ η per
-    step, so the loss bottoms out when the margin reaches the optimal gap m* = log(1 + K(1-α)/α):
-    t_s ≈ m*/η. Tolerance: t_s η/m* within [0.8, 1.25] (one step of rounding is η/m* ≤
-    0.09, plus the O(M/C) deviation of Muon's diagonal step). Oscillation: the excess
-    loss after t_s + 2 divided by η² stays below 1 for every η (the per-margin bound is
-    ℓ''·η²/2 ≤ η²/8; 1 leaves room for off-margin directions) and the loss is monotone
-    before t_s. Descent shape: [derived] with every margin at m = ηt and the wrong logits
-    equal, the per-class loss is ℓ(m) = a log(1 + (K-1)e^{-m}) + (1-a)(m + log(1 +
-    (K-1)e^{-m})), a = 1 - α + α/K, i.e. ≈ K e^{-ηt} + α η t (the paper's shape); the
-    measured excess must follow ℓ(ηt) - L* within 5% (relative; the deviation is O(1/K))
-    over the first 3/4 of the descent (near t_s the excess itself goes to 0).
+    Label noise α = 0.1, K up to 128, several η, run to twice the predicted switch time
+    t_s (the first step where the loss rises). [derived] Muon moves every margin by ≈ η
+    per step, so the loss bottoms out at the optimal gap m* (:func:`mstar`): t_s ≈ m*/η;
+    tolerance t_s η/m* ∈ [0.8, 1.25] (a step of rounding, η/m* ≤ 0.09, plus the O(M/C)
+    deviation of Muon's diagonal step). Oscillation: the excess after t_s + 2 over η²
+    stays below 1 (the per-margin bound is ℓ''·η²/2 ≤ η²/8) and the loss is monotone
+    before t_s. Descent: with every margin at m = ηt the per-class loss is
+    :func:`margin_loss` ≈ K e^{-ηt} + α η t (the paper's shape); the measured excess must
+    follow it within 5% (relative; the deviation is O(1/K)) over the first 3/4 of the
+    descent (near t_s the excess itself goes to 0).
     """
     M, beta, noise = 4, 1.5, 0.1
     Cs = [8, 16] if ctx.quick else [8, 32]
@@ -297,14 +288,12 @@ def muon_noisy(ctx: Context) -> CheckResult:
 def gd_stability(ctx: Context) -> CheckResult:
     """Linear stability of GD at the minimiser requires η p_1 ≲ 1.
 
-    α = 0.1, K = 20 (M = 4, C = 5), β ∈ {1.5, 3} (p_1 differs by 1.7x). GD starts at the
-    minimiser Ŵ* (columns log p(·|j)) plus a 1e-7 random perturbation and runs 300 steps
-    at η = f·η_c. [derived] The task-space Hessian is block-diagonal, column j's block
+    GD starts at the minimiser Ŵ* (columns log p(·|j)) plus a 1e-7 perturbation, at
+    η = f·η_c. [derived] The task-space Hessian is block-diagonal, column j's block
     p_j(diag q - q qᵀ) with q = p(·|j), so GD is linearly stable iff
-    η p_1 < 2/λ_max(diag q - q qᵀ) (λ from numpy's eigvalsh, independent of the code
-    under test). Measured: growth of the perturbation (column means removed: softmax
-    ignores them) for f ∈ {0.9, 0.98, 1.02, 1.1}; must decay for f < 1 and grow for
-    f > 1, for both priors: the threshold is a condition on η p_1 alone.
+    η p_1 < 2/λ_max(diag q - q qᵀ) (numpy's eigvalsh). Measured: growth of the perturbation
+    (column means removed: softmax ignores them); it must decay for f < 1 and grow for
+    f > 1, for two priors whose p_1 differ: the threshold is a condition on η p_1 alone.
     """
     import jax
     import jax.numpy as jnp
@@ -357,20 +346,15 @@ def _steps_to(losses: np.ndarray, targets) -> list[int]:
 def step_counts(ctx: Context) -> CheckResult:
     """Noiseless step counts to reach loss ε: Muon O(log 1/ε), GD O(1/ε), fitted slopes.
 
-    Reading: the number of steps n(ε) to bring the total loss below ε grows like
-    log(1/ε) for Muon and like 1/ε for GD (paper B: exponential speed-up, O(log 1/ε)
-    instead of O(1/ε)). M = 4, C = 6 (K = 24), β = 1.5, no label noise, task space by
-    the exact group-symmetric reduction (validated against dense runs by
-    ``li2026.block_symmetry``). Muon: η = 0.5, ε from 1e-2 to 1e-12; fit
-    n = a + b·ln(1/ε): predicted b = 1/η = 2 ([derived] from L ≈ K e^{-ηt}), tolerance
-    5% + CI (the O(1/K) shift of Muon's per-step margin, as in
-    ``li2026.muon_noiseless_exponential``). GD: η = 1/p_1, ε from 1e-3 to 1e-5 (quick
-    1e-4), where every s_j = η p_j t exceeds 250; fit log n = c + s·log(1/ε): predicted
-    s = 1 ([derived] from L_j ≈ (K-1)/(K s_j) up to the factor
-    (1 + (K-1) log(K s_j)/(K s_j)), whose log-slope is at most that correction),
-    tolerance CI + twice the correction at the smallest s_j reached (factor 2 for the
-    discrete steps, as in ``li2026.gd_noiseless_per_class``) + 1e-3. The log-log slope of
-    Muon's n(ε) is reported for contrast.
+    Reading: the steps n(ε) to bring the total loss below ε grow like log(1/ε) for Muon
+    and like 1/ε for GD (paper B's exponential speed-up). Noiseless, K = 24, exact
+    group-symmetric reduction (validated by ``li2026.block_symmetry``). Muon: fit
+    n = a + b·ln(1/ε), predicted b = 1/η ([derived] from L ≈ K e^{-ηt}), tolerance 5% + CI
+    (the O(1/K) shift of ``li2026.muon_noiseless_exponential``). GD at η = 1/p_1, where
+    every s_j = η p_j t exceeds 250: fit log n = c + s·log(1/ε), predicted s = 1
+    ([derived] from L_j ≈ (K-1)/(K s_j) up to the factor (1 + (K-1) log(K s_j)/(K s_j))),
+    tolerance CI + twice that correction at the smallest s_j (as in
+    ``li2026.gd_noiseless_per_class``) + 1e-3. Muon's log-log slope is reported.
     """
     from amemory.analysis import group_symmetric as gs
 

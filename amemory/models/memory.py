@@ -1,30 +1,20 @@
 """One-layer linear associative memory of papers A and B, and its embedding builders.
 
-Model (docs/science.md, "The one-layer associative memory"; Wang et al., arXiv
-2509.26030, and Li et al., arXiv 2602.05725). K classes (facts). Fixed key embeddings
-E ``[d_in, K]`` (column E_k is the key of query k) and value embeddings Ẽ ``[d_out, K]``
-(column Ẽ_i is the value of answer i); the trained memory is W ``[d_out, d_in]``. For query k the
-prediction is ``f_W(E_k) = softmax(Ẽᵀ W E_k)`` over the K answers.
+Model (docs/science.md, "The one-layer associative memory"): K classes (facts), fixed key
+embeddings E ``[d_in, K]`` (column E_k: the key of query k), value embeddings Ẽ
+``[d_out, K]`` (column Ẽ_i: the value of answer i), trained memory W ``[d_out, d_in]``; for
+query k the prediction is ``f_W(E_k) = softmax(Ẽᵀ W E_k)`` over the K answers.
 
-Everything here is a pure ``jax.numpy`` function: it keeps the dtype of its inputs (so it
-runs in float64 when ``jax_enable_x64`` is on), works under ``jax.jit``, ``jax.grad`` and
-``jax.vmap``, and validates static shapes before any tracing (a ``ValueError`` names the
-argument). The builders return ``(E, Et)`` with ``Et`` standing for Ẽ, in ``dtype``
-(default: float64 under x64, else float32).
+The functions are pure ``jax.numpy`` (jit/grad/vmap-able, dtype of their inputs) and
+validate static shapes before any tracing (a ``ValueError`` names the argument). The
+builders return ``(E, Et)``, ``Et`` standing for Ẽ, in ``dtype`` (default: float64 under
+x64, else float32).
 
 Index convention used throughout:
 
 * ``task_space(W, E, Et)[i, k] = Ẽ_iᵀ W E_k`` (answer i, query k), i.e. ``ẼᵀWE``;
 * ``logits(W, E, Et)[k, i]`` is the same number: row k holds the K logits of query k,
   so ``logits = task_space.T`` and ``probabilities`` is its row-wise softmax.
-
-Example (paper A's gradient at W = 0 is -Ẽ X Eᵀ)::
-
-    >>> E, Et = coupled_rotation(6)
-    >>> prior = jnp.full((6,), 1 / 6)
-    >>> g = jax.grad(population_loss)(jnp.zeros((6, 6)), E, Et, prior)
-    >>> g.shape
-    (6, 6)
 
 Sources: Wang et al. 2025 (arXiv 2509.26030), Section 5 and Appendix F; Li et al. 2026
 (arXiv 2602.05725), model and label-noise loss.
