@@ -36,14 +36,11 @@ def _muon_excess(M: int, C: int, beta: float, T: int, c: float = C_MUON) -> floa
 def gd_exponent(ctx: Context) -> CheckResult:
     """GD with power-law groups: L(T) - L* ≳ log K · T^{-(1-1/β)} inside T ≪ M^β.
 
-    First, the [derived] decoupling (GD in task space = one scalar margin per group,
-    depending only on η p_j t) is verified: full task-space GD with amemory's model and
-    optax.sgd against the scalar recursion, M = 4, C = 3, α = 0.1, 300 steps, to 1e-10.
-    Then the scalar recursion (C = 1, α = 0.1, η = 1/p_1) gives the excess loss for
-    (M, β) = (10000, 1.5), (3000, 2), (1000, 3) and T = 2^7 .. 2^12, a window with
-    T ≤ M^β/(30 log K) (the unlearned tail still holds mass) and T >= 128 (the learned
-    head spans >= 3 groups). Tolerance ±0.03 + CI on each exponent: for β = 1.5 the
-    tail sum converges slowly and the local slope drifts by ~0.02 across the window.
+    First the [derived] decoupling (GD in task space = one scalar margin per group) is
+    verified: full task-space GD against :func:`gd_scalar`, to 1e-10. Then the recursion
+    gives the excess loss over a window of T with T ≤ M^β/(30 log K) (the unlearned tail
+    still holds mass) and T >= 128 (the learned head spans >= 3 groups). Tolerance ±0.03 +
+    CI per exponent: for β = 1.5 the tail sum converges slowly, the local slope drifts.
     """
     # (1) decoupling: full task-space GD vs the scalar recursion
     M, C, beta, noise, steps = 4, 3, 2.0, 0.1, 300

@@ -19,12 +19,11 @@ from theory_checks.li2026 import mstar, prior, runner, switch_time
 def preconditioner(ctx: Context) -> CheckResult:
     """Implicit preconditioner: ‖msgn(P - P̂_t) - I‖_max <= (1 + M)/C along the trajectory.
 
-    Noisy Muon (α = 0.1, M = 4, β = 1.5, η = 0.2) with C ∈ {16, 32} (quick {16}), run to
-    1.5x the switch time. P - P̂_t is read as the joint matrix [p_j (p(i|j) - p̂_t(i|j))]
-    = -∇L in task space, so msgn(P - P̂_t) is exactly Muon's direction; the conditional
-    reading (without p_j) is reported too. The bound is checked over the descent phase
-    (t before the loss first rises); after the switch, columns that overshoot flip the
-    sign of their gradient and the deviation becomes O(1), which is reported as well.
+    Noisy Muon run to 1.5x the switch time. P - P̂_t is read as the joint matrix
+    [p_j (p(i|j) - p̂_t(i|j))] = -∇L in task space, so msgn(P - P̂_t) is Muon's direction
+    (the conditional reading, without p_j, is reported). The bound is checked over the
+    descent phase; after the switch, columns that overshoot flip the sign of their
+    gradient and the deviation becomes O(1) (reported).
     """
     M, beta, noise, eta = 4, 1.5, 0.1, 0.2
     Cs = [16] if ctx.quick else [16, 32]

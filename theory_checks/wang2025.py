@@ -99,11 +99,9 @@ def _r(alpha: float = ALPHA, beta: float = BETA) -> float:
 def prop_f3(ctx: Context) -> CheckResult:
     """Singular values of -∇L(W_0) = Ẽ X Eᵀ (paper A, Appendix F, Prop. F.3).
 
-    Measured: the singular values of ``jax.grad(memory.population_loss)`` at ``W_0 = 0``
-    with Haar-random orthonormal E, Ẽ (d = K), by numpy's SVD (independent of amemory).
-    Predicted: a = α/L (L-1 times), b = (1-α)/(K-L) (K-L-1 times),
-    sqrt((a²(K-L) + b²L)/K) (once), 0 (once). Tolerance 1e-12 relative to a: the
-    statement is exact, so only float64 round-off (~K ε_mach) separates the two.
+    Measured: numpy's SVD of ``jax.grad(memory.population_loss)`` at ``W_0 = 0`` with
+    Haar-random orthonormal E, Ẽ (d = K). Tolerance 1e-12 relative to a: the statement is
+    exact, so only float64 round-off (~K ε_mach) separates the two.
     """
     from amemory.data import frequencies
 
@@ -132,11 +130,9 @@ def prop_f3(ctx: Context) -> CheckResult:
 def gd_closed_form(ctx: Context) -> CheckResult:
     """One-step GD balance equals the closed form x^r/(x^r + K - 1) ([derived]).
 
-    Measured: ϱ^ε by search over η (refined feasibility boundary) after one
-    amemory GD step from W_0 = 0 with random orthonormal embeddings, for several K and ε.
-    The closed form is exact (column k's correct probability is
-    ``1/(1 + (K-1) e^{-η p_k})``), so the tolerance is the search's relative precision,
-    1e-8 (boundary located to 1e-13 in η, amplified by the slope of q in η).
+    Measured: ϱ^ε after one GD step from W_0 = 0, random orthonormal embeddings. The closed
+    form is exact (column k's correct probability is ``1/(1 + (K-1) e^{-η p_k})``), so the
+    tolerance is the crossing search's relative precision, 1e-8.
     """
     worst, rows = 0.0, []
     for K in k_grid(ctx)[: 1 if ctx.quick else 3]:
@@ -223,12 +219,10 @@ def gd_slope_eps(ctx: Context) -> CheckResult:
 def muon_balance(ctx: Context) -> CheckResult:
     """ϱ_Muon >= 1 - ε(1 + O(log K / K)), decoupled and coupled embeddings.
 
-    Measured: δ(K) = 1 - ϱ^ε/(1-ε) after one amemory Muon step (exact polar, no
-    momentum), ε = 0.01, for K up to 960 and both Fig. 4 embeddings. The theorem's
-    constant is not given, so the check is on the shape: c(K) = δ(K)·K/(ε log K) must
-    not grow with K (each value at most 5% above the previous, allowing round-off),
-    and decoupled and coupled must agree to 1e-9 (Muon commutes with orthonormal
-    changes of basis: msgn(ẼXEᵀ) = Ẽ msgn(X) Eᵀ). The fitted K-exponent of δ is reported.
+    Measured: δ(K) = 1 - ϱ^ε/(1-ε) after one Muon step (exact polar) on both Fig. 4
+    embeddings. The theorem's constant is not given, so the check is on the shape:
+    c(K) = δ(K)·K/(ε log K) must not grow with K (5% round-off allowance), and the two
+    embeddings must agree to 1e-9 (msgn(ẼXEᵀ) = Ẽ msgn(X) Eᵀ). δ's K-exponent is reported.
     """
     Ks = k_grid(ctx)
     out = {emb: np.array([1 - _rho(K, emb, "muon", EPS) / (1 - EPS) for K in Ks])
@@ -252,11 +246,9 @@ def muon_balance(ctx: Context) -> CheckResult:
 def muon_direction(ctx: Context) -> CheckResult:
     """G_Muon(W_0) = -ẼEᵀ + O(1/K) entrywise in the Ẽ·Eᵀ basis.
 
-    Measured: max_ij |ẼᵀD E - I|_ij for the amemory Muon update D at W_0 (coupled
-    embeddings, so the basis change is non-trivial), K up to 960; its K-exponent is fitted
-    and K·max-deviation reported. Predicted exponent -1. Tolerance ±0.05 on the exponent
-    plus its CI half-width: an O(1/K) term with an O(1/K²) correction bends the log-log
-    line by O(1/K) ≈ 0.02 at K = 60.
+    Measured: the K-exponent of max_ij |ẼᵀD E - I|_ij for the Muon update D at W_0 (coupled
+    embeddings: a non-trivial basis change), predicted -1. Tolerance ±0.05 plus the CI
+    half-width: an O(1/K²) correction bends the log-log line by O(1/K) ≈ 0.02 at K = 60.
     """
     Ks = k_grid(ctx)
     dev = [float(np.max(np.abs(_one_step(K, "coupled", "muon")[0] - np.eye(K)))) for K in Ks]
