@@ -4,12 +4,10 @@ orthonormal) embeddings, more items than dimensions (N > d) and a power-law prio
 ``p_i ∝ i^-α``, one step of Muon recovers far more items than one step of SGD.
 Statement, source and reading: ``docs/science.md#kim-2026``.
 
-The model is amemory's one-layer memory (``amemory.models.memory``) with
-``memory.gaussian`` embeddings (entries N(0, 1/d)), the prior
-``amemory.data.frequencies.power_law`` and the population loss; the one-step updates
-come from the science kernel :func:`amemory.analysis.one_step.unit_update` (GD = the
-population-gradient limit of SGD, and Muon with the exact polar factor). Runs in float32
-(argmax decisions only; the float64 flag of ``amemory check`` is overridden per array).
+Model: ``amemory.models.memory`` with ``memory.gaussian`` embeddings, the prior
+``amemory.data.frequencies.power_law`` and updates from
+:func:`amemory.analysis.one_step.unit_update` (GD = the population-gradient limit of SGD;
+Muon with the exact polar factor), in float32 (argmax decisions only).
 """
 
 from __future__ import annotations

@@ -4,18 +4,13 @@ rates, step counts, GD's stability threshold) and the helpers shared with
 :mod:`theory_checks.li2026_scaling` (scaling laws) and :mod:`theory_checks.li2026_structure`
 (implicit preconditioner, block symmetry, TRA-SignGD).
 
-The statements come from the paper's abstract and Sections 3-5 as far as they are public;
-constants the paper leaves to "Θ(·)" are worked out in the docstrings and marked
-``derived``. ``docs/science.md#paper-b`` lists every statement, its source and reading.
-
-Simulation: task space Ŵ = ẼᵀWE (``E = Ẽ = I``: with orthonormal embeddings the dynamics
-do not depend on them, paper B Section 2; two checks verify that against random
-orthonormal embeddings), exact population gradients of
-``amemory.models.memory.population_loss`` with label noise α, priors from
-``amemory.data.frequencies.hierarchical`` (M groups of C classes, p̃_g ∝ g^-β) and
-amemory's GD / SignGD / Muon (exact polar, no momentum), in float64, with ``jax.lax.scan``.
-Large K uses the exact group-symmetric reduction :mod:`amemory.analysis.group_symmetric`,
-validated against these dense runs by ``li2026.block_symmetry``.
+Statements from the paper's abstract and Sections 3-5; constants it leaves to "Θ(·)" are
+worked out in the docstrings and marked ``derived``; sources and readings are listed in
+``docs/science.md#paper-b``. Simulation in task space Ŵ = ẼᵀWE (``E = Ẽ = I``: with
+orthonormal embeddings the dynamics do not depend on them, paper B Section 2; two checks
+verify that), exact population gradients with label noise α, priors
+``amemory.data.frequencies.hierarchical`` (M groups of C classes, p̃_g ∝ g^-β), float64;
+large K uses the exact group-symmetric reduction :mod:`amemory.analysis.group_symmetric`.
 """
 
 from __future__ import annotations

@@ -4,16 +4,12 @@ Memory Learning" (arXiv 2509.26030), Section 5 (Theorems 5.3, 5.4), Appendix F
 in ``docs/science.md#paper-a``; the coupled-SignGD checks are in
 :mod:`theory_checks.wang2025_signgd`.
 
-Every check builds the one-layer memory with ``amemory.models.memory``, the two-level
-prior with ``amemory.data.frequencies.two_level``, takes the exact population gradient
-with ``jax.grad(memory.population_loss)`` and steps with ``amemory.optim``'s GD/SignGD/
-Muon (:func:`amemory.analysis.one_step.optimizer`), in float64. One-step balance
-``ϱ^ε`` is read at the first crossing (:func:`amemory.analysis.one_step.first_crossing_rho`;
-for one step of GD, Muon and decoupled SignGD every correct-class probability grows with
-η, so the first crossing *is* the paper's infimum), exponents come from
-:func:`amemory.analysis.scaling.fit_power_law`.
-
-Sizes: the prior is α = 0.8, β = 0.2 (the Fig. 4 setting) unless a check says otherwise.
+Every check takes the exact population gradient of ``amemory.models.memory`` under the
+two-level prior (α = 0.8, β = 0.2, the Fig. 4 setting) and steps with
+:func:`amemory.analysis.one_step.optimizer`, in float64. One-step balance ``ϱ^ε`` is read
+at the first crossing (:func:`amemory.analysis.one_step.first_crossing_rho`; for one step
+of GD, Muon and decoupled SignGD every correct-class probability grows with η, so the
+first crossing *is* the paper's infimum).
 """
 
 from __future__ import annotations

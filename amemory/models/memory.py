@@ -90,13 +90,8 @@ def task_space(W: jax.Array, E: jax.Array, Et: jax.Array) -> jax.Array:
 
 
 def logits(W: jax.Array, E: jax.Array, Et: jax.Array) -> jax.Array:
-    """Logits of every query over every answer.
-
-    Args:
-      W: memory ``[d_out, d_in]``; E: keys ``[d_in, K]``; Et: values ``[d_out, K]``.
-
-    Returns:
-      ``[K, K]``: row k holds ``Ẽᵀ W E_k``, the K logits of query k (paper A, A.1).
+    """Logits of every query over every answer, ``[K, K]``: row k holds ``Ẽᵀ W E_k``, the K
+    logits of query k (paper A, A.1). Shapes as :func:`task_space`, whose transpose this is.
 
     Raises:
       ValueError: if the shapes do not fit together.
@@ -106,27 +101,15 @@ def logits(W: jax.Array, E: jax.Array, Et: jax.Array) -> jax.Array:
 
 
 def probabilities(W: jax.Array, E: jax.Array, Et: jax.Array) -> jax.Array:
-    """Predictions ``f_W(E_k) = softmax(Ẽᵀ W E_k)`` for every query.
-
-    Returns:
-      ``[K, K]`` row-stochastic: entry ``[k, i]`` is the probability of answer i given
-      query k (``s_ik`` in paper A's gradient formula).
-
-    Raises:
-      ValueError: if the shapes do not fit together.
-    """
+    """Predictions ``f_W(E_k) = softmax(Ẽᵀ W E_k)``: ``[K, K]`` row-stochastic, entry
+    ``[k, i]`` the probability of answer i given query k (``s_ik`` in paper A's gradient).
+    Shapes and errors as :func:`logits`."""
     return jax.nn.softmax(logits(W, E, Et), axis=-1)
 
 
 def correct_probabilities(W: jax.Array, E: jax.Array, Et: jax.Array) -> jax.Array:
-    """The probability of the correct answer per query, ``[f_W(E_k)]_k``.
-
-    Returns:
-      ``[K]``; its max minus min is the gap Δ(W) of paper A (A.2).
-
-    Raises:
-      ValueError: if the shapes do not fit together.
-    """
+    """The probability of the correct answer per query, ``[f_W(E_k)]_k``, ``[K]``: its max
+    minus min is the gap Δ(W) of paper A (A.2). Shapes and errors as :func:`logits`."""
     return jnp.diagonal(probabilities(W, E, Et))
 
 
@@ -135,15 +118,9 @@ def per_class_loss(W: jax.Array, E: jax.Array, Et: jax.Array, noise: Any = 0.0) 
 
     Label noise (paper B, B.1): ``p(i|k) = (1 - noise) 1[i = k] + noise / K``.
 
-    Args:
-      W, E, Et: as in :func:`logits`.
-      noise: label-noise level in ``[0, 1]`` (float or traced scalar).
-
-    Returns:
-      ``[K]`` losses in nats; ``population_loss = Σ_k p_k L_k``.
-
-    Raises:
-      ValueError: on bad shapes or a concrete noise outside ``[0, 1]``.
+    Args: ``W, E, Et`` as in :func:`task_space`; ``noise`` in ``[0, 1]`` (float or traced).
+    Returns ``[K]`` losses in nats (``population_loss = Σ_k p_k L_k``). Raises ValueError
+    on bad shapes or a concrete noise outside ``[0, 1]``.
     """
     _check_noise(noise)
     z = logits(W, E, Et)
@@ -191,15 +168,11 @@ def sampled_loss(
     (e.g. ``amemory.data.memory_tasks.sample_pairs``).
 
     Args:
-      W, E, Et: as in :func:`logits`.
-      queries: ``[B]`` int, class indices in ``[0, K)``.
-      answers: ``[B]`` int, class indices in ``[0, K)``.
+      W, E, Et: as in :func:`task_space`.
+      queries, answers: ``[B]`` int class indices in ``[0, K)``.
 
-    Returns:
-      scalar loss in nats.
-
-    Raises:
-      ValueError: on bad shapes or if queries/answers are not 1-D of equal length.
+    Returns a scalar in nats; raises ValueError on bad shapes or if queries/answers are not
+    1-D of equal length.
     """
     _check_shapes(W, E, Et)
     if jnp.ndim(queries) != 1 or jnp.shape(queries) != jnp.shape(answers):
@@ -227,17 +200,8 @@ def zyz_rotation(a: float, b: float, c: float) -> np.ndarray:
 
 
 def decoupled(K: int, *, dtype: Any = None) -> tuple[jax.Array, jax.Array]:
-    """Decoupled embeddings E = Ẽ = I_K (paper A, Fig. 4b "decoupled").
-
-    Args:
-      K: number of classes (>= 1).
-
-    Returns:
-      ``(E, Et)``, both ``[K, K]`` identity matrices.
-
-    Raises:
-      ValueError: if K is not a positive integer.
-    """
+    """Decoupled embeddings ``(E, Et)``, both the identity ``[K, K]`` (paper A, Fig. 4b
+    "decoupled"). Raises ValueError if K is not a positive integer."""
     K = _check_int("K", K, 1)
     eye = jnp.eye(K, dtype=_float_dtype(dtype))
     return eye, eye
@@ -250,14 +214,8 @@ def coupled_rotation(K: int, *, dtype: Any = None) -> tuple[jax.Array, jax.Array
     with R the ZYZ rotation of :func:`zyz_rotation`. Both are orthonormal ``[K, K]``
     (block-diagonal, 3x3 blocks). Built in float64 numpy, then cast.
 
-    Args:
-      K: number of classes; must be a positive multiple of 3.
-
-    Returns:
-      ``(E, Et)``, both ``[K, K]``.
-
-    Raises:
-      ValueError: if K is not a positive multiple of 3.
+    Returns ``(E, Et)``, both ``[K, K]``; raises ValueError if K is not a positive multiple
+    of 3.
     """
     K = _check_int("K", K, 3)
     if K % 3:
@@ -302,18 +260,8 @@ def gaussian(K: int, d: int, key: jax.Array, *, dtype: Any = None) -> tuple[jax.
     """I.i.d. Gaussian keys and values with entries N(0, 1/d) (not orthonormal).
 
     Columns have squared norm 1 in expectation and mutual inner products of order
-    ``1/sqrt(d)``. ``d < K`` is allowed (capacity studies, e.g. Kim et al. 2026).
-
-    Args:
-      K: number of classes (>= 1).
-      d: embedding dimension (>= 1).
-      key: ``jax.random`` key.
-
-    Returns:
-      ``(E, Et)``, each ``[d, K]``, independent.
-
-    Raises:
-      ValueError: if K or d is not a positive integer.
+    ``1/sqrt(d)``; ``d < K`` is allowed (capacity studies, e.g. Kim et al. 2026). Returns
+    independent ``(E, Et)``, each ``[d, K]``; ValueError if K or d is not a positive integer.
     """
     K, d = _check_sizes("gaussian", K, d, d_ge_K=False)
     scale, dt = 1.0 / math.sqrt(d), _float_dtype(dtype)
@@ -326,11 +274,9 @@ def coherent(
 ) -> tuple[jax.Array, jax.Array]:
     """Unit-norm keys with equal pairwise inner product ``coherence``; orthonormal values.
 
-    Keys: ``E = Q G^{1/2}`` with Q a Haar-random ``[d, K]`` orthonormal frame and
-    ``G = (1 - c) I + c 11ᵀ``, so ``EᵀE = G``: every key has unit norm and every pair of
-    distinct keys has inner product exactly c, hence mutual coherence
-    ``max_{i≠j} |E_iᵀE_j| = |c|`` (an equiangular frame). ``c = 0`` gives orthonormal keys.
-    Values Ẽ: an independent Haar-random orthonormal ``[d, K]`` frame.
+    Keys ``E = Q G^{1/2}``, Q a Haar-random ``[d, K]`` orthonormal frame and
+    ``G = (1 - c) I + c 11ᵀ = EᵀE``: an equiangular frame of mutual coherence ``|c|``
+    (``c = 0``: orthonormal keys). Values Ẽ: an independent Haar-random orthonormal frame.
 
     Args:
       K: number of classes (>= 2).

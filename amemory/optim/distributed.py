@@ -154,14 +154,11 @@ class OwnerLayout:
         return ax, first.get(ax)
 
     def plan(self, layouts: Sequence[Any], *, batch_leaves: bool, by_orientation: bool):
-        """Group the leaves (``_matrices.Layout`` objects, shapes only) into stacks.
+        """Group the leaves (``_matrices.Layout`` objects) into a tuple of :class:`Group`.
 
         Groups are ``_matrices.group_stacks``' (keyed by the wide shape, plus the
         orientation with ``by_orientation``); a leaf split along its outermost batch axis
         with ``n_devices`` dividing its batch is its own ``"in_place"`` group.
-
-        Returns:
-          a tuple of :class:`Group`, deterministic in the leaf order.
         """
         n, s = self.n_devices, self.n_splits
         in_place, rest = [], {}  # rest: by the stack dim an Explicit sharding splits
@@ -304,14 +301,12 @@ class OwnerLayout:
     ) -> tuple[list[jax.Array], list[jax.Array] | None, OwnerStacks | None]:
         """Orthogonalise every ``[b_i, fan_in_i, fan_out_i]`` stack in the owner layout.
 
-        Each owner runs ``opts.orth_fn`` on its ``[c, rows, cols]`` share, then the
-        ``"matrix"`` nuclear scaling, then ``post(o, v, tall) -> (o', v')`` with its rows
-        of ``post_state`` (NorMuon / AdaMuon's second moment; groups are then split by
-        orientation). See ``_matrices.orthogonalize`` (the caller).
+        Each owner runs ``opts.orth_fn`` on its ``[c, rows, cols]`` share, the ``"matrix"``
+        nuclear scaling and ``post(o, v, tall) -> (o', v')`` on its rows of ``post_state``
+        (groups are then split by orientation).
 
         Returns:
-          ``(orthogonalised stacks in leaf orientation, per-leaf errors (before ``post``)
-          or None, new post_state or None)``.
+          as ``_matrices.orthogonalize`` (the caller), in leaf orientation.
         """
         groups = self.plan(layouts, batch_leaves=opts.batch_leaves, by_orientation=post is not None)
         out: list[Any] = [None] * len(mats)
@@ -372,15 +367,12 @@ def _explicit_mesh(tree: Any) -> tuple[Any, tuple[str, ...]]:
 def auto_sharded(tx: optax.GradientTransformation) -> optax.GradientTransformation:
     """``tx`` run on ``Auto`` mesh axes, for parameters with ``Explicit`` ones.
 
-    Under ``Explicit`` axes (``jax.make_mesh``'s default in JAX 0.10) every reshape and
-    matmul must state its output sharding; Muon reshapes leaves into matrix stacks and
-    contracts over their (possibly sharded) axes. The wrapper leaves the sharding of
-    ``init`` and ``update`` to XLA's partitioner (``jax.sharding.auto_axes``, which the
-    owner layout then overrides with its ``shard_map``): the same numbers as unsharded.
-    ``update``'s outputs take their inputs' shardings (updates like the gradients, new
-    state like the old); ``init``'s state leaves shaped like their parameter take its
-    sharding (momenta), the others are replicated (counts, norms). Meshes with only
-    ``Auto`` axes, or none, call ``tx`` unchanged.
+    Under ``Explicit`` axes (``jax.make_mesh``'s default) every reshape and matmul must
+    state its output sharding. The wrapper leaves ``init`` and ``update`` to XLA's
+    partitioner (``jax.sharding.auto_axes``; the owner layout's ``shard_map`` overrides
+    it): the same numbers as unsharded. ``update``'s outputs take their inputs' shardings;
+    ``init``'s state leaves shaped like their parameter take its sharding (momenta), the
+    others are replicated. Without ``Explicit`` axes ``tx`` is called unchanged.
 
     Args:
       tx: a transform whose update returns a state of the same structure as it gets.
