@@ -2,12 +2,9 @@
 Training Dynamics and Scaling Laws", arXiv 2602.05725, Section 5): GD's lower bound
 ``L^GD(T) - L* ≳ log K · T^-(1-1/β)``, Muon's upper bound ``L^Muon(T) - L* ≲ (log K/T)²``
 with ``η = Θ(log K / T)``, their log K factors over a range of K, and the growth of Muon's
-advantage with T. Statements and readings: ``docs/science.md#paper-b``.
-
-Large K (up to 10^6) runs on the exact group-symmetric reduction
-(:mod:`amemory.analysis.group_symmetric`); GD's per-group margin recursion
-(:func:`theory_checks.li2026.gd_scalar`) is checked against the dense model in
-``li2026.gd_excess_exponent``.
+advantage with T. Statements and readings: ``docs/science.md#paper-b``. Large K (up to
+10^6) runs on the exact group-symmetric reduction (:mod:`amemory.analysis.group_symmetric`)
+or GD's per-group margin recursion (:func:`theory_checks.li2026.gd_scalar`).
 """
 
 from __future__ import annotations

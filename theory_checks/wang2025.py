@@ -432,11 +432,9 @@ def _sweep():
 def _fig4_trajectory(K: int, opt: str, lr: float, steps: int, space: str):
     """(loss [steps + 1], gap [steps + 1]) of a multi-step run for Fig. 4.
 
-    ``space="task"``: Ŵ itself is trained with the task-space loss
-    ``-Σ_k p_k log softmax(Ŵᵀ)_kk`` (exact for E = Ẽ = I, and for GD and Muon under any
-    orthonormal embeddings); ``space="coupled"``: W is trained in the coupled basis with
-    ``memory.population_loss`` (needed for SignGD, which is not basis-invariant) and
-    recorded through ``memory.task_space``.
+    ``space="task"``: Ŵ is trained with the task-space loss (exact for E = Ẽ = I, and for GD
+    and Muon under any orthonormal embeddings); ``space="coupled"``: W is trained in the
+    coupled basis (SignGD is not basis-invariant) and recorded through ``memory.task_space``.
     """
     import jax.numpy as jnp
 

@@ -445,11 +445,8 @@ def owner_state_shardings(state: Any, mesh: Mesh, default: Any, *, leading_axes:
       state: an optimizer state (arrays or ShapeDtypeStructs), any nesting.
       mesh: the ``ns_mesh`` mesh.
       default: same-structure tree of shardings for everything else.
-      leading_axes: unsplit leading axes (e.g. a vmapped seed axis).
-
-    Returns:
-      ``default`` with each owner-layout stack replaced by
-      ``NamedSharding(mesh, P(*[None] * leading_axes, mesh.axis_names, None, ...))``.
+      leading_axes: unsplit leading axes (e.g. a vmapped seed axis); the stack is split
+        along the next one, ``P(*[None] * leading_axes, mesh.axis_names, None, ...)``.
     """
     is_stacks = lambda x: isinstance(x, OwnerStacks)
     ranks = jax.tree.map(  # same structure as state: a stack's rank, else -1
@@ -484,10 +481,9 @@ def describe_layout(
       by_orientation: True for NorMuon (its stacks are split by orientation).
 
     Returns:
-      one dict per group: ``group`` (name), ``layout`` (``"gspmd"`` or
-      ``"owner/all_to_all" | "owner/gather" | "owner/in_place"``), ``shape`` ``[k, l]``
-      (wide), ``matrices``, ``padded`` (stack length after padding), ``split`` (``"rows"``,
-      ``"columns"``, ``"batch"`` or None: how the stack arrives split), ``leaves`` (paths).
+      one dict per group: ``group``, ``layout`` (``"gspmd"`` or ``"owner/<Group.kind>"``),
+      ``shape`` ``[k, l]`` (wide), ``matrices``, ``padded`` (stack length), ``split``
+      (``"rows"``, ``"columns"``, ``"batch"`` or None), ``leaves`` (paths).
 
     Raises:
       ValueError: as the transform would (bad option, leaf that is not a matrix).

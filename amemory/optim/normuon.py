@@ -224,10 +224,9 @@ def scale_by_adamuon(
         O' <- O' * sqrt(min(fan_in, fan_out)) / (||O'||_F + eps)
         update = O' * rms_scale * sqrt(max(fan_in, fan_out))   # shape_scale="rms_match"
 
-    so ``update = 0.2 sqrt(fan_in fan_out) O' / ||O'||_F`` has RMS ``rms_scale = 0.2``,
-    the official update (github.com/Chongjie-Si/AdaMuon, ``gpt2/models/optimizers/
-    adamuon.py``: EMA momentum 0.95 with Nesterov, ``V`` decayed with the momentum
-    coefficient, no bias correction of ``V``; the first release applied no sign).
+    so the update has RMS ``rms_scale = 0.2``: the official update (github.com/Chongjie-Si/
+    AdaMuon, ``gpt2/models/optimizers/adamuon.py``: EMA momentum 0.95 with Nesterov, ``V``
+    decayed with the momentum coefficient and not bias-corrected).
 
     Args:
       beta2: decay of ``V`` in ``[0, 1)``; ``None`` uses ``momentum`` (the official code).
