@@ -22,6 +22,7 @@ import numpy as np
 
 from amemory.analysis.one_step import optimizer
 from amemory.analysis.scaling import fit_line
+from amemory.data.frequencies import hierarchical as prior  # (M, C, β) -> p [M C]
 from theory_checks.common import CheckResult, Context, fit, fmt, half, register, trajectory
 
 
@@ -109,12 +110,6 @@ def runner(M: int, C: int, beta: float, noise: float, opt: str, steps: int, what
     return call
 
 
-def prior(M, C, beta):
-    from amemory.data import frequencies
-
-    return frequencies.hierarchical(M, C, beta)
-
-
 def gd_scalar(M: int, C: int, beta: float, noise: float, steps: int, eta: float | None = None):
     """GD reduced to one logit margin per group ([derived]: in task space GD decouples by column).
 
@@ -131,17 +126,16 @@ def gd_scalar(M: int, C: int, beta: float, noise: float, steps: int, eta: float 
     p = pg / C
     eta = float(1.0 / p[0]) if eta is None else eta
     ls = lstar(K, noise)
-    group_loss = lambda m: margin_loss(m, K, noise)
 
     @jax.jit
     def run(m0):
         def body(m, _):
             e = jnp.exp(-m)
             m = m + eta * p * ((1 - noise) - (1 - e) / (1 + (K - 1) * e))
-            return m, jnp.dot(pg, group_loss(m)) - ls
+            return m, jnp.dot(pg, margin_loss(m, K, noise)) - ls
 
         m, ex = jax.lax.scan(body, m0, length=steps)
-        return m, jnp.concatenate([(jnp.dot(pg, group_loss(m0)) - ls)[None], ex])
+        return m, jnp.concatenate([(jnp.dot(pg, margin_loss(m0, K, noise)) - ls)[None], ex])
 
     m, ex = run(jnp.zeros(M))
     return np.asarray(ex), np.asarray(m)
