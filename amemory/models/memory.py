@@ -73,9 +73,7 @@ def task_space(W: jax.Array, E: jax.Array, Et: jax.Array) -> jax.Array:
     """The memory in the embedding basis, Ŵ = Ẽᵀ W E.
 
     Args:
-      W: memory ``[d_out, d_in]``.
-      E: keys ``[d_in, K]``.
-      Et: values ``[d_out, K]`` (Ẽ).
+      W: memory ``[d_out, d_in]``; E: keys ``[d_in, K]``; Et: values ``[d_out, K]`` (Ẽ).
 
     Returns:
       ``[K, K]`` array with entry ``[i, k] = Ẽ_iᵀ W E_k`` (answer i, query k). With
@@ -141,16 +139,12 @@ def population_loss(
     ``noise > 0`` the gradient at 0 is ``-(1 - noise) Ẽ X Eᵀ``).
 
     Args:
-      W: memory ``[d_out, d_in]``; E: keys ``[d_in, K]``; Et: values ``[d_out, K]``.
+      W, E, Et: as in :func:`task_space`.
       prior: class frequencies p ``[K]`` (non-negative, summing to 1; not renormalised).
       noise: label-noise level in ``[0, 1]``.
 
-    Returns:
-      scalar loss in nats, dtype of the inputs.
-
-    Raises:
-      ValueError: on bad shapes, a prior not of shape ``[K]``, or concrete noise outside
-        ``[0, 1]``.
+    Returns a scalar in nats (dtype of the inputs); raises ValueError on bad shapes, a
+    prior not of shape ``[K]``, or concrete noise outside ``[0, 1]``.
     """
     k = _check_shapes(W, E, Et)
     if jnp.shape(prior) != (k,):
@@ -239,16 +233,8 @@ def random_orthonormal(
 ) -> tuple[jax.Array, jax.Array]:
     """Independent Haar-random orthonormal keys and values (Assumption 5.1 when d = K).
 
-    Args:
-      K: number of classes (>= 1).
-      d: embedding dimension, ``d >= K`` (K orthonormal vectors need d >= K).
-      key: ``jax.random`` key.
-
-    Returns:
-      ``(E, Et)``, each ``[d, K]`` with ``EᵀE = ẼᵀẼ = I_K``; E and Ẽ independent.
-
-    Raises:
-      ValueError: if ``d < K`` or K, d are not positive integers.
+    Returns ``(E, Et)``, each ``[d, K]`` with ``EᵀE = ẼᵀẼ = I_K``, from a ``jax.random``
+    ``key``; raises ValueError if ``d < K`` or K, d are not positive integers.
     """
     K, d = _check_sizes("random_orthonormal", K, d)
     k1, k2 = jax.random.split(key)
@@ -278,17 +264,8 @@ def coherent(
     ``G = (1 - c) I + c 11ᵀ = EᵀE``: an equiangular frame of mutual coherence ``|c|``
     (``c = 0``: orthonormal keys). Values Ẽ: an independent Haar-random orthonormal frame.
 
-    Args:
-      K: number of classes (>= 2).
-      d: embedding dimension, ``d >= K``.
-      coherence: c, with ``-1/(K-1) < c < 1`` (G positive definite).
-      key: ``jax.random`` key.
-
-    Returns:
-      ``(E, Et)``, each ``[d, K]``.
-
-    Raises:
-      ValueError: if ``d < K``, ``K < 2`` or the coherence is outside the open interval.
+    Returns ``(E, Et)``, each ``[d, K]``; raises ValueError if ``d < K``, ``K < 2`` or c is
+    outside ``(-1/(K-1), 1)`` (where G is positive definite).
     """
     K, d = _check_sizes("coherent", K, d, min_K=2)
     c = float(coherence)
