@@ -156,12 +156,9 @@ def _closed_slope(Ks, epss) -> float:
 
 
 def _slope_check(statement, xs, ys, pred_slope, grid_slope, limit_slope, what):
-    """Pass when |fit - pred| <= finite-K bias + CI half-width + 1e-3.
-
-    The bias is the closed form's slope on the measured grid minus its slope on a grid
-    about 1000 times larger in K (where the O(x^r / K) bend is below 1e-4): it does not
-    involve ``pred_slope``, so a wrong predicted exponent fails (tests/test_theory_checks.py
-    shows one 0.02 off failing).
+    """Pass when |fit - pred| <= finite-K bias + CI half-width + 1e-3: the bias is the closed
+    form's slope on the measured grid minus its slope on a grid about 1000 times larger in K
+    (O(x^r / K) bend below 1e-4), independent of ``pred_slope``, so a wrong exponent fails.
     """
     f = fit(xs, ys)
     bias = abs(grid_slope - limit_slope)
@@ -264,8 +261,8 @@ def muon_direction(ctx: Context) -> CheckResult:
 def signgd_decoupled(ctx: Context) -> CheckResult:
     """SignGD with E = Ẽ = I is balanced: ϱ^ε = 1 - ε.
 
-    sign(-∇L(W_0)) = sign(X) = 2I - 11ᵀ gives every class the same logit margin, so
-    ϱ^ε = 1 - ε exactly; tolerance 1e-10 (precision of the crossing search).
+    sign(-∇L(W_0)) = 2I - 11ᵀ gives every class the same logit margin; tolerance 1e-10
+    (precision of the crossing search).
     """
     Ks = k_grid(ctx)
     err = max(abs(_rho(K, "decoupled", "signgd", EPS) - (1 - EPS)) for K in Ks)

@@ -1,13 +1,11 @@
 """Muon plus a second moment of the orthogonalised direction: NorMuon and AdaMuon.
 
-Both run Muon's update path (``amemory.optim._muon_core``) and, between the direction
-``O`` and the shape scaling, divide ``O`` by the square root of an EMA of its squares and
-then fix its Frobenius norm: NorMuon per output neuron (Li et al., arXiv 2510.05491),
-AdaMuon per entry, on ``sign(U)`` (Si et al., arXiv 2507.11005); formulas in
-:func:`scale_by_normuon` and :func:`scale_by_adamuon`. In the owner layout
-(``amemory.optim.distributed``) the normalisation runs on the device that owns the whole
-matrix, right after its Newton-Schulz, and the second moment is stored there
-(:class:`OwnerStacks`): no collective (the paper's FSDP2 design, arXiv 2510.05491, Sec. 4).
+Both run Muon's update path and, between the direction ``O`` and the shape scaling,
+divide ``O`` by the square root of an EMA of its squares, then fix its Frobenius norm:
+NorMuon per output neuron (Li et al., arXiv 2510.05491), AdaMuon per entry, on ``sign(U)``
+(Si et al., arXiv 2507.11005). In the owner layout (``amemory.optim.distributed``) this
+runs, and the second moment lives, on the device that owns the whole matrix: no
+collective (the NorMuon paper's FSDP2 design, Sec. 4).
 """
 
 from __future__ import annotations
