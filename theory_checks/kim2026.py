@@ -4,12 +4,10 @@ orthonormal) embeddings, more items than dimensions (N > d) and a power-law prio
 ``p_i ∝ i^-α``, one step of Muon recovers far more items than one step of SGD.
 Statement, source and reading: ``docs/science.md#kim-2026``.
 
-The model is amemory's one-layer memory (``amemory.models.memory``) with
-``memory.gaussian`` embeddings (entries N(0, 1/d)), the prior
-``amemory.data.frequencies.power_law`` and the population loss; the one-step updates
-come from the science kernel :func:`amemory.analysis.one_step.unit_update` (GD = the
-population-gradient limit of SGD, and Muon with the exact polar factor). Runs in float32
-(argmax decisions only; the float64 flag of ``amemory check`` is overridden per array).
+Model: ``amemory.models.memory`` with ``memory.gaussian`` embeddings, the prior
+``amemory.data.frequencies.power_law`` and updates from
+:func:`amemory.analysis.one_step.unit_update` (GD = the population-gradient limit of SGD;
+Muon with the exact polar factor), in float32 (argmax decisions only).
 """
 
 from __future__ import annotations
@@ -22,6 +20,7 @@ from theory_checks.common import CheckResult, Context, fit, fmt, register
 
 ALPHA = 1.5
 STEPS = 3  # Muon steps of the multi-step conjecture (the one-step check reads step 1)
+DS = [32, 64, 128, 256]  # embedding dimensions d of both checks
 
 
 @functools.cache
@@ -61,6 +60,15 @@ def _recovered(d: int, N: int, alpha: float, seed: int, steps: int = 1) -> tuple
     return tuple(int(x) for x in np.asarray(counts(E, Et, p)))
 
 
+def _counts(ctx: Context, ds: list[int] = DS):
+    """``(N, seeds, counts [len(ds), 1 + STEPS])``: items recovered by SGD, then by Muon after
+    t = 1..STEPS steps, averaged over the embedding seeds."""
+    N = 1024 if ctx.quick else 4096
+    seeds = [0] if ctx.quick else [0, 1, 2]
+    counts = np.array([[_recovered(d, N, ALPHA, s, STEPS) for s in seeds] for d in ds], float)
+    return N, seeds, counts.mean(axis=1)
+
+
 @register("kim2026.one_step_capacity")
 def one_step_capacity(ctx: Context) -> CheckResult:
     """One-step Muon recovers far more items than one-step SGD (Gaussian embeddings, N > d).
@@ -69,28 +77,18 @@ def one_step_capacity(ctx: Context) -> CheckResult:
     ``p_i ∝ i^-α`` one Muon step recovers the top Θ̃(d^(1 + 1/(2α))) items, more than d,
     while one SGD step recovers Θ̃(d^(1/(2α))) ([derived]: the answer of the most frequent
     item leaks ≈ p_1/√d into every other query's logits, so item i survives only while p_i ≳
-    p_1/√d). Θ̃ hides log factors of a power we do not know: log^j d tilts a fitted slope
-    by about j / ln d ≈ 0.2 j here, more than the intervals' width
-    (``docs/science.md#kim-2026``), so the exact exponents are reported, not gated.
-    Gated instead (d), the capacity claim itself: Muon's exponent interval lies above 1
-    (more items than dimensions), SGD's below 1. Setting: α = 1.5, N = 4096 items (quick
-    1024), d ∈ {32, 64, 128, 256}, 3 embedding seeds (quick 1), counts averaged over seeds;
-    an item is recovered when its correct answer has the largest logit. d = 16 is reported
-    (full suite) but not gated: there both recover 2-4 items (the scale where the Θ̃
-    factors dominate; with N = 2048 Muon recovered 2 items and SGD 3). Pass: (a) Muon
-    recovers more items than SGD at every gated d; (b) the Muon/SGD ratio grows with d
-    (non-decreasing); (c) the 95% interval of Muon's fitted exponent lies above SGD's; (d) as above.
+    p_1/√d). Θ̃ hides log factors (log^j d tilts a fitted slope by about j / ln d, more than
+    the intervals' width: ``docs/science.md#kim-2026``), so the exponents are reported, not
+    gated. An item is recovered when its correct answer has the largest logit; counts are
+    averaged over seeds; d = 16 is reported, not gated (the Θ̃ factors dominate). Pass:
+    (a) Muon recovers more items than SGD at every d; (b) the Muon/SGD ratio does not
+    decrease with d; (c) Muon's exponent interval lies above SGD's; (d) the capacity claim:
+    Muon's interval lies above 1 (more items than dimensions), SGD's below 1.
     """
-    N = 1024 if ctx.quick else 4096
-    ds = [32, 64, 128, 256]
-    seeds = [0] if ctx.quick else [0, 1, 2]
-    counts = np.array([[_recovered(d, N, ALPHA, s, STEPS)[:2] for s in seeds] for d in ds], float)
-    sgd, muon = counts[:, :, 0].mean(axis=1), counts[:, :, 1].mean(axis=1)
-    small = None
-    if not ctx.quick:
-        small = np.mean([_recovered(16, N, ALPHA, s, STEPS)[:2] for s in seeds], axis=0)
-    fs = fit(ds, np.maximum(sgd, 0.5))
-    fm = fit(ds, np.maximum(muon, 0.5))
+    N, seeds, counts = _counts(ctx)
+    sgd, muon = counts[:, 0], counts[:, 1]
+    small = None if ctx.quick else _counts(ctx, [16])[2][0]
+    fs, fm = fit(DS, np.maximum(sgd, 0.5)), fit(DS, np.maximum(muon, 0.5))
     ratio = muon / np.maximum(sgd, 0.5)
     ok = bool(np.all(muon > sgd)) and bool(np.all(np.diff(ratio) >= 0))
     ok &= fm.slope_ci[0] > fs.slope_ci[1]
@@ -101,28 +99,18 @@ def one_step_capacity(ctx: Context) -> CheckResult:
         "N > d, p_i ∝ i^-α)",
         predicted=f"Muon > SGD, ratio growing with d; exponents {fmt(pred['muon'], 3)} (Muon) "
         f"vs {fmt(pred['sgd'], 3)} (SGD) up to log factors",
-        measured=f"items recovered (d={ds}, N={N}): SGD {', '.join(fmt(x, 3) for x in sgd)}; "
+        measured=f"items recovered (d={DS}, N={N}): SGD {', '.join(fmt(x, 3) for x in sgd)}; "
         f"Muon {', '.join(fmt(x, 3) for x in muon)}; exponents SGD {fs.describe()}, "
         f"Muon {fm.describe()}"
-        + (
-            ""
-            if small is None
-            else f"; d=16 (not gated): SGD {fmt(small[0], 3)}, Muon {fmt(small[1], 3)}"
-        ),
+        + ("" if small is None else f"; d=16 (not gated): SGD {fmt(small[0], 3)}, "
+           f"Muon {fmt(small[1], 3)}"),  # fmt: skip
         tolerance="counts and ratio trend exact; exponent intervals disjoint, Muon's above 1, "
         "SGD's below 1",
         passed=ok,
-        details={
-            "d": ds,
-            "N": N,
-            "alpha": ALPHA,
-            "seeds": seeds,
-            "sgd": sgd.tolist(),
-            "muon": muon.tolist(),
-            "sgd_fit": [fs.slope, *fs.slope_ci],
-            "muon_fit": [fm.slope, *fm.slope_ci],
-        },
-    )
+        details={"d": DS, "N": N, "alpha": ALPHA, "seeds": seeds, "sgd": sgd.tolist(),
+                 "muon": muon.tolist(), "sgd_fit": [fs.slope, *fs.slope_ci],
+                 "muon_fit": [fm.slope, *fm.slope_ci]},
+    )  # fmt: skip
 
 
 @register("kim2026.multi_step_conjecture")
@@ -131,20 +119,15 @@ def multi_step_conjecture(ctx: Context) -> CheckResult:
 
     Kim et al. 2026 (Section 5) derive the multi-step rate under a thresholded-gradient
     approximation and leave the exact iterates open. Measured: items recovered after t = 1,
-    2, 3 exact Muon steps (population gradient, exact polar factor, no momentum, η = 2 ln N:
-    see :func:`_recovered`) on the one-step check's setting (α = 1.5, N = 4096, quick 1024,
-    d ∈ {32, 64, 128, 256}); the exponent of count against d is fitted per t with its 95%
-    interval. Pass (the conjecture survives): at t = 2 and 3 the interval contains
-    2 - (1 - 1/(2α))^t (1.556, 1.704) and the count at the largest d grows with t. Θ̃ hides
-    log factors, as in the one-step check, and η is our choice: a fail says the exact
-    iterates at this η do not follow the law, not that the approximate theorem is wrong.
+    2, 3 exact Muon steps (:func:`_recovered`) in the one-step check's setting, with the
+    95% interval of the exponent against d per t. Pass (the conjecture survives): at t = 2
+    and 3 the interval contains 2 - (1 - 1/(2α))^t and the count at the largest d grows
+    with t. Θ̃ hides log factors and η is our choice: a fail says the exact iterates at
+    this η do not follow the law, not that the approximate theorem is wrong.
     """
-    N = 1024 if ctx.quick else 4096
-    ds = [32, 64, 128, 256]
-    seeds = [0] if ctx.quick else [0, 1, 2]
-    muon = np.array([[_recovered(d, N, ALPHA, s, STEPS)[1:] for s in seeds] for d in ds], float)
-    muon = muon.mean(axis=1)  # [d, t]
-    fits = [fit(ds, np.maximum(muon[:, t], 0.5)) for t in range(STEPS)]
+    N, seeds, counts = _counts(ctx)
+    muon = counts[:, 1:]  # [d, t]
+    fits = [fit(DS, np.maximum(muon[:, t], 0.5)) for t in range(STEPS)]
     pred = [2 - (1 - 0.5 / ALPHA) ** (t + 1) for t in range(STEPS)]
     ok = all(f.slope_ci[0] <= q <= f.slope_ci[1] for f, q in zip(fits[1:], pred[1:], strict=True))
     ok &= bool(np.all(np.diff(muon[-1]) > 0))
@@ -152,12 +135,12 @@ def multi_step_conjecture(ctx: Context) -> CheckResult:
         statement="[conjecture] exact multi-step Muon recovers Θ̃(d^(2-(1-1/(2α))^t)) items "
         "(Gaussian embeddings, N > d, p_i ∝ i^-α)",
         predicted="exponents t=1..3: " + ", ".join(fmt(q, 4) for q in pred),
-        measured=f"items recovered (d={ds}, N={N}) per t: "
+        measured=f"items recovered (d={DS}, N={N}) per t: "
         + "; ".join(f"t={t + 1}: " + ", ".join(fmt(x, 3) for x in muon[:, t]) for t in range(STEPS))
         + "; exponents " + ", ".join(f.describe() for f in fits),
         tolerance="t = 2, 3: 95% interval contains the prediction; count grows with t",
         passed=ok,
         kind="conjecture",
-        details={"d": ds, "N": N, "seeds": seeds, "muon": muon.tolist(),
+        details={"d": DS, "N": N, "seeds": seeds, "muon": muon.tolist(),
                  "fits": [[f.slope, *f.slope_ci] for f in fits], "predicted": pred},
     )  # fmt: skip

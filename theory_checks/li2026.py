@@ -4,18 +4,13 @@ rates, step counts, GD's stability threshold) and the helpers shared with
 :mod:`theory_checks.li2026_scaling` (scaling laws) and :mod:`theory_checks.li2026_structure`
 (implicit preconditioner, block symmetry, TRA-SignGD).
 
-The statements come from the paper's abstract and Sections 3-5 as far as they are public;
-constants the paper leaves to "Θ(·)" are worked out in the docstrings and marked
-``derived``. ``docs/science.md#paper-b`` lists every statement, its source and reading.
-
-Simulation: task space Ŵ = ẼᵀWE (``E = Ẽ = I``: with orthonormal embeddings the dynamics
-do not depend on them, paper B Section 2; two checks verify that against random
-orthonormal embeddings), exact population gradients of
-``amemory.models.memory.population_loss`` with label noise α, priors from
-``amemory.data.frequencies.hierarchical`` (M groups of C classes, p̃_g ∝ g^-β) and
-amemory's GD / SignGD / Muon (exact polar, no momentum), in float64, with ``jax.lax.scan``.
-Large K uses the exact group-symmetric reduction :mod:`amemory.analysis.group_symmetric`,
-validated against these dense runs by ``li2026.block_symmetry``.
+Statements from the paper's abstract and Sections 3-5; constants it leaves to "Θ(·)" are
+worked out in the docstrings and marked ``derived``; sources and readings are listed in
+``docs/science.md#paper-b``. Simulation in task space Ŵ = ẼᵀWE (``E = Ẽ = I``: with
+orthonormal embeddings the dynamics do not depend on them, paper B Section 2; two checks
+verify that), exact population gradients with label noise α, priors
+``amemory.data.frequencies.hierarchical`` (M groups of C classes, p̃_g ∝ g^-β), float64;
+large K uses the exact group-symmetric reduction :mod:`amemory.analysis.group_symmetric`.
 """
 
 from __future__ import annotations
@@ -27,6 +22,7 @@ import numpy as np
 
 from amemory.analysis.one_step import optimizer
 from amemory.analysis.scaling import fit_line
+from amemory.data.frequencies import hierarchical as prior  # (M, C, β) -> p [M C]
 from theory_checks.common import CheckResult, Context, fit, fmt, half, register, trajectory
 
 
@@ -39,6 +35,22 @@ def lstar(K: int, noise: float) -> float:
 def mstar(K: int, noise: float) -> float:
     """Optimal logit gap log(1 + K(1-α)/α) ([derived]: the margin of log p(·|j))."""
     return math.log(1 + K * (1 - noise) / noise)
+
+
+def margin_loss(m, K: int, noise: float):
+    """Per-class loss (nats) of a column whose correct logit leads every wrong one by ``m``
+    ([derived]): ``a log(1 + (K-1)e^{-m}) + (1-a)(m + log(1 + (K-1)e^{-m}))``, a = 1-α+α/K."""
+    import jax.numpy as jnp
+
+    a = 1 - noise + noise / K
+    lz = jnp.log1p((K - 1) * jnp.exp(-m))  # -log q_correct; a wrong answer: m + lz
+    return a * lz + (1 - a) * (m + lz)
+
+
+def switch_time(losses: np.ndarray, default: int) -> int:
+    """The first step after which the loss rises (``default`` if it never does)."""
+    rises = np.nonzero(np.diff(losses) > 0)[0]
+    return int(rises[0]) if rises.size else default
 
 
 @functools.cache
@@ -98,12 +110,6 @@ def runner(M: int, C: int, beta: float, noise: float, opt: str, steps: int, what
     return call
 
 
-def prior(M, C, beta):
-    from amemory.data import frequencies
-
-    return frequencies.hierarchical(M, C, beta)
-
-
 def gd_scalar(M: int, C: int, beta: float, noise: float, steps: int, eta: float | None = None):
     """GD reduced to one logit margin per group ([derived]: in task space GD decouples by column).
 
@@ -119,22 +125,17 @@ def gd_scalar(M: int, C: int, beta: float, noise: float, steps: int, eta: float 
     pg = jnp.asarray(prior(M, 1, beta))  # group masses p̃_g
     p = pg / C
     eta = float(1.0 / p[0]) if eta is None else eta
-    a = 1 - noise + noise / K
     ls = lstar(K, noise)
-
-    def group_loss(m):
-        lz = jnp.log1p((K - 1) * jnp.exp(-m))  # -log q_correct
-        return a * lz + (1 - a) * (m + lz)  # wrong answers: -log q_wrong = m + lz
 
     @jax.jit
     def run(m0):
         def body(m, _):
             e = jnp.exp(-m)
             m = m + eta * p * ((1 - noise) - (1 - e) / (1 + (K - 1) * e))
-            return m, jnp.dot(pg, group_loss(m)) - ls
+            return m, jnp.dot(pg, margin_loss(m, K, noise)) - ls
 
         m, ex = jax.lax.scan(body, m0, length=steps)
-        return m, jnp.concatenate([(jnp.dot(pg, group_loss(m0)) - ls)[None], ex])
+        return m, jnp.concatenate([(jnp.dot(pg, margin_loss(m0, K, noise)) - ls)[None], ex])
 
     m, ex = run(jnp.zeros(M))
     return np.asarray(ex), np.asarray(m)
@@ -158,12 +159,10 @@ def full_space_run(K: int, class_prior, noise: float, opt: str, lr: float, steps
 def gd_noiseless(ctx: Context) -> CheckResult:
     """Noiseless GD: L_j(t) ≍ 1/(p_j η t), i.e. L_j·p_j·η·t tends to one constant.
 
-    K = 24 (M = 4 groups of C = 6, β = 1.5), random orthonormal embeddings (full space),
-    η = 1/p_1, T = 4000 steps (quick 2000), so s_j = η p_j T >= 500 (250) for every class.
-    [derived] constant: column j's margin obeys e^m + (K-1)m ≈ K s + 1 (continuous
-    time), so L_j s_j → (K-1)/K with relative correction ≈ (K-1) log(K s)/(K s). The
-    tolerance is twice that correction at the smallest s_j (factor 2 for the discrete
-    steps) plus 1e-3.
+    Random orthonormal embeddings, η = 1/p_1, s_j = η p_j T >= 250 for every class.
+    [derived] constant: column j's margin obeys e^m + (K-1)m ≈ K s + 1 (continuous time),
+    so L_j s_j → (K-1)/K with relative correction ≈ (K-1) log(K s)/(K s); tolerance twice
+    that at the smallest s_j (the discrete steps) plus 1e-3.
     """
     M, C, beta = 4, 6, 1.5
     K = M * C
@@ -191,15 +190,11 @@ def gd_noiseless(ctx: Context) -> CheckResult:
 def muon_noiseless(ctx: Context) -> CheckResult:
     """Noiseless Muon: L_j(t) ≍ K exp(-(1+o(1)) η t) uniformly in j.
 
-    K = 24 (M = 4, C = 6, β = 1.5), η = 0.5, 40 steps (loss from log K to ~1e-7).
-    Measured: (i) the decay rate of the total loss, fitted as log L = a - r·t over the
-    second half of the run (``fit_power_law`` on x = e^t), against r = η; tolerance 5%
-    + CI (the o(1): Muon's diagonal step is η(1 - O(1/K)) and the off-diagonal
-    competition shifts the rate by O(1/K) ≈ 4%); (ii) uniformity: the per-class exponent
-    deviation max_j |log(L_j(T)/(K e^{-ηT}))|/(ηT) is at most 0.1 (the o(1); here M/C =
-    2/3, so Muon's step differs across groups by a few percent);
-    (iii) embedding invariance: a run with random orthonormal E, Ẽ gives the same
-    per-class losses as task space to 1e-9 relative.
+    K = 24, 40 steps. Measured: (i) the decay rate r of the total loss (log L = a - r·t
+    fitted over the second half) against η, tolerance 5% + CI (the o(1): Muon's diagonal
+    step is η(1 - O(1/K)), O(1/K) ≈ 4%); (ii) uniformity: max_j |log(L_j(T)/(K e^{-ηT}))|
+    /(ηT) ≤ 0.1 (the o(1); Muon's step differs across groups by O(M/C)); (iii) embedding
+    invariance: random orthonormal E, Ẽ give the task-space losses to 1e-9 relative.
     """
     M, C, beta, eta, T = 4, 6, 1.5, 0.5, 40
     K = M * C
@@ -229,20 +224,16 @@ def muon_noisy(ctx: Context) -> CheckResult:
     """Noisy Muon: descent (≈ K e^{-ηt} + αηt) then oscillation (≈ η² + L*), switch at
     Θ(log K / η).
 
-    α = 0.1, M = 4, β = 1.5, C ∈ {8, 32} (K = 32, 128; quick C ∈ {8, 16}), η ∈ {0.2, 0.4,
-    0.8} (quick {0.2, 0.4}), run to twice the predicted switch time. Switch time t_s:
-    first step where the total loss rises. [derived] Muon moves every margin by ≈ η per
-    step, so the loss bottoms out when the margin reaches the optimal gap m* = log(1 + K(1-α)/α):
-    t_s ≈ m*/η. Tolerance: t_s η/m* within [0.8, 1.25] (one step of rounding is η/m* ≤
-    0.09, plus the O(M/C) deviation of Muon's diagonal step). Oscillation: the excess
-    loss after t_s + 2 divided by η² stays below 1 for every η (the per-margin bound is
-    ℓ''·η²/2 ≤ η²/8; 1 leaves room for off-margin directions) and the loss is monotone
-    before t_s. Descent shape: [derived] with every margin at m = ηt and the wrong logits
-    equal, the per-class loss is ℓ(m) = a log(1 + (K-1)e^{-m}) + (1-a)(m + log(1 +
-    (K-1)e^{-m})), a = 1 - α + α/K, i.e. ≈ K e^{-ηt} + α η t (the paper's shape); the
-    measured excess must follow ℓ(ηt) - L* within 5% (relative) over the first 3/4 of the
-    descent (the deviation is O(1/K): 3% at K = 32, 0.5-1% at K = 128; near t_s the
-    excess itself goes to 0 and a relative error means nothing).
+    Label noise α = 0.1, K up to 128, several η, run to twice the predicted switch time
+    t_s (the first step where the loss rises). [derived] Muon moves every margin by ≈ η
+    per step, so the loss bottoms out at the optimal gap m* (:func:`mstar`): t_s ≈ m*/η;
+    tolerance t_s η/m* ∈ [0.8, 1.25] (a step of rounding, η/m* ≤ 0.09, plus the O(M/C)
+    deviation of Muon's diagonal step). Oscillation: the excess after t_s + 2 over η²
+    stays below 1 (the per-margin bound is ℓ''·η²/2 ≤ η²/8) and the loss is monotone
+    before t_s. Descent: with every margin at m = ηt the per-class loss is
+    :func:`margin_loss` ≈ K e^{-ηt} + α η t (the paper's shape); the measured excess must
+    follow it within 5% (relative; the deviation is O(1/K)) over the first 3/4 of the
+    descent (near t_s the excess itself goes to 0).
     """
     M, beta, noise = 4, 1.5, 0.1
     Cs = [8, 16] if ctx.quick else [8, 32]
@@ -255,16 +246,13 @@ def muon_noisy(ctx: Context) -> CheckResult:
         for eta in etas:
             n = int(2 * ms / eta) + 4
             L = runner(M, C, beta, noise, "muon", steps, "loss")(eta, n)[: n + 1]
-            rises = np.nonzero(np.diff(L) > 0)[0]
-            ts = int(rises[0]) if rises.size else n
+            ts = switch_time(L, n)
             exc = (L[ts + 2 :] - lstar(K, noise)) / eta**2
             osc = float(exc.max()) if exc.size else float("nan")
             ratio = ts * eta / ms
             # descent: excess vs ℓ(ηt) - L*, every margin m = ηt, wrong logits equal
             m = eta * np.arange(int(0.75 * ts))
-            a = 1 - noise + noise / K
-            lz = np.log1p((K - 1) * np.exp(-m))
-            curve = a * lz + (1 - a) * (m + lz) - lstar(K, noise)
+            curve = np.asarray(margin_loss(m, K, noise)) - lstar(K, noise)
             desc = float(np.max(np.abs(L[: m.size] - lstar(K, noise) - curve) / curve))
             rows.append((K, eta, ts, ratio, osc, desc))
             ok &= 0.8 <= ratio <= 1.25 and osc < 1 and bool(np.all(np.diff(L[: ts + 1]) <= 0))
@@ -289,18 +277,15 @@ def muon_noisy(ctx: Context) -> CheckResult:
 def gd_stability(ctx: Context) -> CheckResult:
     """Linear stability of GD at the minimiser requires η p_1 ≲ 1.
 
-    α = 0.1, K = 20 (M = 4, C = 5), β ∈ {1.5, 3} (p_1 differs by 1.7x). GD starts at the
-    minimiser Ŵ* (columns log p(·|j)) plus a 1e-7 random perturbation and runs 300 steps
-    at η = f·η_c. [derived] The task-space Hessian is block-diagonal, column j's block
+    GD starts at the minimiser Ŵ* (columns log p(·|j)) plus a 1e-7 perturbation, at
+    η = f·η_c. [derived] The task-space Hessian is block-diagonal, column j's block
     p_j(diag q - q qᵀ) with q = p(·|j), so GD is linearly stable iff
-    η p_1 < 2/λ_max(diag q - q qᵀ) (λ from numpy's eigvalsh, independent of the code
-    under test). Measured: growth of the perturbation (column means removed: softmax
-    ignores them) for f ∈ {0.9, 0.98, 1.02, 1.1}; must decay for f < 1 and grow for
-    f > 1, for both priors: the threshold is a condition on η p_1 alone.
+    η p_1 < 2/λ_max(diag q - q qᵀ) (numpy's eigvalsh). Measured: growth of the perturbation
+    (column means removed: softmax ignores them); it must decay for f < 1 and grow for
+    f > 1, for two priors whose p_1 differ: the threshold is a condition on η p_1 alone.
     """
     import jax
     import jax.numpy as jnp
-    import optax
 
     from amemory.models import memory
 
@@ -315,25 +300,13 @@ def gd_stability(ctx: Context) -> CheckResult:
     pert = 1e-7 * jax.random.normal(jax.random.key(3), (K, K))
     proj = lambda w: w - w.mean(axis=0, keepdims=True)
     rows, ok = [], True
+    record = lambda w: jnp.linalg.norm(proj(w - wstar)) / jnp.linalg.norm(proj(pert))
     for beta in (1.5, 3.0):
         p = jnp.asarray(prior(M, C, beta))
         loss = lambda w, p=p: memory.population_loss(w, eye, eye, p, noise)
-
-        @jax.jit
-        def run(eta, loss=loss):
-            tx = optax.sgd(eta)
-            w0 = wstar + pert
-
-            def body(c, _):
-                w, s = c
-                u, s = tx.update(jax.grad(loss)(w), s, w)
-                return (w + u, s), None
-
-            (w, _), _ = jax.lax.scan(body, (w0, tx.init(w0)), length=steps)
-            return jnp.linalg.norm(proj(w - wstar)) / jnp.linalg.norm(proj(pert))
-
-        for f in fs:
-            g = float(run(f * thr / float(p[0])))
+        rates = np.repeat(np.array(fs)[:, None] * thr / float(p[0]), steps, axis=1)  # [f, t]
+        growth = trajectory("gd", rates, loss, wstar + pert, steps, record)[:, -1]
+        for f, g in zip(fs, growth.tolist(), strict=True):
             rows.append((beta, f, g))
             ok &= (g < 1) if f < 1 else (g > 1)
     return CheckResult(
@@ -362,20 +335,15 @@ def _steps_to(losses: np.ndarray, targets) -> list[int]:
 def step_counts(ctx: Context) -> CheckResult:
     """Noiseless step counts to reach loss ε: Muon O(log 1/ε), GD O(1/ε), fitted slopes.
 
-    Reading: the number of steps n(ε) to bring the total loss below ε grows like
-    log(1/ε) for Muon and like 1/ε for GD (paper B: exponential speed-up, O(log 1/ε)
-    instead of O(1/ε)). M = 4, C = 6 (K = 24), β = 1.5, no label noise, task space by
-    the exact group-symmetric reduction (validated against dense runs by
-    ``li2026.block_symmetry``). Muon: η = 0.5, ε from 1e-2 to 1e-12; fit
-    n = a + b·ln(1/ε): predicted b = 1/η = 2 ([derived] from L ≈ K e^{-ηt}), tolerance
-    5% + CI (the O(1/K) shift of Muon's per-step margin, as in
-    ``li2026.muon_noiseless_exponential``). GD: η = 1/p_1, ε from 1e-3 to 1e-5 (quick
-    1e-4), where every s_j = η p_j t exceeds 250; fit log n = c + s·log(1/ε): predicted
-    s = 1 ([derived] from L_j ≈ (K-1)/(K s_j) up to the factor
-    (1 + (K-1) log(K s_j)/(K s_j)), whose log-slope is at most that correction),
-    tolerance CI + twice the correction at the smallest s_j reached (factor 2 for the
-    discrete steps, as in ``li2026.gd_noiseless_per_class``) + 1e-3. The log-log slope of
-    Muon's n(ε) is reported for contrast.
+    Reading: the steps n(ε) to bring the total loss below ε grow like log(1/ε) for Muon
+    and like 1/ε for GD (paper B's exponential speed-up). Noiseless, K = 24, exact
+    group-symmetric reduction (validated by ``li2026.block_symmetry``). Muon: fit
+    n = a + b·ln(1/ε), predicted b = 1/η ([derived] from L ≈ K e^{-ηt}), tolerance 5% + CI
+    (the O(1/K) shift of ``li2026.muon_noiseless_exponential``). GD at η = 1/p_1, where
+    every s_j = η p_j t exceeds 250: fit log n = c + s·log(1/ε), predicted s = 1
+    ([derived] from L_j ≈ (K-1)/(K s_j) up to the factor (1 + (K-1) log(K s_j)/(K s_j))),
+    tolerance CI + twice that correction at the smallest s_j (as in
+    ``li2026.gd_noiseless_per_class``) + 1e-3. Muon's log-log slope is reported.
     """
     from amemory.analysis import group_symmetric as gs
 

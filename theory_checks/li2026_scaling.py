@@ -2,12 +2,9 @@
 Training Dynamics and Scaling Laws", arXiv 2602.05725, Section 5): GD's lower bound
 ``L^GD(T) - L* ≳ log K · T^-(1-1/β)``, Muon's upper bound ``L^Muon(T) - L* ≲ (log K/T)²``
 with ``η = Θ(log K / T)``, their log K factors over a range of K, and the growth of Muon's
-advantage with T. Statements and readings: ``docs/science.md#paper-b``.
-
-Large K (up to 10^6) runs on the exact group-symmetric reduction
-(:mod:`amemory.analysis.group_symmetric`); GD's per-group margin recursion
-(:func:`theory_checks.li2026.gd_scalar`) is checked against the dense model in
-``li2026.gd_excess_exponent``.
+advantage with T. Statements and readings: ``docs/science.md#paper-b``. Large K (up to
+10^6) runs on the exact group-symmetric reduction (:mod:`amemory.analysis.group_symmetric`)
+or GD's per-group margin recursion (:func:`theory_checks.li2026.gd_scalar`).
 """
 
 from __future__ import annotations
@@ -28,23 +25,19 @@ def _muon_excess(M: int, C: int, beta: float, T: int, c: float = C_MUON) -> floa
     from amemory.analysis import group_symmetric as gs
 
     K = M * C
-    return gs.final_loss("muon", prior(M, 1, beta), C, NOISE, c * math.log(K) / T, T) - lstar(
-        K, NOISE
-    )
+    loss = gs.final_loss("muon", prior(M, 1, beta), C, NOISE, c * math.log(K) / T, T)
+    return loss - lstar(K, NOISE)
 
 
 @register("li2026.gd_excess_exponent")
 def gd_exponent(ctx: Context) -> CheckResult:
     """GD with power-law groups: L(T) - L* ≳ log K · T^{-(1-1/β)} inside T ≪ M^β.
 
-    First, the [derived] decoupling (GD in task space = one scalar margin per group,
-    depending only on η p_j t) is verified: full task-space GD with amemory's model and
-    optax.sgd against the scalar recursion, M = 4, C = 3, α = 0.1, 300 steps, to 1e-10.
-    Then the scalar recursion (C = 1, α = 0.1, η = 1/p_1) gives the excess loss for
-    (M, β) = (10000, 1.5), (3000, 2), (1000, 3) and T = 2^7 .. 2^12, a window with
-    T ≤ M^β/(30 log K) (the unlearned tail still holds mass) and T >= 128 (the learned
-    head spans >= 3 groups). Tolerance ±0.03 + CI on each exponent: for β = 1.5 the
-    tail sum converges slowly and the local slope drifts by ~0.02 across the window.
+    First the [derived] decoupling (GD in task space = one scalar margin per group) is
+    verified: full task-space GD against :func:`gd_scalar`, to 1e-10. Then the recursion
+    gives the excess loss over a window of T with T ≤ M^β/(30 log K) (the unlearned tail
+    still holds mass) and T >= 128 (the learned head spans >= 3 groups). Tolerance ±0.03 +
+    CI per exponent: for β = 1.5 the tail sum converges slowly, the local slope drifts.
     """
     # (1) decoupling: full task-space GD vs the scalar recursion
     M, C, beta, noise, steps = 4, 3, 2.0, 0.1, 300
@@ -79,17 +72,13 @@ def gd_exponent(ctx: Context) -> CheckResult:
 def gd_log_k(ctx: Context) -> CheckResult:
     """GD's lower bound keeps its log K factor over a range of K.
 
-    Reading: L^GD(T) - L* >= c·log K·T^-(1-1/β) with one constant c for every K (and T
-    in the window T ≪ M^β). K grows through the group size C at fixed M = 64 groups,
-    β = 2, α = 0.1, η = 1/p_1 (so η p_j depends on the group only): C ∈ {1, 4, ..., 4096}
-    (K = 64 .. 262144; quick C ≤ 256), T ∈ {16, ..., 256} (≤ M^β/16). Measured
-    R(K, T) = (L(T) - L*)·T^(1-1/β)/log K by the exact per-group margin recursion (GD
-    keeps every wrong logit of a column equal). Pass: at every T, R does not decrease as
-    K grows (each value at least the previous one minus 1e-9), so the smallest K's value
-    bounds R below for all K. [derived, reported] a group is learned once η p_g t reaches
-    the optimal gap ≈ log K, so about (T/log K)^(1/β) groups are learned and the excess is
-    ≈ log K · Σ_{g beyond} p̃_g ∝ (log K)^(2-1/β) T^-(1-1/β): the fitted exponent of the
-    excess against log K at each T is reported against 2 - 1/β = 1.5.
+    Reading: L^GD(T) - L* >= c·log K·T^-(1-1/β) with one constant c for every K (T ≪ M^β).
+    K grows through the group size C at M = 64 groups, η = 1/p_1 (η p_j depends on the
+    group only); R(K, T) = (L(T) - L*)·T^(1-1/β)/log K by :func:`gd_scalar`. Pass: at
+    every T, R does not decrease as K grows (1e-9), so the smallest K bounds R below.
+    [derived, reported] a group is learned once η p_g t reaches the gap ≈ log K, so the
+    excess is ≈ log K · Σ_{g unlearned} p̃_g ∝ (log K)^(2-1/β) T^-(1-1/β): the fitted
+    log K exponent at each T is reported against 2 - 1/β.
     """
     M, beta = 64, 2.0
     Cs = [1, 4, 16, 64, 256] if ctx.quick else [1, 4, 16, 64, 256, 1024, 4096]
@@ -112,30 +101,22 @@ def gd_log_k(ctx: Context) -> CheckResult:
         f"log K exponent {', '.join(fmt(s.slope, 3) for s in slopes)} (T = {Ts.tolist()})",
         tolerance="non-decreasing (1e-9)",
         passed=nondecreasing,
-        details={
-            "Cs": Cs,
-            "Ts": Ts.tolist(),
-            "R": R.tolist(),
-            "log_k_exponents": [(s.slope, *s.slope_ci) for s in slopes],
-        },
-    )
+        details={"Cs": Cs, "Ts": Ts.tolist(), "R": R.tolist(),
+                 "log_k_exponents": [(s.slope, *s.slope_ci) for s in slopes]},
+    )  # fmt: skip
 
 
 @register("li2026.muon_excess_bound")
 def muon_bound(ctx: Context) -> CheckResult:
     """Muon with η = c log K/T: L(T) - L* ≲ (log K/T)², one constant across T, β and K.
 
-    Reading: A = (L(T) - L*)·(T/log K)² stays below one constant for every T, β and K.
-    α = 0.1, c = 3, M = 4 groups. (i) β ∈ {1.5, 2, 3} (quick: 2) at C = 8 (K = 32), and
-    (ii) the log K factor: C from 8 to 262144 (K = 32 .. 10^6; quick to 16384) at β = 2;
-    T = 32 .. 1024 (quick to 256). Runs on the exact group-symmetric reduction. Pass:
-    A <= c²/8 everywhere. [derived] constant: once every margin has reached the optimal
-    gap, Muon moves it by about ±η per step, so it stays within η of the optimum, where
-    the per-class loss has curvature ℓ'' <= 1/4: excess <= η²/8 = (c log K/T)²/8. The
-    oscillation makes A ragged, so no slope is demanded; the fitted exponent of max_T A
-    against log K is reported (0 if (log K)² is the right factor). Also reported: with
-    c = 2 (c log K = 6.9 > m* = 5.7 at K = 32, so the gap is reachable on paper) the
-    excess stalls at a floor and A grows like T²: c must exceed m*/log K by a margin.
+    Reading: A = (L(T) - L*)·(T/log K)² stays below one constant for every T, β and K
+    (several β at K = 32; K up to 10^6 at β = 2; exact group-symmetric reduction). Pass:
+    A <= c²/8 everywhere ([derived]: once at the optimal gap, Muon moves each margin by
+    ±η per step, where the per-class loss has curvature ℓ'' <= 1/4: excess <= η²/8). A is
+    ragged, so no slope is demanded; the log K exponent of max_T A is reported (0 if
+    (log K)² is the right factor), and so is c = 2, whose excess stalls at a floor
+    (A ∝ T²) although c log K > m* at K = 32: c must exceed m*/log K by a margin.
     """
     c = C_MUON
     betas = [2.0] if ctx.quick else [1.5, 2.0, 3.0]
@@ -159,27 +140,20 @@ def muon_bound(ctx: Context) -> CheckResult:
         measured=measured,
         tolerance=f"A ≤ c²/8 = {fmt(c**2 / 8, 3)}",
         passed=top <= c**2 / 8,
-        details={
-            "Ts": Ts,
-            "A_beta": A_beta,
-            "A_K": {str(k): v for k, v in A_K.items()},
-            "A_c2": A2,
-        },
-    )
+        details={"Ts": Ts, "A_beta": A_beta, "A_K": {str(k): v for k, v in A_K.items()},
+                 "A_c2": A2},
+    )  # fmt: skip
 
 
 @register("li2026.muon_advantage_grows")
 def advantage(ctx: Context) -> CheckResult:
     """Muon's advantage over GD grows with T (interval of the trend excludes zero).
 
-    Reading: inside GD's slow window (T ≪ M^β) the ratio of excess losses
-    (L^GD(T) - L*)/(L^Muon(T) - L*) increases with T, GD at η = 1/p_1 and Muon at
-    η = c log K/T (a fresh run per T, c = 3). M = 32 groups (quick 16), C = 4, β = 3,
-    α = 0.1, 40 horizons T geometric from 16 to min(1024, M^β/8) (beyond, GD on a finite
-    problem converges exponentially and overtakes Muon's fixed-budget schedule). Muon's
-    final iterate oscillates around the optimum, so the ratio is ragged; the trend is the
-    OLS slope of log ratio against log T. Pass: the 95% interval of that slope lies above
-    0. Exact group-symmetric reduction for both optimizers.
+    Reading: inside GD's slow window (T ≪ M^β; beyond it GD on a finite problem converges
+    exponentially) the ratio (L^GD(T) - L*)/(L^Muon(T) - L*) increases with T, GD at
+    η = 1/p_1, Muon at η = c log K/T (a fresh run per T). The ratio is ragged (Muon
+    oscillates around the optimum), so the trend is the OLS slope of log ratio against
+    log T; pass if its 95% interval lies above 0. Exact group-symmetric reduction.
     """
     from amemory.analysis import group_symmetric as gs
 

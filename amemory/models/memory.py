@@ -1,30 +1,20 @@
 """One-layer linear associative memory of papers A and B, and its embedding builders.
 
-Model (docs/science.md, "The one-layer associative memory"; Wang et al., arXiv
-2509.26030, and Li et al., arXiv 2602.05725). K classes (facts). Fixed key embeddings
-E ``[d_in, K]`` (column E_k is the key of query k) and value embeddings Ẽ ``[d_out, K]``
-(column Ẽ_i is the value of answer i); the trained memory is W ``[d_out, d_in]``. For query k the
-prediction is ``f_W(E_k) = softmax(Ẽᵀ W E_k)`` over the K answers.
+Model (docs/science.md, "The one-layer associative memory"): K classes (facts), fixed key
+embeddings E ``[d_in, K]`` (column E_k: the key of query k), value embeddings Ẽ
+``[d_out, K]`` (column Ẽ_i: the value of answer i), trained memory W ``[d_out, d_in]``; for
+query k the prediction is ``f_W(E_k) = softmax(Ẽᵀ W E_k)`` over the K answers.
 
-Everything here is a pure ``jax.numpy`` function: it keeps the dtype of its inputs (so it
-runs in float64 when ``jax_enable_x64`` is on), works under ``jax.jit``, ``jax.grad`` and
-``jax.vmap``, and validates static shapes before any tracing (a ``ValueError`` names the
-argument). The builders return ``(E, Et)`` with ``Et`` standing for Ẽ, in ``dtype``
-(default: float64 under x64, else float32).
+The functions are pure ``jax.numpy`` (jit/grad/vmap-able, dtype of their inputs) and
+validate static shapes before any tracing (a ``ValueError`` names the argument). The
+builders return ``(E, Et)``, ``Et`` standing for Ẽ, in ``dtype`` (default: float64 under
+x64, else float32).
 
 Index convention used throughout:
 
 * ``task_space(W, E, Et)[i, k] = Ẽ_iᵀ W E_k`` (answer i, query k), i.e. ``ẼᵀWE``;
 * ``logits(W, E, Et)[k, i]`` is the same number: row k holds the K logits of query k,
   so ``logits = task_space.T`` and ``probabilities`` is its row-wise softmax.
-
-Example (paper A's gradient at W = 0 is -Ẽ X Eᵀ)::
-
-    >>> E, Et = coupled_rotation(6)
-    >>> prior = jnp.full((6,), 1 / 6)
-    >>> g = jax.grad(population_loss)(jnp.zeros((6, 6)), E, Et, prior)
-    >>> g.shape
-    (6, 6)
 
 Sources: Wang et al. 2025 (arXiv 2509.26030), Section 5 and Appendix F; Li et al. 2026
 (arXiv 2602.05725), model and label-noise loss.
@@ -66,6 +56,14 @@ def _check_int(name: str, value: Any, minimum: int) -> int:
     return int(value)
 
 
+def _check_sizes(builder: str, K: Any, d: Any, min_K: int = 1, d_ge_K: bool = True):
+    """Validated ``(K, d)`` of an embedding builder (``d >= K`` when ``d_ge_K``)."""
+    K, d = _check_int("K", K, min_K), _check_int("d", d, 1)
+    if d_ge_K and d < K:
+        raise ValueError(f"{builder} needs d >= K, got d={d} < K={K}")
+    return K, d
+
+
 def _float_dtype(dtype: Any) -> Any:
     """The requested dtype, or the default float (float64 under x64, else float32)."""
     return jnp.zeros(()).dtype if dtype is None else jnp.dtype(dtype)
@@ -75,9 +73,7 @@ def task_space(W: jax.Array, E: jax.Array, Et: jax.Array) -> jax.Array:
     """The memory in the embedding basis, Ŵ = Ẽᵀ W E.
 
     Args:
-      W: memory ``[d_out, d_in]``.
-      E: keys ``[d_in, K]``.
-      Et: values ``[d_out, K]`` (Ẽ).
+      W: memory ``[d_out, d_in]``; E: keys ``[d_in, K]``; Et: values ``[d_out, K]`` (Ẽ).
 
     Returns:
       ``[K, K]`` array with entry ``[i, k] = Ẽ_iᵀ W E_k`` (answer i, query k). With
@@ -92,13 +88,8 @@ def task_space(W: jax.Array, E: jax.Array, Et: jax.Array) -> jax.Array:
 
 
 def logits(W: jax.Array, E: jax.Array, Et: jax.Array) -> jax.Array:
-    """Logits of every query over every answer.
-
-    Args:
-      W: memory ``[d_out, d_in]``; E: keys ``[d_in, K]``; Et: values ``[d_out, K]``.
-
-    Returns:
-      ``[K, K]``: row k holds ``Ẽᵀ W E_k``, the K logits of query k (paper A, A.1).
+    """Logits of every query over every answer, ``[K, K]``: row k holds ``Ẽᵀ W E_k``, the K
+    logits of query k (paper A, A.1). Shapes as :func:`task_space`, whose transpose this is.
 
     Raises:
       ValueError: if the shapes do not fit together.
@@ -108,27 +99,15 @@ def logits(W: jax.Array, E: jax.Array, Et: jax.Array) -> jax.Array:
 
 
 def probabilities(W: jax.Array, E: jax.Array, Et: jax.Array) -> jax.Array:
-    """Predictions ``f_W(E_k) = softmax(Ẽᵀ W E_k)`` for every query.
-
-    Returns:
-      ``[K, K]`` row-stochastic: entry ``[k, i]`` is the probability of answer i given
-      query k (``s_ik`` in paper A's gradient formula).
-
-    Raises:
-      ValueError: if the shapes do not fit together.
-    """
+    """Predictions ``f_W(E_k) = softmax(Ẽᵀ W E_k)``: ``[K, K]`` row-stochastic, entry
+    ``[k, i]`` the probability of answer i given query k (``s_ik`` in paper A's gradient).
+    Shapes and errors as :func:`logits`."""
     return jax.nn.softmax(logits(W, E, Et), axis=-1)
 
 
 def correct_probabilities(W: jax.Array, E: jax.Array, Et: jax.Array) -> jax.Array:
-    """The probability of the correct answer per query, ``[f_W(E_k)]_k``.
-
-    Returns:
-      ``[K]``; its max minus min is the gap Δ(W) of paper A (A.2).
-
-    Raises:
-      ValueError: if the shapes do not fit together.
-    """
+    """The probability of the correct answer per query, ``[f_W(E_k)]_k``, ``[K]``: its max
+    minus min is the gap Δ(W) of paper A (A.2). Shapes and errors as :func:`logits`."""
     return jnp.diagonal(probabilities(W, E, Et))
 
 
@@ -137,15 +116,9 @@ def per_class_loss(W: jax.Array, E: jax.Array, Et: jax.Array, noise: Any = 0.0) 
 
     Label noise (paper B, B.1): ``p(i|k) = (1 - noise) 1[i = k] + noise / K``.
 
-    Args:
-      W, E, Et: as in :func:`logits`.
-      noise: label-noise level in ``[0, 1]`` (float or traced scalar).
-
-    Returns:
-      ``[K]`` losses in nats; ``population_loss = Σ_k p_k L_k``.
-
-    Raises:
-      ValueError: on bad shapes or a concrete noise outside ``[0, 1]``.
+    Args: ``W, E, Et`` as in :func:`task_space`; ``noise`` in ``[0, 1]`` (float or traced).
+    Returns ``[K]`` losses in nats (``population_loss = Σ_k p_k L_k``). Raises ValueError
+    on bad shapes or a concrete noise outside ``[0, 1]``.
     """
     _check_noise(noise)
     z = logits(W, E, Et)
@@ -166,16 +139,12 @@ def population_loss(
     ``noise > 0`` the gradient at 0 is ``-(1 - noise) Ẽ X Eᵀ``).
 
     Args:
-      W: memory ``[d_out, d_in]``; E: keys ``[d_in, K]``; Et: values ``[d_out, K]``.
+      W, E, Et: as in :func:`task_space`.
       prior: class frequencies p ``[K]`` (non-negative, summing to 1; not renormalised).
       noise: label-noise level in ``[0, 1]``.
 
-    Returns:
-      scalar loss in nats, dtype of the inputs.
-
-    Raises:
-      ValueError: on bad shapes, a prior not of shape ``[K]``, or concrete noise outside
-        ``[0, 1]``.
+    Returns a scalar in nats (dtype of the inputs); raises ValueError on bad shapes, a
+    prior not of shape ``[K]``, or concrete noise outside ``[0, 1]``.
     """
     k = _check_shapes(W, E, Et)
     if jnp.shape(prior) != (k,):
@@ -193,15 +162,11 @@ def sampled_loss(
     (e.g. ``amemory.data.memory_tasks.sample_pairs``).
 
     Args:
-      W, E, Et: as in :func:`logits`.
-      queries: ``[B]`` int, class indices in ``[0, K)``.
-      answers: ``[B]`` int, class indices in ``[0, K)``.
+      W, E, Et: as in :func:`task_space`.
+      queries, answers: ``[B]`` int class indices in ``[0, K)``.
 
-    Returns:
-      scalar loss in nats.
-
-    Raises:
-      ValueError: on bad shapes or if queries/answers are not 1-D of equal length.
+    Returns a scalar in nats; raises ValueError on bad shapes or if queries/answers are not
+    1-D of equal length.
     """
     _check_shapes(W, E, Et)
     if jnp.ndim(queries) != 1 or jnp.shape(queries) != jnp.shape(answers):
@@ -229,17 +194,8 @@ def zyz_rotation(a: float, b: float, c: float) -> np.ndarray:
 
 
 def decoupled(K: int, *, dtype: Any = None) -> tuple[jax.Array, jax.Array]:
-    """Decoupled embeddings E = Ẽ = I_K (paper A, Fig. 4b "decoupled").
-
-    Args:
-      K: number of classes (>= 1).
-
-    Returns:
-      ``(E, Et)``, both ``[K, K]`` identity matrices.
-
-    Raises:
-      ValueError: if K is not a positive integer.
-    """
+    """Decoupled embeddings ``(E, Et)``, both the identity ``[K, K]`` (paper A, Fig. 4b
+    "decoupled"). Raises ValueError if K is not a positive integer."""
     K = _check_int("K", K, 1)
     eye = jnp.eye(K, dtype=_float_dtype(dtype))
     return eye, eye
@@ -252,14 +208,8 @@ def coupled_rotation(K: int, *, dtype: Any = None) -> tuple[jax.Array, jax.Array
     with R the ZYZ rotation of :func:`zyz_rotation`. Both are orthonormal ``[K, K]``
     (block-diagonal, 3x3 blocks). Built in float64 numpy, then cast.
 
-    Args:
-      K: number of classes; must be a positive multiple of 3.
-
-    Returns:
-      ``(E, Et)``, both ``[K, K]``.
-
-    Raises:
-      ValueError: if K is not a positive multiple of 3.
+    Returns ``(E, Et)``, both ``[K, K]``; raises ValueError if K is not a positive multiple
+    of 3.
     """
     K = _check_int("K", K, 3)
     if K % 3:
@@ -283,21 +233,10 @@ def random_orthonormal(
 ) -> tuple[jax.Array, jax.Array]:
     """Independent Haar-random orthonormal keys and values (Assumption 5.1 when d = K).
 
-    Args:
-      K: number of classes (>= 1).
-      d: embedding dimension, ``d >= K`` (K orthonormal vectors need d >= K).
-      key: ``jax.random`` key.
-
-    Returns:
-      ``(E, Et)``, each ``[d, K]`` with ``EᵀE = ẼᵀẼ = I_K``; E and Ẽ independent.
-
-    Raises:
-      ValueError: if ``d < K`` or K, d are not positive integers.
+    Returns ``(E, Et)``, each ``[d, K]`` with ``EᵀE = ẼᵀẼ = I_K``, from a ``jax.random``
+    ``key``; raises ValueError if ``d < K`` or K, d are not positive integers.
     """
-    K = _check_int("K", K, 1)
-    d = _check_int("d", d, 1)
-    if d < K:
-        raise ValueError(f"random_orthonormal needs d >= K, got d={d} < K={K}")
+    K, d = _check_sizes("random_orthonormal", K, d)
     k1, k2 = jax.random.split(key)
     dt = _float_dtype(dtype)
     return _orthonormal_columns(k1, d, K, dt), _orthonormal_columns(k2, d, K, dt)
@@ -307,28 +246,13 @@ def gaussian(K: int, d: int, key: jax.Array, *, dtype: Any = None) -> tuple[jax.
     """I.i.d. Gaussian keys and values with entries N(0, 1/d) (not orthonormal).
 
     Columns have squared norm 1 in expectation and mutual inner products of order
-    ``1/sqrt(d)``. ``d < K`` is allowed (capacity studies, e.g. Kim et al. 2026).
-
-    Args:
-      K: number of classes (>= 1).
-      d: embedding dimension (>= 1).
-      key: ``jax.random`` key.
-
-    Returns:
-      ``(E, Et)``, each ``[d, K]``, independent.
-
-    Raises:
-      ValueError: if K or d is not a positive integer.
+    ``1/sqrt(d)``; ``d < K`` is allowed (capacity studies, e.g. Kim et al. 2026). Returns
+    independent ``(E, Et)``, each ``[d, K]``; ValueError if K or d is not a positive integer.
     """
-    K = _check_int("K", K, 1)
-    d = _check_int("d", d, 1)
-    k1, k2 = jax.random.split(key)
-    dt = _float_dtype(dtype)
-    scale = 1.0 / math.sqrt(d)
-    return (
-        scale * jax.random.normal(k1, (d, K), dtype=dt),
-        scale * jax.random.normal(k2, (d, K), dtype=dt),
-    )
+    K, d = _check_sizes("gaussian", K, d, d_ge_K=False)
+    scale, dt = 1.0 / math.sqrt(d), _float_dtype(dtype)
+    E, Et = (scale * jax.random.normal(k, (d, K), dtype=dt) for k in jax.random.split(key))
+    return E, Et
 
 
 def coherent(
@@ -336,28 +260,14 @@ def coherent(
 ) -> tuple[jax.Array, jax.Array]:
     """Unit-norm keys with equal pairwise inner product ``coherence``; orthonormal values.
 
-    Keys: ``E = Q G^{1/2}`` with Q a Haar-random ``[d, K]`` orthonormal frame and
-    ``G = (1 - c) I + c 11ᵀ``, so ``EᵀE = G``: every key has unit norm and every pair of
-    distinct keys has inner product exactly c, hence mutual coherence
-    ``max_{i≠j} |E_iᵀE_j| = |c|`` (an equiangular frame). ``c = 0`` gives orthonormal keys.
-    Values Ẽ: an independent Haar-random orthonormal ``[d, K]`` frame.
+    Keys ``E = Q G^{1/2}``, Q a Haar-random ``[d, K]`` orthonormal frame and
+    ``G = (1 - c) I + c 11ᵀ = EᵀE``: an equiangular frame of mutual coherence ``|c|``
+    (``c = 0``: orthonormal keys). Values Ẽ: an independent Haar-random orthonormal frame.
 
-    Args:
-      K: number of classes (>= 2).
-      d: embedding dimension, ``d >= K``.
-      coherence: c, with ``-1/(K-1) < c < 1`` (G positive definite).
-      key: ``jax.random`` key.
-
-    Returns:
-      ``(E, Et)``, each ``[d, K]``.
-
-    Raises:
-      ValueError: if ``d < K``, ``K < 2`` or the coherence is outside the open interval.
+    Returns ``(E, Et)``, each ``[d, K]``; raises ValueError if ``d < K``, ``K < 2`` or c is
+    outside ``(-1/(K-1), 1)`` (where G is positive definite).
     """
-    K = _check_int("K", K, 2)
-    d = _check_int("d", d, 1)
-    if d < K:
-        raise ValueError(f"coherent needs d >= K, got d={d} < K={K}")
+    K, d = _check_sizes("coherent", K, d, min_K=2)
     c = float(coherence)
     if not -1.0 / (K - 1) < c < 1.0:
         raise ValueError(f"coherence must lie in (-1/(K-1), 1) = ({-1.0 / (K - 1)}, 1), got {c}")

@@ -23,14 +23,12 @@ def _is_family_state(x: Any) -> bool:
 def collect_diagnostics(opt_state: Any) -> dict[str, jax.Array]:
     """Flatten the diagnostics stored in every Muon-family state inside ``opt_state``.
 
-    Walks any nesting (``chain``, ``partition``/``routed``, ``inject_hyperparams``)
-    and returns ``{"ortho_error/<leaf path>": [] float32, "update_rms/<leaf path>": ...}``
-    for every matrix leaf whose transform was built with ``diagnostics=True``:
-    the orthogonality error (``orthogonalize.orthogonality_error``, averaged over
-    batch axes) of the last direction before any scaling, and the RMS of the
-    transform's output (before learning rate and weight decay). Empty dict when
-    none is enabled. Update RMS per role of the final updates is left to the
-    training loop (it sees them).
+    Walks any nesting (``chain``, ``partition``/``routed``, ``inject_hyperparams``) and
+    returns ``{"ortho_error/<leaf path>": [] float32, "update_rms/<leaf path>": ...}`` for
+    every matrix leaf whose transform has ``diagnostics=True`` (empty if none): the
+    orthogonality error (``orthogonalize.orthogonality_error``, averaged over batch axes)
+    of the direction before any scaling, and the RMS of the transform's output (before
+    learning rate and weight decay).
     """
     out: dict[str, jax.Array] = {}
     nodes = jax.tree_util.tree_flatten_with_path(opt_state, is_leaf=_is_family_state)[0]

@@ -1,10 +1,8 @@
 """Owner layout: Newton-Schulz on parameters sharded across devices, with no collectives inside.
 
-Under FSDP every parameter matrix is split across devices, and Newton-Schulz (NS) on it
-makes XLA all-reduce a partial Gram matrix ``X X^H`` in every NS step. The owner layout
-instead gives every device a share of WHOLE matrices (Keller Jordan's distributed Muon,
-Dion, the NorMuon paper's FSDP2 implementation, arXiv 2510.05491, Sec. 4; MaxText moves a
-matrix's sharding onto a stack axis with one all-to-all):
+Under FSDP, Newton-Schulz (NS) on a split matrix makes XLA all-reduce a partial Gram
+matrix ``X X^H`` in every NS step. The owner layout instead gives every device a share of
+WHOLE matrices:
 
 1. Same-shape matrices (wide ``[k, l]``, ``k <= l``, tall ones transposed; every leading
    axis of a leaf is a batch axis) are concatenated into one local stack ``[B, k, l]`` per
@@ -21,12 +19,10 @@ matrix's sharding onto a stack axis with one all-to-all):
    results (Jordan's DDP design). A leaf split along its leading batch axis with ``n``
    dividing its batch (experts split by expert) stays in place.
 
-Under ``Explicit`` mesh axes a leaf's type names its split axis (:func:`auto_sharded`
-runs ``init`` and ``update`` on ``Auto`` axes). Under ``Auto`` axes the layout follows the FSDP
-convention of ``amemory.train``: a leaf is split along its largest axis divisible by
-``s`` (ties to the first); a stack along its larger matrix axis divisible by ``s`` (ties
-to rows). A leaf split differently still gets the exact update, resharded by XLA at the
-``shard_map`` boundary.
+A leaf's split axis is the one its ``Explicit`` type names, else the FSDP convention of
+``amemory.train``: its largest axis divisible by ``s`` (ties to the first); a stack's, its
+larger matrix axis divisible by ``s`` (ties to rows). A leaf split differently still gets
+the exact update, resharded by XLA at the ``shard_map`` boundary.
 
 Communication per update (bytes summed over devices, element size ``e``, ``E_g`` the
 padded element count of stack ``g``): ``e * sum_g [2 (s-1)/s + (r-1)] E_g`` for split
@@ -82,12 +78,11 @@ Post = Callable[[jax.Array, jax.Array, bool], tuple[jax.Array, jax.Array]]
 
 
 class OwnerStacks(NamedTuple):
-    """Optimizer state kept in the owner layout (NorMuon's second moment).
+    """Optimizer state kept in the owner layout (NorMuon / AdaMuon's second moment).
 
-    ``stacks[group name]`` is ``[B_pad, width]`` float32, split over ALL mesh devices
-    along its first axis (``PartitionSpec(mesh.axis_names, None)``): a device holds the
-    rows of the matrices it owns (row order internal to the layout; ``B_pad`` depends on
-    the device count), so an update reads and writes them without communication.
+    ``stacks[group name]`` is ``[B_pad, ...]``, split over ALL mesh devices along its first
+    axis: a device holds the rows of the matrices it owns (row order internal to the
+    layout), so an update reads and writes them without communication.
     """
 
     stacks: dict[str, jax.Array]
@@ -159,14 +154,11 @@ class OwnerLayout:
         return ax, first.get(ax)
 
     def plan(self, layouts: Sequence[Any], *, batch_leaves: bool, by_orientation: bool):
-        """Group the leaves (``_matrices.Layout`` objects, shapes only) into stacks.
+        """Group the leaves (``_matrices.Layout`` objects) into a tuple of :class:`Group`.
 
         Groups are ``_matrices.group_stacks``' (keyed by the wide shape, plus the
         orientation with ``by_orientation``); a leaf split along its outermost batch axis
         with ``n_devices`` dividing its batch is its own ``"in_place"`` group.
-
-        Returns:
-          a tuple of :class:`Group`, deterministic in the leaf order.
         """
         n, s = self.n_devices, self.n_splits
         in_place, rest = [], {}  # rest: by the stack dim an Explicit sharding splits
@@ -217,24 +209,20 @@ class OwnerLayout:
             return e * (n - 1)
         return e * (r - 1) / s
 
-    def _coords(self) -> list[tuple[int, int]]:
-        """``(i, j)`` (replica index, split index) of each device, in mesh order."""
-
-        def flat(at: dict, axes: tuple[str, ...]) -> int:
-            sizes = [self.mesh.shape[a] for a in axes]
-            return int(np.ravel_multi_index([at[a] for a in axes], sizes))
-
-        names = self.mesh.axis_names
-        ats = [dict(zip(names, idx, strict=True)) for idx in np.ndindex(self.mesh.devices.shape)]
-        return [(flat(at, self.replica_axes), flat(at, self.split_axes)) for at in ats]
-
     def held(self, group: Group) -> np.ndarray:
         """``[n, c]`` int: stack index of the matrix each device holds at each owner slot."""
         n, s = self.n_devices, self.n_splits
         c = group.padded // n
         t = np.arange(c)
+
+        def flat(at: dict, axes: tuple[str, ...]) -> int:  # index over ``axes``
+            sizes = [self.mesh.shape[a] for a in axes]
+            return int(np.ravel_multi_index([at[a] for a in axes], sizes))
+
         rows = []
-        for i, j in self._coords():
+        for idx in np.ndindex(self.mesh.devices.shape):  # devices in mesh order
+            at = dict(zip(self.mesh.axis_names, idx, strict=True))
+            i, j = flat(at, self.replica_axes), flat(at, self.split_axes)
             if group.kind == "in_place":
                 rows.append(j * (group.size // s) + i * c + t)
             else:
@@ -313,14 +301,12 @@ class OwnerLayout:
     ) -> tuple[list[jax.Array], list[jax.Array] | None, OwnerStacks | None]:
         """Orthogonalise every ``[b_i, fan_in_i, fan_out_i]`` stack in the owner layout.
 
-        Each owner runs ``opts.orth_fn`` on its ``[c, rows, cols]`` share, then the
-        ``"matrix"`` nuclear scaling, then ``post(o, v, tall) -> (o', v')`` with its rows
-        of ``post_state`` (NorMuon / AdaMuon's second moment; groups are then split by
-        orientation). See ``_matrices.orthogonalize`` (the caller).
+        Each owner runs ``opts.orth_fn`` on its ``[c, rows, cols]`` share, the ``"matrix"``
+        nuclear scaling and ``post(o, v, tall) -> (o', v')`` on its rows of ``post_state``
+        (groups are then split by orientation).
 
         Returns:
-          ``(orthogonalised stacks in leaf orientation, per-leaf errors (before ``post``)
-          or None, new post_state or None)``.
+          as ``_matrices.orthogonalize`` (the caller), in leaf orientation.
         """
         groups = self.plan(layouts, batch_leaves=opts.batch_leaves, by_orientation=post is not None)
         out: list[Any] = [None] * len(mats)
@@ -356,15 +342,11 @@ class OwnerLayout:
         layouts: Sequence[Any],
         *,
         batch_leaves: bool,
-        shape: Callable[[Group], tuple[int, ...]] | None = None,
-        dtype: Any = jnp.float32,
+        shape: Callable[[Group], tuple[int, ...]],
+        dtype: Any,
     ) -> OwnerStacks:
-        """Zero :class:`OwnerStacks` for a ``post`` hook: ``[B_pad, *shape(group)]`` per stack.
-
-        ``shape`` defaults to ``(group.width,)``: one entry per output neuron (NorMuon).
-        """
+        """Zero :class:`OwnerStacks` for a ``post`` hook: ``[B_pad, *shape(group)]`` per stack."""
         groups = self.plan(layouts, batch_leaves=batch_leaves, by_orientation=True)
-        shape = shape or (lambda g: (g.width,))
         return OwnerStacks({g.name: jnp.zeros((g.padded, *shape(g)), dtype) for g in groups})
 
 
@@ -385,15 +367,12 @@ def _explicit_mesh(tree: Any) -> tuple[Any, tuple[str, ...]]:
 def auto_sharded(tx: optax.GradientTransformation) -> optax.GradientTransformation:
     """``tx`` run on ``Auto`` mesh axes, for parameters with ``Explicit`` ones.
 
-    Under ``Explicit`` axes (``jax.make_mesh``'s default in JAX 0.10) every reshape and
-    matmul must state its output sharding; Muon reshapes leaves into matrix stacks and
-    contracts over their (possibly sharded) axes. The wrapper leaves the sharding of
-    ``init`` and ``update`` to XLA's partitioner (``jax.sharding.auto_axes``, which the
-    owner layout then overrides with its ``shard_map``): the same numbers as unsharded.
-    ``update``'s outputs take their inputs' shardings (updates like the gradients, new
-    state like the old); ``init``'s state leaves shaped like their parameter take its
-    sharding (momenta), the others are replicated (counts, norms). Meshes with only
-    ``Auto`` axes, or none, call ``tx`` unchanged.
+    Under ``Explicit`` axes (``jax.make_mesh``'s default) every reshape and matmul must
+    state its output sharding. The wrapper leaves ``init`` and ``update`` to XLA's
+    partitioner (``jax.sharding.auto_axes``; the owner layout's ``shard_map`` overrides
+    it): the same numbers as unsharded. ``update``'s outputs take their inputs' shardings;
+    ``init``'s state leaves shaped like their parameter take its sharding (momenta), the
+    others are replicated. Without ``Explicit`` axes ``tx`` is called unchanged.
 
     Args:
       tx: a transform whose update returns a state of the same structure as it gets.
@@ -466,11 +445,8 @@ def owner_state_shardings(state: Any, mesh: Mesh, default: Any, *, leading_axes:
       state: an optimizer state (arrays or ShapeDtypeStructs), any nesting.
       mesh: the ``ns_mesh`` mesh.
       default: same-structure tree of shardings for everything else.
-      leading_axes: unsplit leading axes (e.g. a vmapped seed axis).
-
-    Returns:
-      ``default`` with each owner-layout stack replaced by
-      ``NamedSharding(mesh, P(*[None] * leading_axes, mesh.axis_names, None, ...))``.
+      leading_axes: unsplit leading axes (e.g. a vmapped seed axis); the stack is split
+        along the next one, ``P(*[None] * leading_axes, mesh.axis_names, None, ...)``.
     """
     is_stacks = lambda x: isinstance(x, OwnerStacks)
     ranks = jax.tree.map(  # same structure as state: a stack's rank, else -1
@@ -505,10 +481,9 @@ def describe_layout(
       by_orientation: True for NorMuon (its stacks are split by orientation).
 
     Returns:
-      one dict per group: ``group`` (name), ``layout`` (``"gspmd"`` or
-      ``"owner/all_to_all" | "owner/gather" | "owner/in_place"``), ``shape`` ``[k, l]``
-      (wide), ``matrices``, ``padded`` (stack length after padding), ``split`` (``"rows"``,
-      ``"columns"``, ``"batch"`` or None: how the stack arrives split), ``leaves`` (paths).
+      one dict per group: ``group``, ``layout`` (``"gspmd"`` or ``"owner/<Group.kind>"``),
+      ``shape`` ``[k, l]`` (wide), ``matrices``, ``padded`` (stack length), ``split``
+      (``"rows"``, ``"columns"``, ``"batch"`` or None), ``leaves`` (paths).
 
     Raises:
       ValueError: as the transform would (bad option, leaf that is not a matrix).

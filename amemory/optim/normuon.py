@@ -1,13 +1,11 @@
 """Muon plus a second moment of the orthogonalised direction: NorMuon and AdaMuon.
 
-Both run Muon's update path (``amemory.optim._muon_core``) and, between the direction
-``O`` and the shape scaling, divide ``O`` by the square root of an EMA of its squares and
-then fix its Frobenius norm: NorMuon per output neuron (Li et al., arXiv 2510.05491),
-AdaMuon per entry, on ``sign(U)`` (Si et al., arXiv 2507.11005); formulas in
-:func:`scale_by_normuon` and :func:`scale_by_adamuon`. In the owner layout
-(``amemory.optim.distributed``) the normalisation runs on the device that owns the whole
-matrix, right after its Newton-Schulz, and the second moment is stored there
-(:class:`OwnerStacks`): no collective (the paper's FSDP2 design, arXiv 2510.05491, Sec. 4).
+Both run Muon's update path and, between the direction ``O`` and the shape scaling,
+divide ``O`` by the square root of an EMA of its squares, then fix its Frobenius norm:
+NorMuon per output neuron (Li et al., arXiv 2510.05491), AdaMuon per entry, on ``sign(U)``
+(Si et al., arXiv 2507.11005). In the owner layout (``amemory.optim.distributed``) this
+runs, and the second moment lives, on the device that owns the whole matrix: no
+collective (the NorMuon paper's FSDP2 design, Sec. 4).
 """
 
 from __future__ import annotations
@@ -131,14 +129,14 @@ def _moment_transform(opts: MuonOptions, beta2: Any, normalize, nu_shape, owner_
         count = optax.safe_increment(state.count)
         mu, u = momentum(grads, treedef.flatten_up_to(state.mu), count, opts)
         mats = [lay.to_matrix(x) for x, lay in zip(u, layouts, strict=True)]
-        nu = state.nu if opts.layout is not None else treedef.flatten_up_to(state.nu)
-        o, errors, new_nu = orthogonalize(mats, layouts, opts, normalize, nu)
-        if opts.layout is None:
-            new_nu = [v.reshape(w.shape) for v, w in zip(new_nu, nu, strict=True)]
-            new_nu = treedef.unflatten(new_nu)
+        if opts.layout is not None:  # OwnerStacks in, OwnerStacks out
+            o, errors, nu = orthogonalize(mats, layouts, opts, normalize, state.nu)
+        else:
+            old = treedef.flatten_up_to(state.nu)
+            o, errors, nu = orthogonalize(mats, layouts, opts, normalize, old)
+            nu = treedef.unflatten([v.reshape(w.shape) for v, w in zip(nu, old, strict=True)])
         out, diag = scale(o, grads, layouts, opts, errors, treedef)
-        mu = treedef.unflatten(mu)
-        return out, state_cls(count=count, mu=mu, nu=new_nu, diagnostics=diag)
+        return out, state_cls(count=count, mu=treedef.unflatten(mu), nu=nu, diagnostics=diag)
 
     return auto_sharded(optax.GradientTransformation(init_fn, update_fn))
 
@@ -189,18 +187,13 @@ def normuon(
     weight_decay_mask: Any = None,
     **options: Any,
 ) -> optax.GradientTransformation:
-    """NorMuon optimizer: :func:`scale_by_normuon`, decoupled weight decay, learning rate.
-
-    ``theta <- theta - lr * (O' + wd * theta)`` with ``O'`` the :func:`scale_by_normuon`
-    output.
+    """NorMuon optimizer: ``theta <- theta - lr * (O' + wd * theta)``, ``O'`` the
+    :func:`scale_by_normuon` output (``beta2``, ``normuon_eps``, ``**options``: as there).
 
     Args:
       learning_rate: float or optax schedule.
-      beta2: second-moment decay in ``[0, 1)``.
-      normuon_eps: see :func:`scale_by_normuon`.
       weight_decay: decoupled weight decay (``None``: 0).
       weight_decay_mask: optax mask for the decay.
-      **options: any :class:`amemory.optim.MuonOptions` field.
 
     Returns:
       ``optax.GradientTransformation``.
@@ -229,10 +222,9 @@ def scale_by_adamuon(
         O' <- O' * sqrt(min(fan_in, fan_out)) / (||O'||_F + eps)
         update = O' * rms_scale * sqrt(max(fan_in, fan_out))   # shape_scale="rms_match"
 
-    so ``update = 0.2 sqrt(fan_in fan_out) O' / ||O'||_F`` has RMS ``rms_scale = 0.2``,
-    the official update (github.com/Chongjie-Si/AdaMuon, ``gpt2/models/optimizers/
-    adamuon.py``: EMA momentum 0.95 with Nesterov, ``V`` decayed with the momentum
-    coefficient, no bias correction of ``V``; the first release applied no sign).
+    so the update has RMS ``rms_scale = 0.2``: the official update (github.com/Chongjie-Si/
+    AdaMuon, ``gpt2/models/optimizers/adamuon.py``: EMA momentum 0.95 with Nesterov, ``V``
+    decayed with the momentum coefficient and not bias-corrected).
 
     Args:
       beta2: decay of ``V`` in ``[0, 1)``; ``None`` uses ``momentum`` (the official code).
@@ -268,24 +260,10 @@ def adamuon(
     weight_decay_mask: Any = None,
     **options: Any,
 ) -> optax.GradientTransformation:
-    """AdaMuon optimizer: :func:`scale_by_adamuon`, decoupled weight decay, learning rate.
-
-    ``theta <- theta - lr * (O' + wd * theta)`` (the official ``p (1 - lr wd) - lr O'``).
-
-    Args:
-      learning_rate: float or optax schedule (the update RMS is ``rms_scale``: use
-        Adam-like learning rates).
-      beta2: decay of the second moment (``None``: ``momentum``).
-      adamuon_eps: see :func:`scale_by_adamuon`.
-      weight_decay: decoupled weight decay (``None``: 0).
-      weight_decay_mask: optax mask for the decay.
-      **options: any :class:`amemory.optim.MuonOptions` field.
-
-    Returns:
-      ``optax.GradientTransformation``.
-
-    Raises:
-      ValueError: unknown option name (lists the allowed ones) or bad value.
+    """AdaMuon optimizer: ``theta <- theta - lr * (O' + wd * theta)`` (the official
+    ``p (1 - lr wd) - lr O'``), ``O'`` the :func:`scale_by_adamuon` output (``beta2``,
+    ``adamuon_eps``, ``**options``: as there). The update RMS is ``rms_scale``: use Adam-like
+    learning rates. Other arguments, return value and errors as :func:`normuon`.
     """
     direction = scale_by_adamuon(beta2=beta2, adamuon_eps=adamuon_eps, **options)
     return decoupled(direction, learning_rate, weight_decay, weight_decay_mask)

@@ -5,18 +5,11 @@ Each preset is a dict of :func:`amemory.optim.scale_by_muon` options plus an opt
 rows/cols))``: our ``shape_scale="jordan"`` on ``[fan_in, fan_out]``. ``ns_dtype="auto"``
 is bfloat16 on GPU/TPU, as the PyTorch references, and float32 on CPU.
 
-- jordan: EMA (lerp) 0.95, Nesterov, jordan x5 eps 1e-7, scale jordan, wd 0.
-  Source: github.com/KellerJordan/Muon.
-- torch: as jordan with wd 0.1 and the norm clamped, ``max(||U||, eps)`` (torch.optim.Muon
-  defaults, adjust_lr "original").
-- moonlight: sum momentum 0.95, Nesterov U = G + mu M, jordan x5 eps 1e-7,
-  scale rms_match 0.2, wd 0.1. Source: arXiv 2502.16982 (Moonlight).
-- optax: EMA 0.95 with bias correction, NAdam-form Nesterov, jordan x5 eps 1e-8
-  in fp32, scale jordan, wd 0. Source: optax.contrib.muon 0.2.8.
-- wang2025: sum momentum 0.95, no Nesterov, jordan x5, no scaling, wd 0.
-  Source: arXiv 2509.26030 (Wang et al. 2025), transformer experiments.
-- deepseek_v4: the "deepseek_v4" schedule x10 (8 Jordan steps, 2 convergent ones), update
-  RMS 0.18 (rms_match); momentum and wd as moonlight (DeepSeek-V4 does not restate them).
+Sources: jordan, github.com/KellerJordan/Muon; torch, torch.optim.Muon defaults
+(adjust_lr "original", the norm clamped: ``max(||U||, eps)``); moonlight, arXiv 2502.16982;
+optax, optax.contrib.muon 0.2.8 (NAdam-form Nesterov, fp32); wang2025, arXiv 2509.26030,
+transformer experiments; deepseek_v4, the DeepSeek-V4 report (8 Jordan NS steps, 2
+convergent ones, update RMS 0.18; momentum and wd as moonlight, which it does not restate).
 """
 
 from __future__ import annotations

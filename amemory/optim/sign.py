@@ -1,11 +1,9 @@
 """Sign-based optimizers as thin compositions of Optax parts.
 
-SignGD is Adam with ``beta1 = beta2 = 0`` and ``eps = 0``: the coordinate-wise sign of
-the gradient; Signum adds momentum before the sign. Weight decay is decoupled
-(``amemory.optim._chain``): it never passes through the sign.
-
-Sources: Bernstein et al., "signSGD: Compressed Optimisation for Non-Convex
-Problems", ICML 2018 (arXiv 1802.04434); Wang et al. 2025 (arXiv 2509.26030),
+SignGD (Adam with ``beta1 = beta2 = eps = 0``) is the coordinate-wise sign of the
+gradient; Signum adds momentum before the sign. Weight decay is decoupled: it never passes
+through the sign. Sources: Bernstein et al., "signSGD: Compressed Optimisation for
+Non-Convex Problems", ICML 2018 (arXiv 1802.04434); Wang et al. 2025 (arXiv 2509.26030),
 Sec. 5, where SignGD is ``W <- W - lr * sign(grad L)``.
 """
 
