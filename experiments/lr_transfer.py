@@ -20,21 +20,26 @@ import numpy as np
 
 from amemory.analysis import plots
 from amemory.train import coordcheck, guard
-from amemory.train.config import apply_overrides
+from amemory.train.config import apply_overrides, validate
 from experiments import common, steps_ratio, train_runs
+
+
+def _config(cfg: Any, width: int, label: str, lr: float) -> Any:
+    """The run config of optimizer ``label`` at ``width`` and peak rate ``lr``."""
+    base, spec = cfg.base, cfg.optimizers[label]
+    point = {"d_model": width, "n_layers": base.model.n_layers, "vocab_size": base.data.vocab_size}
+    c = train_runs.run_config(steps_ratio.size_config(base, point), spec.partition(":")[0], lr,
+                              float(base.optimizer.adam_lr))  # fmt: skip
+    validate(apply_overrides(c, coordcheck.overrides(spec)[1:]))
+    return c
 
 
 def _train(cfg: Any, width: int, label: str, lr: float, stage: common.Stage, seeds=()):
     """``(eval steps [n], val loss [n, seeds])`` of one run (inf where it diverged)."""
-    base = cfg.base
-    point = {"d_model": width, "n_layers": base.model.n_layers, "vocab_size": base.data.vocab_size}
-    spec = cfg.optimizers[label]
-    c = train_runs.run_config(steps_ratio.size_config(base, point), spec.partition(":")[0], lr,
-                              float(base.optimizer.adam_lr))  # fmt: skip
-    apply_overrides(c, coordcheck.overrides(spec)[1:])
+    c = train_runs.seeded(_config(cfg, width, label, lr), seeds)
     tag = f"lrt-{label}-d{width}-lr{lr:g}{'-seeds' if seeds else ''}"
     try:
-        run = train_runs.train_cached(train_runs.seeded(c, seeds), stage.cache_dir, tag)
+        run = train_runs.train_cached(c, stage.cache_dir, tag)
     except (guard.NonFiniteLossError, guard.DivergenceError):
         return np.array([float(c.steps)]), np.full((1, max(len(seeds), 1)), np.inf)
     steps, loss = train_runs.eval_series(run["records"], "loss")
@@ -66,12 +71,15 @@ def run(cfg: Any, stage: common.Stage) -> dict[str, Any]:
 
     Raises:
       ValueError: ``base_width`` / ``test_width`` not in ``widths``, fewer than 2 seeds,
-        no "adam" and "muon" optimizers (before training).
+        no "adam" and "muon" optimizers, a width or optimizer field the run config rejects
+        (all before training).
     """
     widths, small, big = [int(w) for w in cfg.widths], int(cfg.base_width), int(cfg.test_width)
     if {small, big} - set(widths) or len(cfg.seeds) < 2 or {"adam", "muon"} - set(cfg.optimizers):
         raise ValueError(f"lr_transfer: base_width {small} and test_width {big} must be in "
                          f"widths {widths}, seeds >= 2, optimizers with adam and muon")  # fmt: skip
+    for o in cfg.optimizers:  # bad widths, names and fields fail before any training
+        [_config(cfg, w, o, 1.0) for w in widths]
     m = {o: {w: sweep(cfg, w, o, stage) for w in widths} for o in cfg.optimizers}
     moved = {o: _train(cfg, big, o, v[small]["chosen_lr"], stage, cfg.seeds) for o, v in m.items()}
     fig = stage.out_dir / "figures"

@@ -145,3 +145,13 @@ def test_lr_transfer_recovers_the_optimum_and_decides_both_ways(moving, tmp_path
     figures = {p.name for p in (tmp_path / "figures").iterdir()}
     assert figures == {"loss_vs_rate_adam.png", "loss_vs_rate_muon.png", "optimal_rate.png"}
     assert json.loads((tmp_path / "result.json").read_text())["name"] == "lr_transfer"
+
+
+def test_lr_transfer_rejects_a_bad_variant_before_training(tmp_path, monkeypatch):
+    from experiments import lr_transfer, train_runs
+
+    monkeypatch.setattr(train_runs, "train_cached", lambda *a: pytest.fail("trained"))
+    cfg = _tiny_stage_config()
+    cfg.optimizers.muon = "muon:shape_scale=bogus"
+    with pytest.raises(ValueError, match="shape_scale"):
+        lr_transfer.EXPERIMENT(cfg, tmp_path)

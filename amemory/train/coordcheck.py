@@ -1,23 +1,16 @@
 """``amemory coordcheck``: do activations and updates keep their size as the model widens?
 
-A coordinate check (Yang et al., Tensor Programs V, arXiv 2203.03466, Sec. 6 / App. D).
-For each optimizer variant and width d, the step ``amemory train`` builds
-(:func:`amemory.train.engine.build`) trains the config's language model a few steps (one
-seed, constant rate, no warmup; head dimension and d_ff / d kept) and, on one fixed
-batch, records at each step t (t = 0: the initialisation):
-
-* ``activation``: RMS of every module's output (``nnx.capture``); ``logits``: the model's;
-* ``change``: RMS of that output's change over step t, ``h_t - h_{t-1}``;
-* ``update``: of each matrix ``[..., fan_in, fan_out]``, the RMS->RMS operator norm of
-  its update ``sqrt(fan_in / fan_out) sigma_max(W_t - W_{t-1})`` (power iteration; the
-  largest over leading axes); of a vector, the RMS of its update.
-
-Features keep learning at every width when ``||dW||_* = Theta(sqrt(fan_out / fan_in))``
-(Yang, Simon & Bernstein, arXiv 2310.17813, Condition 1): a width-independent update
-norm and activation change, i.e. a slope of log(value) against log(width) near 0. Muon
-with ``shape_scale="spectral"`` meets it by construction; Adam's per-coordinate step
-makes a low-rank update whose norm grows like fan_in (slope near 1), so its rate must
-shrink with width (muP, Yang et al. 2022, Table 3).
+A coordinate check (Yang et al., Tensor Programs V, arXiv 2203.03466, App. D): for each
+optimizer variant and width d, ``amemory train``'s step trains the config's LM a few
+steps (one seed, constant rate; head dimension and d_ff / d kept) and records on one
+fixed batch, per step t (t = 0: the initialisation): ``activation``, the RMS of every
+module's output (``"logits"``: the model's); ``change``, the RMS of its change
+``h_t - h_{t-1}``; ``update``, of each matrix ``[..., fan_in, fan_out]`` the RMS->RMS norm
+``sqrt(fan_in / fan_out) sigma_max(W_t - W_{t-1})`` (of a vector: the RMS of its update).
+Features learn at every width when ``||dW||_* = Theta(sqrt(fan_out / fan_in))`` (Yang,
+Simon & Bernstein, arXiv 2310.17813, Condition 1): slopes of log(value) against
+log(width) near 0. Muon with ``shape_scale="spectral"`` meets it by construction; Adam's
+per-coordinate step is a low-rank update whose norm grows like fan_in (slope near 1).
 """
 
 from __future__ import annotations
