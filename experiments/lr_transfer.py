@@ -79,7 +79,8 @@ def run(cfg: Any, stage: common.Stage) -> dict[str, Any]:
         raise ValueError(f"lr_transfer: base_width {small} and test_width {big} must be in "
                          f"widths {widths}, seeds >= 2, optimizers with adam and muon")  # fmt: skip
     for o in cfg.optimizers:  # bad widths, names and fields fail before any training
-        [_config(cfg, w, o, 1.0) for w in widths]
+        for w in widths:
+            _config(cfg, w, o, 1.0)
     m = {o: {w: sweep(cfg, w, o, stage) for w in widths} for o in cfg.optimizers}
     moved = {o: _train(cfg, big, o, v[small]["chosen_lr"], stage, cfg.seeds) for o, v in m.items()}
     fig = stage.out_dir / "figures"
