@@ -123,11 +123,11 @@ def measure(config: Any) -> dict[str, dict[str, np.ndarray]]:
     step = jax.jit(engine.make_train_step(task.loss, built.opt, task.roles(params)))
     first = next(batches)
     tokens = jnp.asarray((first["tokens"] if isinstance(first, dict) else first)[:, :-1])
-    batch, rows = jnp.asarray(first), []
-    prev, old = state.params, _outputs(task.graphdef, state.params, tokens)
+    batch, rows = jax.tree.map(jnp.asarray, first), []
+    prev, old = state.params, None
     for t in range(config.steps + 1):
         new = _outputs(task.graphdef, state.params, tokens)
-        rows.append(_sizes(new, old, state.params, prev))
+        rows.append(_sizes(new, new if old is None else old, state.params, prev))
         if t < config.steps:
             prev, old = state.params, new
             state, _ = step(state, batch)
