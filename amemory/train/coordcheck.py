@@ -191,8 +191,8 @@ def main(argv: list[str]) -> int:
     ``coordcheck.json`` and ``coordcheck.png`` into ``--out``, print median slopes."""
     from amemory.train.cli import _split_overrides
 
-    parser = Parser(prog="amemory coordcheck", description="Activation, update and logit "
-                    "sizes against width, per optimizer variant; --config.a.b=VALUE overrides.")  # fmt: skip
+    about = "Activation and update sizes against width, per optimizer variant."
+    parser = Parser(prog="amemory coordcheck", description=about)
     parser.add_argument("--config", default="experiments/configs/lm.py", help="PATH[:ARG]")
     parser.add_argument("--widths", default="64,128,256,512", help="comma-separated d_model")
     parser.add_argument("--steps", type=int, default=3, help="optimizer steps recorded")
