@@ -182,8 +182,10 @@ def figure(result: dict[str, Any], path: str | pathlib.Path) -> pathlib.Path:
                 ax.plot(result["widths"], v[:, -1], "k" if logit else "-", lw=2.5 if logit else 0.7)
             med = np.nanmedian(list(result["slopes"][spec][q].values()))
             ax.set(xscale="log", yscale="log", xlabel="width d")
+            ax.set_xticks(result["widths"], [str(w) for w in result["widths"]], minor=False)
+            ax.minorticks_off()
             ax.set_title(f"{spec}\n{q} (median slope {med:.2f})", fontsize=9)
-    return plots.save(fig, path)
+    return plots.save(fig, path, dpi=75)
 
 
 def main(argv: list[str]) -> int:
