@@ -20,6 +20,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "check": ("theory_checks.cli", "numerically verify the papers' statements"),
     "reproduce": ("experiments.reproduce", "run the papers' experiments and write a report"),
     "report": ("experiments.report", "the claims table and figures from the committed results"),
+    "coordcheck": ("amemory.train.coordcheck", "activation and update sizes against width"),
     "plan": ("amemory.train.planner", "compile the train step for TPU topologies, from any host"),
     "sample": ("amemory.train.sample", "generate text from a trained run (KV-cache decoding)"),
     "data": ("amemory.data.cli", "prepare corpora and print their statistics"),
