@@ -4,8 +4,7 @@ Launch::
 
     python -m experiments one_layer --scale quick --out runs/one_layer
 
-Quick scale: K = 150 classes, 300 steps per trajectory, about 20 s on 2 CPU cores.
-Full scale: K = 999 (the paper's Fig. 4b/c), 600 steps, a few minutes on a CPU.
+Full scale: K = 999, the paper's Fig. 4b/c.
 """
 
 from __future__ import annotations
@@ -21,9 +20,8 @@ def get_config(scale: str = "quick") -> ConfigDict:
     c.K = 150 if quick else 999  # classes = embedding dim d (Assumption 5.1); K % 3 == 0 (coupled)
     c.alpha = 0.8  # two-level prior: head mass (paper A, arXiv 2509.26030, Fig. 4: 0.8)
     c.beta = 0.2  # two-level prior: head fraction L/K (Fig. 4: 0.2)
-    c.corpus = (
-        "shakespeare"  # heavy-tailed prior: counts of the K most frequent words of this corpus
-    )
+    # heavy-tailed prior: counts of the K most frequent words of this corpus
+    c.corpus = "shakespeare"
     c.priors = ("two_level", "corpus")  # which priors to run
     c.embeddings = ("decoupled", "coupled")  # E = Et = I, and paper A's ZYZ-rotation blocks
     c.optimizers = ("gd", "signgd", "muon")  # no momentum, as in the theorems

@@ -5,25 +5,10 @@ Launch::
     python -m experiments steps_ratio --scale quick --out runs/steps_ratio
     python -m experiments steps_ratio --scale full --out runs/steps_ratio_full
 
-Sizes vary one factor at a time around tail_lm's quick model (d=128, 2 layers, 512-token
-BPE, 300 steps of 16x64 tokens): width ``widths`` (heads of 32 dimensions, d_ff = 4d),
-depth ``depths`` and vocabulary ``vocabs``. At every size the learning rates of Adam and
-Muon are chosen on their grids by the final validation loss of seed 0, then both are
-trained on the held-out initialisation seeds ``seeds`` (one vmapped run each; same data
-order), and the steps Muon needs to reach Adam's final validation loss of the same seed
-is read off the validation curve (linear interpolation between evaluations).
-
-Quick scale (inside ``amemory reproduce``): widths 64 and 128 at depth 2 and vocabulary
-512, each with the full 3-point grid per optimizer; tail_lm's size reuses tail_lm's grid
-and seeded runs (no training), d=64 costs about half of it. The claim is tested at d=128,
-the largest size the main job's 20-minute budget holds (one d=256 point, grid and 3
-seeds, is about 25 CPU minutes: full scale only). Plus the plain optax + flax reference
-of Adam and of ``optax.contrib.muon`` at d=128 (``experiments/reference_lm.py``).
-Full scale (CPU hours): the whole one-factor sweep (widths 64/128/256, depths 1/2/4,
-vocabularies 512/2048/8192), the claim tested at d=256 (the width of the held-out run
-that measured Muon at about half of Adam's steps), the reference at d=128 and d=256,
-Adam's betas, and Muon trained on shorter schedules at the base size (the
-budget-matched ratio).
+Sizes vary one factor at a time around tail_lm's quick model, whose size reuses tail_lm's
+grid and seeded runs. Quick scale: the claim at d=128, the largest size the main job's
+budget holds. Full scale: the whole one-factor sweep, the claim at d=256, the reference at
+d=128 and d=256, Adam's betas and Muon on shorter schedules.
 """
 
 from __future__ import annotations

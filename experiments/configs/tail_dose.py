@@ -1,12 +1,9 @@
 """Config of ``experiments/tail_dose.py``: Muon's lead over Adam against tail heaviness.
 
 Launch: ``python -m experiments tail_dose --scale quick --out runs/tail_dose``.
-Quick: the qa leg on m = 6 (64 people), a 2-layer d=64 decoder, batch 16, 200 steps,
-alpha in {0, 0.5, 1, 1.5}; the lm leg on tail_lm's quick model at V in {512, 2048, 8192}
-(steps_ratio's vocabulary sizes: their Adam and Muon runs are the same runs). Per point 3
-learning rates per optimizer on seed 0, then the 3 held-out seeds (one vmapped run each).
-Full: the qa leg at tail_qa's quick size (m = 8, d=128, batch 32, 300 steps), alpha in
-steps of 0.25; the lm leg unchanged.
+The lm leg runs tail_lm's quick model at steps_ratio's vocabulary sizes (their Adam and
+Muon runs are the same runs). Full: the qa leg at tail_qa's quick size; the lm leg
+unchanged.
 """
 
 from __future__ import annotations
@@ -19,11 +16,7 @@ from experiments.configs.tail_qa import base_bio
 
 
 def get_config(scale: str = "quick") -> ConfigDict:
-    """Return the tail_dose config.
-
-    Raises:
-      ValueError: if ``scale`` is not one of ``SCALES``.
-    """
+    """The tail_dose config; ``ValueError`` if ``scale`` is not one of ``SCALES``."""
     c, quick = new_config(scale)
     c.legs = ("qa", "lm")
     c.optimizers = ("adam", "muon", "signgd")  # Adam first: its LR is the others' Adam half
