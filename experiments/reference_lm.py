@@ -1,27 +1,17 @@
 """A plain optax + flax training loop for the corpus LM: the reference beside the engine.
 
-``amemory.train.train`` resolves a config into routed optimizers, schedules, a data
-pipeline and a jitted step. This module trains the same model (``amemory.models.
-transformer`` built by ``amemory.train.tasks.model_config``, same initialisation per
-seed) on the same batches (``amemory.data.batching.token_loader`` with the run's
-``seed``: the engine's data order) with nothing of the engine's optimizer or loop: the
-optimizer is written directly in optax, the schedule is
-``optax.warmup_cosine_decay_schedule``, and the loop is a ``jax.jit`` of ``jax.vmap`` over
-seeds read top to bottom. It serves two experiments:
-
-* ``steps_ratio``: is the engine's Adam baseline the Adam a user would write in optax
-  (settings, initialisation, schedule, weight decay)? The reference's Adam must match
-  the engine's Adam to within seed noise; the reference's Muon is
-  ``optax.contrib.muon`` (the peer implementation) on the hidden matrices, so the
-  steps-to-Adam ratio can be read from code that shares nothing with ``amemory.optim``.
-* ``normuon``: the per-output-neuron norms of each step's update (the premise of
-  NorMuon, Li et al., arXiv 2510.05491, Sec. 3), measured on every hidden matrix while
-  training with ``amemory.optim.muon`` and ``amemory.optim.normuon``.
+The same model, initialisation per seed and batches (the engine's data order) as
+``amemory.train.train``, with nothing of the engine's optimizer or loop: the optimizer is
+written directly in optax and the loop is a ``jax.jit`` of ``jax.vmap`` over seeds, read
+top to bottom. ``steps_ratio`` checks that the engine's Adam matches this Adam within seed
+noise and reads the steps-to-Adam ratio of ``optax.contrib.muon`` (the peer
+implementation); ``normuon`` measures the per-output-neuron norms of each step's update
+(NorMuon's premise, Li et al., arXiv 2510.05491, Sec. 3).
 
 Kinds of optimizer (:data:`KINDS`): ``adam`` (``optax.adam`` / ``optax.adamw`` on every
-parameter), ``optax_muon`` (``optax.contrib.muon`` on the hidden matrices, ``optax.adam``
-on the rest), ``muon`` and ``normuon`` (``amemory.optim.muon`` / ``normuon`` on the hidden
-matrices, ``optax.adam`` on the rest). Only the corpus LM task is supported.
+parameter), ``optax_muon`` (``optax.contrib.muon``), ``muon`` and ``normuon``
+(``amemory.optim.muon`` / ``normuon``), the last three on the hidden matrices with
+``optax.adam`` on the rest. Only the corpus LM task is supported.
 """
 
 from __future__ import annotations
@@ -46,9 +36,8 @@ def schedule(cfg: Any, peak: float) -> optax.Schedule:
     """
     if cfg.schedule.name != "cosine":
         raise ValueError(f"reference_lm supports schedule.name='cosine', got {cfg.schedule.name!r}")
-    steps = int(cfg.steps)
     return optax.warmup_cosine_decay_schedule(
-        0.0, peak, int(cfg.schedule.warmup_steps), steps,
+        0.0, peak, int(cfg.schedule.warmup_steps), int(cfg.steps),
         end_value=peak * float(cfg.schedule.final_fraction),
     )  # fmt: skip
 
@@ -67,12 +56,11 @@ def make_tx(cfg: Any, kind: str, labels: Any) -> optax.GradientTransformation:
     """
     o = cfg.optimizer
     wd = float(o.weight_decay)
+    betas = {"b1": float(o.b1), "b2": float(o.b2), "eps": float(o.eps)}
     adam_lr = schedule(cfg, float(o.adam_lr))
-    if wd > 0:
-        adam = optax.adamw(adam_lr, b1=float(o.b1), b2=float(o.b2), eps=float(o.eps),
-                           weight_decay=wd)  # fmt: skip
-    else:
-        adam = optax.adam(adam_lr, b1=float(o.b1), b2=float(o.b2), eps=float(o.eps))
+    adam = (
+        optax.adamw(adam_lr, **betas, weight_decay=wd) if wd > 0 else optax.adam(adam_lr, **betas)
+    )
     if kind == "adam":
         return adam
     lr = schedule(cfg, float(o.lr))
@@ -154,9 +142,7 @@ def run(cfg: Any, kind: str, seeds: tuple[int, ...], *, log_every: int = 10) -> 
     labels = jax.tree.map(lambda r: "hidden" if r in HIDDEN else "rest", roles)
     tx = make_tx(cfg, kind, labels)
     opt_state = jax.vmap(tx.init)(params)
-    hidden_paths = [
-        (p, r) for (p, r) in jax.tree_util.tree_flatten_with_path(roles)[0] if r in HIDDEN
-    ]
+    hidden_paths = [pr for pr in jax.tree_util.tree_flatten_with_path(roles)[0] if pr[1] in HIDDEN]
 
     def loss_fn(p, batch):
         logits = transformer.apply(graphdef, p, batch[:, :-1])  # (B, T, V)
