@@ -199,23 +199,10 @@ def model_costs(mc: Any, params: Any, muon_roles: tuple[str, ...]) -> dict[str, 
     }
 
 
-def load_models(workdirs: dict[str, str]) -> dict[str, tuple]:
-    """``{arch: (graphdef, params on device, model config, validation tokens)}`` of runs."""
-    import jax
-    from flax import nnx
-
-    from amemory.train.sample import load_run
-
-    out = {}
-    for arch, wd in workdirs.items():
-        graphdef, params, _, data = load_run(wd)
-        params = jax.device_put(params)
-        out[arch] = (graphdef, params, nnx.merge(graphdef, params).config, data.val_tokens)
-    return out
-
-
 def decode_measurements(cfg: ConfigDict, models: dict[str, tuple]) -> dict[str, Any]:
     """Per architecture: KV bytes per token, decoding tokens/s per batch, decode memory.
+
+    ``models``: ``{arch: (graphdef, params, model config, validation tokens)}``.
 
     Prompts are the first tokens of the validation split; decoding is greedy. Timings are
     medians over ``decode.reps`` repetitions taken in turn across architectures (one
@@ -262,15 +249,18 @@ def run(cfg: ConfigDict, stage: common.Stage) -> dict[str, Any]:
     Raises:
       ValueError: unknown architecture, or "dense" missing (the baseline).
     """
+    import jax
+    from flax import nnx
+
     from amemory.models.roles import role_of
     from amemory.optim import parse_roles
+    from amemory.train.sample import load_run
 
     archs = tuple(cfg.architectures)
     for a in archs:
         run_config(cfg, a, "adam")  # validates the names before any training
     if "dense" not in archs:
         raise ValueError("arch config field 'architectures' must include 'dense' (the baseline)")
-    out_dir, cache_dir, progress = stage.out_dir, stage.cache_dir, stage.progress
     runs: dict[str, dict[str, Any]] = {}
     cells = [(a, o, "hidden") for a in archs for o in OPTIMIZERS]
     if "mla_moe" in archs:
@@ -278,14 +268,16 @@ def run(cfg: ConfigDict, stage: common.Stage) -> dict[str, Any]:
     for arch, opt, roles in cells:
         name = opt if roles == "hidden" or opt == "adam" else f"muon_{roles}"
         rc = run_config(cfg, arch, opt, roles)
-        lr = rc.optimizer.lr
-        runs.setdefault(arch, {})[name] = train_runs.train_cached(
-            rc, cache_dir, f"arch-{arch}-{name}-lr{lr:g}"
-        )
-        progress(f"{arch} {name}")
-    models = load_models({a: runs[a]["muon"]["workdir"] for a in archs})
+        label = f"arch-{arch}-{name}-lr{rc.optimizer.lr:g}"
+        runs.setdefault(arch, {})[name] = train_runs.train_cached(rc, stage.cache_dir, label)
+        stage.progress(f"{arch} {name}")
+    models = {}
+    for a in archs:  # the Muon runs' weights
+        graphdef, params, _, data = load_run(runs[a]["muon"]["workdir"])
+        params = jax.device_put(params)
+        models[a] = (graphdef, params, nnx.merge(graphdef, params).config, data.val_tokens)
     dec = decode_measurements(cfg, models)
-    progress("decoding")
+    stage.progress("decoding")
     target = train_runs.final_eval(runs["dense"]["adam"])
     cellm: dict[str, dict[str, Any]] = {}
     for arch, by_opt in runs.items():
@@ -311,9 +303,8 @@ def run(cfg: ConfigDict, stage: common.Stage) -> dict[str, Any]:
             }  # fmt: skip
     metrics = {"target_loss": target, "lr": cfg.lr.to_dict(), "lr_source": cfg.lr_source,
                "cells": cellm, "decode": dec}  # fmt: skip
-    figures = make_figures(cfg, metrics, out_dir)
+    figures, claims = make_figures(cfg, metrics, stage.out_dir), make_claims(cfg, metrics)
     metrics["report_md"] = report_md(cfg, metrics)
-    claims = make_claims(cfg, metrics)
     if cfg.frontier.seeds:
         metrics["frontier"], more, paths = frontier(cfg, stage)
         claims, figures = claims + more, figures + paths
