@@ -24,13 +24,6 @@ from experiments import common, reference_lm, train_runs
 OPTIMIZERS = ("muon", "normuon")
 
 
-def _tail_cfg(cfg: ConfigDict) -> ConfigDict:
-    return ConfigDict({
-        "base": cfg.base, "optimizers": ("adam",) + OPTIMIZERS, "muon_roles": cfg.muon_roles,
-        "lr_grid": cfg.lr_grid.to_dict(), "seeds": tuple(cfg.seeds),
-    })  # fmt: skip
-
-
 def run(cfg: ConfigDict, stage: common.Stage) -> dict[str, Any]:
     """Run the experiment (see the module docstring); figures under ``stage.out_dir``.
 
@@ -40,7 +33,10 @@ def run(cfg: ConfigDict, stage: common.Stage) -> dict[str, Any]:
     if len(cfg.seeds) < 2:
         raise ValueError(f"normuon config field 'seeds' needs >= 2 seeds, got {cfg.seeds}")
     out_dir, cache_dir, progress = stage.out_dir, stage.cache_dir, stage.progress
-    tl = _tail_cfg(cfg)
+    tl = ConfigDict({
+        "base": cfg.base, "optimizers": ("adam",) + OPTIMIZERS, "muon_roles": cfg.muon_roles,
+        "lr_grid": cfg.lr_grid.to_dict(), "seeds": tuple(cfg.seeds),
+    })  # fmt: skip
     chosen, _, tables = train_runs.choose_lrs(tl, cache_dir, progress=progress)
     runs = train_runs.seeded_runs(tl, chosen, cache_dir, progress=progress, optimizers=OPTIMIZERS)
     metrics: dict[str, Any] = {"chosen_lr": chosen, "lr_sweep": tables, "seeds": list(cfg.seeds)}
@@ -71,15 +67,13 @@ def run(cfg: ConfigDict, stage: common.Stage) -> dict[str, Any]:
     }
     p1 = plots.plot_band_curves(panels, out_dir / "figures" / "normuon_neuron_cv.png", ncols=3)
     p2 = plots.plot_curves(
-        {o: curves[o] for o in OPTIMIZERS},
-        out_dir / "figures" / "normuon_val_loss.png",
+        {o: curves[o] for o in OPTIMIZERS}, out_dir / "figures" / "normuon_val_loss.png",
         xlabel="step", ylabel="validation loss (nats/token)",
         title="NorMuon vs Muon (95% seed bands)",
     )  # fmt: skip
-    figures = [stage.figure(p1), stage.figure(p2)]
     metrics["report_md"] = report_md(metrics)
-    claims = make_claims(metrics)
-    return {"metrics": metrics, "figures": figures, "claims": claims}
+    return {"metrics": metrics, "figures": [stage.figure(p1), stage.figure(p2)],
+            "claims": make_claims(metrics)}  # fmt: skip
 
 
 def report_md(m: dict[str, Any]) -> str:
@@ -117,9 +111,7 @@ def make_claims(m: dict[str, Any]) -> list[common.Claim]:
 
 
 EXPERIMENT = common.Experiment(
-    "normuon",
-    run,
-    units=lambda cfg: (
-        sum(len(cfg.lr_grid[o]) for o in ("adam",) + OPTIMIZERS) + 2 * len(OPTIMIZERS)
-    ),
-)
+    "normuon", run,
+    units=lambda cfg: (sum(len(cfg.lr_grid[o]) for o in ("adam",) + OPTIMIZERS)
+                       + 2 * len(OPTIMIZERS)),
+)  # fmt: skip

@@ -217,8 +217,4 @@ def report_md(m: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-EXPERIMENT = common.Experiment(  # not in the default run: CPU hours at quick scale
-    "tail_dose",
-    run,
-    units=n_units,
-)
+EXPERIMENT = common.Experiment("tail_dose", run, units=n_units)  # not default: CPU hours

@@ -40,20 +40,14 @@ def run(cfg: ConfigDict, stage: common.Stage) -> dict[str, Any]:
         loss = loss.reshape(len(steps), -1)  # (n, seeds)
         _, barr, labels_r = train_runs.bucket_curves(r)
         labels = labels_r or labels
-        curves_steps[opt], curves_loss[opt] = steps, loss
-        bucket_losses[opt] = barr
+        curves_steps[opt], curves_loss[opt], bucket_losses[opt] = steps, loss, barr
         metrics["runs"][opt] = {
-            "workdir": r["workdir"],
-            "lr": chosen[opt],
-            "eval_steps": steps,
-            "val_loss": loss,
-            "bucket_loss": barr,
-            "final_val_loss": loss[-1] if loss.size else [],
+            "workdir": r["workdir"], "lr": chosen[opt], "eval_steps": steps, "val_loss": loss,
+            "bucket_loss": barr, "final_val_loss": loss[-1] if loss.size else [],
             "final_bucket_loss": barr[-1] if barr.size else [],
-            "spectrum": train_runs.final_spectrum(r),
-            "wall_s": r["summary"].get("wall_s"),
+            "spectrum": train_runs.final_spectrum(r), "wall_s": r["summary"].get("wall_s"),
             "tokens_per_s": r["summary"].get("tokens_per_s"),
-        }
+        }  # fmt: skip
     metrics["bucket_labels"] = labels
     adam_final = curves_loss["adam"][-1]  # (seeds,)
     metrics["steps_to_adam_final"] = {
@@ -69,16 +63,13 @@ def run(cfg: ConfigDict, stage: common.Stage) -> dict[str, Any]:
         )))  # fmt: skip
     p = plots.plot_curves(
         {o: (curves_steps[o], curves_loss[o]) for o in runs},
-        out_dir / "figures" / "tail_lm_val_loss.png",
-        xlabel="step",
-        ylabel="validation loss (nats/token)",
+        out_dir / "figures" / "tail_lm_val_loss.png", xlabel="step",
+        ylabel="validation loss (nats/token)", hline=float(np.nanmean(adam_final)),
         title="validation loss (dashed: Adam's final, seed mean)",
-        hline=float(np.nanmean(adam_final)),
-    )
+    )  # fmt: skip
     figures.append(stage.figure(p))
     metrics["report_md"] = report_md(cfg, metrics)
-    claims = make_claims(metrics)
-    return {"metrics": metrics, "figures": figures, "claims": claims}
+    return {"metrics": metrics, "figures": figures, "claims": make_claims(metrics)}
 
 
 def report_md(cfg: ConfigDict, m: dict[str, Any]) -> str:

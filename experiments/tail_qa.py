@@ -80,13 +80,9 @@ def run(cfg: ConfigDict, stage: common.Stage) -> dict[str, Any]:
         for v in order:  # Adam first: its LR is the Adam half of the others
             chosen, _, rows = train_runs.lr_sweep(
                 lambda x, v=v: variant_config(cfg.base, v, {**lr, v: x}, cfg.sgd_momentum),
-                cfg.lr_grid[v],
-                cache_dir,
-                f"bio-{v}",
-                progress=progress,
-                key="train_loss",
+                cfg.lr_grid[v], cache_dir, f"bio-{v}", progress=progress, key="train_loss",
                 score=train_runs.final_train_loss,  # biographies evals report FTA only
-            )
+            )  # fmt: skip
             lr[v], tables[v] = chosen, rows
     runs: dict[str, Any] = {}
     for v in cfg.variants:
@@ -108,13 +104,11 @@ def run(cfg: ConfigDict, stage: common.Stage) -> dict[str, Any]:
         final_fta[v] = fta[-1] if fta.size else np.full((m + 1, 1), np.nan)
         curves[v] = (steps, fta)
         metrics["runs"][v] = {
-            "workdir": r["workdir"],
-            "eval_steps": steps,
-            "fta": fta,
+            "workdir": r["workdir"], "eval_steps": steps, "fta": fta,
             "final_fta": final_fta[v],  # (m + 1, seeds)
             "final_train_loss": train_runs.final_train_loss_seeds(r),
             "tail_fta": final_fta[v][tail_groups],  # (tail groups, seeds)
-        }
+        }  # fmt: skip
     metrics["tail_groups"] = tail_groups
     p1 = plots.plot_group_accuracy(
         list(range(m + 1)), final_fta, out_dir / "figures" / "tail_qa_fta_per_group.png",
@@ -125,10 +119,9 @@ def run(cfg: ConfigDict, stage: common.Stage) -> dict[str, Any]:
         out_dir / "figures" / "tail_qa_rarest_group.png", xlabel="step",
         ylabel=f"FTA, group {m} (rarest)", title="rarest group over training (95% seed bands)",
     )  # fmt: skip
-    figures = [stage.figure(p1), stage.figure(p2)]
     metrics["report_md"] = report_md(cfg, metrics)
-    claims = make_claims(metrics)
-    return {"metrics": metrics, "figures": figures, "claims": claims}
+    return {"metrics": metrics, "figures": [stage.figure(p1), stage.figure(p2)],
+            "claims": make_claims(metrics)}  # fmt: skip
 
 
 def report_md(cfg: ConfigDict, m: dict[str, Any]) -> str:
