@@ -93,10 +93,12 @@ def provenance(
             versions[name] = importlib.metadata.version(name)
         except importlib.metadata.PackageNotFoundError:
             versions[name] = None
-    cpu = next(
-        (line.split(":", 1)[1].strip() for line in _cpuinfo() if line.startswith("model name")),
-        platform.processor(),
-    )
+    try:
+        cpuinfo = pathlib.Path("/proc/cpuinfo").read_text().splitlines()
+    except OSError:
+        cpuinfo = []
+    cpu = next((line.split(":", 1)[1].strip() for line in cpuinfo
+                if line.startswith("model name")), platform.processor())  # fmt: skip
     return {
         "config_hash": common.config_hash(result.get("config") or {}),
         "code_version": code_version,
@@ -108,13 +110,6 @@ def provenance(
         "load_1min": result.get("load"),
         "written": _dt.datetime.now(_dt.UTC).strftime("%Y-%m-%d %H:%M UTC"),
     }
-
-
-def _cpuinfo() -> list[str]:
-    try:
-        return pathlib.Path("/proc/cpuinfo").read_text().splitlines()
-    except OSError:
-        return []
 
 
 def save_result(

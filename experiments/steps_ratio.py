@@ -113,8 +113,7 @@ def run(cfg: ConfigDict, stage: common.Stage) -> dict[str, Any]:
 
     Raises:
       ValueError: for a ``test_size``, ``reference_sizes``, ``fixed_lr_sizes`` or
-        ``small_grid_sizes`` entry
-        that is not one of the sweep's sizes, or fewer than 2 seeds (before training).
+        ``small_grid_sizes`` entry not among the sweep's sizes, or fewer than 2 seeds.
     """
     points = sizes(cfg)
     fields = ("reference_sizes", "fixed_lr_sizes", "small_grid_sizes")
@@ -163,10 +162,9 @@ def run(cfg: ConfigDict, stage: common.Stage) -> dict[str, Any]:
         metrics["budget"] = budget_block(cfg, points, by_size, cache_dir, progress)
     if cfg.adam_betas:
         metrics["adam_betas"] = betas_block(cfg, points, by_size, cache_dir, progress)
-    figures = [figure(cfg, by_size, out_dir)]
     metrics["report_md"] = report_md(cfg, metrics)
-    claims = make_claims(cfg, metrics)
-    return {"metrics": metrics, "figures": figures, "claims": claims}
+    return {"metrics": metrics, "figures": [figure(cfg, by_size, out_dir)],
+            "claims": make_claims(cfg, metrics)}  # fmt: skip
 
 
 def reference_block(
@@ -193,6 +191,12 @@ def reference_block(
     }
 
 
+def _base_size(cfg: ConfigDict, points: dict[str, Any]) -> tuple[str, ConfigDict]:
+    """The base size's name and run config (:func:`base_point`)."""
+    name = f"d{base_point(cfg)['d_model']}"
+    return name, size_config(cfg.base, points[name])
+
+
 def budget_block(cfg, points, by_size, cache_dir, progress) -> dict[str, Any]:
     """Muon at the base size on schedules of ``budget_fractions`` of the steps (seeded runs).
 
@@ -200,8 +204,7 @@ def budget_block(cfg, points, by_size, cache_dir, progress) -> dict[str, Any]:
     [k + 1, seeds], and per seed the smallest fraction whose final loss reaches Adam's
     final loss (linear interpolation in the fraction; NaN if none does).
     """
-    name = f"d{base_point(cfg)['d_model']}"
-    base = size_config(cfg.base, points[name])
+    name, base = _base_size(cfg, points)
     chosen = by_size[name]["chosen_lr"]
     finals = []
     fractions = sorted(float(f) for f in cfg.budget_fractions)
@@ -229,8 +232,7 @@ def betas_block(cfg, points, by_size, cache_dir, progress) -> dict[str, Any]:
     Returns ``"b1,b2"`` -> {"final": [seeds], "ratio": [seeds]} (Muon's ratio against that
     Adam's final loss of the same seed), beside the base run's own betas.
     """
-    name = f"d{base_point(cfg)['d_model']}"
-    base = size_config(cfg.base, points[name])
+    name, base = _base_size(cfg, points)
     v = by_size[name]
     steps, muon = np.asarray(v["eval_steps"], float), np.asarray(v["val_loss"]["muon"], float)
     out = {}
@@ -279,12 +281,9 @@ def report_md(cfg: ConfigDict, m: dict[str, Any]) -> str:
                            "ratio", "LR source"), rows)  # fmt: skip
     refs = {k: v["reference"] for k, v in m["sizes"].items() if "reference" in v}
     if refs:
-        lines += [
-            "",
-            "Plain optax + flax reference (same model, initialisation and batches): "
-            "`optax.adam` and `optax.contrib.muon` (hidden matrices; Adam elsewhere).",
-            "",
-        ]
+        lines += ["", "Plain optax + flax reference (same model, initialisation and batches): "
+                  "`optax.adam` and `optax.contrib.muon` (hidden matrices; Adam elsewhere).",
+                  ""]  # fmt: skip
         lines += common.table(
             ("size", "engine Adam final", "plain Adam final", "engine − plain", "seed sd",
              "plain Muon final", "plain ratio"),
