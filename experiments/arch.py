@@ -191,12 +191,8 @@ def model_costs(mc: Any, params: Any, muon_roles: tuple[str, ...]) -> dict[str, 
         matmul += mc.vocab_size * mc.d_model
     d_qk = mc.head_dim + (mc.mla_dims.rope_dim if mc.attention == "mla" else 0)
     attn = 6.0 * mc.n_layers * mc.n_heads * mc.max_len * (d_qk + mc.head_dim)
-    return {
-        "total_params": total,
-        "active_params": active,
-        "flops_per_token": 6.0 * matmul + attn,
-        "ns_flops_per_step": ns,
-    }
+    return {"total_params": total, "active_params": active,
+            "flops_per_token": 6.0 * matmul + attn, "ns_flops_per_step": ns}  # fmt: skip
 
 
 def decode_measurements(cfg: ConfigDict, models: dict[str, tuple]) -> dict[str, Any]:

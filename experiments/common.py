@@ -491,15 +491,11 @@ def result_dict(
 ) -> dict[str, Any]:  # fmt: skip
     """Assemble the standard result dict of an experiment (see module docstring)."""
     return {
-        "name": name,
-        "scale": scale,
-        "wall_s": float(wall_s),
-        "figures": list(figures),
+        "name": name, "scale": scale, "wall_s": float(wall_s), "figures": list(figures),
         "claims": [c.as_dict() if isinstance(c, Claim) else dict(c) for c in claims],
-        "metrics": metrics,
-        "notes": list(notes),
+        "metrics": metrics, "notes": list(notes),
         "config": (config.to_dict() if hasattr(config, "to_dict") else config),
-    }
+    }  # fmt: skip
 
 
 def parse_set(item: str) -> tuple[str, Any]:
@@ -578,12 +574,8 @@ def format_summary(result: dict[str, Any]) -> str:
 
 def table(header: Sequence[str], rows: Iterable[Sequence[Any]]) -> list[str]:
     """Markdown table lines: the header, its rule, then one line per row of cells."""
-    rule = "|---" * len(header) + "|"
-    return [
-        "| " + " | ".join(header) + " |",
-        rule,
-        *("| " + " | ".join(map(str, r)) + " |" for r in rows),
-    ]
+    line = lambda cells: "| " + " | ".join(map(str, cells)) + " |"
+    return [line(header), "|---" * len(header) + "|", *map(line, rows)]
 
 
 def fmt(x: Any, digits: int = 3) -> str:

@@ -4,16 +4,12 @@ Synthetic biographies (``amemory.data.biographies``): group g = 0..m holds 2^(g-
 individuals, each seen in 2^(m-g) selections, so group m is the rarest. The decoder of
 tail_lm is trained on the biographies and QA rows with Muon (hidden matrices; Adam on
 embeddings, head, norms), Adam, SGD with momentum, Muon on VO+FFN only and Muon on QK
-only; first-token accuracy (FTA) of each group's questions is measured over training.
-Paper (Wang et al. 2025, arXiv 2509.26030, Sec. 5): at 10k steps, groups 11/13/15 of
-m = 15, Muon 1.000/1.000/0.976 against Adam 1.000/0.890/0.264; VO+FFN 1.000/0.998/0.954;
-QK 1.000/0.940/0.286.
+only; first-token accuracy (FTA) of each group's questions is measured over training,
+beside the paper's (Wang et al. 2025, arXiv 2509.26030, Sec. 5; ``PAPER_FTA``).
 
 Learning rates come from a grid on ``base.seed`` (or from tail_lm's choice inside
-``amemory reproduce``); every variant is then trained on the initialisation seeds
-``cfg.seeds`` at once (same data order) and the claims are judged by the 95% Student-t
-interval of the paired per-seed difference (held / not held / undecided,
-:mod:`amemory.analysis.stats`).
+``amemory reproduce``); every variant is then trained on the seeds ``cfg.seeds`` at once,
+and the claims rest on the 95% interval of the paired per-seed difference.
 """
 
 from __future__ import annotations
