@@ -1,22 +1,18 @@
 """Muon with latent attention and mixture of experts: training cost, quality, decoding cost.
 
-The seed paper ("Muon: Training and Trade-offs with Latent Attention and MoE", arXiv
-2509.24406, abstract; full text not available to us) reports for 30M-200M decoders: Muon
-reaches the target loss with 48-52% of AdamW's compute; MLA+MoE+Muon gives 68% less memory,
-a 3.2x inference speed-up and 8-12% lower perplexity (read here as against the dense
-multi-head decoder with AdamW). We train dense, MLA (arXiv 2405.04434), MoE and MLA+MoE
-decoders of matched active size with AdamW and with Muon on the hidden matrices, and
-measure per cell parameters, validation loss, steps and FLOPs to dense-AdamW's final loss,
-and per architecture KV bytes per token, greedy KV-cache decoding tokens/s and XLA's
-decode memory. Paper A's component question (arXiv 2509.26030, Table 1): Muon on the
-experts only against Muon on attention only.
+Claims of arXiv 2509.24406 (abstract; 30M-200M decoders; the paper values are in
+experiments/claims.toml): Muon's compute to AdamW's loss, and MLA+MoE+Muon's memory,
+speed and perplexity against the dense decoder with AdamW. We train dense, MLA (arXiv
+2405.04434), MoE and MLA+MoE decoders of matched active size with AdamW and with Muon on
+the hidden matrices, and measure parameters, validation loss, steps and FLOPs to
+dense-AdamW's final loss, KV bytes per token, greedy decoding tokens/s and XLA's decode
+memory; and Muon on the experts only against attention only (arXiv 2509.26030, Table 1).
 
 FLOPs are model FLOPs (PaLM, arXiv 2204.02311, App. B): ``6 N + 6 L H T (d_qk + d_v)`` per
 training token, N the active matrix parameters (routed experts at ``top_k / E``; the
 one-hot dispatch not counted), plus every Muon step's Newton-Schulz FLOPs
 (``amemory.train.planner.ns_flops``). A claim is held when we measure at least 80% of the
-paper's effect (compute ratio <= 0.6, memory reduction >= 54.4%, speed-up >= 2.56x,
-perplexity improvement >= 6.4%).
+paper's effect (the thresholds in experiments/claims.toml).
 """
 
 from __future__ import annotations

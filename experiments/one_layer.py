@@ -6,14 +6,10 @@ momentum: GD ``W ← W - η ∇L``; SignGD ``W ← W - η sign(∇L)``; Muon
 ``W ← W - η msgn(∇L)`` (exact polar factor), all from the science kernel
 :mod:`amemory.analysis.one_step`, which the theory checks use too.
 
-For each prior (paper A's two-level prior with α = 0.8, β = 0.2, and a heavy-tailed
-prior from the word counts of the real corpus) and each embedding (decoupled
-``E = Ẽ = I``; coupled, paper A's ZYZ blocks) we record
-
-* one step with scaled η: ``W_η = η U(∇L(W_0))`` for a sweep of η, giving a curve
-  (loss(W_η), Δ(W_η)), and the one-step balance ``ϱ^ε`` (first-crossing reading,
-  ``docs/science.md#one-step-balance``);
-* many steps with a constant η: the curve (loss(W_t), Δ(W_t)) along the trajectory.
+For each prior (paper A's two-level prior, and one from the word counts of the real
+corpus) and embedding (decoupled ``E = Ẽ = I``; coupled, paper A's ZYZ blocks) we record
+the curve (loss, Δ) of one step ``W_η = η U(∇L(W_0))`` over a sweep of η with its one-step
+balance ``ϱ^ε`` (``docs/science.md#one-step-balance``), and along many constant-η steps.
 
 ``Δ(W) = max_i f_W(E_i)_i - min_j f_W(E_j)_j``. Expected (paper A): GD imbalanced;
 Muon balanced for both embeddings; SignGD balanced when decoupled, imbalanced when
@@ -97,17 +93,11 @@ def _stats(W: jax.Array, E: jax.Array, Et: jax.Array, prior: jax.Array) -> tuple
 def one_step_sweep(
     name: str, E: jax.Array, Et: jax.Array, prior: jax.Array, logit_grid: np.ndarray
 ) -> dict[str, np.ndarray]:
-    """One step from W_0 = 0 with scaled η: ``W_η = η U(∇L(0))`` for a sweep of η
-    (``U = one_step.unit_update``: ``-G``, ``-sign(G)``, ``-msgn(G)``).
+    """One step from W_0 = 0 with scaled η: ``W_η = η U(∇L(0))`` for a sweep of η.
 
-    The η grid is expressed as the mean correct-class logit ``t`` it produces,
+    ``logit_grid`` ``[n]`` gives η as the mean correct-class logit ``t`` it produces,
     ``η = t / mean_k (Ẽᵀ (-D) E)_kk``, so one grid serves GD (tiny gradient entries) and
-    SignGD/Muon alike.
-
-    Args:
-      name: optimizer (``gd`` | ``signgd`` | ``muon``).
-      E, Et: embeddings ``[K, K]``; prior: ``[K]``.
-      logit_grid: ``[n]`` positive mean-correct-logit values.
+    SignGD/Muon alike. ``E, Et`` ``[K, K]``, ``prior`` ``[K]``.
 
     Returns:
       dict of ``[n]`` arrays: eta, loss, gap, min_correct, max_correct.
@@ -125,9 +115,8 @@ def one_step_rho(
 ) -> dict[str, float]:
     """One-step balance ``ϱ^ε`` of ``name`` from ``W_0 = 0``, first-crossing reading.
 
-    The update is taken to task space (``memory.task_space``) and searched by
-    :func:`amemory.analysis.one_step.first_crossing_rho` (precision 1e-7 in η, enough
-    for float32).
+    Searched in task space by :func:`amemory.analysis.one_step.first_crossing_rho`
+    (precision 1e-7 in η, enough for float32).
 
     Returns:
       {"rho": ϱ^ε, "eta": the crossing η}; NaN for both if no class has all margins

@@ -9,14 +9,10 @@ Usage::
     amemory report --mark-stale                # date-mark results whose stage code changed
     amemory report --add runs/x/steps_ratio/result.json   # file a stage's result.json first
 
-Every stage of ``amemory reproduce`` writes a compact JSON, ``experiments/results/<scale>/
-<stage>.json`` (:func:`save_result`): the stage's claims with their intervals and
-three-way verdicts, its numbers without the per-step curves, and where they come from
-(config hash, the stage's code version, package versions, machine, wall and CPU time,
-load average at the start and the end). These files are committed; this command renders
-the report from them, and docs/results.md and README's headline table are generated from
-them (a test fails when they disagree, and when a result's stage code changed since it
-was computed unless the result carries a dated stale mark, :func:`mark_stale`).
+Every stage of ``amemory reproduce`` writes a compact, committed JSON,
+``experiments/results/<scale>/<stage>.json`` (:func:`save_result`); this command renders
+the report, docs/results.md and README's headline table from them (a test fails when they
+disagree, or when a stage's code changed without a dated stale mark, :func:`mark_stale`).
 """
 
 from __future__ import annotations
@@ -119,13 +115,10 @@ def save_result(
     code_version: str | None = None,
     commit: str | None = None,
 ) -> tuple[pathlib.Path, list[str]]:
-    """Write ``result`` (a stage's result dict) as ``root/<scale>/<name>.json``, compactly.
+    """Write ``result`` (a :func:`common.result_dict`) as ``root/<scale>/<name>.json``.
 
-    Keeps the claims (with intervals and verdicts), notes, config and the numbers of
-    ``metrics``; drops lists of more than :data:`MAX_NUMBERS` numbers (per-step curves;
-    their paths are listed under ``omitted``); adds :func:`provenance`. Any result dict
-    of :func:`common.result_dict`'s shape can be written this way, including one made
-    outside ``amemory reproduce``.
+    Drops lists of more than :data:`MAX_NUMBERS` numbers (per-step curves; their paths go
+    under ``omitted``) and adds :func:`provenance`.
 
     Returns:
       (the path written, :func:`differences` from the file it replaced, else from the

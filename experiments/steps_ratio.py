@@ -2,18 +2,12 @@
 
 Peers report that Muon reaches AdamW's loss with about half of its compute (Moonlight,
 arXiv 2502.16982, Sec. 3; arXiv 2509.24406: 48-52%). At every size of a one-factor sweep
-around tail_lm's quick model (width, depth, vocabulary), Adam's and Muon's learning rates
-are chosen on a grid by seed 0's final validation loss (grid edges flagged), both are
-trained on held-out initialisation seeds (same data order), and per seed the ratio =
-(first step, interpolated, at which Muon reaches Adam's final validation loss of the same
-seed) / steps, with a 95% Student-t interval (:mod:`amemory.analysis.stats`).
-
-Fairness of the baseline: at ``reference_sizes`` a plain optax + flax loop
-(``experiments/reference_lm.py``) trains the same model, initialisation and batches with
-``optax.adam`` and ``optax.contrib.muon``; the engine's Adam must match the plain Adam to
-within seed noise. ``budget_fractions`` trains Muon on shorter schedules, ``adam_betas``
-Adam with other betas. Claim (at ``test_size``): the ratio's interval lies below
-``half_threshold`` ("about half the steps").
+around tail_lm's quick model (width, depth, vocabulary), learning rates are chosen on a
+grid by seed 0, both optimizers run on the held-out seeds, and per seed the ratio = (first
+step, interpolated, at which Muon reaches Adam's final validation loss of the same seed) /
+steps. At ``reference_sizes`` the plain optax + flax loop of ``experiments/reference_lm.py``
+checks the engine's Adam (it must match within seed noise) and gives optax's Muon ratio.
+``budget_fractions`` trains Muon on shorter schedules, ``adam_betas`` Adam with other betas.
 """
 
 from __future__ import annotations

@@ -12,11 +12,10 @@ fixed and moves only the frequency law:
   buckets (:func:`amemory.data.stats.frequency_buckets`) are log-spaced rank bands, so
   bucket b covers the same fifth of log-rank at every V.
 
-Adam, Muon and SignGD (hidden matrices) get learning rates chosen on a grid by seed 0,
-then run on the held-out seeds. Lead = final score - Adam's (same seed); steps ratio =
-steps Muon needs to reach Adam's final ``all`` score / steps. Claims (95% seed intervals,
-three-way): the lead grows with the dose (per-seed slope, :func:`amemory.analysis.stats.
-slope_interval`); it vanishes at alpha = 0; SignGD does not match Muon.
+Learning rates are chosen on a grid by seed 0, then the held-out seeds are run. Lead =
+final score - Adam's (same seed); steps ratio = steps Muon needs to reach Adam's final
+``all`` score / steps. The lead's growth is the per-seed slope's interval
+(:func:`amemory.analysis.stats.slope_interval`).
 """
 
 from __future__ import annotations
