@@ -53,11 +53,7 @@ def paper_shares(ffn: str) -> dict[str, float]:
 
 
 def run(cfg: ConfigDict, stage: common.Stage) -> dict[str, Any]:
-    """Run the ablation (see the module docstring); figures under ``stage.out_dir``.
-
-    Raises:
-      ValueError: for an unknown subset or FFN kind (before any training).
-    """
+    """Run the ablation; ``ValueError`` for an unknown subset or FFN kind (before training)."""
     subsets = ("none", "qk", "vo", "v", "o", "w_in", "w_out", "w_gate", "ffn", "vo+ffn", "all")
     common.check_values("ablation", cfg, subsets=subsets, ffn_kinds=("gelu", "swiglu"))
     out_dir, cache_dir, progress = stage.out_dir, stage.cache_dir, stage.progress

@@ -32,11 +32,8 @@ OPTIMIZERS = ("adam", "muon")
 
 
 def run_config(cfg: ConfigDict, arch: str, optimizer: str, muon_roles: str = "hidden"):
-    """The training run of one cell: ``cfg.base`` with the architecture's model fields.
-
-    Raises:
-      ValueError: for an unknown architecture or optimizer.
-    """
+    """The training run of one cell: ``cfg.base`` with the architecture's model fields;
+    ``ValueError`` for an unknown architecture or optimizer."""
     from experiments.configs.arch import ARCHITECTURES
 
     if arch not in ARCHITECTURES:

@@ -94,11 +94,7 @@ class Experiment:
     sources: tuple[str, ...] = ()
 
     def config(self, scale: str = "quick") -> Any:
-        """The experiment's config at ``scale``.
-
-        Raises:
-          ValueError: if ``scale`` is not one of :data:`SCALES`.
-        """
+        """The experiment's config at ``scale``; ``ValueError`` if not one of :data:`SCALES`."""
         if scale not in SCALES:
             raise ValueError(f"scale must be one of {SCALES}, got {scale!r}")
         if self.get_config is not None:
@@ -225,11 +221,8 @@ def module_sources(*modules: str, files: Iterable[pathlib.Path] = ()) -> list[pa
 
 
 def cpu_seconds() -> float:
-    """CPU seconds (user + system) of this process and its finished children so far.
-
-    A stage's CPU time divided by the core count estimates its wall time on an idle
-    machine (the report's budget figure) even when other jobs share the cores.
-    """
+    """CPU seconds (user + system) of this process and its finished children so far: divided
+    by the core count, a stage's wall time on an idle machine even when the cores are shared."""
     own = resource.getrusage(resource.RUSAGE_SELF)
     kids = resource.getrusage(resource.RUSAGE_CHILDREN)
     return own.ru_utime + own.ru_stime + kids.ru_utime + kids.ru_stime
@@ -391,11 +384,8 @@ def _claims_file() -> dict[str, dict[str, Any]]:
 
 
 def claim_specs(stage: str) -> dict[str, ClaimSpec]:
-    """The claims of ``stage`` in :data:`CLAIMS_FILE`, by their key less ``"<stage>/"``.
-
-    Raises:
-      ValueError: if the file holds no claim of ``stage``.
-    """
+    """The claims of ``stage`` in :data:`CLAIMS_FILE`, by their key less ``"<stage>/"``;
+    ``ValueError`` if the file holds none."""
     specs = {key.split("/", 1)[1]: ClaimSpec(key, **v | {"arms": tuple(v.get("arms", ()))})
              for key, v in _claims_file().items() if key.startswith(f"{stage}/")}  # fmt: skip
     if not specs:
@@ -499,11 +489,8 @@ def result_dict(
 
 
 def parse_set(item: str) -> tuple[str, Any]:
-    """``"a.b=value"`` (a ``--set`` argument) as ``("a.b", value)``, the value parsed as JSON.
-
-    Raises:
-      ValueError: if ``item`` has no ``=``.
-    """
+    """``"a.b=value"`` (a ``--set`` argument) as ``("a.b", value)``, the value parsed as JSON;
+    ``ValueError`` if ``item`` has no ``=``."""
     if "=" not in item:
         raise ValueError(f"--set expects FIELD=VALUE, got {item!r}")
     key, raw = item.split("=", 1)
@@ -514,11 +501,8 @@ def parse_set(item: str) -> tuple[str, Any]:
 
 
 def check_values(stage: str, cfg: Any, **allowed: Sequence[Any]) -> None:
-    """Check that every entry of the list field ``cfg.<field>`` is in ``allowed[field]``.
-
-    Raises:
-      ValueError: naming the stage, the field, the unknown entries and the allowed ones.
-    """
+    """Check that every entry of the list field ``cfg.<field>`` is in ``allowed[field]``;
+    else ``ValueError`` naming the stage, the field, the unknown entries and the allowed ones."""
     for field, ok in allowed.items():
         bad = [v for v in cfg[field] if v not in ok]
         if bad:

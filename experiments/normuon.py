@@ -25,11 +25,7 @@ OPTIMIZERS = ("muon", "normuon")
 
 
 def run(cfg: ConfigDict, stage: common.Stage) -> dict[str, Any]:
-    """Run the experiment (see the module docstring); figures under ``stage.out_dir``.
-
-    Raises:
-      ValueError: if fewer than 2 seeds are configured (before training).
-    """
+    """Run the experiment; ``ValueError`` for fewer than 2 seeds (before training)."""
     if len(cfg.seeds) < 2:
         raise ValueError(f"normuon config field 'seeds' needs >= 2 seeds, got {cfg.seeds}")
     out_dir, cache_dir, progress = stage.out_dir, stage.cache_dir, stage.progress

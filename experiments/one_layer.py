@@ -162,12 +162,8 @@ def _trajectory(name, steps, E, Et, prior, lr):
 
 
 def run(cfg: Any, stage: common.Stage) -> dict[str, Any]:
-    """Run the experiment; writes ``figures/one_layer_gap_vs_loss.png``; progress per unit.
-
-    Raises:
-      ValueError: on unknown prior / embedding / optimizer names, or K % 3 != 0 with
-        coupled embeddings, before any compilation.
-    """
+    """Run the experiment; ``ValueError`` (before compiling) for unknown prior / embedding /
+    optimizer names, or K % 3 != 0 with coupled embeddings."""
     out_dir, progress = stage.out_dir, stage.progress
     common.check_values("one_layer", cfg, priors=PRIORS, embeddings=EMBEDDINGS,
                         optimizers=OPTIMIZERS)  # fmt: skip

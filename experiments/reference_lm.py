@@ -29,11 +29,8 @@ HIDDEN = ("q", "k", "v", "o", "w_in", "w_gate", "w_out")
 
 
 def schedule(cfg: Any, peak: float) -> optax.Schedule:
-    """Linear warmup from 0 to ``peak``, cosine decay to ``peak * final_fraction`` at the end.
-
-    Raises:
-      ValueError: if ``cfg.schedule.name`` is not ``"cosine"`` (the experiments' schedule).
-    """
+    """Linear warmup from 0 to ``peak``, cosine decay to ``peak * final_fraction`` at the end;
+    ``ValueError`` if ``cfg.schedule.name`` is not ``"cosine"`` (the experiments' schedule)."""
     if cfg.schedule.name != "cosine":
         raise ValueError(f"reference_lm supports schedule.name='cosine', got {cfg.schedule.name!r}")
     return optax.warmup_cosine_decay_schedule(

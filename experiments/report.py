@@ -412,11 +412,8 @@ def readme_block(results: Sequence[dict[str, Any]], scale: str = "quick") -> str
 
 
 def update_readme(readme: pathlib.Path, results: Sequence[dict[str, Any]], scale: str) -> None:
-    """Replace the text between the reproduce markers in ``readme`` with :func:`readme_block`.
-
-    Raises:
-      ValueError: if the README lacks either marker (the file is left unchanged).
-    """
+    """Replace the text between the reproduce markers in ``readme`` with :func:`readme_block`;
+    ``ValueError`` if the README lacks either marker (the file is left unchanged)."""
     text = readme.read_text()
     if README_BEGIN not in text or README_END not in text:
         raise ValueError(f"{readme} must contain the markers {README_BEGIN} and {README_END}")

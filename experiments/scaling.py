@@ -141,11 +141,7 @@ def n_units(cfg: ConfigDict) -> int:
 
 
 def run(cfg: ConfigDict, stage: common.Stage) -> dict[str, Any]:
-    """Run the selected parts; figures under ``stage.out_dir``.
-
-    Raises:
-      ValueError: for an unknown part (allowed: synthetic, envelope).
-    """
+    """Run the selected parts; ``ValueError`` for an unknown part (synthetic, envelope)."""
     common.check_values("scaling", cfg, parts=("synthetic", "envelope"))
     out_dir, cache_dir, progress = stage.out_dir, stage.cache_dir, stage.progress
     metrics: dict[str, Any] = {}

@@ -103,12 +103,8 @@ def _ratio(steps: np.ndarray, muon: np.ndarray, adam_final: np.ndarray, total: f
 
 
 def run(cfg: ConfigDict, stage: common.Stage) -> dict[str, Any]:
-    """Run the sweep (see the module docstring); figures under ``stage.out_dir``.
-
-    Raises:
-      ValueError: for a ``test_size``, ``reference_sizes``, ``fixed_lr_sizes`` or
-        ``small_grid_sizes`` entry not among the sweep's sizes, or fewer than 2 seeds.
-    """
+    """Run the sweep; ``ValueError`` for a ``test_size``, ``reference_sizes``, ``fixed_lr_sizes``
+    or ``small_grid_sizes`` entry not among the sweep's sizes, or fewer than 2 seeds."""
     points = sizes(cfg)
     fields = ("reference_sizes", "fixed_lr_sizes", "small_grid_sizes")
     common.check_values("steps_ratio", cfg, **dict.fromkeys(fields, points))

@@ -79,12 +79,8 @@ def n_units(cfg: ConfigDict) -> int:
 
 
 def run(cfg: ConfigDict, stage: common.Stage) -> dict[str, Any]:
-    """Train every leg and point; figures under ``stage.out_dir``. See the module docstring.
-
-    Raises:
-      ValueError: for a leg other than qa / lm, an optimizer list without adam and muon,
-        or fewer than 2 seeds (before training).
-    """
+    """Train every leg and point; ``ValueError`` (before training) for a leg other than qa /
+    lm, an optimizer list without adam and muon, or fewer than 2 seeds."""
     if set(cfg.legs) - {"qa", "lm"} or not {"adam", "muon"} <= set(cfg.optimizers):
         raise ValueError(f"tail_dose legs must be from ('qa', 'lm') and optimizers include adam "
                          f"and muon, got {cfg.legs} and {cfg.optimizers}")  # fmt: skip

@@ -27,11 +27,8 @@ from experiments.configs.tail_qa import PAPER_FTA
 def variant_config(
     base: ConfigDict, variant: str, lr: dict[str, float], sgd_momentum: float = 0.9
 ) -> ConfigDict:
-    """Run config of a variant: ``adam``, ``muon``, ``sgd``, ``signgd`` or ``muon_<roles>``.
-
-    Raises:
-      ValueError: for an unknown variant.
-    """
+    """Run config of a variant: ``adam``, ``muon``, ``sgd``, ``signgd`` or ``muon_<roles>``;
+    ``ValueError`` for another."""
     if variant == "adam":
         return train_runs.run_config(base, "adam", lr["adam"], lr["adam"])
     if variant in ("muon", "signgd"):
