@@ -310,10 +310,8 @@ def make_notes(cells: dict[str, dict[str, Any]]) -> list[str]:
         "would: speed ratios are those of this implementation, at this size, on CPU",
     ]
     ppl0 = cells["dense/adam"]["perplexity"]
-    parts = []
-    for key in ("dense/muon", "mla_moe/adam", "mla_moe/muon"):
-        if key in cells:
-            parts.append(f"{key} {1 - cells[key]['perplexity'] / ppl0:+.1%}")
+    parts = [f"{key} {1 - cells[key]['perplexity'] / ppl0:+.1%}"
+             for key in ("dense/muon", "mla_moe/adam", "mla_moe/muon") if key in cells]  # fmt: skip
     notes.append("perplexity reduction against dense/adam: " + ", ".join(parts))
     return notes
 

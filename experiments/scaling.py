@@ -147,8 +147,7 @@ def run(cfg: ConfigDict, stage: common.Stage) -> dict[str, Any]:
     metrics: dict[str, Any] = {}
     figures: list[str] = []
     if "synthetic" in cfg.parts:
-        syn = synthetic(cfg, progress)
-        metrics["synthetic"] = syn
+        metrics["synthetic"] = syn = synthetic(cfg, progress)
         series, fits = {}, {}
         for beta, r in syn["by_beta"].items():
             for name in ("gd", "muon"):
@@ -163,8 +162,7 @@ def run(cfg: ConfigDict, stage: common.Stage) -> dict[str, Any]:
         )  # fmt: skip
         figures.append(stage.figure(p))
     if "envelope" in cfg.parts:
-        env = envelope(cfg, cache_dir, progress)
-        metrics["envelope"] = env
+        metrics["envelope"] = env = envelope(cfg, cache_dir, progress)
         p = plots.plot_curves(
             {o: (env["tokens"], env[o]) for o in ("adam", "muon")},
             out_dir / "figures" / "scaling_envelope.png",

@@ -58,8 +58,8 @@ def sizes(cfg: ConfigDict) -> dict[str, dict[str, Any]]:
 def size_config(base: ConfigDict, point: dict[str, Any]) -> ConfigDict:
     """``base`` with the size of ``point``: width, depth and vocabulary.
 
-    The head dimension and the FFN ratio d_ff / d of ``base`` are kept (quick: heads of
-    32 dimensions, d_ff = 4d), so ``base``'s own size gives ``base`` unchanged.
+    The head dimension and the FFN ratio d_ff / d of ``base`` are kept, so ``base``'s own
+    size gives ``base`` unchanged.
 
     Raises:
       ValueError: if the width is not a positive multiple of ``base``'s head dimension.
