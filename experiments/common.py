@@ -114,12 +114,8 @@ class Experiment:
         return source_hash(files, *names, json.dumps(claims, sort_keys=True))
 
     def __call__(self, cfg: Any, out_dir: os.PathLike | str, *, progress=None, cache_dir=None):
-        """Run the experiment into ``out_dir``; write and return the result dict.
-
-        ``cache_dir`` defaults to ``out_dir/train_runs``. The result records the wall and
-        CPU seconds of this process (and its finished children) and the load average
-        (1 minute) at the start and the end, so a reader can judge the timings.
-        """
+        """Run the experiment into ``out_dir`` (``cache_dir`` defaults to ``out_dir/train_runs``);
+        write and return the result dict, with wall and CPU seconds and the load average."""
         out = pathlib.Path(out_dir)
         (out / "figures").mkdir(parents=True, exist_ok=True)
         cache = pathlib.Path(cache_dir or out / "train_runs")
@@ -138,14 +134,8 @@ class Experiment:
 
 @functools.cache
 def experiments() -> dict[str, Experiment]:
-    """Every ``EXPERIMENT`` declared by a module of the ``experiments`` package, by name.
-
-    Ordered by name, except that a stage taking another's learning rates (``lr_from``)
-    comes after every stage that does not.
-
-    Raises:
-      ValueError: if two modules declare the same name.
-    """
+    """Every ``EXPERIMENT`` declared by a module of the ``experiments`` package, by name; those
+    with ``lr_from`` after the others. ``ValueError`` if two modules declare the same name."""
     import experiments as package
 
     found: dict[str, Experiment] = {}
@@ -255,13 +245,9 @@ class Claim:
 def seed_verdict(
     a: Any, b: Any = None, *, direction: str, threshold: float = 0.0
 ) -> tuple[Any, bool | None]:
-    """Seed interval of ``a`` (or of the paired difference ``a - b``) and its three-way verdict.
-
-    Args:
-      a: ``[seeds]`` per-seed values of one arm.
-      b: ``[seeds]`` the other arm on the same seeds (paired), or None.
-      direction: "greater" (the claim says the quantity exceeds ``threshold``) or "less".
-      threshold: the value the claim compares against.
+    """Seed interval of ``a`` ``[seeds]`` (or of the paired difference ``a - b``, ``b``
+    ``[seeds]`` on the same seeds) and its verdict against ``threshold`` in ``direction``
+    ("greater" or "less").
 
     Returns:
       ``(interval, held)``: :class:`amemory.analysis.stats.Interval` (95% Student-t) and
@@ -424,10 +410,8 @@ def verdict(held: bool | None) -> str:
 
 
 def to_jsonable(obj: Any) -> Any:
-    """Convert numpy / jax scalars and arrays (recursively) to plain Python for json.
-
-    Non-finite floats become ``None`` so the JSON stays standard.
-    """
+    """Numpy / jax scalars and arrays (recursively) as plain Python for json (non-finite
+    floats become ``None``, so the JSON stays standard)."""
     if isinstance(obj, dict):
         return {str(k): to_jsonable(v) for k, v in obj.items()}
     if isinstance(obj, list | tuple):

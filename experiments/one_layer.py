@@ -44,14 +44,8 @@ _WORD = re.compile(r"[a-z]+(?:'[a-z]+)?")
 
 
 def word_counts(texts: Sequence[str], K: int) -> tuple[list[str], np.ndarray]:
-    """Counts of the K most frequent lower-cased words in ``texts``.
-
-    Returns:
-      (words [K], counts [K] float64, non-increasing).
-
-    Raises:
-      ValueError: if the texts hold fewer than K distinct words.
-    """
+    """(words [K], counts [K] float64, non-increasing) of the K most frequent lower-cased
+    words in ``texts``; ``ValueError`` if the texts hold fewer than K distinct words."""
     counter: collections.Counter[str] = collections.Counter()
     for t in texts:
         counter.update(_WORD.findall(t.lower()))

@@ -40,17 +40,9 @@ def schedule(cfg: Any, peak: float) -> optax.Schedule:
 
 
 def make_tx(cfg: Any, kind: str, labels: Any) -> optax.GradientTransformation:
-    """The optimizer of ``kind`` written directly in optax (see the module docstring).
-
-    Args:
-      cfg: run config; reads ``optimizer.{lr, adam_lr, b1, b2, eps, momentum, nesterov,
-        ns_steps, weight_decay}`` and the schedule.
-      kind: one of :data:`KINDS`.
-      labels: params-shaped tree of ``"hidden"`` / ``"rest"``.
-
-    Raises:
-      ValueError: for an unknown ``kind``.
-    """
+    """The optimizer of ``kind`` (:data:`KINDS`) written directly in optax, from ``cfg.optimizer``
+    and the schedule; ``labels`` is a params-shaped tree of ``"hidden"`` / ``"rest"``.
+    ``ValueError`` for an unknown ``kind``."""
     o = cfg.optimizer
     wd = float(o.weight_decay)
     betas = {"b1": float(o.b1), "b2": float(o.b2), "eps": float(o.eps)}
@@ -80,16 +72,9 @@ def make_tx(cfg: Any, kind: str, labels: Any) -> optax.GradientTransformation:
 
 
 def neuron_norm_cv(update: jax.Array) -> jax.Array:
-    """Coefficient of variation of the per-output-neuron norms of one update matrix.
-
-    Args:
-      update: ``[fan_in, fan_out]`` (Flax kernel layout; an output neuron is a column).
-
-    Returns:
-      scalar ``std(n) / mean(n)`` with ``n_j = ||update[:, j]||_2`` (population std);
-      0 when every neuron's update has the same norm; NaN for an all-zero update (e.g.
-      the first step of a warmup from a learning rate of 0).
-    """
+    """Coefficient of variation ``std(n) / mean(n)`` (population std) of the per-output-neuron
+    norms ``n_j = ||update[:, j]||_2`` of ``update`` ``[fan_in, fan_out]`` (Flax kernel layout);
+    a scalar, NaN for an all-zero update (the first step of a warmup from 0)."""
     n = jnp.sqrt(jnp.sum(update.astype(jnp.float32) ** 2, axis=0))  # (fan_out,)
     mean = jnp.mean(n)
     return jnp.where(mean > 0, jnp.std(n) / jnp.where(mean > 0, mean, 1.0), jnp.nan)
@@ -98,13 +83,9 @@ def neuron_norm_cv(update: jax.Array) -> jax.Array:
 def run(cfg: Any, kind: str, seeds: tuple[int, ...], *, log_every: int = 10) -> dict[str, Any]:
     """Train ``cfg``'s model with the optimizer ``kind`` on every seed at once.
 
-    Args:
-      cfg: an LM run config (``experiments/configs/lm.py`` form) with ``data.kind ==
-        "corpus"``; ``cfg.seed`` fixes the data order, ``seeds`` the initialisations
-        (``init_params(split(PRNGKey(s))[0])``, as the engine's runs).
-      kind: one of :data:`KINDS`.
-      seeds: the initialisation seeds (at least one).
-      log_every: steps between records of the update statistics.
+    ``cfg`` is an LM run config (``experiments/configs/lm.py``) on the corpus; ``cfg.seed``
+    fixes the data order, ``seeds`` the initialisations (as the engine's runs);
+    ``log_every`` is the steps between records of the update statistics.
 
     Returns:
       dict with ``eval_steps [n]``, ``val_loss [n, S]`` (nats/token, every
