@@ -504,14 +504,9 @@ def has_field(cfg: Any, key: str) -> bool:
 
 
 def apply_override(cfg: Any, key: str, value: Any) -> None:
-    """Set the dotted field ``key`` of the ConfigDict ``cfg`` to ``value``.
-
-    A list given for a tuple field becomes a tuple (JSON has no tuples).
-
-    Raises:
-      ValueError: if the field does not exist (naming the fields there), or ``value``
-        has a type the field does not accept (ConfigDict's type check).
-    """
+    """Set the dotted field ``key`` of the ConfigDict ``cfg`` to ``value`` (a list given for a
+    tuple field becomes a tuple); ``ValueError`` if the field does not exist (naming the
+    fields there) or does not accept ``value``'s type."""
     *parents, leaf = key.split(".")
     node = cfg
     for i, part in enumerate(parents):

@@ -29,10 +29,9 @@ def get_config(scale: str = "quick") -> ConfigDict:
     c.one_step_points = 60  # eta values of the one-step sweep (log-spaced in mean correct logit)
     c.one_step_max_logit = 40.0  # sweep up to this mean correct-class logit
     c.steps = 300 if quick else 600  # steps of the many-step trajectories
-    # Learning rates of the many-step runs (constant, no momentum). GD's is relative to the
-    # largest class frequency: eta_GD = gd_lr_times_pmax_inv / p_max (linear stability needs
-    # eta p_max <~ 1, paper B, arXiv 2602.05725; docs/science.md). Muon moves every correct logit by ~eta per step, SignGD
-    # (decoupled) by eta on the correct logit and -eta on each wrong one, hence eta/2 for it.
+    # Constant learning rates of the many-step runs. eta_GD = gd_times_pmax_inv / p_max
+    # (linear stability needs eta p_max <~ 1, paper B, arXiv 2602.05725). SignGD moves the
+    # correct logit by eta and each wrong one by -eta, hence half Muon's eta.
     c.lr = ConfigDict({"gd_times_pmax_inv": 0.5, "signgd": 0.025, "muon": 0.05})
     # Thresholds of the verdicts (stated in the report): a path is "balanced" when its
     # largest gap stays below `balanced`, "imbalanced" when it exceeds `imbalanced`.

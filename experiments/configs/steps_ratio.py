@@ -21,8 +21,7 @@ from experiments.configs import new_config, tail_lm
 def get_config(scale: str = "quick") -> ConfigDict:
     """Return the steps_ratio config; ``ValueError`` if ``scale`` is not one of ``SCALES``."""
     c, quick = new_config(scale)
-    # tail_lm's quick model and schedule at every size (the full tail_lm model would make
-    # every point an hour of CPU); the sizes below override width, depth and vocabulary.
+    # tail_lm's quick model and schedule; the sizes below override width, depth, vocabulary
     c.base = tail_lm.base_lm("quick")  # unchanged, so tail_lm's runs are reused at d=128
     c.widths = (64, 128) if quick else (64, 128, 256)  # d_model at depth 2, vocabulary 512
     c.depths = (2,) if quick else (1, 2, 4)  # n_layers at d=128, vocabulary 512
@@ -31,20 +30,16 @@ def get_config(scale: str = "quick") -> ConfigDict:
     c.lr_grid = ConfigDict()
     c.lr_grid.adam = (1e-3, 3e-3, 1e-2)  # peak LR of the cosine schedule, per step
     c.lr_grid.muon = (0.01, 0.02, 0.05)
-    # Sizes searched on the smaller grid `lr_grid_small` (none by default; a way to add a
-    # large size within a budget); the grid used is stated per size in the report.
+    # Sizes searched on the smaller grid `lr_grid_small` (stated per size in the report)
     c.small_grid_sizes = ()
     c.lr_grid_small = ConfigDict({"adam": (1e-3, 3e-3), "muon": (0.01, 0.02)})
     # Sizes whose grid is skipped: the LRs in `lr` are used (stated in the report).
     c.fixed_lr_sizes = ()
     c.lr = ConfigDict({"adam": 3e-3, "muon": 0.02})
     c.lr_source = "tail_lm's quick-scale grid choice"
-    # Plain optax + flax reference (experiments/reference_lm.py) at these sizes: Adam and
-    # optax.contrib.muon, same seeds, initialisation and data order as the engine's runs.
+    # Plain optax + flax reference (experiments/reference_lm.py) at these sizes
     c.reference_sizes = ("d128",) if quick else ("d128", "d256")
-    # Muon on shorter schedules (fractions of the steps) at the base size: the steps
-    # Muon needs when its whole schedule is shorter (budget-matched), beside the in-run
-    # crossing of Adam's final loss.
+    # Muon on shorter schedules (fractions of the steps) at the base size (budget-matched)
     c.budget_fractions = () if quick else (0.6, 0.8)
     # Adam with other (b1, b2) at the base size and its chosen LR: is paper A's
     # (0.8, 0.95) a handicap of the baseline?

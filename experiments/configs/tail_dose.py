@@ -36,12 +36,10 @@ def get_config(scale: str = "quick") -> ConfigDict:
     c.lr_grid.adam = (1e-3, 3e-3, 1e-2)  # steps_ratio's and tail_lm's grids)
     c.lr_grid.muon = (0.01, 0.02, 0.05)
     c.lr_grid.signgd = (3e-4, 1e-3, 3e-3)
-    # Points trained at stated rates instead of a grid ("alpha<x>" / "V<v>" -> rates): V=2048
-    # and 8192 take V=512's choices (their grids did not fit the quick budget; stated).
+    # Points trained at stated rates instead of a grid ("alpha<x>" / "V<v>" -> rates): V=512's
     v512 = {"adam": 3e-3, "muon": 0.02, "signgd": 1e-3}
     c.given_lr = ConfigDict({"V2048": v512, "V8192": v512} if quick else {})
-    # qa leg: Adam and SignGD one step higher (at alpha = 0 both chose tail_qa's top edge;
-    # Adam's 1e-3 stays: at alpha >= 1 it chose 3e-3, the bottom edge of a 3-point grid)
+    # qa leg: Adam and SignGD one step higher than tail_qa's (its top edge was chosen)
     c.qa_lr_grid = ConfigDict({"adam": (1e-3, 3e-3, 1e-2, 3e-2), "muon": (0.01, 0.02, 0.05),
                                "signgd": (1e-3, 3e-3, 1e-2)})  # fmt: skip
     return c

@@ -18,9 +18,8 @@ from ml_collections import ConfigDict
 
 from experiments.configs import check_scale, lm, new_config
 
-#: Initialisation seeds of the compared runs (trained together, ``config.seeds``). The
-#: learning-rate sweeps use ``base.seed`` (0) only, so these seeds are held out from the
-#: choice. Every seed reads the data order of ``base.seed``: seeds differ in initialisation.
+#: Initialisation seeds of the compared runs (trained together), held out from the
+#: learning-rate choice on ``base.seed``; every seed reads ``base.seed``'s data order.
 SEEDS = (1, 2, 3)
 
 
