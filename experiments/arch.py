@@ -191,11 +191,9 @@ def model_costs(mc: Any, params: Any, muon_roles: tuple[str, ...]) -> dict[str, 
 def decode_measurements(cfg: ConfigDict, models: dict[str, tuple]) -> dict[str, Any]:
     """Per architecture: KV bytes per token, decoding tokens/s per batch, decode memory.
 
-    ``models``: ``{arch: (graphdef, params, model config, validation tokens)}``.
-
-    Prompts are the first tokens of the validation split; decoding is greedy. Timings are
-    medians over ``decode.reps`` repetitions taken in turn across architectures (one
-    process, so machine load hits all alike); the time includes the prefill.
+    ``models``: ``{arch: (graphdef, params, model config, validation tokens)}``. Greedy
+    decoding of validation prompts; timings (prefill included) are medians over
+    ``decode.reps`` repetitions taken in turn across architectures, so load hits all alike.
     """
     import jax
     import jax.numpy as jnp
@@ -231,13 +229,8 @@ def decode_measurements(cfg: ConfigDict, models: dict[str, tuple]) -> dict[str, 
 
 
 def run(cfg: ConfigDict, stage: common.Stage) -> dict[str, Any]:
-    """Train every cell and measure decoding; progress after each run and the decoding.
-
-    The dense cells' runs are tail_lm's (same configs, shared through ``stage.cache_dir``).
-
-    Raises:
-      ValueError: unknown architecture, or "dense" missing (the baseline).
-    """
+    """Train every cell (the dense ones are tail_lm's runs) and measure decoding; ``ValueError``
+    for an unknown architecture, or "dense" (the baseline) missing."""
     import jax
     from flax import nnx
 

@@ -3,10 +3,8 @@
 Paper A (Wang et al. 2025, arXiv 2509.26030, Sec. 4): with q_i = σ_i² / Σσ_j²,
 normalised SVD entropy, effective rank, top-k energy and Q75/25 of VO, W_in, W_out;
 Muon is more isotropic from the start with negligible seed variance, Adam fluctuates.
-Seeds are trained together (one vmapped program, ``config.seeds``; seeds differ in
-initialisation and share the data order); the metrics come from the training loop's
-spectrum records. Verdicts rest on seed intervals (:mod:`amemory.analysis.stats`): the
-entropy claim on the paired Muon − Adam difference at every logged step of every
+The metrics come from the training loop's spectrum records of the seeded runs. The
+entropy claim rests on the paired Muon − Adam interval at every logged step of every
 matrix, the spread claim on the F interval of the ratio of seed variances.
 """
 

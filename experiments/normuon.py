@@ -2,13 +2,10 @@
 
 NorMuon (Li et al. 2025, arXiv 2510.05491, Sec. 3) starts from Muon's orthogonalised
 updates having very unequal per-neuron norms and adds a per-neuron second moment that
-equalises them (+11.3% training efficiency over Muon at 1.1B). On tail_lm's model and
-corpus we measure (1) the coefficient of variation over output neurons of the per-neuron
-update norms of every hidden matrix, for Muon and NorMuon, logged by the plain loop of
-``experiments/reference_lm.py`` (same seeds, initialisation and batches as the engine);
-(2) NorMuon's and Muon's validation loss at equal steps on the held-out seeds, each at its
-learning rate chosen on a grid by seed 0. Both claims rest on the 95% interval of the
-paired per-seed difference (:mod:`amemory.analysis.stats`).
+equalises them. On tail_lm's model and corpus we measure (1) the coefficient of variation
+of the per-neuron update norms of every hidden matrix, for Muon and NorMuon, logged by the
+plain loop of ``experiments/reference_lm.py``; (2) their validation loss at equal steps on
+the held-out seeds, each at its learning rate chosen on a grid by seed 0.
 """
 
 from __future__ import annotations

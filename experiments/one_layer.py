@@ -219,12 +219,8 @@ CLAIMS = common.claim_specs("one_layer")
 
 
 def make_claims(metrics: dict, cfg: Any) -> list[common.Claim]:
-    """:data:`CLAIMS`, from the largest gap along each path.
-
-    A (prior, embedding, optimizer) is "balanced" when the largest Δ over both the
-    one-step sweep and the many-step trajectory is below ``cfg.balanced``, and
-    "imbalanced" when it exceeds ``cfg.imbalanced``.
-    """
+    """:data:`CLAIMS`: a path is "balanced" when its largest Δ (one-step sweep and many-step
+    trajectory) is below ``cfg.balanced``, "imbalanced" when it exceeds ``cfg.imbalanced``."""
     bal, imb = cfg.balanced, cfg.imbalanced
 
     def gaps(prior: str, opt: str) -> dict[str, float]:

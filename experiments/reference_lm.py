@@ -168,11 +168,8 @@ def run(cfg: Any, kind: str, seeds: tuple[int, ...], *, log_every: int = 10) -> 
 
 
 def cached_run(cfg: Any, kind: str, seeds: tuple[int, ...], cache_dir: Any) -> dict[str, Any]:
-    """:func:`run`, stored as JSON in ``cache_dir`` and reused for the same (config, kind, seeds)
-    and the same code (this file and ``amemory/``).
-
-    Returns the JSON form of :func:`run`'s dict (arrays as nested lists).
-    """
+    """The JSON form of :func:`run`'s dict, stored in ``cache_dir`` and reused for the same
+    (config, kind, seeds) and code (this file and ``amemory/``)."""
     import pathlib
 
     from experiments import common

@@ -268,12 +268,8 @@ def _cost(results: Sequence[dict[str, Any]]) -> str:
 
 
 def claims_figure(results: Sequence[dict[str, Any]], path: pathlib.Path) -> pathlib.Path | None:
-    """Forest plot of every claim with a seed interval: estimate ± 95% CI against its threshold.
-
-    One row per claim, coloured by verdict (held green, not held red, undecided grey);
-    the vertical line is the claim's threshold, subtracted so every row shares the axis.
-    Returns the path, or None when no claim has an interval.
-    """
+    """Forest plot of every claim with a seed interval: estimate − threshold ± 95% CI, coloured
+    by verdict; returns the path, or None when no claim has an interval."""
     rows = [c for c in claims(results) if c.get("interval")]
     if not rows:
         return None

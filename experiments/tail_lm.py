@@ -1,14 +1,11 @@
 """Transformer on the real corpus: Muon vs Adam vs SignGD, validation loss per frequency bucket.
 
 Paper A (Wang et al. 2025, arXiv 2509.26030, Sec. 4): Muon's advantage over Adam is
-largest on the tail (rare tokens). The same decoder and data order are trained with Adam
-everywhere, and with Muon (or SignGD) on the hidden matrices and Adam elsewhere; each
-learning rate is chosen on a grid by seed ``base.seed``'s final validation loss (Adam's
-first: it is the Adam half of the others), then trained on the held-out seeds
-``cfg.seeds`` in one vmapped run. Claims rest on the 95% interval of the paired per-seed
-difference (:mod:`amemory.analysis.stats`). Measured: validation loss per token-frequency
-bucket (``amemory.data.corpus``), steps to Adam's final loss, and the end isotropy of the
-hidden matrices (the ``isotropy`` stage's claims).
+largest on the tail (rare tokens). The same decoder and data order are trained with Adam,
+and with Muon (or SignGD) on the hidden matrices and Adam elsewhere, each at the learning
+rate chosen on a grid by seed ``base.seed`` (Adam's first: the others' Adam half), then on
+the held-out seeds ``cfg.seeds``. Measured: validation loss per token-frequency bucket
+(``amemory.data.corpus``), steps to Adam's final loss, and the end isotropy.
 """
 
 from __future__ import annotations
@@ -23,10 +20,8 @@ from experiments import common, train_runs
 
 
 def run(cfg: ConfigDict, stage: common.Stage) -> dict[str, Any]:
-    """Choose the learning rates, train the seeds, compare per bucket (progress per run).
-
-    ``metrics["chosen_lr"]`` holds the chosen learning rates (``lr_from`` of other stages).
-    """
+    """Choose the learning rates (``metrics["chosen_lr"]``, other stages' ``lr_from``), train
+    the seeds, compare per bucket."""
     out_dir, cache_dir, progress = stage.out_dir, stage.cache_dir, stage.progress
     chosen, _, tables = train_runs.choose_lrs(cfg, cache_dir, progress=progress)
     runs = train_runs.seeded_runs(cfg, chosen, cache_dir, progress=progress)
