@@ -125,13 +125,8 @@ CLAIMS = common.claim_specs("arch")
 
 
 def frontier_claims(cfg: ConfigDict, m: dict[str, Any]) -> list[common.Claim]:
-    """The frontier claims of :data:`CLAIMS` decided on the per-seed final losses.
-
-    ``m["cells"][<arch>/<arm>]`` holds per-seed ``val_loss`` and, for ``dense/qk_clip``,
-    ``late_max_logit`` (the largest logged max logit after the first train record): the
-    QK-Clip claim holds when that stays under the cap 1.05 tau and the loss cost's
-    interval lies below the margin.
-    """
+    """The frontier claims of :data:`CLAIMS` on the per-seed final losses; QK-Clip's also needs
+    ``late_max_logit`` (the largest max logit after the first train record) <= 1.05 tau."""
     final = {k: np.asarray(c["val_loss"], float) for k, c in m["cells"].items()}
     margin, tau = float(cfg.frontier.margin), m["tau"]
     gap = {k: final[f"mla/{k}"] - final[f"dense/{k}"] for k in ("muon", "per_head")}

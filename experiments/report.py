@@ -72,11 +72,7 @@ def provenance(
     result: dict[str, Any], code_version: str | None = None, commit: str | None = None
 ) -> dict[str, Any]:
     """Where a stage's numbers come from: config, code, packages, machine, time and load.
-
-    ``code_version`` defaults to the registered stage's :meth:`common.Experiment.code_version`
-    and ``commit`` to the checkout's ``git rev-parse HEAD`` (pass both for a result
-    computed by another checkout).
-    """
+    ``code_version`` and ``commit`` default to this checkout's (pass both for another's)."""
     if code_version is None and result["name"] in common.experiments():
         code_version = common.experiments()[result["name"]].code_version()
     if commit is None:

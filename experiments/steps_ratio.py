@@ -31,11 +31,8 @@ def base_point(cfg: ConfigDict) -> dict[str, int]:
 
 
 def sizes(cfg: ConfigDict) -> dict[str, dict[str, Any]]:
-    """The sweep's sizes: name -> {"d_model", "n_layers", "vocab_size", "axes": [...]}.
-
-    One factor varies at a time around :func:`base_point` (named ``d<its width>``);
-    names are ``d<width>``, ``L<depth>``, ``V<vocab>``.
-    """
+    """The sweep's sizes, ``d<width>`` / ``L<depth>`` / ``V<vocab>`` -> {"d_model", "n_layers",
+    "vocab_size", "axes": [...]}, one factor at a time around :func:`base_point`."""
     base = base_point(cfg)
     out: dict[str, dict[str, Any]] = {}
 
