@@ -7,12 +7,9 @@ final validation loss and the share of Muon's gain each subset recovers,
 
     share(S) = (L_none - L_S) / (L_none - L_all),
 
-beside the paper's Table 1 (Wang et al. 2025, arXiv 2509.26030, Table 1). Learning rates:
-tail_lm's grid choice for Adam and Muon on seed 0 (the same for every subset and FFN
-kind). Every subset is trained on tail_lm's held-out initialisation seeds ``cfg.seeds``
-at once (same data order); the share is computed per seed and judged by its 95%
-Student-t interval against the claim's threshold (held / not held / undecided,
-:mod:`amemory.analysis.stats`).
+beside the paper's Table 1 (Wang et al. 2025, arXiv 2509.26030, Table 1), at tail_lm's
+learning rates for every subset and FFN kind. The share is computed per seed (tail_lm's
+seeds, trained at once) and judged by its 95% interval against the claim's threshold.
 """
 
 from __future__ import annotations
@@ -56,11 +53,7 @@ def paper_shares(ffn: str) -> dict[str, float]:
 
 
 def run(cfg: ConfigDict, stage: common.Stage) -> dict[str, Any]:
-    """Run the ablation (see the module docstring); figures under ``stage.out_dir``.
-
-    Raises:
-      ValueError: for an unknown subset or FFN kind (before any training).
-    """
+    """Run the ablation; ``ValueError`` for an unknown subset or FFN kind (before training)."""
     subsets = ("none", "qk", "vo", "v", "o", "w_in", "w_out", "w_gate", "ffn", "vo+ffn", "all")
     common.check_values("ablation", cfg, subsets=subsets, ffn_kinds=("gelu", "swiglu"))
     out_dir, cache_dir, progress = stage.out_dir, stage.cache_dir, stage.progress

@@ -1,22 +1,18 @@
 """Muon with latent attention and mixture of experts: training cost, quality, decoding cost.
 
-The seed paper ("Muon: Training and Trade-offs with Latent Attention and MoE", arXiv
-2509.24406, abstract; full text not available to us) reports for 30M-200M decoders: Muon
-reaches the target loss with 48-52% of AdamW's compute; MLA+MoE+Muon gives 68% less memory,
-a 3.2x inference speed-up and 8-12% lower perplexity (read here as against the dense
-multi-head decoder with AdamW). We train dense, MLA (arXiv 2405.04434), MoE and MLA+MoE
-decoders of matched active size with AdamW and with Muon on the hidden matrices, and
-measure per cell parameters, validation loss, steps and FLOPs to dense-AdamW's final loss,
-and per architecture KV bytes per token, greedy KV-cache decoding tokens/s and XLA's
-decode memory. Paper A's component question (arXiv 2509.26030, Table 1): Muon on the
-experts only against Muon on attention only.
+Claims of arXiv 2509.24406 (abstract; 30M-200M decoders; the paper values are in
+experiments/claims.toml): Muon's compute to AdamW's loss, and MLA+MoE+Muon's memory,
+speed and perplexity against the dense decoder with AdamW. We train dense, MLA (arXiv
+2405.04434), MoE and MLA+MoE decoders of matched active size with AdamW and with Muon on
+the hidden matrices, and measure parameters, validation loss, steps and FLOPs to
+dense-AdamW's final loss, KV bytes per token, greedy decoding tokens/s and XLA's decode
+memory; and Muon on the experts only against attention only (arXiv 2509.26030, Table 1).
 
 FLOPs are model FLOPs (PaLM, arXiv 2204.02311, App. B): ``6 N + 6 L H T (d_qk + d_v)`` per
 training token, N the active matrix parameters (routed experts at ``top_k / E``; the
 one-hot dispatch not counted), plus every Muon step's Newton-Schulz FLOPs
 (``amemory.train.planner.ns_flops``). A claim is held when we measure at least 80% of the
-paper's effect (compute ratio <= 0.6, memory reduction >= 54.4%, speed-up >= 2.56x,
-perplexity improvement >= 6.4%).
+paper's effect (the thresholds in experiments/claims.toml).
 """
 
 from __future__ import annotations
@@ -36,11 +32,8 @@ OPTIMIZERS = ("adam", "muon")
 
 
 def run_config(cfg: ConfigDict, arch: str, optimizer: str, muon_roles: str = "hidden"):
-    """The training run of one cell: ``cfg.base`` with the architecture's model fields.
-
-    Raises:
-      ValueError: for an unknown architecture or optimizer.
-    """
+    """The training run of one cell: ``cfg.base`` with the architecture's model fields;
+    ``ValueError`` for an unknown architecture or optimizer."""
     from experiments.configs.arch import ARCHITECTURES
 
     if arch not in ARCHITECTURES:
@@ -132,13 +125,8 @@ CLAIMS = common.claim_specs("arch")
 
 
 def frontier_claims(cfg: ConfigDict, m: dict[str, Any]) -> list[common.Claim]:
-    """The frontier claims of :data:`CLAIMS` decided on the per-seed final losses.
-
-    ``m["cells"][<arch>/<arm>]`` holds per-seed ``val_loss`` and, for ``dense/qk_clip``,
-    ``late_max_logit`` (the largest logged max logit after the first train record): the
-    QK-Clip claim holds when that stays under the cap 1.05 tau and the loss cost's
-    interval lies below the margin.
-    """
+    """The frontier claims of :data:`CLAIMS` on the per-seed final losses; QK-Clip's also needs
+    ``late_max_logit`` (the largest max logit after the first train record) <= 1.05 tau."""
     final = {k: np.asarray(c["val_loss"], float) for k, c in m["cells"].items()}
     margin, tau = float(cfg.frontier.margin), m["tau"]
     gap = {k: final[f"mla/{k}"] - final[f"dense/{k}"] for k in ("muon", "per_head")}
@@ -191,35 +179,16 @@ def model_costs(mc: Any, params: Any, muon_roles: tuple[str, ...]) -> dict[str, 
         matmul += mc.vocab_size * mc.d_model
     d_qk = mc.head_dim + (mc.mla_dims.rope_dim if mc.attention == "mla" else 0)
     attn = 6.0 * mc.n_layers * mc.n_heads * mc.max_len * (d_qk + mc.head_dim)
-    return {
-        "total_params": total,
-        "active_params": active,
-        "flops_per_token": 6.0 * matmul + attn,
-        "ns_flops_per_step": ns,
-    }
-
-
-def load_models(workdirs: dict[str, str]) -> dict[str, tuple]:
-    """``{arch: (graphdef, params on device, model config, validation tokens)}`` of runs."""
-    import jax
-    from flax import nnx
-
-    from amemory.train.sample import load_run
-
-    out = {}
-    for arch, wd in workdirs.items():
-        graphdef, params, _, data = load_run(wd)
-        params = jax.device_put(params)
-        out[arch] = (graphdef, params, nnx.merge(graphdef, params).config, data.val_tokens)
-    return out
+    return {"total_params": total, "active_params": active,
+            "flops_per_token": 6.0 * matmul + attn, "ns_flops_per_step": ns}  # fmt: skip
 
 
 def decode_measurements(cfg: ConfigDict, models: dict[str, tuple]) -> dict[str, Any]:
     """Per architecture: KV bytes per token, decoding tokens/s per batch, decode memory.
 
-    Prompts are the first tokens of the validation split; decoding is greedy. Timings are
-    medians over ``decode.reps`` repetitions taken in turn across architectures (one
-    process, so machine load hits all alike); the time includes the prefill.
+    ``models``: ``{arch: (graphdef, params, model config, validation tokens)}``. Greedy
+    decoding of validation prompts; timings (prefill included) are medians over
+    ``decode.reps`` repetitions taken in turn across architectures, so load hits all alike.
     """
     import jax
     import jax.numpy as jnp
@@ -255,22 +224,20 @@ def decode_measurements(cfg: ConfigDict, models: dict[str, tuple]) -> dict[str, 
 
 
 def run(cfg: ConfigDict, stage: common.Stage) -> dict[str, Any]:
-    """Train every cell and measure decoding; progress after each run and the decoding.
+    """Train every cell (the dense ones are tail_lm's runs) and measure decoding; ``ValueError``
+    for an unknown architecture, or "dense" (the baseline) missing."""
+    import jax
+    from flax import nnx
 
-    The dense cells' runs are tail_lm's (same configs, shared through ``stage.cache_dir``).
-
-    Raises:
-      ValueError: unknown architecture, or "dense" missing (the baseline).
-    """
     from amemory.models.roles import role_of
     from amemory.optim import parse_roles
+    from amemory.train.sample import load_run
 
     archs = tuple(cfg.architectures)
     for a in archs:
         run_config(cfg, a, "adam")  # validates the names before any training
     if "dense" not in archs:
         raise ValueError("arch config field 'architectures' must include 'dense' (the baseline)")
-    out_dir, cache_dir, progress = stage.out_dir, stage.cache_dir, stage.progress
     runs: dict[str, dict[str, Any]] = {}
     cells = [(a, o, "hidden") for a in archs for o in OPTIMIZERS]
     if "mla_moe" in archs:
@@ -278,14 +245,16 @@ def run(cfg: ConfigDict, stage: common.Stage) -> dict[str, Any]:
     for arch, opt, roles in cells:
         name = opt if roles == "hidden" or opt == "adam" else f"muon_{roles}"
         rc = run_config(cfg, arch, opt, roles)
-        lr = rc.optimizer.lr
-        runs.setdefault(arch, {})[name] = train_runs.train_cached(
-            rc, cache_dir, f"arch-{arch}-{name}-lr{lr:g}"
-        )
-        progress(f"{arch} {name}")
-    models = load_models({a: runs[a]["muon"]["workdir"] for a in archs})
+        label = f"arch-{arch}-{name}-lr{rc.optimizer.lr:g}"
+        runs.setdefault(arch, {})[name] = train_runs.train_cached(rc, stage.cache_dir, label)
+        stage.progress(f"{arch} {name}")
+    models = {}
+    for a in archs:  # the Muon runs' weights
+        graphdef, params, _, data = load_run(runs[a]["muon"]["workdir"])
+        params = jax.device_put(params)
+        models[a] = (graphdef, params, nnx.merge(graphdef, params).config, data.val_tokens)
     dec = decode_measurements(cfg, models)
-    progress("decoding")
+    stage.progress("decoding")
     target = train_runs.final_eval(runs["dense"]["adam"])
     cellm: dict[str, dict[str, Any]] = {}
     for arch, by_opt in runs.items():
@@ -311,9 +280,8 @@ def run(cfg: ConfigDict, stage: common.Stage) -> dict[str, Any]:
             }  # fmt: skip
     metrics = {"target_loss": target, "lr": cfg.lr.to_dict(), "lr_source": cfg.lr_source,
                "cells": cellm, "decode": dec}  # fmt: skip
-    figures = make_figures(cfg, metrics, out_dir)
+    figures, claims = make_figures(cfg, metrics, stage.out_dir), make_claims(cfg, metrics)
     metrics["report_md"] = report_md(cfg, metrics)
-    claims = make_claims(cfg, metrics)
     if cfg.frontier.seeds:
         metrics["frontier"], more, paths = frontier(cfg, stage)
         claims, figures = claims + more, figures + paths
@@ -330,10 +298,8 @@ def make_notes(cells: dict[str, dict[str, Any]]) -> list[str]:
         "would: speed ratios are those of this implementation, at this size, on CPU",
     ]
     ppl0 = cells["dense/adam"]["perplexity"]
-    parts = []
-    for key in ("dense/muon", "mla_moe/adam", "mla_moe/muon"):
-        if key in cells:
-            parts.append(f"{key} {1 - cells[key]['perplexity'] / ppl0:+.1%}")
+    parts = [f"{key} {1 - cells[key]['perplexity'] / ppl0:+.1%}"
+             for key in ("dense/muon", "mla_moe/adam", "mla_moe/muon") if key in cells]  # fmt: skip
     notes.append("perplexity reduction against dense/adam: " + ", ".join(parts))
     return notes
 

@@ -94,11 +94,7 @@ class Experiment:
     sources: tuple[str, ...] = ()
 
     def config(self, scale: str = "quick") -> Any:
-        """The experiment's config at ``scale``.
-
-        Raises:
-          ValueError: if ``scale`` is not one of :data:`SCALES`.
-        """
+        """The experiment's config at ``scale``; ``ValueError`` if not one of :data:`SCALES`."""
         if scale not in SCALES:
             raise ValueError(f"scale must be one of {SCALES}, got {scale!r}")
         if self.get_config is not None:
@@ -118,12 +114,8 @@ class Experiment:
         return source_hash(files, *names, json.dumps(claims, sort_keys=True))
 
     def __call__(self, cfg: Any, out_dir: os.PathLike | str, *, progress=None, cache_dir=None):
-        """Run the experiment into ``out_dir``; write and return the result dict.
-
-        ``cache_dir`` defaults to ``out_dir/train_runs``. The result records the wall and
-        CPU seconds of this process (and its finished children) and the load average
-        (1 minute) at the start and the end, so a reader can judge the timings.
-        """
+        """Run the experiment into ``out_dir`` (``cache_dir`` defaults to ``out_dir/train_runs``);
+        write and return the result dict, with wall and CPU seconds and the load average."""
         out = pathlib.Path(out_dir)
         (out / "figures").mkdir(parents=True, exist_ok=True)
         cache = pathlib.Path(cache_dir or out / "train_runs")
@@ -142,14 +134,8 @@ class Experiment:
 
 @functools.cache
 def experiments() -> dict[str, Experiment]:
-    """Every ``EXPERIMENT`` declared by a module of the ``experiments`` package, by name.
-
-    Ordered by name, except that a stage taking another's learning rates (``lr_from``)
-    comes after every stage that does not.
-
-    Raises:
-      ValueError: if two modules declare the same name.
-    """
+    """Every ``EXPERIMENT`` declared by a module of the ``experiments`` package, by name; those
+    with ``lr_from`` after the others. ``ValueError`` if two modules declare the same name."""
     import experiments as package
 
     found: dict[str, Experiment] = {}
@@ -225,11 +211,8 @@ def module_sources(*modules: str, files: Iterable[pathlib.Path] = ()) -> list[pa
 
 
 def cpu_seconds() -> float:
-    """CPU seconds (user + system) of this process and its finished children so far.
-
-    A stage's CPU time divided by the core count estimates its wall time on an idle
-    machine (the report's budget figure) even when other jobs share the cores.
-    """
+    """CPU seconds (user + system) of this process and its finished children so far: divided
+    by the core count, a stage's wall time on an idle machine even when the cores are shared."""
     own = resource.getrusage(resource.RUSAGE_SELF)
     kids = resource.getrusage(resource.RUSAGE_CHILDREN)
     return own.ru_utime + own.ru_stime + kids.ru_utime + kids.ru_stime
@@ -262,13 +245,9 @@ class Claim:
 def seed_verdict(
     a: Any, b: Any = None, *, direction: str, threshold: float = 0.0
 ) -> tuple[Any, bool | None]:
-    """Seed interval of ``a`` (or of the paired difference ``a - b``) and its three-way verdict.
-
-    Args:
-      a: ``[seeds]`` per-seed values of one arm.
-      b: ``[seeds]`` the other arm on the same seeds (paired), or None.
-      direction: "greater" (the claim says the quantity exceeds ``threshold``) or "less".
-      threshold: the value the claim compares against.
+    """Seed interval of ``a`` ``[seeds]`` (or of the paired difference ``a - b``, ``b``
+    ``[seeds]`` on the same seeds) and its verdict against ``threshold`` in ``direction``
+    ("greater" or "less").
 
     Returns:
       ``(interval, held)``: :class:`amemory.analysis.stats.Interval` (95% Student-t) and
@@ -391,11 +370,8 @@ def _claims_file() -> dict[str, dict[str, Any]]:
 
 
 def claim_specs(stage: str) -> dict[str, ClaimSpec]:
-    """The claims of ``stage`` in :data:`CLAIMS_FILE`, by their key less ``"<stage>/"``.
-
-    Raises:
-      ValueError: if the file holds no claim of ``stage``.
-    """
+    """The claims of ``stage`` in :data:`CLAIMS_FILE`, by their key less ``"<stage>/"``;
+    ``ValueError`` if the file holds none."""
     specs = {key.split("/", 1)[1]: ClaimSpec(key, **v | {"arms": tuple(v.get("arms", ()))})
              for key, v in _claims_file().items() if key.startswith(f"{stage}/")}  # fmt: skip
     if not specs:
@@ -434,10 +410,8 @@ def verdict(held: bool | None) -> str:
 
 
 def to_jsonable(obj: Any) -> Any:
-    """Convert numpy / jax scalars and arrays (recursively) to plain Python for json.
-
-    Non-finite floats become ``None`` so the JSON stays standard.
-    """
+    """Numpy / jax scalars and arrays (recursively) as plain Python for json (non-finite
+    floats become ``None``, so the JSON stays standard)."""
     if isinstance(obj, dict):
         return {str(k): to_jsonable(v) for k, v in obj.items()}
     if isinstance(obj, list | tuple):
@@ -491,23 +465,16 @@ def result_dict(
 ) -> dict[str, Any]:  # fmt: skip
     """Assemble the standard result dict of an experiment (see module docstring)."""
     return {
-        "name": name,
-        "scale": scale,
-        "wall_s": float(wall_s),
-        "figures": list(figures),
+        "name": name, "scale": scale, "wall_s": float(wall_s), "figures": list(figures),
         "claims": [c.as_dict() if isinstance(c, Claim) else dict(c) for c in claims],
-        "metrics": metrics,
-        "notes": list(notes),
+        "metrics": metrics, "notes": list(notes),
         "config": (config.to_dict() if hasattr(config, "to_dict") else config),
-    }
+    }  # fmt: skip
 
 
 def parse_set(item: str) -> tuple[str, Any]:
-    """``"a.b=value"`` (a ``--set`` argument) as ``("a.b", value)``, the value parsed as JSON.
-
-    Raises:
-      ValueError: if ``item`` has no ``=``.
-    """
+    """``"a.b=value"`` (a ``--set`` argument) as ``("a.b", value)``, the value parsed as JSON;
+    ``ValueError`` if ``item`` has no ``=``."""
     if "=" not in item:
         raise ValueError(f"--set expects FIELD=VALUE, got {item!r}")
     key, raw = item.split("=", 1)
@@ -518,11 +485,8 @@ def parse_set(item: str) -> tuple[str, Any]:
 
 
 def check_values(stage: str, cfg: Any, **allowed: Sequence[Any]) -> None:
-    """Check that every entry of the list field ``cfg.<field>`` is in ``allowed[field]``.
-
-    Raises:
-      ValueError: naming the stage, the field, the unknown entries and the allowed ones.
-    """
+    """Check that every entry of the list field ``cfg.<field>`` is in ``allowed[field]``;
+    else ``ValueError`` naming the stage, the field, the unknown entries and the allowed ones."""
     for field, ok in allowed.items():
         bad = [v for v in cfg[field] if v not in ok]
         if bad:
@@ -540,14 +504,9 @@ def has_field(cfg: Any, key: str) -> bool:
 
 
 def apply_override(cfg: Any, key: str, value: Any) -> None:
-    """Set the dotted field ``key`` of the ConfigDict ``cfg`` to ``value``.
-
-    A list given for a tuple field becomes a tuple (JSON has no tuples).
-
-    Raises:
-      ValueError: if the field does not exist (naming the fields there), or ``value``
-        has a type the field does not accept (ConfigDict's type check).
-    """
+    """Set the dotted field ``key`` of the ConfigDict ``cfg`` to ``value`` (a list given for a
+    tuple field becomes a tuple); ``ValueError`` if the field does not exist (naming the
+    fields there) or does not accept ``value``'s type."""
     *parents, leaf = key.split(".")
     node = cfg
     for i, part in enumerate(parents):
@@ -578,12 +537,8 @@ def format_summary(result: dict[str, Any]) -> str:
 
 def table(header: Sequence[str], rows: Iterable[Sequence[Any]]) -> list[str]:
     """Markdown table lines: the header, its rule, then one line per row of cells."""
-    rule = "|---" * len(header) + "|"
-    return [
-        "| " + " | ".join(header) + " |",
-        rule,
-        *("| " + " | ".join(map(str, r)) + " |" for r in rows),
-    ]
+    line = lambda cells: "| " + " | ".join(map(str, cells)) + " |"
+    return [line(header), "|---" * len(header) + "|", *map(line, rows)]
 
 
 def fmt(x: Any, digits: int = 3) -> str:

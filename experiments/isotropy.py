@@ -3,10 +3,8 @@
 Paper A (Wang et al. 2025, arXiv 2509.26030, Sec. 4): with q_i = σ_i² / Σσ_j²,
 normalised SVD entropy, effective rank, top-k energy and Q75/25 of VO, W_in, W_out;
 Muon is more isotropic from the start with negligible seed variance, Adam fluctuates.
-Seeds are trained together (one vmapped program, ``config.seeds``; seeds differ in
-initialisation and share the data order); the metrics come from the training loop's
-spectrum records. Verdicts rest on seed intervals (:mod:`amemory.analysis.stats`): the
-entropy claim on the paired Muon − Adam difference at every logged step of every
+The metrics come from the training loop's spectrum records of the seeded runs. The
+entropy claim rests on the paired Muon − Adam interval at every logged step of every
 matrix, the spread claim on the F interval of the ratio of seed variances.
 """
 
@@ -24,16 +22,11 @@ from experiments import common, train_runs
 
 def spectrum_series(records: Sequence[dict[str, Any]]) -> dict[str, tuple[np.ndarray, np.ndarray]]:
     """``spectrum/<role>/<metric>`` -> (steps [n], values [n, seeds]) from metrics.jsonl rows."""
-    keys = sorted(
-        {k for r in records if r.get("kind") == "spectrum" for k in r if k.startswith("spectrum/")}
-    )
-    out = {}
-    for k in keys:
-        steps, vals = train_runs.eval_series(records, k, kind="spectrum")
-        if vals.ndim == 1:
-            vals = vals[:, None]
-        out[k] = (steps, vals)
-    return out
+    keys = {
+        k for r in records if r.get("kind") == "spectrum" for k in r if k.startswith("spectrum/")
+    }
+    series = {k: train_runs.eval_series(records, k, kind="spectrum") for k in sorted(keys)}
+    return {k: (steps, v[:, None] if v.ndim == 1 else v) for k, (steps, v) in series.items()}
 
 
 def run(cfg: ConfigDict, stage: common.Stage) -> dict[str, Any]:
@@ -52,25 +45,22 @@ def run(cfg: ConfigDict, stage: common.Stage) -> dict[str, Any]:
         _, role, metric = k.split("/", 2)
         if metric not in cfg.metrics:
             continue
-        panel = {}
+        panels[f"{role} {metric}"] = {opt: s[k] for opt, s in series.items()}
         for opt, s in series.items():
             steps, v = s[k]  # (n, seeds)
-            panel[opt] = (steps, v)
             summary.setdefault(k, {})[opt] = {
                 "steps": steps, "values": v,
                 "mean": np.nanmean(v, axis=1),
                 "time_mean": np.nanmean(v, axis=0),  # (seeds,) average over logged steps
             }  # fmt: skip
-        panels[f"{role} {metric}"] = panel
     figures = []
     if panels:
         figures.append(stage.figure(plots.plot_band_curves(
             panels, out_dir / "figures" / "isotropy.png", ncols=4)))  # fmt: skip
     metrics = {"series": summary, "seeds": list(cfg.seeds), "lr": dict(cfg.lr),
                "lr_source": cfg.lr_source}  # fmt: skip
-    claims = make_claims(summary)
     metrics["report_md"] = report_md(summary, metrics)
-    return {"metrics": metrics, "figures": figures, "claims": claims}
+    return {"metrics": metrics, "figures": figures, "claims": make_claims(summary)}
 
 
 def report_md(summary: dict[str, Any], m: dict[str, Any]) -> str:

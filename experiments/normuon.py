@@ -2,13 +2,10 @@
 
 NorMuon (Li et al. 2025, arXiv 2510.05491, Sec. 3) starts from Muon's orthogonalised
 updates having very unequal per-neuron norms and adds a per-neuron second moment that
-equalises them (+11.3% training efficiency over Muon at 1.1B). On tail_lm's model and
-corpus we measure (1) the coefficient of variation over output neurons of the per-neuron
-update norms of every hidden matrix, for Muon and NorMuon, logged by the plain loop of
-``experiments/reference_lm.py`` (same seeds, initialisation and batches as the engine);
-(2) NorMuon's and Muon's validation loss at equal steps on the held-out seeds, each at its
-learning rate chosen on a grid by seed 0. Both claims rest on the 95% interval of the
-paired per-seed difference (:mod:`amemory.analysis.stats`).
+equalises them. On tail_lm's model and corpus we measure (1) the coefficient of variation
+of the per-neuron update norms of every hidden matrix, for Muon and NorMuon, logged by the
+plain loop of ``experiments/reference_lm.py``; (2) their validation loss at equal steps on
+the held-out seeds, each at its learning rate chosen on a grid by seed 0.
 """
 
 from __future__ import annotations
@@ -24,23 +21,15 @@ from experiments import common, reference_lm, train_runs
 OPTIMIZERS = ("muon", "normuon")
 
 
-def _tail_cfg(cfg: ConfigDict) -> ConfigDict:
-    return ConfigDict({
-        "base": cfg.base, "optimizers": ("adam",) + OPTIMIZERS, "muon_roles": cfg.muon_roles,
-        "lr_grid": cfg.lr_grid.to_dict(), "seeds": tuple(cfg.seeds),
-    })  # fmt: skip
-
-
 def run(cfg: ConfigDict, stage: common.Stage) -> dict[str, Any]:
-    """Run the experiment (see the module docstring); figures under ``stage.out_dir``.
-
-    Raises:
-      ValueError: if fewer than 2 seeds are configured (before training).
-    """
+    """Run the experiment; ``ValueError`` for fewer than 2 seeds (before training)."""
     if len(cfg.seeds) < 2:
         raise ValueError(f"normuon config field 'seeds' needs >= 2 seeds, got {cfg.seeds}")
     out_dir, cache_dir, progress = stage.out_dir, stage.cache_dir, stage.progress
-    tl = _tail_cfg(cfg)
+    tl = ConfigDict({
+        "base": cfg.base, "optimizers": ("adam",) + OPTIMIZERS, "muon_roles": cfg.muon_roles,
+        "lr_grid": cfg.lr_grid.to_dict(), "seeds": tuple(cfg.seeds),
+    })  # fmt: skip
     chosen, _, tables = train_runs.choose_lrs(tl, cache_dir, progress=progress)
     runs = train_runs.seeded_runs(tl, chosen, cache_dir, progress=progress, optimizers=OPTIMIZERS)
     metrics: dict[str, Any] = {"chosen_lr": chosen, "lr_sweep": tables, "seeds": list(cfg.seeds)}
@@ -71,15 +60,13 @@ def run(cfg: ConfigDict, stage: common.Stage) -> dict[str, Any]:
     }
     p1 = plots.plot_band_curves(panels, out_dir / "figures" / "normuon_neuron_cv.png", ncols=3)
     p2 = plots.plot_curves(
-        {o: curves[o] for o in OPTIMIZERS},
-        out_dir / "figures" / "normuon_val_loss.png",
+        {o: curves[o] for o in OPTIMIZERS}, out_dir / "figures" / "normuon_val_loss.png",
         xlabel="step", ylabel="validation loss (nats/token)",
         title="NorMuon vs Muon (95% seed bands)",
     )  # fmt: skip
-    figures = [stage.figure(p1), stage.figure(p2)]
     metrics["report_md"] = report_md(metrics)
-    claims = make_claims(metrics)
-    return {"metrics": metrics, "figures": figures, "claims": claims}
+    return {"metrics": metrics, "figures": [stage.figure(p1), stage.figure(p2)],
+            "claims": make_claims(metrics)}  # fmt: skip
 
 
 def report_md(m: dict[str, Any]) -> str:
@@ -117,9 +104,7 @@ def make_claims(m: dict[str, Any]) -> list[common.Claim]:
 
 
 EXPERIMENT = common.Experiment(
-    "normuon",
-    run,
-    units=lambda cfg: (
-        sum(len(cfg.lr_grid[o]) for o in ("adam",) + OPTIMIZERS) + 2 * len(OPTIMIZERS)
-    ),
-)
+    "normuon", run,
+    units=lambda cfg: (sum(len(cfg.lr_grid[o]) for o in ("adam",) + OPTIMIZERS)
+                       + 2 * len(OPTIMIZERS)),
+)  # fmt: skip

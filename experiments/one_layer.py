@@ -6,14 +6,10 @@ momentum: GD ``W ← W - η ∇L``; SignGD ``W ← W - η sign(∇L)``; Muon
 ``W ← W - η msgn(∇L)`` (exact polar factor), all from the science kernel
 :mod:`amemory.analysis.one_step`, which the theory checks use too.
 
-For each prior (paper A's two-level prior with α = 0.8, β = 0.2, and a heavy-tailed
-prior from the word counts of the real corpus) and each embedding (decoupled
-``E = Ẽ = I``; coupled, paper A's ZYZ blocks) we record
-
-* one step with scaled η: ``W_η = η U(∇L(W_0))`` for a sweep of η, giving a curve
-  (loss(W_η), Δ(W_η)), and the one-step balance ``ϱ^ε`` (first-crossing reading,
-  ``docs/science.md#one-step-balance``);
-* many steps with a constant η: the curve (loss(W_t), Δ(W_t)) along the trajectory.
+For each prior (paper A's two-level prior, and one from the word counts of the real
+corpus) and embedding (decoupled ``E = Ẽ = I``; coupled, paper A's ZYZ blocks) we record
+the curve (loss, Δ) of one step ``W_η = η U(∇L(W_0))`` over a sweep of η with its one-step
+balance ``ϱ^ε`` (``docs/science.md#one-step-balance``), and along many constant-η steps.
 
 ``Δ(W) = max_i f_W(E_i)_i - min_j f_W(E_j)_j``. Expected (paper A): GD imbalanced;
 Muon balanced for both embeddings; SignGD balanced when decoupled, imbalanced when
@@ -39,35 +35,17 @@ from amemory.models import memory
 from experiments import common
 
 OPTIMIZERS = one_step.OPTIMIZERS
-EMBEDDINGS = ("decoupled", "coupled")
+# name -> K -> (E, Et) [K, K]; coupled needs K % 3 == 0
+EMBEDDINGS = {"decoupled": memory.decoupled, "coupled": memory.coupled_rotation}
 PRIORS = ("two_level", "corpus")
-
-
-def embeddings(kind: str, K: int) -> tuple[jax.Array, jax.Array]:
-    """``(E, Et)`` ``[K, K]`` for ``kind`` in ``("decoupled", "coupled")``.
-
-    Raises:
-      ValueError: for an unknown kind, or K not divisible by 3 for ``coupled``.
-    """
-    if kind == "decoupled":
-        return memory.decoupled(K)
-    if kind == "coupled":
-        return memory.coupled_rotation(K)
-    raise ValueError(f"embeddings must be one of {EMBEDDINGS}, got {kind!r}")
 
 
 _WORD = re.compile(r"[a-z]+(?:'[a-z]+)?")
 
 
 def word_counts(texts: Sequence[str], K: int) -> tuple[list[str], np.ndarray]:
-    """Counts of the K most frequent lower-cased words in ``texts``.
-
-    Returns:
-      (words [K], counts [K] float64, non-increasing).
-
-    Raises:
-      ValueError: if the texts hold fewer than K distinct words.
-    """
+    """(words [K], counts [K] float64, non-increasing) of the K most frequent lower-cased
+    words in ``texts``; ``ValueError`` if the texts hold fewer than K distinct words."""
     counter: collections.Counter[str] = collections.Counter()
     for t in texts:
         counter.update(_WORD.findall(t.lower()))
@@ -77,31 +55,27 @@ def word_counts(texts: Sequence[str], K: int) -> tuple[list[str], np.ndarray]:
     return [w for w, _ in top], np.array([c for _, c in top], dtype=np.float64)
 
 
-def corpus_prior(corpus: str, K: int) -> tuple[np.ndarray, dict[str, Any]]:
-    """Heavy-tailed prior from the real corpus: p_k ∝ count of the k-th most frequent word.
+def make_prior(kind: str, cfg: Any) -> tuple[np.ndarray, dict[str, Any]]:
+    """The prior ``[K]`` float64 for ``kind`` in :data:`PRIORS` plus an info dict.
 
-    Uses :func:`amemory.data.sources.load_text_corpus` (train split) and
-    :func:`amemory.data.frequencies.from_counts`.
-
-    Returns:
-      (prior [K] float64, info dict with the top words and the count range).
+    ``corpus``: p_k ∝ count of the k-th most frequent word of the corpus's train split
+    (:func:`amemory.data.frequencies.from_counts`); info holds the top words and counts.
     """
+    if kind == "two_level":
+        p = frequencies.two_level(cfg.K, cfg.alpha, cfg.beta)
+        return p, {"alpha": cfg.alpha, "beta": cfg.beta}
     from amemory.data.sources import load_text_corpus
 
-    words, counts = word_counts(load_text_corpus(corpus).train_texts, K)
-    info = {"corpus": corpus, "top_words": words[:10], "count_max": float(counts[0]),
+    words, counts = word_counts(load_text_corpus(cfg.corpus).train_texts, cfg.K)
+    info = {"corpus": cfg.corpus, "top_words": words[:10], "count_max": float(counts[0]),
             "count_min": float(counts[-1]), "total_words_top_K": float(counts.sum())}  # fmt: skip
     return frequencies.from_counts(counts), info
 
 
-def make_prior(kind: str, cfg: Any) -> tuple[np.ndarray, dict[str, Any]]:
-    """The prior ``[K]`` for ``kind`` in ``("two_level", "corpus")`` plus an info dict."""
-    if kind == "two_level":
-        p = frequencies.two_level(cfg.K, cfg.alpha, cfg.beta)
-        return p, {"alpha": cfg.alpha, "beta": cfg.beta}
-    if kind == "corpus":
-        return corpus_prior(cfg.corpus, cfg.K)
-    raise ValueError(f"prior must be one of {PRIORS}, got {kind!r}")
+def _first_update(name: str, E: jax.Array, Et: jax.Array, prior: jax.Array) -> jax.Array:
+    """``U(∇L(W_0))`` at ``W_0 = 0`` (``one_step.unit_update``), ``[d_out, d_in]``."""
+    W0 = jnp.zeros((Et.shape[0], E.shape[0]), E.dtype)
+    return one_step.unit_update(name, jax.grad(memory.population_loss)(W0, E, Et, prior))
 
 
 def _stats(W: jax.Array, E: jax.Array, Et: jax.Array, prior: jax.Array) -> tuple[jax.Array, ...]:
@@ -113,26 +87,17 @@ def _stats(W: jax.Array, E: jax.Array, Et: jax.Array, prior: jax.Array) -> tuple
 def one_step_sweep(
     name: str, E: jax.Array, Et: jax.Array, prior: jax.Array, logit_grid: np.ndarray
 ) -> dict[str, np.ndarray]:
-    """One step from W_0 = 0 with scaled η: ``W_η = η U(∇L(0))`` for a sweep of η
-    (``U = one_step.unit_update``: ``-G``, ``-sign(G)``, ``-msgn(G)``).
+    """One step from W_0 = 0 with scaled η: ``W_η = η U(∇L(0))`` for a sweep of η.
 
-    The η grid is expressed as the mean correct-class logit ``t`` it produces,
+    ``logit_grid`` ``[n]`` gives η as the mean correct-class logit ``t`` it produces,
     ``η = t / mean_k (Ẽᵀ (-D) E)_kk``, so one grid serves GD (tiny gradient entries) and
-    SignGD/Muon alike.
-
-    Args:
-      name: optimizer (``gd`` | ``signgd`` | ``muon``).
-      E, Et: embeddings ``[K, K]``; prior: ``[K]``.
-      logit_grid: ``[n]`` positive mean-correct-logit values.
+    SignGD/Muon alike. ``E, Et`` ``[K, K]``, ``prior`` ``[K]``.
 
     Returns:
       dict of ``[n]`` arrays: eta, loss, gap, min_correct, max_correct.
     """
-    K = prior.shape[0]
-    W0 = jnp.zeros((Et.shape[0], E.shape[0]), E.dtype)
-    g = jax.grad(memory.population_loss)(W0, E, Et, prior)
-    step = one_step.unit_update(name, g)  # [d_out, d_in], the move of one unit of eta
-    unit = float(jnp.trace(memory.task_space(step, E, Et))) / K
+    step = _first_update(name, E, Et, prior)  # the move of one unit of eta
+    unit = float(jnp.trace(memory.task_space(step, E, Et))) / prior.shape[0]
     etas = jnp.asarray(logit_grid, E.dtype) / unit
     loss, gap, mn, mx = jax.vmap(lambda eta: _stats(eta * step, E, Et, prior))(etas)
     keys = ("eta", "loss", "gap", "min_correct", "max_correct")
@@ -144,17 +109,14 @@ def one_step_rho(
 ) -> dict[str, float]:
     """One-step balance ``ϱ^ε`` of ``name`` from ``W_0 = 0``, first-crossing reading.
 
-    The update is taken to task space (``memory.task_space``) and searched by
-    :func:`amemory.analysis.one_step.first_crossing_rho` (precision 1e-7 in η, enough
-    for float32).
+    Searched in task space by :func:`amemory.analysis.one_step.first_crossing_rho`
+    (precision 1e-7 in η, enough for float32).
 
     Returns:
       {"rho": ϱ^ε, "eta": the crossing η}; NaN for both if no class has all margins
       positive (the threshold is never reached).
     """
-    W0 = jnp.zeros((Et.shape[0], E.shape[0]), E.dtype)
-    g = jax.grad(memory.population_loss)(W0, E, Et, prior)
-    dhat = memory.task_space(one_step.unit_update(name, g), E, Et)
+    dhat = memory.task_space(_first_update(name, E, Et, prior), E, Et)
     try:
         r = one_step.first_crossing_rho(dhat, eps, rtol=1e-7)
     except ValueError:
@@ -193,20 +155,9 @@ def _trajectory(name, steps, E, Et, prior, lr):
     return W_end, outs, _stats(W_end, E, Et, prior)
 
 
-def learning_rate(name: str, cfg: Any, prior: np.ndarray) -> float:
-    """Constant many-step learning rate of ``name`` from the config (see configs/one_layer.py)."""
-    if name == "gd":
-        return float(cfg.lr.gd_times_pmax_inv / np.max(prior))
-    return float(cfg.lr[name])
-
-
 def run(cfg: Any, stage: common.Stage) -> dict[str, Any]:
-    """Run the experiment; writes ``figures/one_layer_gap_vs_loss.png``; progress per unit.
-
-    Raises:
-      ValueError: on unknown prior / embedding / optimizer names, or K % 3 != 0 with
-        coupled embeddings, before any compilation.
-    """
+    """Run the experiment; ``ValueError`` (before compiling) for unknown prior / embedding /
+    optimizer names, or K % 3 != 0 with coupled embeddings."""
     out_dir, progress = stage.out_dir, stage.progress
     common.check_values("one_layer", cfg, priors=PRIORS, embeddings=EMBEDDINGS,
                         optimizers=OPTIMIZERS)  # fmt: skip
@@ -226,12 +177,13 @@ def run(cfg: Any, stage: common.Stage) -> dict[str, Any]:
         metrics["priors"][prior_kind] = {**info, "p_max": p_max, "p_min": p_min}
         prior = jnp.asarray(prior_np, jnp.float32)
         for emb in cfg.embeddings:
-            E, Et = embeddings(emb, cfg.K)
+            E, Et = EMBEDDINGS[emb](cfg.K)
             one_panel, many_panel = {}, {}
             for opt in cfg.optimizers:
                 sweep = one_step_sweep(opt, E, Et, prior, logit_grid)
                 rho = one_step_rho(opt, E, Et, prior, cfg.eps)
-                lr = learning_rate(opt, cfg, prior_np)
+                # constant; GD's relative to p_max (see configs/one_layer.py)
+                lr = float(cfg.lr.gd_times_pmax_inv / p_max if opt == "gd" else cfg.lr[opt])
                 traj = trajectory(opt, E, Et, prior, lr, cfg.steps)
                 key = f"{prior_kind}/{emb}/{opt}"
                 metrics["runs"][key] = {
@@ -263,25 +215,18 @@ def run(cfg: Any, stage: common.Stage) -> dict[str, Any]:
     return {"metrics": metrics, "figures": figures, "claims": claims, "notes": notes}
 
 
-def _max_gap(metrics: dict, key: str) -> float:
-    r = metrics["runs"].get(key)
-    return float("nan") if r is None else max(r["one_step_max_gap"], r["many_steps_max_gap"])
-
-
 CLAIMS = common.claim_specs("one_layer")
 
 
 def make_claims(metrics: dict, cfg: Any) -> list[common.Claim]:
-    """:data:`CLAIMS`, from the largest gap along each path.
-
-    A (prior, embedding, optimizer) is "balanced" when the largest Δ over both the
-    one-step sweep and the many-step trajectory is below ``cfg.balanced``, and
-    "imbalanced" when it exceeds ``cfg.imbalanced``.
-    """
+    """:data:`CLAIMS`: a path is "balanced" when its largest Δ (one-step sweep and many-step
+    trajectory) is below ``cfg.balanced``, "imbalanced" when it exceeds ``cfg.imbalanced``."""
     bal, imb = cfg.balanced, cfg.imbalanced
 
     def gaps(prior: str, opt: str) -> dict[str, float]:
-        return {emb: _max_gap(metrics, f"{prior}/{emb}/{opt}") for emb in cfg.embeddings}
+        runs = {emb: metrics["runs"].get(f"{prior}/{emb}/{opt}") for emb in cfg.embeddings}
+        return {emb: float("nan") if r is None else max(r["one_step_max_gap"],
+                r["many_steps_max_gap"]) for emb, r in runs.items()}  # fmt: skip
 
     def ours(g: dict[str, float]) -> str:
         return ", ".join(f"{emb} max Δ {common.fmt(v, 2)}" for emb, v in g.items())

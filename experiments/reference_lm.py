@@ -1,27 +1,17 @@
 """A plain optax + flax training loop for the corpus LM: the reference beside the engine.
 
-``amemory.train.train`` resolves a config into routed optimizers, schedules, a data
-pipeline and a jitted step. This module trains the same model (``amemory.models.
-transformer`` built by ``amemory.train.tasks.model_config``, same initialisation per
-seed) on the same batches (``amemory.data.batching.token_loader`` with the run's
-``seed``: the engine's data order) with nothing of the engine's optimizer or loop: the
-optimizer is written directly in optax, the schedule is
-``optax.warmup_cosine_decay_schedule``, and the loop is a ``jax.jit`` of ``jax.vmap`` over
-seeds read top to bottom. It serves two experiments:
-
-* ``steps_ratio``: is the engine's Adam baseline the Adam a user would write in optax
-  (settings, initialisation, schedule, weight decay)? The reference's Adam must match
-  the engine's Adam to within seed noise; the reference's Muon is
-  ``optax.contrib.muon`` (the peer implementation) on the hidden matrices, so the
-  steps-to-Adam ratio can be read from code that shares nothing with ``amemory.optim``.
-* ``normuon``: the per-output-neuron norms of each step's update (the premise of
-  NorMuon, Li et al., arXiv 2510.05491, Sec. 3), measured on every hidden matrix while
-  training with ``amemory.optim.muon`` and ``amemory.optim.normuon``.
+The same model, initialisation per seed and batches (the engine's data order) as
+``amemory.train.train``, with nothing of the engine's optimizer or loop: the optimizer is
+written directly in optax and the loop is a ``jax.jit`` of ``jax.vmap`` over seeds, read
+top to bottom. ``steps_ratio`` checks that the engine's Adam matches this Adam within seed
+noise and reads the steps-to-Adam ratio of ``optax.contrib.muon`` (the peer
+implementation); ``normuon`` measures the per-output-neuron norms of each step's update
+(NorMuon's premise, Li et al., arXiv 2510.05491, Sec. 3).
 
 Kinds of optimizer (:data:`KINDS`): ``adam`` (``optax.adam`` / ``optax.adamw`` on every
-parameter), ``optax_muon`` (``optax.contrib.muon`` on the hidden matrices, ``optax.adam``
-on the rest), ``muon`` and ``normuon`` (``amemory.optim.muon`` / ``normuon`` on the hidden
-matrices, ``optax.adam`` on the rest). Only the corpus LM task is supported.
+parameter), ``optax_muon`` (``optax.contrib.muon``), ``muon`` and ``normuon``
+(``amemory.optim.muon`` / ``normuon``), the last three on the hidden matrices with
+``optax.adam`` on the rest. Only the corpus LM task is supported.
 """
 
 from __future__ import annotations
@@ -39,40 +29,27 @@ HIDDEN = ("q", "k", "v", "o", "w_in", "w_gate", "w_out")
 
 
 def schedule(cfg: Any, peak: float) -> optax.Schedule:
-    """Linear warmup from 0 to ``peak``, cosine decay to ``peak * final_fraction`` at the end.
-
-    Raises:
-      ValueError: if ``cfg.schedule.name`` is not ``"cosine"`` (the experiments' schedule).
-    """
+    """Linear warmup from 0 to ``peak``, cosine decay to ``peak * final_fraction`` at the end;
+    ``ValueError`` if ``cfg.schedule.name`` is not ``"cosine"`` (the experiments' schedule)."""
     if cfg.schedule.name != "cosine":
         raise ValueError(f"reference_lm supports schedule.name='cosine', got {cfg.schedule.name!r}")
-    steps = int(cfg.steps)
     return optax.warmup_cosine_decay_schedule(
-        0.0, peak, int(cfg.schedule.warmup_steps), steps,
+        0.0, peak, int(cfg.schedule.warmup_steps), int(cfg.steps),
         end_value=peak * float(cfg.schedule.final_fraction),
     )  # fmt: skip
 
 
 def make_tx(cfg: Any, kind: str, labels: Any) -> optax.GradientTransformation:
-    """The optimizer of ``kind`` written directly in optax (see the module docstring).
-
-    Args:
-      cfg: run config; reads ``optimizer.{lr, adam_lr, b1, b2, eps, momentum, nesterov,
-        ns_steps, weight_decay}`` and the schedule.
-      kind: one of :data:`KINDS`.
-      labels: params-shaped tree of ``"hidden"`` / ``"rest"``.
-
-    Raises:
-      ValueError: for an unknown ``kind``.
-    """
+    """The optimizer of ``kind`` (:data:`KINDS`) written directly in optax, from ``cfg.optimizer``
+    and the schedule; ``labels`` is a params-shaped tree of ``"hidden"`` / ``"rest"``.
+    ``ValueError`` for an unknown ``kind``."""
     o = cfg.optimizer
     wd = float(o.weight_decay)
+    betas = {"b1": float(o.b1), "b2": float(o.b2), "eps": float(o.eps)}
     adam_lr = schedule(cfg, float(o.adam_lr))
-    if wd > 0:
-        adam = optax.adamw(adam_lr, b1=float(o.b1), b2=float(o.b2), eps=float(o.eps),
-                           weight_decay=wd)  # fmt: skip
-    else:
-        adam = optax.adam(adam_lr, b1=float(o.b1), b2=float(o.b2), eps=float(o.eps))
+    adam = (
+        optax.adamw(adam_lr, **betas, weight_decay=wd) if wd > 0 else optax.adam(adam_lr, **betas)
+    )
     if kind == "adam":
         return adam
     lr = schedule(cfg, float(o.lr))
@@ -95,16 +72,9 @@ def make_tx(cfg: Any, kind: str, labels: Any) -> optax.GradientTransformation:
 
 
 def neuron_norm_cv(update: jax.Array) -> jax.Array:
-    """Coefficient of variation of the per-output-neuron norms of one update matrix.
-
-    Args:
-      update: ``[fan_in, fan_out]`` (Flax kernel layout; an output neuron is a column).
-
-    Returns:
-      scalar ``std(n) / mean(n)`` with ``n_j = ||update[:, j]||_2`` (population std);
-      0 when every neuron's update has the same norm; NaN for an all-zero update (e.g.
-      the first step of a warmup from a learning rate of 0).
-    """
+    """Coefficient of variation ``std(n) / mean(n)`` (population std) of the per-output-neuron
+    norms ``n_j = ||update[:, j]||_2`` of ``update`` ``[fan_in, fan_out]`` (Flax kernel layout);
+    a scalar, NaN for an all-zero update (the first step of a warmup from 0)."""
     n = jnp.sqrt(jnp.sum(update.astype(jnp.float32) ** 2, axis=0))  # (fan_out,)
     mean = jnp.mean(n)
     return jnp.where(mean > 0, jnp.std(n) / jnp.where(mean > 0, mean, 1.0), jnp.nan)
@@ -113,13 +83,9 @@ def neuron_norm_cv(update: jax.Array) -> jax.Array:
 def run(cfg: Any, kind: str, seeds: tuple[int, ...], *, log_every: int = 10) -> dict[str, Any]:
     """Train ``cfg``'s model with the optimizer ``kind`` on every seed at once.
 
-    Args:
-      cfg: an LM run config (``experiments/configs/lm.py`` form) with ``data.kind ==
-        "corpus"``; ``cfg.seed`` fixes the data order, ``seeds`` the initialisations
-        (``init_params(split(PRNGKey(s))[0])``, as the engine's runs).
-      kind: one of :data:`KINDS`.
-      seeds: the initialisation seeds (at least one).
-      log_every: steps between records of the update statistics.
+    ``cfg`` is an LM run config (``experiments/configs/lm.py``) on the corpus; ``cfg.seed``
+    fixes the data order, ``seeds`` the initialisations (as the engine's runs);
+    ``log_every`` is the steps between records of the update statistics.
 
     Returns:
       dict with ``eval_steps [n]``, ``val_loss [n, S]`` (nats/token, every
@@ -154,9 +120,7 @@ def run(cfg: Any, kind: str, seeds: tuple[int, ...], *, log_every: int = 10) -> 
     labels = jax.tree.map(lambda r: "hidden" if r in HIDDEN else "rest", roles)
     tx = make_tx(cfg, kind, labels)
     opt_state = jax.vmap(tx.init)(params)
-    hidden_paths = [
-        (p, r) for (p, r) in jax.tree_util.tree_flatten_with_path(roles)[0] if r in HIDDEN
-    ]
+    hidden_paths = [pr for pr in jax.tree_util.tree_flatten_with_path(roles)[0] if pr[1] in HIDDEN]
 
     def loss_fn(p, batch):
         logits = transformer.apply(graphdef, p, batch[:, :-1])  # (B, T, V)
@@ -204,11 +168,8 @@ def run(cfg: Any, kind: str, seeds: tuple[int, ...], *, log_every: int = 10) -> 
 
 
 def cached_run(cfg: Any, kind: str, seeds: tuple[int, ...], cache_dir: Any) -> dict[str, Any]:
-    """:func:`run`, stored as JSON in ``cache_dir`` and reused for the same (config, kind, seeds)
-    and the same code (this file and ``amemory/``).
-
-    Returns the JSON form of :func:`run`'s dict (arrays as nested lists).
-    """
+    """The JSON form of :func:`run`'s dict, stored in ``cache_dir`` and reused for the same
+    (config, kind, seeds) and code (this file and ``amemory/``)."""
     import pathlib
 
     from experiments import common

@@ -9,14 +9,10 @@ Usage::
     amemory report --mark-stale                # date-mark results whose stage code changed
     amemory report --add runs/x/steps_ratio/result.json   # file a stage's result.json first
 
-Every stage of ``amemory reproduce`` writes a compact JSON, ``experiments/results/<scale>/
-<stage>.json`` (:func:`save_result`): the stage's claims with their intervals and
-three-way verdicts, its numbers without the per-step curves, and where they come from
-(config hash, the stage's code version, package versions, machine, wall and CPU time,
-load average at the start and the end). These files are committed; this command renders
-the report from them, and docs/results.md and README's headline table are generated from
-them (a test fails when they disagree, and when a result's stage code changed since it
-was computed unless the result carries a dated stale mark, :func:`mark_stale`).
+Every stage of ``amemory reproduce`` writes a compact, committed JSON,
+``experiments/results/<scale>/<stage>.json`` (:func:`save_result`); this command renders
+the report, docs/results.md and README's headline table from them (a test fails when they
+disagree, or when a stage's code changed without a dated stale mark, :func:`mark_stale`).
 """
 
 from __future__ import annotations
@@ -76,11 +72,7 @@ def provenance(
     result: dict[str, Any], code_version: str | None = None, commit: str | None = None
 ) -> dict[str, Any]:
     """Where a stage's numbers come from: config, code, packages, machine, time and load.
-
-    ``code_version`` defaults to the registered stage's :meth:`common.Experiment.code_version`
-    and ``commit`` to the checkout's ``git rev-parse HEAD`` (pass both for a result
-    computed by another checkout).
-    """
+    ``code_version`` and ``commit`` default to this checkout's (pass both for another's)."""
     if code_version is None and result["name"] in common.experiments():
         code_version = common.experiments()[result["name"]].code_version()
     if commit is None:
@@ -93,10 +85,12 @@ def provenance(
             versions[name] = importlib.metadata.version(name)
         except importlib.metadata.PackageNotFoundError:
             versions[name] = None
-    cpu = next(
-        (line.split(":", 1)[1].strip() for line in _cpuinfo() if line.startswith("model name")),
-        platform.processor(),
-    )
+    try:
+        cpuinfo = pathlib.Path("/proc/cpuinfo").read_text().splitlines()
+    except OSError:
+        cpuinfo = []
+    cpu = next((line.split(":", 1)[1].strip() for line in cpuinfo
+                if line.startswith("model name")), platform.processor())  # fmt: skip
     return {
         "config_hash": common.config_hash(result.get("config") or {}),
         "code_version": code_version,
@@ -110,13 +104,6 @@ def provenance(
     }
 
 
-def _cpuinfo() -> list[str]:
-    try:
-        return pathlib.Path("/proc/cpuinfo").read_text().splitlines()
-    except OSError:
-        return []
-
-
 def save_result(
     result: dict[str, Any],
     root: os.PathLike | str = RESULTS,
@@ -124,13 +111,10 @@ def save_result(
     code_version: str | None = None,
     commit: str | None = None,
 ) -> tuple[pathlib.Path, list[str]]:
-    """Write ``result`` (a stage's result dict) as ``root/<scale>/<name>.json``, compactly.
+    """Write ``result`` (a :func:`common.result_dict`) as ``root/<scale>/<name>.json``.
 
-    Keeps the claims (with intervals and verdicts), notes, config and the numbers of
-    ``metrics``; drops lists of more than :data:`MAX_NUMBERS` numbers (per-step curves;
-    their paths are listed under ``omitted``); adds :func:`provenance`. Any result dict
-    of :func:`common.result_dict`'s shape can be written this way, including one made
-    outside ``amemory reproduce``.
+    Drops lists of more than :data:`MAX_NUMBERS` numbers (per-step curves; their paths go
+    under ``omitted``) and adds :func:`provenance`.
 
     Returns:
       (the path written, :func:`differences` from the file it replaced, else from the
@@ -280,12 +264,8 @@ def _cost(results: Sequence[dict[str, Any]]) -> str:
 
 
 def claims_figure(results: Sequence[dict[str, Any]], path: pathlib.Path) -> pathlib.Path | None:
-    """Forest plot of every claim with a seed interval: estimate ± 95% CI against its threshold.
-
-    One row per claim, coloured by verdict (held green, not held red, undecided grey);
-    the vertical line is the claim's threshold, subtracted so every row shares the axis.
-    Returns the path, or None when no claim has an interval.
-    """
+    """Forest plot of every claim with a seed interval: estimate − threshold ± 95% CI, coloured
+    by verdict; returns the path, or None when no claim has an interval."""
     rows = [c for c in claims(results) if c.get("interval")]
     if not rows:
         return None
@@ -424,11 +404,8 @@ def readme_block(results: Sequence[dict[str, Any]], scale: str = "quick") -> str
 
 
 def update_readme(readme: pathlib.Path, results: Sequence[dict[str, Any]], scale: str) -> None:
-    """Replace the text between the reproduce markers in ``readme`` with :func:`readme_block`.
-
-    Raises:
-      ValueError: if the README lacks either marker (the file is left unchanged).
-    """
+    """Replace the text between the reproduce markers in ``readme`` with :func:`readme_block`;
+    ``ValueError`` if the README lacks either marker (the file is left unchanged)."""
     text = readme.read_text()
     if README_BEGIN not in text or README_END not in text:
         raise ValueError(f"{readme} must contain the markers {README_BEGIN} and {README_END}")

@@ -54,10 +54,8 @@ def gd_curve(steps: int, prior: jax.Array, noise: jax.Array, lr: jax.Array) -> j
 
 @jax.jit
 def muon_final_loss(T: jax.Array, prior: jax.Array, noise: jax.Array, lr: jax.Array) -> jax.Array:
-    """Loss after T steps of Muon ``W ← W - lr msgn(∇L)`` from 0 (T traced: one compile).
-
-    The step is :func:`amemory.analysis.one_step.unit_update` (exact polar factor).
-    """
+    """Loss after T steps of Muon ``W ← W - lr msgn(∇L)`` from 0 (exact polar factor,
+    :func:`amemory.analysis.one_step.unit_update`; T traced: one compile)."""
     K = prior.shape[0]
 
     def body(_, W):
@@ -106,10 +104,8 @@ def synthetic(cfg: ConfigDict, progress: Callable[[str], None] | None = None) ->
 def envelope(
     cfg: ConfigDict, cache_dir: Any, progress: Callable[[str], None] | None = None
 ) -> dict[str, Any]:
-    """Minimum final validation loss over the LR grid per step budget, Adam and Muon.
-
-    Adam's LR is chosen first at each budget and used for the Adam half of Muon's runs.
-    """
+    """Minimum final validation loss over the LR grid per step budget, Adam and Muon (Adam's
+    chosen first: the Adam half of Muon's runs)."""
     res: dict[str, Any] = {"budgets": list(cfg.budgets), "adam": [], "muon": [], "lr": []}
     tokens_per_step = cfg.base.data.batch_size * cfg.base.data.seq_len
     res["tokens"] = [b * tokens_per_step for b in cfg.budgets]
@@ -141,18 +137,13 @@ def n_units(cfg: ConfigDict) -> int:
 
 
 def run(cfg: ConfigDict, stage: common.Stage) -> dict[str, Any]:
-    """Run the selected parts; figures under ``stage.out_dir``.
-
-    Raises:
-      ValueError: for an unknown part (allowed: synthetic, envelope).
-    """
+    """Run the selected parts; ``ValueError`` for an unknown part (synthetic, envelope)."""
     common.check_values("scaling", cfg, parts=("synthetic", "envelope"))
     out_dir, cache_dir, progress = stage.out_dir, stage.cache_dir, stage.progress
     metrics: dict[str, Any] = {}
     figures: list[str] = []
     if "synthetic" in cfg.parts:
-        syn = synthetic(cfg, progress)
-        metrics["synthetic"] = syn
+        metrics["synthetic"] = syn = synthetic(cfg, progress)
         series, fits = {}, {}
         for beta, r in syn["by_beta"].items():
             for name in ("gd", "muon"):
@@ -167,8 +158,7 @@ def run(cfg: ConfigDict, stage: common.Stage) -> dict[str, Any]:
         )  # fmt: skip
         figures.append(stage.figure(p))
     if "envelope" in cfg.parts:
-        env = envelope(cfg, cache_dir, progress)
-        metrics["envelope"] = env
+        metrics["envelope"] = env = envelope(cfg, cache_dir, progress)
         p = plots.plot_curves(
             {o: (env["tokens"], env[o]) for o in ("adam", "muon")},
             out_dir / "figures" / "scaling_envelope.png",

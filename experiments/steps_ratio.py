@@ -2,18 +2,12 @@
 
 Peers report that Muon reaches AdamW's loss with about half of its compute (Moonlight,
 arXiv 2502.16982, Sec. 3; arXiv 2509.24406: 48-52%). At every size of a one-factor sweep
-around tail_lm's quick model (width, depth, vocabulary), Adam's and Muon's learning rates
-are chosen on a grid by seed 0's final validation loss (grid edges flagged), both are
-trained on held-out initialisation seeds (same data order), and per seed the ratio =
-(first step, interpolated, at which Muon reaches Adam's final validation loss of the same
-seed) / steps, with a 95% Student-t interval (:mod:`amemory.analysis.stats`).
-
-Fairness of the baseline: at ``reference_sizes`` a plain optax + flax loop
-(``experiments/reference_lm.py``) trains the same model, initialisation and batches with
-``optax.adam`` and ``optax.contrib.muon``; the engine's Adam must match the plain Adam to
-within seed noise. ``budget_fractions`` trains Muon on shorter schedules, ``adam_betas``
-Adam with other betas. Claim (at ``test_size``): the ratio's interval lies below
-``half_threshold`` ("about half the steps").
+around tail_lm's quick model (width, depth, vocabulary), learning rates are chosen on a
+grid by seed 0, both optimizers run on the held-out seeds, and per seed the ratio = (first
+step, interpolated, at which Muon reaches Adam's final validation loss of the same seed) /
+steps. At ``reference_sizes`` the plain optax + flax loop of ``experiments/reference_lm.py``
+checks the engine's Adam (it must match within seed noise) and gives optax's Muon ratio.
+``budget_fractions`` trains Muon on shorter schedules, ``adam_betas`` Adam with other betas.
 """
 
 from __future__ import annotations
@@ -37,11 +31,8 @@ def base_point(cfg: ConfigDict) -> dict[str, int]:
 
 
 def sizes(cfg: ConfigDict) -> dict[str, dict[str, Any]]:
-    """The sweep's sizes: name -> {"d_model", "n_layers", "vocab_size", "axes": [...]}.
-
-    One factor varies at a time around :func:`base_point` (named ``d<its width>``);
-    names are ``d<width>``, ``L<depth>``, ``V<vocab>``.
-    """
+    """The sweep's sizes, ``d<width>`` / ``L<depth>`` / ``V<vocab>`` -> {"d_model", "n_layers",
+    "vocab_size", "axes": [...]}, one factor at a time around :func:`base_point`."""
     base = base_point(cfg)
     out: dict[str, dict[str, Any]] = {}
 
@@ -64,8 +55,8 @@ def sizes(cfg: ConfigDict) -> dict[str, dict[str, Any]]:
 def size_config(base: ConfigDict, point: dict[str, Any]) -> ConfigDict:
     """``base`` with the size of ``point``: width, depth and vocabulary.
 
-    The head dimension and the FFN ratio d_ff / d of ``base`` are kept (quick: heads of
-    32 dimensions, d_ff = 4d), so ``base``'s own size gives ``base`` unchanged.
+    The head dimension and the FFN ratio d_ff / d of ``base`` are kept, so ``base``'s own
+    size gives ``base`` unchanged.
 
     Raises:
       ValueError: if the width is not a positive multiple of ``base``'s head dimension.
@@ -109,13 +100,8 @@ def _ratio(steps: np.ndarray, muon: np.ndarray, adam_final: np.ndarray, total: f
 
 
 def run(cfg: ConfigDict, stage: common.Stage) -> dict[str, Any]:
-    """Run the sweep (see the module docstring); figures under ``stage.out_dir``.
-
-    Raises:
-      ValueError: for a ``test_size``, ``reference_sizes``, ``fixed_lr_sizes`` or
-        ``small_grid_sizes`` entry
-        that is not one of the sweep's sizes, or fewer than 2 seeds (before training).
-    """
+    """Run the sweep; ``ValueError`` for a ``test_size``, ``reference_sizes``, ``fixed_lr_sizes``
+    or ``small_grid_sizes`` entry not among the sweep's sizes, or fewer than 2 seeds."""
     points = sizes(cfg)
     fields = ("reference_sizes", "fixed_lr_sizes", "small_grid_sizes")
     common.check_values("steps_ratio", cfg, **dict.fromkeys(fields, points))
@@ -163,10 +149,9 @@ def run(cfg: ConfigDict, stage: common.Stage) -> dict[str, Any]:
         metrics["budget"] = budget_block(cfg, points, by_size, cache_dir, progress)
     if cfg.adam_betas:
         metrics["adam_betas"] = betas_block(cfg, points, by_size, cache_dir, progress)
-    figures = [figure(cfg, by_size, out_dir)]
     metrics["report_md"] = report_md(cfg, metrics)
-    claims = make_claims(cfg, metrics)
-    return {"metrics": metrics, "figures": figures, "claims": claims}
+    return {"metrics": metrics, "figures": [figure(cfg, by_size, out_dir)],
+            "claims": make_claims(cfg, metrics)}  # fmt: skip
 
 
 def reference_block(
@@ -193,6 +178,12 @@ def reference_block(
     }
 
 
+def _base_size(cfg: ConfigDict, points: dict[str, Any]) -> tuple[str, ConfigDict]:
+    """The base size's name and run config (:func:`base_point`)."""
+    name = f"d{base_point(cfg)['d_model']}"
+    return name, size_config(cfg.base, points[name])
+
+
 def budget_block(cfg, points, by_size, cache_dir, progress) -> dict[str, Any]:
     """Muon at the base size on schedules of ``budget_fractions`` of the steps (seeded runs).
 
@@ -200,8 +191,7 @@ def budget_block(cfg, points, by_size, cache_dir, progress) -> dict[str, Any]:
     [k + 1, seeds], and per seed the smallest fraction whose final loss reaches Adam's
     final loss (linear interpolation in the fraction; NaN if none does).
     """
-    name = f"d{base_point(cfg)['d_model']}"
-    base = size_config(cfg.base, points[name])
+    name, base = _base_size(cfg, points)
     chosen = by_size[name]["chosen_lr"]
     finals = []
     fractions = sorted(float(f) for f in cfg.budget_fractions)
@@ -229,8 +219,7 @@ def betas_block(cfg, points, by_size, cache_dir, progress) -> dict[str, Any]:
     Returns ``"b1,b2"`` -> {"final": [seeds], "ratio": [seeds]} (Muon's ratio against that
     Adam's final loss of the same seed), beside the base run's own betas.
     """
-    name = f"d{base_point(cfg)['d_model']}"
-    base = size_config(cfg.base, points[name])
+    name, base = _base_size(cfg, points)
     v = by_size[name]
     steps, muon = np.asarray(v["eval_steps"], float), np.asarray(v["val_loss"]["muon"], float)
     out = {}
@@ -279,12 +268,9 @@ def report_md(cfg: ConfigDict, m: dict[str, Any]) -> str:
                            "ratio", "LR source"), rows)  # fmt: skip
     refs = {k: v["reference"] for k, v in m["sizes"].items() if "reference" in v}
     if refs:
-        lines += [
-            "",
-            "Plain optax + flax reference (same model, initialisation and batches): "
-            "`optax.adam` and `optax.contrib.muon` (hidden matrices; Adam elsewhere).",
-            "",
-        ]
+        lines += ["", "Plain optax + flax reference (same model, initialisation and batches): "
+                  "`optax.adam` and `optax.contrib.muon` (hidden matrices; Adam elsewhere).",
+                  ""]  # fmt: skip
         lines += common.table(
             ("size", "engine Adam final", "plain Adam final", "engine − plain", "seed sd",
              "plain Muon final", "plain ratio"),

@@ -12,11 +12,10 @@ fixed and moves only the frequency law:
   buckets (:func:`amemory.data.stats.frequency_buckets`) are log-spaced rank bands, so
   bucket b covers the same fifth of log-rank at every V.
 
-Adam, Muon and SignGD (hidden matrices) get learning rates chosen on a grid by seed 0,
-then run on the held-out seeds. Lead = final score - Adam's (same seed); steps ratio =
-steps Muon needs to reach Adam's final ``all`` score / steps. Claims (95% seed intervals,
-three-way): the lead grows with the dose (per-seed slope, :func:`amemory.analysis.stats.
-slope_interval`); it vanishes at alpha = 0; SignGD does not match Muon.
+Learning rates are chosen on a grid by seed 0, then the held-out seeds are run. Lead =
+final score - Adam's (same seed); steps ratio = steps Muon needs to reach Adam's final
+``all`` score / steps. The lead's growth is the per-seed slope's interval
+(:func:`amemory.analysis.stats.slope_interval`).
 """
 
 from __future__ import annotations
@@ -80,12 +79,8 @@ def n_units(cfg: ConfigDict) -> int:
 
 
 def run(cfg: ConfigDict, stage: common.Stage) -> dict[str, Any]:
-    """Train every leg and point; figures under ``stage.out_dir``. See the module docstring.
-
-    Raises:
-      ValueError: for a leg other than qa / lm, an optimizer list without adam and muon,
-        or fewer than 2 seeds (before training).
-    """
+    """Train every leg and point; ``ValueError`` (before training) for a leg other than qa /
+    lm, an optimizer list without adam and muon, or fewer than 2 seeds."""
     if set(cfg.legs) - {"qa", "lm"} or not {"adam", "muon"} <= set(cfg.optimizers):
         raise ValueError(f"tail_dose legs must be from ('qa', 'lm') and optimizers include adam "
                          f"and muon, got {cfg.legs} and {cfg.optimizers}")  # fmt: skip
@@ -217,8 +212,4 @@ def report_md(m: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-EXPERIMENT = common.Experiment(  # not in the default run: CPU hours at quick scale
-    "tail_dose",
-    run,
-    units=n_units,
-)
+EXPERIMENT = common.Experiment("tail_dose", run, units=n_units)  # not default: CPU hours

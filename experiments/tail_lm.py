@@ -1,14 +1,11 @@
 """Transformer on the real corpus: Muon vs Adam vs SignGD, validation loss per frequency bucket.
 
 Paper A (Wang et al. 2025, arXiv 2509.26030, Sec. 4): Muon's advantage over Adam is
-largest on the tail (rare tokens). The same decoder and data order are trained with Adam
-everywhere, and with Muon (or SignGD) on the hidden matrices and Adam elsewhere; each
-learning rate is chosen on a grid by seed ``base.seed``'s final validation loss (Adam's
-first: it is the Adam half of the others), then trained on the held-out seeds
-``cfg.seeds`` in one vmapped run. Claims rest on the 95% interval of the paired per-seed
-difference (:mod:`amemory.analysis.stats`). Measured: validation loss per token-frequency
-bucket (``amemory.data.corpus``), steps to Adam's final loss, and the end isotropy of the
-hidden matrices (the ``isotropy`` stage's claims).
+largest on the tail (rare tokens). The same decoder and data order are trained with Adam,
+and with Muon (or SignGD) on the hidden matrices and Adam elsewhere, each at the learning
+rate chosen on a grid by seed ``base.seed`` (Adam's first: the others' Adam half), then on
+the held-out seeds ``cfg.seeds``. Measured: validation loss per token-frequency bucket
+(``amemory.data.corpus``), steps to Adam's final loss, and the end isotropy.
 """
 
 from __future__ import annotations
@@ -23,10 +20,8 @@ from experiments import common, train_runs
 
 
 def run(cfg: ConfigDict, stage: common.Stage) -> dict[str, Any]:
-    """Choose the learning rates, train the seeds, compare per bucket (progress per run).
-
-    ``metrics["chosen_lr"]`` holds the chosen learning rates (``lr_from`` of other stages).
-    """
+    """Choose the learning rates (``metrics["chosen_lr"]``, other stages' ``lr_from``), train
+    the seeds, compare per bucket."""
     out_dir, cache_dir, progress = stage.out_dir, stage.cache_dir, stage.progress
     chosen, _, tables = train_runs.choose_lrs(cfg, cache_dir, progress=progress)
     runs = train_runs.seeded_runs(cfg, chosen, cache_dir, progress=progress)
@@ -40,20 +35,14 @@ def run(cfg: ConfigDict, stage: common.Stage) -> dict[str, Any]:
         loss = loss.reshape(len(steps), -1)  # (n, seeds)
         _, barr, labels_r = train_runs.bucket_curves(r)
         labels = labels_r or labels
-        curves_steps[opt], curves_loss[opt] = steps, loss
-        bucket_losses[opt] = barr
+        curves_steps[opt], curves_loss[opt], bucket_losses[opt] = steps, loss, barr
         metrics["runs"][opt] = {
-            "workdir": r["workdir"],
-            "lr": chosen[opt],
-            "eval_steps": steps,
-            "val_loss": loss,
-            "bucket_loss": barr,
-            "final_val_loss": loss[-1] if loss.size else [],
+            "workdir": r["workdir"], "lr": chosen[opt], "eval_steps": steps, "val_loss": loss,
+            "bucket_loss": barr, "final_val_loss": loss[-1] if loss.size else [],
             "final_bucket_loss": barr[-1] if barr.size else [],
-            "spectrum": train_runs.final_spectrum(r),
-            "wall_s": r["summary"].get("wall_s"),
+            "spectrum": train_runs.final_spectrum(r), "wall_s": r["summary"].get("wall_s"),
             "tokens_per_s": r["summary"].get("tokens_per_s"),
-        }
+        }  # fmt: skip
     metrics["bucket_labels"] = labels
     adam_final = curves_loss["adam"][-1]  # (seeds,)
     metrics["steps_to_adam_final"] = {
@@ -69,16 +58,13 @@ def run(cfg: ConfigDict, stage: common.Stage) -> dict[str, Any]:
         )))  # fmt: skip
     p = plots.plot_curves(
         {o: (curves_steps[o], curves_loss[o]) for o in runs},
-        out_dir / "figures" / "tail_lm_val_loss.png",
-        xlabel="step",
-        ylabel="validation loss (nats/token)",
+        out_dir / "figures" / "tail_lm_val_loss.png", xlabel="step",
+        ylabel="validation loss (nats/token)", hline=float(np.nanmean(adam_final)),
         title="validation loss (dashed: Adam's final, seed mean)",
-        hline=float(np.nanmean(adam_final)),
-    )
+    )  # fmt: skip
     figures.append(stage.figure(p))
     metrics["report_md"] = report_md(cfg, metrics)
-    claims = make_claims(metrics)
-    return {"metrics": metrics, "figures": figures, "claims": claims}
+    return {"metrics": metrics, "figures": figures, "claims": make_claims(metrics)}
 
 
 def report_md(cfg: ConfigDict, m: dict[str, Any]) -> str:

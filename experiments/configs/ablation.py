@@ -4,16 +4,10 @@ Launch::
 
     python -m experiments ablation --scale quick --out runs/ablation
 
-Muon on the listed roles, Adam on the rest (embeddings, head and norms always Adam),
-same model, data order and learning rates for every subset: Muon's and Adam's learning
-rates are the ones tail_lm's grid search chooses (its runs are shared and cached, so
-inside ``amemory reproduce`` the "none" and "all" rows are tail_lm's Adam and Muon runs).
-Every subset is trained on tail_lm's 3 held-out initialisation seeds at once (one vmapped
-run per subset and FFN kind; same data order) and the share of Muon's gain is judged by
-its 95% seed interval. Quick scale: 10 subsets x 2 FFN kinds on the tail_lm quick model
-(about 20 multi-seed runs, CPU tens of minutes); ``amemory reproduce`` runs the reduced
-set none, qk, vo+ffn, all with the non-gated FFN (none and all are tail_lm's runs).
-Full scale: the tail_lm full model.
+tail_lm's model, seeds and chosen learning rates for every subset (inside ``amemory
+reproduce`` the "none" and "all" rows are tail_lm's Adam and Muon runs, shared through the
+cache). ``amemory reproduce`` runs the reduced set none, qk, vo+ffn, all with the non-gated
+FFN. Full scale: the tail_lm full model.
 """
 
 from __future__ import annotations

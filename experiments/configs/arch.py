@@ -4,38 +4,13 @@ Launch::
 
     python -m experiments arch --scale quick --out runs/arch
 
-Quick scale (CPU): tail_lm's quick decoder (d=128, 2 layers, 4 heads of 32, FFN 512,
-512-token BPE on Shakespeare, batch 16 x 64, 300 steps), in four architectures of the
-same active size:
-
-* dense: multi-head attention, GELU FFN of width 512;
-* mla: multi-head latent attention with d_c = 64 (2 head widths) and d_R = 16 (half a
-  head), queries not compressed: 67,584 attention parameters per layer against MHA's
-  65,536; KV cache 80 numbers per token and layer against 256;
-* moe: 8 routed experts of width 128, top-2, plus 2 shared experts of width 128 (active
-  FFN width 4 x 128 = 512, the dense width; 2.5x the dense FFN's total parameters),
-  capacity factor 1.25 in training (dropless when decoding), balance coefficient 0.01;
-* mla_moe: both.
-
-Each is trained with AdamW on everything and with Muon on the hidden matrices (Adam on
-embeddings, head, norms and the router), at one learning rate per optimizer (``lr``: the
-middle of tail_lm's grids; ``amemory reproduce`` uses tail_lm's chosen values), not tuned
-per architecture. MLA+MoE is also trained with Muon on the experts only (``ffn``) and on
-attention only (``qk+vo``). Decoding is measured on the Muon runs' weights: tokens/s of
-greedy generation at batch 1 and 8 (``decode.speed_length`` tokens, medians of
-``decode.reps`` interleaved repetitions) and XLA's buffer assignment of the whole decode
-program at batch 8 for each of ``decode.memory_lengths``.
-
-Frontier arms (``frontier``; docs/peers.md, "The 2026 frontier"): dense and MLA with
-Muon variants, each on the 3 held-out initialisation seeds of tail_lm trained together:
-whole-matrix Muon, Muon + weight decay ``frontier.weight_decay``, per-head Muon, MuonH
-(Hyperball; angular step ``lr.muon / (init_std sqrt(d_model))``, the relative step Muon
-takes on a d x d matrix at initialisation) and QK-Clip with ``tau`` =
-``frontier.clip_fraction`` x the whole-matrix run's peak max logit (so that it acts).
-``frontier.seeds = ()`` drops them.
-
-Full scale: the ``small`` preset (d=256, 4 layers, 8 heads of 32, FFN 1024, 8192-token
-BPE, batch 32 x 128, 5000 steps), experts of width 256.
+tail_lm's decoder in four architectures of the same active size: dense; mla (latent
+attention, queries not compressed); moe (routed plus shared experts whose active width is
+the dense FFN's); mla_moe (both). Each is trained with AdamW and with Muon on the hidden
+matrices (Adam on embeddings, head, norms and the router) at one learning rate per
+optimizer, not tuned per architecture. Decoding is measured on the Muon runs' weights.
+Frontier arms (docs/peers.md, "The 2026 frontier"): ``frontier.seeds = ()`` drops them.
+Full scale: tail_lm's full model, experts of width 256.
 """
 
 from __future__ import annotations
@@ -49,11 +24,7 @@ ARCHITECTURES = ("dense", "mla", "moe", "mla_moe")
 
 
 def get_config(scale: str = "quick") -> ConfigDict:
-    """Return the arch experiment config.
-
-    Raises:
-      ValueError: if ``scale`` is not one of ``SCALES``.
-    """
+    """The arch experiment config; ``ValueError`` if ``scale`` is not one of ``SCALES``."""
     c, quick = new_config(scale)
     c.base = base_lm(scale)  # the dense decoder, shared with tail_lm (same cached runs)
     c.architectures = ARCHITECTURES  # any subset, in this order; "dense" is the baseline

@@ -4,16 +4,10 @@ Launch::
 
     python -m experiments isotropy --scale quick --out runs/isotropy
 
-Several seeds trained together in one vmapped program (``config.seeds``), Muon and Adam,
-the tail_lm model on the corpus; spectrum metrics (normalised SVD entropy, effective
-rank, top-10 energy, Q75/25; ``amemory.analysis.spectrum``) of VO (W_o W_v per layer),
-W_in and W_out every ``spectrum_every`` steps; mean and 95% interval across seeds.
-Quick scale: tail_lm's 3 held-out seeds and model, 300 steps, so that inside
-``amemory reproduce`` these are tail_lm's seeded runs (nothing new is trained).
-Full: 10 seeds as in paper A.
-Learning rates: tail_lm's quick-scale grid choice (Adam 3e-3, Muon 0.02; its runs
-chose these from 1e-3/3e-3/1e-2 and 0.01/0.02/0.05); ``amemory reproduce`` passes
-tail_lm's choice of the same run.
+Spectrum metrics (``amemory.analysis.spectrum``) of VO (W_o W_v per layer), W_in and
+W_out every ``spectrum_every`` steps. Quick scale: tail_lm's seeds and model, so inside
+``amemory reproduce`` these are tail_lm's seeded runs at tail_lm's chosen rates. Full: 10
+seeds as in paper A.
 """
 
 from __future__ import annotations

@@ -8,8 +8,7 @@ Launch::
     amemory train --config experiments/configs/memory.py --workdir runs/mem_muon \
         --config.optimizer.name=muon --config.steps=50
 
-Quick scale (K = 99) runs in seconds on a CPU; full scale (K = 999, the paper's
-Fig. 4 setting) in about a minute per optimizer.
+Full scale: K = 999, the paper's Fig. 4 setting.
 """
 
 from __future__ import annotations
@@ -20,14 +19,7 @@ from experiments.configs import check_scale
 
 
 def get_config(scale: str = "quick") -> ConfigDict:
-    """Return the associative-memory run config.
-
-    Args:
-      scale: ``"quick"`` (K = 99) or ``"full"`` (K = 999).
-
-    Raises:
-      ValueError: if ``scale`` is not one of ``SCALES``.
-    """
+    """The associative-memory run config; ``ValueError`` if ``scale`` is not one of ``SCALES``."""
     quick = check_scale(scale)
     c = ConfigDict()
     c.task = "memory"  # model family: "memory" (this file) | "lm" (lm.py)
@@ -37,9 +29,8 @@ def get_config(scale: str = "quick") -> ConfigDict:
     c.memory = ConfigDict()
     # number of classes / facts (coupled_rotation needs K % 3 == 0)
     c.memory.K = 99 if quick else 999
-    c.memory.d = config_dict.placeholder(
-        int
-    )  # embedding dim (d_in = d_out); None = K (required by decoupled / coupled_rotation)
+    # embedding dim (d_in = d_out); None = K (required by decoupled / coupled_rotation)
+    c.memory.d = config_dict.placeholder(int)
     c.memory.embeddings = "decoupled"  # "decoupled" (E = Et = I) | "coupled_rotation" | "random_orthonormal" | "gaussian" | "coherent"
     c.memory.coherence = 0.0  # "coherent" only: pairwise key coherence in [0, 1)
     c.memory.embedding_seed = 0  # seed of random embeddings (kept fixed across training seeds)

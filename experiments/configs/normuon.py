@@ -5,14 +5,7 @@ Launch::
     python -m experiments normuon --scale quick --out runs/normuon
     amemory reproduce --only normuon
 
-tail_lm's model and data (quick: d=128, 2 layers, 512-token BPE, 300 steps). Muon's
-learning rate and Adam's (embeddings, head, norms) are tail_lm's grid choice on seed 0;
-NorMuon's is chosen on its own grid on seed 0. Both are then trained on tail_lm's 3
-held-out initialisation seeds (the engine, one vmapped run each) for the validation
-loss at equal steps, and by the plain loop of ``experiments/reference_lm.py`` with the
-same seeds, batches and settings, which records the per-output-neuron norms of every
-step's update of every hidden matrix. Quick scale: about 3 minutes of 2 idle CPU cores
-beyond tail_lm's runs (3 grid runs, one 3-seed engine run, two 3-seed plain runs).
+tail_lm's model, data, seeds and learning-rate grids (NorMuon on Muon's grid).
 """
 
 from __future__ import annotations

@@ -4,8 +4,7 @@ Launch::
 
     python -m experiments one_layer --scale quick --out runs/one_layer
 
-Quick scale: K = 150 classes, 300 steps per trajectory, about 20 s on 2 CPU cores.
-Full scale: K = 999 (the paper's Fig. 4b/c), 600 steps, a few minutes on a CPU.
+Full scale: K = 999, the paper's Fig. 4b/c.
 """
 
 from __future__ import annotations
@@ -21,9 +20,8 @@ def get_config(scale: str = "quick") -> ConfigDict:
     c.K = 150 if quick else 999  # classes = embedding dim d (Assumption 5.1); K % 3 == 0 (coupled)
     c.alpha = 0.8  # two-level prior: head mass (paper A, arXiv 2509.26030, Fig. 4: 0.8)
     c.beta = 0.2  # two-level prior: head fraction L/K (Fig. 4: 0.2)
-    c.corpus = (
-        "shakespeare"  # heavy-tailed prior: counts of the K most frequent words of this corpus
-    )
+    # heavy-tailed prior: counts of the K most frequent words of this corpus
+    c.corpus = "shakespeare"
     c.priors = ("two_level", "corpus")  # which priors to run
     c.embeddings = ("decoupled", "coupled")  # E = Et = I, and paper A's ZYZ-rotation blocks
     c.optimizers = ("gd", "signgd", "muon")  # no momentum, as in the theorems
@@ -31,10 +29,9 @@ def get_config(scale: str = "quick") -> ConfigDict:
     c.one_step_points = 60  # eta values of the one-step sweep (log-spaced in mean correct logit)
     c.one_step_max_logit = 40.0  # sweep up to this mean correct-class logit
     c.steps = 300 if quick else 600  # steps of the many-step trajectories
-    # Learning rates of the many-step runs (constant, no momentum). GD's is relative to the
-    # largest class frequency: eta_GD = gd_lr_times_pmax_inv / p_max (linear stability needs
-    # eta p_max <~ 1, paper B, arXiv 2602.05725; docs/science.md). Muon moves every correct logit by ~eta per step, SignGD
-    # (decoupled) by eta on the correct logit and -eta on each wrong one, hence eta/2 for it.
+    # Constant learning rates of the many-step runs. eta_GD = gd_times_pmax_inv / p_max
+    # (linear stability needs eta p_max <~ 1, paper B, arXiv 2602.05725). SignGD moves the
+    # correct logit by eta and each wrong one by -eta, hence half Muon's eta.
     c.lr = ConfigDict({"gd_times_pmax_inv": 0.5, "signgd": 0.025, "muon": 0.05})
     # Thresholds of the verdicts (stated in the report): a path is "balanced" when its
     # largest gap stays below `balanced`, "imbalanced" when it exceeds `imbalanced`.

@@ -4,15 +4,8 @@ Launch::
 
     python -m experiments scaling --scale quick --out runs/scaling
 
-Part 1 (synthetic, paper B.2): the one-layer memory in task space with a hierarchical
-power-law prior (M groups of C classes, group mass ~ g^-beta) and label noise; excess
-loss L(T) - L* after T steps for GD (eta = gd_lr_times_p1_inv / p_1, constant) and Muon
-(eta = muon_c log K / T, a fresh run per T), fitted power-law exponents.
-Part 2 (real corpus): a data-scaling envelope: for each step budget the minimum final
-validation loss over a learning-rate grid, for Adam and Muon (the tail_lm model; the
-largest budget equals tail_lm's run length, so those runs are shared with tail_lm).
-Quick scale: K = 200, T = 16..512, two betas (about a minute), and budgets 75/150/300
-steps x 3 learning rates x 2 optimizers (about 18 short runs, CPU minutes).
+Part 1: paper B.2's synthetic memory; part 2: the data-scaling envelope on tail_lm's
+model (the largest budget is tail_lm's run length, so those runs are shared with tail_lm).
 """
 
 from __future__ import annotations

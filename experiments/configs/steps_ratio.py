@@ -5,25 +5,10 @@ Launch::
     python -m experiments steps_ratio --scale quick --out runs/steps_ratio
     python -m experiments steps_ratio --scale full --out runs/steps_ratio_full
 
-Sizes vary one factor at a time around tail_lm's quick model (d=128, 2 layers, 512-token
-BPE, 300 steps of 16x64 tokens): width ``widths`` (heads of 32 dimensions, d_ff = 4d),
-depth ``depths`` and vocabulary ``vocabs``. At every size the learning rates of Adam and
-Muon are chosen on their grids by the final validation loss of seed 0, then both are
-trained on the held-out initialisation seeds ``seeds`` (one vmapped run each; same data
-order), and the steps Muon needs to reach Adam's final validation loss of the same seed
-is read off the validation curve (linear interpolation between evaluations).
-
-Quick scale (inside ``amemory reproduce``): widths 64 and 128 at depth 2 and vocabulary
-512, each with the full 3-point grid per optimizer; tail_lm's size reuses tail_lm's grid
-and seeded runs (no training), d=64 costs about half of it. The claim is tested at d=128,
-the largest size the main job's 20-minute budget holds (one d=256 point, grid and 3
-seeds, is about 25 CPU minutes: full scale only). Plus the plain optax + flax reference
-of Adam and of ``optax.contrib.muon`` at d=128 (``experiments/reference_lm.py``).
-Full scale (CPU hours): the whole one-factor sweep (widths 64/128/256, depths 1/2/4,
-vocabularies 512/2048/8192), the claim tested at d=256 (the width of the held-out run
-that measured Muon at about half of Adam's steps), the reference at d=128 and d=256,
-Adam's betas, and Muon trained on shorter schedules at the base size (the
-budget-matched ratio).
+Sizes vary one factor at a time around tail_lm's quick model, whose size reuses tail_lm's
+grid and seeded runs. Quick scale: the claim at d=128, the largest size the main job's
+budget holds. Full scale: the whole one-factor sweep, the claim at d=256, the reference at
+d=128 and d=256, Adam's betas and Muon on shorter schedules.
 """
 
 from __future__ import annotations
@@ -36,8 +21,7 @@ from experiments.configs import new_config, tail_lm
 def get_config(scale: str = "quick") -> ConfigDict:
     """Return the steps_ratio config; ``ValueError`` if ``scale`` is not one of ``SCALES``."""
     c, quick = new_config(scale)
-    # tail_lm's quick model and schedule at every size (the full tail_lm model would make
-    # every point an hour of CPU); the sizes below override width, depth and vocabulary.
+    # tail_lm's quick model and schedule; the sizes below override width, depth, vocabulary
     c.base = tail_lm.base_lm("quick")  # unchanged, so tail_lm's runs are reused at d=128
     c.widths = (64, 128) if quick else (64, 128, 256)  # d_model at depth 2, vocabulary 512
     c.depths = (2,) if quick else (1, 2, 4)  # n_layers at d=128, vocabulary 512
@@ -46,20 +30,16 @@ def get_config(scale: str = "quick") -> ConfigDict:
     c.lr_grid = ConfigDict()
     c.lr_grid.adam = (1e-3, 3e-3, 1e-2)  # peak LR of the cosine schedule, per step
     c.lr_grid.muon = (0.01, 0.02, 0.05)
-    # Sizes searched on the smaller grid `lr_grid_small` (none by default; a way to add a
-    # large size within a budget); the grid used is stated per size in the report.
+    # Sizes searched on the smaller grid `lr_grid_small` (stated per size in the report)
     c.small_grid_sizes = ()
     c.lr_grid_small = ConfigDict({"adam": (1e-3, 3e-3), "muon": (0.01, 0.02)})
     # Sizes whose grid is skipped: the LRs in `lr` are used (stated in the report).
     c.fixed_lr_sizes = ()
     c.lr = ConfigDict({"adam": 3e-3, "muon": 0.02})
     c.lr_source = "tail_lm's quick-scale grid choice"
-    # Plain optax + flax reference (experiments/reference_lm.py) at these sizes: Adam and
-    # optax.contrib.muon, same seeds, initialisation and data order as the engine's runs.
+    # Plain optax + flax reference (experiments/reference_lm.py) at these sizes
     c.reference_sizes = ("d128",) if quick else ("d128", "d256")
-    # Muon on shorter schedules (fractions of the steps) at the base size: the steps
-    # Muon needs when its whole schedule is shorter (budget-matched), beside the in-run
-    # crossing of Adam's final loss.
+    # Muon on shorter schedules (fractions of the steps) at the base size (budget-matched)
     c.budget_fractions = () if quick else (0.6, 0.8)
     # Adam with other (b1, b2) at the base size and its chosen LR: is paper A's
     # (0.8, 0.95) a handicap of the baseline?

@@ -1,12 +1,9 @@
 """Config of ``experiments/tail_dose.py``: Muon's lead over Adam against tail heaviness.
 
 Launch: ``python -m experiments tail_dose --scale quick --out runs/tail_dose``.
-Quick: the qa leg on m = 6 (64 people), a 2-layer d=64 decoder, batch 16, 200 steps,
-alpha in {0, 0.5, 1, 1.5}; the lm leg on tail_lm's quick model at V in {512, 2048, 8192}
-(steps_ratio's vocabulary sizes: their Adam and Muon runs are the same runs). Per point 3
-learning rates per optimizer on seed 0, then the 3 held-out seeds (one vmapped run each).
-Full: the qa leg at tail_qa's quick size (m = 8, d=128, batch 32, 300 steps), alpha in
-steps of 0.25; the lm leg unchanged.
+The lm leg runs tail_lm's quick model at steps_ratio's vocabulary sizes (their Adam and
+Muon runs are the same runs). Full: the qa leg at tail_qa's quick size; the lm leg
+unchanged.
 """
 
 from __future__ import annotations
@@ -19,11 +16,7 @@ from experiments.configs.tail_qa import base_bio
 
 
 def get_config(scale: str = "quick") -> ConfigDict:
-    """Return the tail_dose config.
-
-    Raises:
-      ValueError: if ``scale`` is not one of ``SCALES``.
-    """
+    """The tail_dose config; ``ValueError`` if ``scale`` is not one of ``SCALES``."""
     c, quick = new_config(scale)
     c.legs = ("qa", "lm")
     c.optimizers = ("adam", "muon", "signgd")  # Adam first: its LR is the others' Adam half
@@ -43,12 +36,10 @@ def get_config(scale: str = "quick") -> ConfigDict:
     c.lr_grid.adam = (1e-3, 3e-3, 1e-2)  # steps_ratio's and tail_lm's grids)
     c.lr_grid.muon = (0.01, 0.02, 0.05)
     c.lr_grid.signgd = (3e-4, 1e-3, 3e-3)
-    # Points trained at stated rates instead of a grid ("alpha<x>" / "V<v>" -> rates): V=2048
-    # and 8192 take V=512's choices (their grids did not fit the quick budget; stated).
+    # Points trained at stated rates instead of a grid ("alpha<x>" / "V<v>" -> rates): V=512's
     v512 = {"adam": 3e-3, "muon": 0.02, "signgd": 1e-3}
     c.given_lr = ConfigDict({"V2048": v512, "V8192": v512} if quick else {})
-    # qa leg: Adam and SignGD one step higher (at alpha = 0 both chose tail_qa's top edge;
-    # Adam's 1e-3 stays: at alpha >= 1 it chose 3e-3, the bottom edge of a 3-point grid)
+    # qa leg: Adam and SignGD one step higher than tail_qa's (its top edge was chosen)
     c.qa_lr_grid = ConfigDict({"adam": (1e-3, 3e-3, 1e-2, 3e-2), "muon": (0.01, 0.02, 0.05),
                                "signgd": (1e-3, 3e-3, 1e-2)})  # fmt: skip
     return c

@@ -4,14 +4,9 @@ Launch::
 
     python -m experiments tail_lm --scale quick --out runs/tail_lm
 
-Quick scale: a 2-layer d=128 decoder on Shakespeare with a 512-token byte-level BPE
-(small vocabulary so the rare buckets recur often enough to be learned within ~0.3M
-training tokens), sequences of 64, batch 16, 300 steps; 3 learning rates per optimizer
-on seed 0 (9 runs), then the chosen ones on the 3 held-out initialisation seeds
-:data:`SEEDS` (one vmapped 3-seed run per optimizer, about 2.6 times a single run on
-2 CPU cores). ``amemory reproduce`` drops SignGD (no claim rests on it): 6 + 2 runs.
-Full scale: the ``small`` preset (d=256, 4 layers), 8192-token BPE, batch 32x128,
-5000 steps, 4 learning rates per optimizer (GPU minutes, CPU hours).
+Quick scale: a small vocabulary so that the rare buckets recur often enough to be
+learned in 300 steps. ``amemory reproduce`` drops SignGD (no claim rests on it). Full
+scale: the ``small`` preset.
 
 ``base_lm(scale)`` is the transformer run config shared by tail_lm, ablation, isotropy
 and scaling, so identical runs are trained once inside ``amemory reproduce``.
@@ -23,22 +18,16 @@ from ml_collections import ConfigDict
 
 from experiments.configs import check_scale, lm, new_config
 
-#: Initialisation seeds of the compared runs (trained together, ``config.seeds``). The
-#: learning-rate sweeps use ``base.seed`` (0) only, so these seeds are held out from the
-#: choice. Every seed reads the data order of ``base.seed``: seeds differ in initialisation.
+#: Initialisation seeds of the compared runs (trained together), held out from the
+#: learning-rate choice on ``base.seed``; every seed reads ``base.seed``'s data order.
 SEEDS = (1, 2, 3)
 
 
 def base_lm(scale: str = "quick") -> ConfigDict:
     """The LM run config (experiments/configs/lm.py) with this project's experiment sizes.
 
-    Hyper-parameters follow paper A (Wang et al. 2025, arXiv 2509.26030; docs/science.md) where it states them: no weight
-    decay, Adam betas (0.8, 0.95), Muon momentum 0.95 without Nesterov, 5 Newton-Schulz
-    steps with Jordan's coefficients. Same seed (0) and hence the same data order for
-    every optimizer.
-
-    Raises:
-      ValueError: if ``scale`` is not one of ``SCALES``.
+    Hyper-parameters follow paper A (Wang et al. 2025, arXiv 2509.26030) where it states
+    them. ``ValueError`` if ``scale`` is not one of ``SCALES``.
     """
     quick = check_scale(scale)
     c = lm.get_config(scale)

@@ -4,16 +4,9 @@ Launch::
 
     python -m experiments tail_qa --scale quick --out runs/tail_qa
 
-Biographies (paper A, Wang et al. 2025, arXiv 2509.26030, Sec. 5; ``amemory.data.biographies``): groups g = 0..m, group g holds
-N_g = 2^(g-1) individuals each appearing in S_g = 2^(m-g) selections, so group m is the
-rarest. Quick scale: m = 8 (256 individuals), the tail_lm quick model (d=128, 2 layers),
-batch 32, 300 steps; learning rates from a 3-point grid for Adam, Muon and SGD on seed 0
-(9 runs), then every variant (also Muon on VO+FFN and on QK at Muon's learning rate) on
-the 3 initialisation seeds of tail_lm (one vmapped run each). ``amemory reproduce`` runs
-the reduced set (Muon, Adam, Muon on VO+FFN, Muon on QK) without its own grid: it takes
-the learning rates tail_lm's grid chose on the corpus for the same model (stated in the
-report).
-Full scale: m = 15 (the paper's size) with the tail_lm full model, 10k steps.
+Biographies of paper A (Wang et al. 2025, arXiv 2509.26030, Sec. 5) on tail_lm's model.
+``amemory reproduce`` runs the reduced set without its own grid, at the learning rates
+tail_lm chose on the corpus for the same model. Full scale: m = 15 (the paper's size).
 """
 
 from __future__ import annotations
