@@ -23,8 +23,8 @@ from experiments.bench import host_load
 SMALL = {"model.preset": "small", "model.dtype": "bfloat16", "data.batch_size": 32,
          "parallel.mode": "sharded", "parallel.fsdp": 4}  # fmt: skip
 GPT2 = {"model.preset": "gpt2-small", "model.vocab_size": 50257, "model.dtype": "bfloat16",
-        "model.scan_layers": True, "data.seq_len": 1024, "data.batch_size": 64, "parallel.mode": "sharded",
-        "parallel.fsdp": 8}  # fmt: skip
+        "model.scan_layers": True, "data.seq_len": 1024, "data.batch_size": 64,
+        "parallel.mode": "sharded", "parallel.fsdp": 8}  # fmt: skip
 # (name, topology, overrides), in the order the sweep runs them
 CASES = [
     ("gpt2-small/muon/scanned", "v5p:2x2x2", {**GPT2, "optimizer.name": "muon"}),
