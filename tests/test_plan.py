@@ -144,6 +144,7 @@ def test_gpu_target_compiles_without_a_gpu(corpus):
     assert r["fits"] and r["chips"] == 8 and "bf16" in r["ns_dtype"]
     assert _matmul_tokens(r) == pytest.approx(1.0, rel=0.02)
     assert r["optimizer_collectives"]["all-to-all"] > 0
+    assert sum(r["collectives"].values()) <= 1.25 * 3 * 4 * r["params"] * 7 / 8  # FSDP
 
 
 def test_cpu_runs_do_not_start_the_tpu_runtime():

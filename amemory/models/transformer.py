@@ -431,6 +431,10 @@ class Transformer(nnx.Module):
             layer's and head's largest pre-softmax logit) and, averaged over the layers,
             the MoE scalars ``moe_lb_loss``, ``moe_drop_fraction``.
 
+        Under a mesh with ``Explicit`` axes the pass runs on Auto ones
+        (``jax.sharding.auto_axes``; logits split like the tokens' rows), so that FSDP
+        parameters are gathered by the partitioner as on the engine's Auto mesh.
+
         Raises:
           ValueError: on a bad token shape/dtype or a missing dropout key.
         """
