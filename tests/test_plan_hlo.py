@@ -244,3 +244,19 @@ def test_mla_moe_compiles_to_its_model_flops():
     ratio = planner.hlo_stats(text, "none")["flops"] / (model * tokens.size)
     assert 1.0 <= ratio <= 1.15, ratio
     assert 8 * capacity(config.moe_dims, 512) == 512 * 2  # E C = T k slots
+
+
+def test_model_vocabulary_can_exceed_the_tokenizers():
+    """``model.vocab_size`` plans gpt2-small at GPT-2's 50,257 tokens on an 8192-token
+    corpus; one below the data's vocabulary fails naming the field."""
+    from train_helpers import LM_CONFIG
+
+    from amemory.train import tasks
+    from amemory.train.config import load_config
+
+    over = ["model.preset=gpt2-small", "model.vocab_size=50257"]
+    config = load_config(LM_CONFIG + ":full", over)
+    model = tasks.model_config(config, 8192)
+    assert model.vocab_size == 50257 and tfm.preset("gpt2-small").vocab_size == 50257
+    with pytest.raises(ValueError, match="config.model.vocab_size=50257 must be None or >= 60000"):
+        tasks.model_config(config, 60000)
