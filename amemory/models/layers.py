@@ -54,6 +54,25 @@ def linear(
     )
 
 
+def split_batch(x: jax.Array) -> jax.Array:
+    """``x [B, ...]`` with its leading (batch) axis split over every ``Auto`` axis of the mesh
+    in context, the layout of FSDP (``amemory.train.parallel``: each device holds distinct
+    rows, parameters are all-gathered where they are used). Without a mesh, on ``Explicit``
+    axes (whose types already say how ``x`` is split), or when ``B`` does not divide over
+    the axes, ``x`` unchanged.
+
+    Inside a scanned block the partitioner would otherwise be free to all-gather the batch
+    of activations rather than the layer's weights (MaxText constrains its activations for
+    the same reason: ``nn_partitioning.with_sharding_constraint`` in its decoder layers).
+    """
+    mesh = jax.sharding.get_abstract_mesh()
+    axes = () if mesh.empty else mesh.auto_axes
+    size = int(np.prod([mesh.shape[a] for a in axes]))
+    if size == 1 or x.shape[0] % size:
+        return x
+    return jax.lax.with_sharding_constraint(x, jax.sharding.PartitionSpec(axes))
+
+
 def dropout(x: jax.Array, rate: float, key: jax.Array | None) -> jax.Array:
     """Inverted dropout; identity when key is None or rate is 0."""
     if key is None or rate == 0.0:

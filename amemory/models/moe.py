@@ -21,8 +21,11 @@ Sec. 2.1): each sequence is a group; expert ``i`` takes at most
 ``C = ceil(capacity_factor * T * k / E)`` of the group's (token, choice) pairs, claimed in
 order of position then choice rank, so a token's slot depends only on earlier tokens
 (the layer stays causal); pairs beyond capacity are dropped (their gate contributes 0).
-``capacity_factor = 0`` is dropless (``C = T``). Tokens reach experts through dense
-one-hot einsums (dispatch ``[B, T, E, C]``): simple and exact at these sizes.
+``capacity_factor = 0`` is dropless (``C = T``: every expert has a slot for every token,
+so the experts compute ``E / k`` times the routed FLOPs; a capacity factor of 1-1.25, as
+Switch uses, computes ``cf`` times them). Tokens reach their slots by a gather and come
+back by a gather weighted by their gates (``[B, E C, D]``; no one-hot matmul), so only the
+experts' own matmuls cost FLOPs.
 
 Load balance (Switch Transformer eqs. 4-6, with top-k as in DeepSeek-V2 eq. 24)::
 
@@ -185,25 +188,31 @@ class MoE(nnx.Module):
           fraction of (token, choice) pairs dropped by capacity}`` (float32 scalars).
         """
         m = self.moe
-        b, t, _ = x.shape
+        b, t, d = x.shape
         e, k = m.experts, m.top_k
         probs, gates, idx = self.route(x)
         cap = capacity(m, t, dropless)
-        choice = jax.nn.one_hot(idx, e, dtype=jnp.float32).reshape(b, t * k, e)  # (B, T k, E)
+        choice = jax.nn.one_hot(idx, e, dtype=jnp.int32).reshape(b, t * k, e)  # (B, T k, E)
         # Slot of each (token, choice) pair in its expert's queue: pairs claim slots in
         # order of position, then choice rank.
         slot = jnp.sum((jnp.cumsum(choice, axis=1) - choice) * choice, axis=-1)  # (B, T k)
-        kept = choice * (slot < cap)[..., None]  # (B, T k, E)
-        slot_1h = jax.nn.one_hot(slot.astype(jnp.int32), cap, dtype=jnp.float32)  # >= cap: 0
-        dispatch = (kept[..., None] * slot_1h[:, :, None, :]).reshape(b, t, k, e, cap)
-        combine = jnp.einsum("btkec,btk->btec", dispatch, gates)  # (B, T, E, C)
-        dispatch = dispatch.sum(axis=2).astype(x.dtype)  # (B, T, E, C), 0/1
-        xe = jnp.einsum("btec,btd->becd", dispatch, x)  # (B, E, C, D): slot c of expert e
-        ye = self.experts(xe)  # (B, E, C, D)
-        y = jnp.einsum("btec,becd->btd", combine.astype(ye.dtype), ye)  # (B, T, D)
+        kept = slot < cap  # (B, T k)
+        flat = idx.reshape(b, t * k) * cap + slot  # (B, T k): row e C + c of the slots
+        rows = jnp.arange(b)[:, None]
+        token = (
+            jnp.full((b, e * cap), t)
+            .at[rows, jnp.where(kept, flat, e * cap)]
+            .set(jnp.arange(t * k) // k, mode="drop")
+        )  # (B, E C): the token in each slot, t (a zero row) where empty
+        x_pad = jnp.concatenate([x, jnp.zeros((b, 1, d), x.dtype)], axis=1)  # (B, T + 1, D)
+        xe = jnp.take_along_axis(x_pad, token[..., None], axis=1)  # (B, E C, D)
+        ye = self.experts(xe.reshape(b, e, cap, d)).reshape(b, e * cap, d)  # (B, E C, D)
+        yk = jnp.take_along_axis(ye, jnp.where(kept, flat, 0)[..., None], axis=1)  # (B, T k, D)
+        w = (gates.reshape(b, t * k) * kept).astype(ye.dtype)  # dropped pairs: gate 0
+        y = jnp.sum((yk * w[..., None]).reshape(b, t, k, d), axis=2)  # (B, T, D)
         if m.shared:
             y = y + self.shared(x)
         f = choice.reshape(b, t, k, e).sum(axis=(1, 2)) / (t * k)  # (B, E) before capacity
         lb = e * jnp.mean(jnp.sum(f * probs.mean(axis=1), axis=-1))
-        dropped = jnp.sum(choice - kept) / (b * t * k)
+        dropped = jnp.sum(~kept) / (b * t * k)
         return y.astype(x.dtype), {"moe_lb_loss": lb, "moe_drop_fraction": dropped}

@@ -85,9 +85,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
+from jax.sharding import PartitionSpec as P
 
 from amemory.models.attention import ATTENTIONS, MLAConfig
-from amemory.models.layers import check_ints, linear
+from amemory.models.layers import check_ints, linear, split_batch
 from amemory.models.layers import dropout as _dropout
 from amemory.models.layers import norm as _norm
 from amemory.models.matrices import ffn_matrices, hidden_matrices, vo_maps
@@ -384,10 +385,11 @@ class Block(nnx.Module):
 
     def __call__(self, x: jax.Array, key: jax.Array | None = None) -> tuple[jax.Array, dict]:
         k1, k2 = jax.random.split(key) if key is not None else (None, None)
+        x = split_batch(x)  # (B, T, D)
         h, top = self.attn(self.attn_norm(x))
         x = x + _dropout(h, self.rate, k1)
         h, aux = self._ffn(self.mlp_norm(x))
-        return x + _dropout(h, self.rate, k2), {**aux, "max_logit": top}
+        return split_batch(x + _dropout(h, self.rate, k2)), {**aux, "max_logit": top}
 
     def extend(self, x: jax.Array, cache: dict, pos: jax.Array) -> tuple[jax.Array, dict]:
         """Incremental forward of S new tokens ``x [B, S, D]`` through the KV cache.
@@ -448,6 +450,10 @@ class Transformer(nnx.Module):
             layer's and head's largest pre-softmax logit) and, averaged over the layers,
             the MoE scalars ``moe_lb_loss``, ``moe_drop_fraction``.
 
+        Under a mesh with ``Explicit`` axes the pass runs on Auto ones
+        (``jax.sharding.auto_axes``; logits split like the tokens' rows), so that FSDP
+        parameters are gathered by the partitioner as on the engine's Auto mesh.
+
         Raises:
           ValueError: on a bad token shape/dtype or a missing dropout key.
         """
@@ -457,6 +463,20 @@ class Transformer(nnx.Module):
         if use_dropout and rng is None:
             raise ValueError("rng is required when dropout > 0 and deterministic=False")
         keys = jax.random.split(rng, c.n_layers + 1) if use_dropout else None  # (L + 1,)
+        mesh = jax.sharding.get_abstract_mesh()
+        explicit = () if mesh.empty else mesh.explicit_axes
+        if explicit:  # the pass on Auto axes, as on the engine's mesh: FSDP by the partitioner
+            graphdef, state = nnx.split(self)
+            rows = jax.sharding.PartitionSpec(jax.typeof(tokens).sharding.spec[0])
+            run = lambda s, t, k: nnx.merge(graphdef, s)._forward(t, k)  # noqa: E731
+            out = jax.sharding.auto_axes(run, axes=explicit, out_sharding=(rows, P()))
+            logits, aux = out(state, tokens, keys)
+        else:
+            logits, aux = self._forward(tokens, keys)
+        return (logits, aux) if with_aux else logits
+
+    def _forward(self, tokens: jax.Array, keys: jax.Array | None) -> tuple[jax.Array, dict]:
+        c = self.config
         x = _dropout(self._embed(tokens, 0), c.dropout, None if keys is None else keys[0])
         layer_keys = None if keys is None else keys[1:]  # (L,)
         if c.scan_layers:  # aux: {name: [L]}
@@ -469,8 +489,7 @@ class Transformer(nnx.Module):
                 auxes.append(a)
             aux = {k: jnp.stack([a[k] for a in auxes]) for k in auxes[0]}
         aux = {k: v if k == "max_logit" else jnp.mean(v) for k, v in aux.items()}  # (L, H)
-        logits = self._logits(x)
-        return (logits, aux) if with_aux else logits
+        return self._logits(x), aux
 
     def extend(self, tokens: jax.Array, cache: list, pos: jax.Array) -> tuple[jax.Array, list]:
         """Logits ``[B, S, V]`` of S new tokens at positions ``pos..pos+S-1`` and the new cache.

@@ -26,24 +26,27 @@ import re
 import time
 from typing import Any
 
-# Chip figures, per chip: peak dense bf16 FLOP/s, HBM bytes, HBM bytes/s, interconnect
-# bytes/s (ICI, or NVLink for GPUs; bidirectional, all links), and where they come from.
+# Chip figures, per chip: peak dense bf16 FLOP/s, HBM bytes (GiB where the vendor or the
+# compiler counts in GiB: the TPU compiler accepts v5e programs above 16e9 bytes), HBM
+# bytes/s, interconnect bytes/s (ICI, or NVLink for GPUs; bidirectional, all links), and
+# where they come from.
+GiB = 2**30
 CHIPS: dict[str, dict[str, Any]] = {
-    "v4": dict(peak=275e12, hbm=32 * 2**30, hbm_bw=1200e9, ici_bw=540e9,
+    "v4": dict(peak=275e12, hbm=32 * GiB, hbm_bw=1200e9, ici_bw=540e9,
                source="cloud.google.com/tpu/docs/v4; ICI: 6 links x 2 x 45 GB/s, "
                       "jax-ml.github.io/scaling-book/tpus"),
-    "v5e": dict(peak=197e12, hbm=16e9, hbm_bw=819e9, ici_bw=400e9,
-                source="cloud.google.com/tpu/docs/v5e"),
-    "v5p": dict(peak=459e12, hbm=95e9, hbm_bw=2765e9, ici_bw=600e9,
-                source="cloud.google.com/tpu/docs/v5p (ICI 4800 Gbps)"),
-    "v6e": dict(peak=918e12, hbm=32e9, hbm_bw=1638e9, ici_bw=800e9,
+    "v5e": dict(peak=197e12, hbm=16 * GiB, hbm_bw=819e9, ici_bw=400e9,
+                source="cloud.google.com/tpu/docs/v5e (HBM '16 GB', allocated as 16 GiB)"),
+    "v5p": dict(peak=459e12, hbm=95 * GiB, hbm_bw=2765e9, ici_bw=1200e9,
+                source="cloud.google.com/tpu/docs/v5p (95 GiB; bidirectional ICI 1200 GBps)"),
+    "v6e": dict(peak=918e12, hbm=32 * GiB, hbm_bw=1638e9, ici_bw=800e9,
                 source="cloud.google.com/tpu/docs/v6e"),
-    "h100": dict(peak=989e12, hbm=80e9, hbm_bw=3350e9, ici_bw=900e9,
-                 source="nvidia.com/en-us/data-center/h100 (SXM, dense)"),
+    "h100": dict(peak=989e12, hbm=80 * GiB, hbm_bw=3350e9, ici_bw=900e9,
+                 source="nvidia.com/en-us/data-center/h100 (SXM, dense; 80 GiB HBM3)"),
     "h200": dict(peak=989e12, hbm=141e9, hbm_bw=4800e9, ici_bw=900e9,
                  source="nvidia.com/en-us/data-center/h200 (SXM, dense)"),
-    "a100": dict(peak=312e12, hbm=80e9, hbm_bw=2039e9, ici_bw=600e9,
-                 source="nvidia.com/en-us/data-center/a100 (80GB SXM, dense)"),
+    "a100": dict(peak=312e12, hbm=80 * GiB, hbm_bw=2039e9, ici_bw=600e9,
+                 source="nvidia.com/en-us/data-center/a100 (80GB SXM, dense; 80 GiB HBM2e)"),
 }  # fmt: skip
 # Deviceless GPU targets (``h100:HOSTSxGPUS``): the fields XLA's GpuTargetConfigProto needs
 # to compile for a GPU this host does not have (jax-cuda12-plugin, no driver needed).
@@ -87,6 +90,21 @@ def _split(rest: str) -> tuple[str, str]:
     return shape, tail
 
 
+def _elements(shape: str) -> list[str]:
+    """The top-level elements of a tuple shape ``"(a, (b, c), d)"``; ``[shape]`` if not one."""
+    if not shape.startswith("("):
+        return [shape]
+    out, depth, start = [], 0, 1
+    for i, c in enumerate(shape):  # layouts hold commas and parentheses: {1,0:T(8,128)}
+        depth += {"(": 1, "[": 1, "{": 1, ")": -1, "]": -1, "}": -1}.get(c, 0)
+        if (c == "," and depth == 1) or depth == 0:
+            out.append(shape[start:i].strip())
+            start = i + 1
+        if depth == 0:
+            break
+    return out
+
+
 def _group_size(args: str, n: int) -> int:
     """Devices per replica group of one collective (HLO's three spellings; ``n``: all)."""
     m = re.search(r"replica_groups=\{(\{[\d,]*\})", args)
@@ -125,7 +143,45 @@ def _conv_macs(out: list[int], lhs: list[int], rhs: list[int], args: str) -> int
     return macs
 
 
-def hlo_stats(text: str, scope: str, n: int = 1) -> dict[str, Any]:
+def _trips(comps: dict[str, list[tuple]], caller: str, args: str) -> int:
+    """Trip count of a ``while``: XLA's ``known_trip_count``, else ``ceil((N - i0) / s)`` read
+    from the loop: condition ``i < N`` (``i`` an element of the loop tuple), body
+    ``i <- i + s`` (XLA's windowed-einsum loops step by 2), ``i0`` the initial value (a
+    constant, through copies; 0 if not one). A loop of another form: the condition's
+    largest constant."""
+    known = re.search(r'known_trip_count":\{"n":"(\d+)"', args)
+    if known:
+        return int(known.group(1))
+    cond, body = (re.search(rf"{k}=%([\w.\-]+)", args).group(1) for k in ("condition", "body"))
+    ops = {c: {n: (op, a) for n, _, op, a in comps[c]} for c in (cond, body, caller)}
+    first = lambda a: re.findall(r"%([\w.\-]+)", a.split(")")[0])  # noqa: E731
+
+    def const(c, name):  # the value of a constant, through copies
+        while ops[c].get(name, ("",))[0] == "copy":
+            name = first(ops[c][name][1])[0]
+        op, a = ops[c].get(name, ("", ""))
+        return int(re.match(r"-?\d+", a).group()) if op == "constant" else None
+
+    def index(c, name):  # k of get-tuple-element(loop tuple), index=k
+        op, a = ops[c].get(name, ("", ""))
+        return int(re.search(r"index=(\d+)", a).group(1)) if op == "get-tuple-element" else None
+
+    for op, a in ops[cond].values():
+        i_n = first(a) if op == "compare" and "direction=LT" in a else []
+        if len(i_n) == 2 and index(cond, i_n[0]) is not None and const(cond, i_n[1]) is not None:
+            k, bound = index(cond, i_n[0]), const(cond, i_n[1])
+            update = first(comps[body][-1][3])[k]  # element k of the body's ROOT tuple
+            op, a = ops[body].get(update, ("", ""))
+            steps = [const(body, x) for x in first(a) if index(body, x) != k] if op == "add" else []
+            step = steps[0] if len(steps) == 1 and steps[0] else 1
+            init = const(caller, first(ops[caller][first(args)[0]][1])[k]) or 0
+            return max(0, -(-(bound - init) // step))
+    code = [cond] + re.findall(r"calls=%([\w.\-]+)", "".join(a for *_, a in comps[cond]))
+    consts = [re.match(r"(-?\d+)\)", a) for c in code for *_, o, a in comps[c] if o == "constant"]
+    return max([int(c.group(1)) for c in consts if c] or [1])
+
+
+def hlo_stats(text: str, scope: str, n: int = 1, kernel: str = "") -> dict[str, Any]:
     """Per-chip counts from optimized HLO text (``compiled.as_text()``).
 
     Each computation is weighted by how often it runs: a while body by its trip count (XLA's,
@@ -136,15 +192,17 @@ def hlo_stats(text: str, scope: str, n: int = 1) -> dict[str, Any]:
     ``2 (g-1)/g S``, reduce-scatter ``(g-1) S``, collective-permute ``S``; an asynchronous
     TPU collective counts once, where it starts); ``collective_ops``: how many run per step;
     ``*_scope``: the same for the ops whose name stack holds ``scope``, and
-    ``scope_dot_dtypes`` the operand dtypes of their dots.
+    ``scope_dot_dtypes`` the operand dtypes of their dots whose name stack also holds
+    ``kernel``.
 
     Args:
       text: the module's HLO text.
       scope: a ``jax.named_scope`` name (``amemory.train.engine.OPTIMIZER_SCOPE``).
       n: devices of the module (for groups the HLO spells as "all devices").
+      kernel: a function's name in the stack (``jit(_ns)``: amemory's Newton-Schulz).
     """
     comps: dict[str, list[tuple]] = {}
-    order, fused, starts, cur, entry = [], set(), set(), None, None
+    order, skip, scattered, cur, entry = [], set(), set(), None, None
     for line in text.splitlines():
         head = re.match(r"^(ENTRY )?%?([\w.\-]+) \(.*\) -> .* \{$", line)
         if head:
@@ -159,25 +217,18 @@ def hlo_stats(text: str, scope: str, n: int = 1) -> dict[str, Any]:
         shape, tail = _split(m.group(2))
         op, _, args = tail.partition("(")
         comps[cur].append((m.group(1), shape, op, args))
-        if op == "fusion":
-            fused.update(re.findall(r"calls=%([\w.\-]+)", args))
-        if 'custom_call_target="AsyncCollectiveStart"' in args:
-            starts.add(cur)
+        callees = re.findall(r"calls=%([\w.\-]+)", args)
+        if '"continuation_config"' in args:  # TPU: a piece of an asynchronous collective
+            skip.update(callees)
+        if re.search(r'"emitter":"\w*AllReduceScatter', args):  # TPU: all-reduce + slice
+            scattered.update(callees)
+        if 'custom_call_target="AsyncCollectiveDone"' in args:
+            skip.add(cur)
     weight = dict.fromkeys(comps, 0)
     weight[entry] = 1  # callees are printed before their callers
     for name in reversed(order):
         for _, _, op, args in comps[name]:
-            trips = 1
-            if op == "while":  # the trip count XLA knows, else N in the condition's i < N
-                known = re.search(r'known_trip_count":\{"n":"(\d+)"', args)
-                cond = re.search(r"condition=%([\w.\-]+)", args).group(1)
-                code = [cond] + re.findall(
-                    r"calls=%([\w.\-]+)", "".join(a for *_, a in comps[cond])
-                )
-                consts = [re.match(r"(-?\d+)\)", a) for c in code for *_, o, a in comps[c]
-                          if o == "constant"]  # fmt: skip
-                trips = max([int(c.group(1)) for c in consts if c] or [1])
-                trips = int(known.group(1)) if known else trips
+            trips = _trips(comps, name, args) if op == "while" else 1
             callees = re.findall(r"(?:calls|to_apply|body|condition)=%([\w.\-]+)", args)
             branches = re.search(r"(?:branch|called)_computations=\{([^}]*)\}", args)
             callees += re.findall(r"%([\w.\-]+)", branches.group(1)) if branches else []
@@ -208,13 +259,20 @@ def hlo_stats(text: str, scope: str, n: int = 1) -> dict[str, Any]:
                 out["flops"] += 2.0 * out_elems * k * w
                 if in_scope:
                     out["flops_scope"] += 2.0 * out_elems * k * w
+                if in_scope and kernel in args:
                     out["scope_dot_dtypes"].add(lhs[0])
             kind = op.removesuffix("-start")
-            if kind in COLLECTIVES and (name not in fused or name in starts):
-                g, size = _group_size(args, n), _nbytes(shape)
-                ring = {"all-reduce": 2 * (g - 1) / g, "reduce-scatter": g - 1.0,
-                        "collective-permute": 1.0}.get(kind, (g - 1) / g)  # fmt: skip
-                nbytes = ring * size * w
+            if kind in COLLECTIVES and name not in skip:
+                g = _group_size(args, n)
+                if op.endswith("-start") and kind != "all-reduce":  # (operands, results, ...)
+                    shape = _elements(shape)[1]
+                size = _nbytes(shape)  # the whole array, F: result, or operand of a scatter
+                if name in scattered and kind == "all-reduce":
+                    kind = "reduce-scatter"
+                elif kind == "reduce-scatter":
+                    size *= g
+                ring = {"all-reduce": 2 * (g - 1) / g, "collective-permute": 1.0}
+                nbytes = ring.get(kind, (g - 1) / g) * size * w
                 out["collectives"][kind] += nbytes
                 out["collective_ops"][kind] += w
                 if in_scope:
@@ -342,6 +400,7 @@ def plan(config: Any, topology: str, *, save: str | pathlib.Path | None = None) 
     Raises:
       ValueError: an unknown chip or a bad config (names the field).
     """
+    from amemory.optim import orthogonalize
     from amemory.train import config as config_lib
     from amemory.train import engine as engine_lib
     from amemory.train import parallel
@@ -354,7 +413,14 @@ def plan(config: Any, topology: str, *, save: str | pathlib.Path | None = None) 
     local = next(iter(b.task.train_input() or [None]))
     spec = CHIPS[chip]
     chips = place.mesh.size  # "single" uses one chip of the topology
-    out: dict[str, Any] = {"topology": topology, "chips": chips, "mode": place.mode}
+    model = getattr(b.task, "model_config", None)  # the memory task has no vocabulary
+    out: dict[str, Any] = {
+        "topology": topology,
+        "chips": chips,
+        "mode": place.mode,
+        "params": b.n_params,
+        "vocab_size": getattr(model, "vocab_size", None),
+    }
     t0, cpu0 = time.perf_counter(), time.process_time()
     try:
         with uncached():
@@ -378,7 +444,8 @@ def plan(config: Any, topology: str, *, save: str | pathlib.Path | None = None) 
     out["fits"] = out["margin_bytes"] >= 0
     if not out["fits"]:
         out["advice"] = _advice(mem["temp_bytes"] >= mem["argument_bytes"])
-    st = hlo_stats(compiled.as_text(), engine_lib.OPTIMIZER_SCOPE, chips)
+    ns = f"jit({orthogonalize._ns_static.__name__})/"  # the Newton-Schulz kernel's dots
+    st = hlo_stats(compiled.as_text(), engine_lib.OPTIMIZER_SCOPE, chips, kernel=ns)
     tokens = b.task.tokens_per_step
     abstract = b.engine.abstract.params
     per_token = None
@@ -423,10 +490,11 @@ def plan(config: Any, topology: str, *, save: str | pathlib.Path | None = None) 
 
 def format_table(reports: list[dict]) -> str:
     """One row per topology; estimates marked ``~``."""
-    gb = 1e9
+    gb = GiB
     rows = [
-        "topology | fits (margin GB) | GB/chip arg+temp+out | compile s | TFLOP/chip "
-        "(opt) | collective MB/chip (opt) | ns_dtype | ~step ms | ~tok/s | ~MFU | ~opt share"
+        "topology | params (vocab) | fits (margin GiB) | GiB/chip arg+temp+out | compile s | "
+        "TFLOP/chip (opt) | collective MB/chip (opt) | ns_dtype | ~step ms | ~tok/s | ~MFU | "
+        "~opt share"
     ]
     for r in reports:
         if "memory" not in r:
@@ -436,7 +504,8 @@ def format_table(reports: list[dict]) -> str:
         coll, ocoll = sum(r["collectives"].values()), sum(r["optimizer_collectives"].values())
         mfu = f"{e['mfu']:.0%}" if e["mfu"] is not None else "-"
         rows.append(
-            f"{r['topology']} | {'yes' if r['fits'] else 'NO'} ({r['margin_bytes'] / gb:+.2f}) | "
+            f"{r['topology']} | {r['params']:,} ({r['vocab_size']}) | "
+            f"{'yes' if r['fits'] else 'NO'} ({r['margin_bytes'] / gb:+.2f}) | "
             f"{m['argument_bytes'] / gb:.2f}+{m['temp_bytes'] / gb:.2f}+"
             f"{m['output_bytes'] / gb:.2f} | {r['compile_s']:.0f} | "
             f"{r['flops_per_chip'] / 1e12:.3f} ({r['optimizer_flops_per_chip'] / 1e12:.3f}) | "
@@ -467,7 +536,10 @@ def main(argv: list[str]) -> int:
         required=True,
         help=f"e.g. v5e:2x2, v5p:2x2x2, h100:8 (chips: {', '.join(TARGETS)}); repeatable",
     )
-    parser.add_argument("--json", action="store_true", help="print JSON instead of the table")
+    parser.add_argument(
+        "--json", nargs="?", const="-", metavar="FILE",
+        help="write the reports as JSON to FILE (no FILE: to stdout instead of the table)",
+    )  # fmt: skip
     parser.add_argument("--save", metavar="DIR", help="write DIR/<topology>.exe (serialized)")
     args, rest = parser.parse_known_args(argv)
     from amemory.train.config import load_config
@@ -480,5 +552,11 @@ def main(argv: list[str]) -> int:
             reports.append(plan(config, topo, save=save))
     except ValueError as e:
         return parser.fail(e)
-    print(json.dumps(reports, indent=2) if args.json else format_table(reports))
+    if args.json in (None, "-"):
+        print(json.dumps(reports, indent=2) if args.json else format_table(reports))
+    else:
+        from amemory import atomic
+
+        atomic.write_json(pathlib.Path(args.json), reports)
+        print(format_table(reports))
     return 0

@@ -106,7 +106,8 @@ def build(config: Any, place: parallel.Placement) -> Task:
 def model_config(config: Any, vocab_size: int, max_len: int | None = None):
     """``TransformerConfig`` from ``config.model``, translated once: the preset, then every
     field that is not None (``mla`` / ``moe`` as ``MLAConfig`` / ``MoEConfig``;
-    ``moe.lb_coef`` is the loss's). ``max_len`` defaults to ``config.data.seq_len``.
+    ``moe.lb_coef`` is the loss's; ``vocab_size`` at least the data's). ``max_len``
+    defaults to ``config.data.seq_len``.
 
     Raises:
       ValueError: a field ``TransformerConfig`` rejects, re-raised naming ``config.model``.
@@ -114,13 +115,15 @@ def model_config(config: Any, vocab_size: int, max_len: int | None = None):
     from amemory.models import transformer
 
     m = config.model.to_dict()
-    mla, moe = m.pop("mla"), m.pop("moe")
+    mla, moe, vocab = m.pop("mla"), m.pop("moe"), m.pop("vocab_size", None)
+    if vocab is not None and vocab < vocab_size:
+        raise ValueError(f"config.model.vocab_size={vocab} must be None or >= {vocab_size}")
     moe.pop("lb_coef", None)
     over = {k: v for k, v in m.items() if v is not None and k != "preset"}
     max_len = int(max_len if max_len is not None else config.data.seq_len)
     try:
         return transformer.preset(
-            m["preset"], vocab_size=int(vocab_size), max_len=max_len,
+            m["preset"], vocab_size=int(vocab or vocab_size), max_len=max_len,
             mla=transformer.MLAConfig(**mla), moe=transformer.MoEConfig(**moe), **over,
         )  # fmt: skip
     except (TypeError, ValueError) as e:

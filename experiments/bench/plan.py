@@ -3,10 +3,11 @@
     amemory bench plan --out experiments/bench/results_plan_tpu.json [--only small]
     amemory bench plan --ns v5e:2x2   # the optimizer update alone: amemory's NS vs optax's
 
-Each case is a config of `experiments/configs/lm.py:full` (Shakespeare, 8192-token BPE)
-with overrides, compiled for one TPU topology by `amemory.train.planner.plan`; the
-results (compiler figures, roofline estimates, and the host's load while compiling) are
-appended to the JSON file as they finish, so an interrupted sweep keeps what it measured.
+Each case is a config of `experiments/configs/lm.py:full` (Shakespeare, 8192-token BPE;
+gpt2-small and nanogpt-160m at their own 50,257 / 50,304-token vocabularies) with
+overrides, compiled for one TPU topology by `amemory.train.planner.plan`; the results
+(compiler figures, roofline estimates, and the host's load while compiling) are appended
+to the JSON file as they finish, so an interrupted sweep keeps what it measured.
 """
 
 from __future__ import annotations
@@ -21,9 +22,9 @@ from experiments.bench import host_load
 
 SMALL = {"model.preset": "small", "model.dtype": "bfloat16", "data.batch_size": 32,
          "parallel.mode": "sharded", "parallel.fsdp": 4}  # fmt: skip
-GPT2 = {"model.preset": "gpt2-small", "model.dtype": "bfloat16", "model.scan_layers": True,
-        "data.seq_len": 1024, "data.batch_size": 64, "parallel.mode": "sharded",
-        "parallel.fsdp": 8}  # fmt: skip
+GPT2 = {"model.preset": "gpt2-small", "model.vocab_size": 50257, "model.dtype": "bfloat16",
+        "model.scan_layers": True, "data.seq_len": 1024, "data.batch_size": 64,
+        "parallel.mode": "sharded", "parallel.fsdp": 8}  # fmt: skip
 # (name, topology, overrides), in the order the sweep runs them
 CASES = [
     ("gpt2-small/muon/scanned", "v5p:2x2x2", {**GPT2, "optimizer.name": "muon"}),
@@ -35,10 +36,11 @@ CASES = [
     ("gpt2-small/adam/scanned", "v5p:2x2x2", {**GPT2, "optimizer.name": "adam"}),
     ("small-mla-moe/muon/scanned", "v5e:2x2",
      {**SMALL, "optimizer.name": "muon", "model.scan_layers": True, "model.attention": "mla",
-      "model.moe.experts": 8, "model.moe.top_k": 2, "model.moe.shared": 1}),
+      "model.moe.experts": 8, "model.moe.top_k": 2, "model.moe.shared": 1,
+      "model.moe.capacity_factor": 1.0}),
     ("nanogpt-160m/normuon/scanned", "v5e:4x4",
-     {**GPT2, "model.preset": "nanogpt-160m", "optimizer.name": "normuon",
-      "data.batch_size": 64, "parallel.fsdp": 16}),
+     {**GPT2, "model.preset": "nanogpt-160m", "model.vocab_size": 50304,
+      "optimizer.name": "normuon", "data.batch_size": 64, "parallel.fsdp": 16}),
     ("gpt2-small/muon/per-layer", "v5p:2x2x2",
      {**GPT2, "optimizer.name": "muon", "model.scan_layers": False}),
 ]  # fmt: skip

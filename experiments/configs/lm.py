@@ -68,9 +68,11 @@ def get_config(scale: str = "quick") -> ConfigDict:
     # ---- model (amemory.models.transformer) -----------------------------------
     c.model = ConfigDict()
     c.model.preset = "small"  # "tiny" | "small" | "gpt2-small" | "nanogpt-160m"
-    # Overrides of the preset; None keeps the preset's value. vocab_size and
-    # max_len always come from the data (tokenizer size, data.seq_len). The quick
+    # Overrides of the preset; None keeps the preset's value. max_len comes from the data
+    # (data.seq_len), vocab_size by default too (the tokenizer's size; a larger one plans or
+    # pads a model at another vocabulary: GPT-2's 50257, nanoGPT's 50304). The quick
     # scale shrinks "small" to d=128, 2 layers (~0.1 s per 16x128 step on 2 CPU cores).
+    c.model.vocab_size = _int_or_none(None)
     c.model.d_model = _int_or_none(128 if quick else None)  # residual width
     c.model.n_layers = _int_or_none(2 if quick else None)  # number of decoder blocks
     c.model.n_heads = _int_or_none(4 if quick else None)  # heads (d_model divisible by it)
