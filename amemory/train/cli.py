@@ -55,17 +55,13 @@ def main(argv: list[str]) -> int:
         "starts at step 0 only if the workdir records no training",
     )
     parser.add_argument(
-        "--allow-changed",
-        action="append",
-        default=[],
-        metavar="FIELD[,FIELD]",
+        "--allow-changed", action="append", default=[], metavar="FIELD[,FIELD]",
         help="with --resume: config fields that may differ from the checkpoint's (repeatable)",
-    )
+    )  # fmt: skip
     parser.add_argument(
-        "--print-config",
-        action="store_true",
+        "--print-config", action="store_true",
         help="print the resolved config, each field with its comment, and exit",
-    )
+    )  # fmt: skip
     args, rest = parser.parse_known_args(argv)
     from amemory.train import lock
 
