@@ -125,18 +125,17 @@ class DivergenceMonitor:
         """One train record (``loss``: scalar or ``[S]`` nats; ``grad_norm``: same shape or
         None); returns ``(healthy, divergence message or None)``."""
         loss = np.atleast_1d(np.asarray(loss, np.float64))
-        gn = None if grad_norm is None else np.atleast_1d(np.asarray(grad_norm, np.float64))
+        gn = np.asarray(1.0 if grad_norm is None else grad_norm, np.float64)  # None: not dead
         high = self.high_loss(loss)
         if self.first is None:
             self.first, self.best = loss.copy(), loss.copy()
             self.high = self.dead = np.zeros(loss.shape, int)  # replaced, never updated in place
             self.since = np.full(loss.shape, step)
-        dead = (gn == 0) & (loss > 0) if gn is not None else np.zeros(loss.shape, bool)
+        dead = (gn == 0) & (loss > 0)
         self.since = np.where((self.high == 0) & (self.dead == 0), step, self.since)
         self.high, self.dead = np.where(high, self.high + 1, 0), np.where(dead, self.dead + 1, 0)
         self.best = np.minimum(self.best, loss)
-        blown = ~np.isfinite(gn) if gn is not None else np.zeros(loss.shape, bool)
-        healthy = not bool(np.any(high | dead | blown))
+        healthy = not bool(np.any(high | dead | ~np.isfinite(gn)))
         for s in range(loss.size) if self.enabled else ():
             seed = f" (seed index {s})" if loss.size > 1 else ""
             if self.high[s] >= self.patience:
@@ -165,14 +164,6 @@ def _covered(field: str, names: Any) -> bool:
     return any(field == n or field.startswith(n + ".") for n in names)
 
 
-def config_changes(saved: dict, current: dict) -> dict[str, tuple[Any, Any]]:
-    """``{field: (saved value, current value)}`` for every leaf field that differs between
-    two JSON config dicts; a field missing on one side shows as ``"<absent>"``."""
-    a, b, absent = _flat(saved), _flat(current), "<absent>"
-    return {k: (a.get(k, absent), b.get(k, absent)) for k in sorted(set(a) | set(b))
-            if a.get(k, absent) != b.get(k, absent)}  # fmt: skip
-
-
 def check_resume(
     saved: dict, current: dict, *, step: int, checkpoint: str, allow_changed: Any = ()
 ) -> tuple[dict, dict]:
@@ -186,7 +177,8 @@ def check_resume(
       ValueError: an ``allow_changed`` name that is no config field; ``steps`` below
         ``step``; or changed fields, each with both values and how to allow it.
     """
-    fields = set(_flat(saved)) | set(_flat(current))
+    a, b, absent = _flat(saved), _flat(current), "<absent>"  # a field missing on one side
+    fields = sorted(set(a) | set(b))
     unknown = [n for n in allow_changed if not any(_covered(f, [n]) for f in fields)]
     if unknown:
         raise ValueError(
@@ -199,9 +191,10 @@ def check_resume(
             f"config.steps={steps} is smaller than the step of the checkpoint being resumed "
             f"({step}, {checkpoint}); pass --config.steps >= {step}"
         )
-    changes = config_changes(saved, current)
-    free = {k: list(v) for k, v in changes.items() if _covered(k, RESUME_FREE)}
-    allowed = {k: list(v) for k, v in changes.items() if k not in free}
+    changes = {k: [a.get(k, absent), b.get(k, absent)] for k in fields
+               if a.get(k, absent) != b.get(k, absent)}  # fmt: skip
+    free = {k: v for k, v in changes.items() if _covered(k, RESUME_FREE)}
+    allowed = {k: v for k, v in changes.items() if k not in free}
     refused = {k: v for k, v in allowed.items() if not _covered(k, allow_changed)}
     if refused:
         listing = "; ".join(
