@@ -232,8 +232,7 @@ def _contract(guard: RunGuard, ckpt: Any, meta: dict, changes: dict):
 
 
 def _say(text: str) -> None:
-    sys.stderr.write(f"amemory train: {text}\n")
-    sys.stderr.flush()
+    print(f"amemory train: {text}", file=sys.stderr, flush=True)
 
 
 def process_count() -> int:
@@ -388,9 +387,7 @@ class RunGuard:
             self.fail(DivergenceError, step, message + " (config.divergence sets the test)",
                       {"event": "diverged", "message": message})  # fmt: skip
 
-    def save(
-        self, ckpt: Any, step: int, state: Any, extra: dict, data: bytes | None = None
-    ) -> None:
+    def save(self, ckpt: Any, step: int, state: Any, extra: dict, data=None) -> None:
         """``ckpt.save`` that never writes NaN/inf: ``NonFiniteLossError`` naming the leaves."""
         from amemory.train.integrity import NonFiniteStateError
 
