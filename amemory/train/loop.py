@@ -140,24 +140,15 @@ def _run(
         final_step = int(np.asarray(final_host.step).ravel()[0])
         if not points.last_eval:
             points.last_eval = _evaluate(b.engine, b.task, state, b.multi)
-        summary = {
-            "workdir": str(workdir),
-            "task": b.task.kind,
-            "optimizer": config.optimizer.name,
-            "muon_roles": config.optimizer.muon_roles,
-            "mode": place.mode,
-            "seeds": b.seeds,
-            "steps": final_step,
-            "n_params": b.n_params,
-            "final_train_loss": points.last_loss,
-            "final_eval": points.last_eval,
-            "tokens_per_s": float(np.median(points.throughput)) if points.throughput else None,
-            "compile_s": points.compile_s,
-            "wall_s": time.perf_counter() - t_start,
-            "resumed_from": resumed,
-            "last_checkpoint": str(ckpt.path(points.last_saved)) if points.last_saved else None,
-        }
-        summary = jsonable(summary)
+        summary = jsonable(dict(
+            workdir=str(workdir), task=b.task.kind, optimizer=config.optimizer.name,
+            muon_roles=config.optimizer.muon_roles, mode=place.mode, seeds=b.seeds,
+            steps=final_step, n_params=b.n_params, final_train_loss=points.last_loss,
+            final_eval=points.last_eval,
+            tokens_per_s=float(np.median(points.throughput)) if points.throughput else None,
+            compile_s=points.compile_s, wall_s=time.perf_counter() - t_start, resumed_from=resumed,
+            last_checkpoint=str(ckpt.path(points.last_saved)) if points.last_saved else None,
+        ))  # fmt: skip
         log.write("event", final_step, event="end", wall_s=summary["wall_s"])
     if jax.process_index() == 0:
         atomic.write_json(workdir / "summary.json", summary)
@@ -243,16 +234,13 @@ class _SyncPoints:
             "seeds": b.seeds,
             "task_meta": b.task.checkpoint_meta(),
         }
-        self.last_logged: int | None = None
-        self.steps = int(config.steps)
+        self.steps, self.first = int(config.steps), start + 1
         self.profile = tuple(config.get("profile_steps", ()))
-        self.last_loss: Any = None
+        self.last_logged = self.last_loss = self.compile_s = None
         self.last_eval: dict = {}
-        self.throughput: list[float] = []
-        self.compile_s: float | None = None
+        self.throughput: list[float] = []  # tokens/s of each log interval
         self.last_saved: int | None = start or None
         self.mark = (time.perf_counter(), start)  # (time, step) when the device was idle
-        self.first = start + 1
         self.tracing = False
 
     def _due(self, s: int, every: int) -> bool:
