@@ -56,7 +56,7 @@ class _Feed:
     def refill(self) -> None:  # after dispatching the step, to overlap with it
         self.queue.append(self._read())
 
-    def peek(self) -> Any:
+    def peek(self) -> Any:  # the next batch
         return self.queue[0][0]
 
 
@@ -229,11 +229,8 @@ class _SyncPoints:
     def __init__(self, config, workdir, b: engine_lib.Built, ckpt, log, start: int, g):
         self.config, self.workdir, self.engine, self.task = config, workdir, b.engine, b.task
         self.ckpt, self.log, self.multi, self.g = ckpt, log, b.multi, g
-        self.extra = {  # what every checkpoint stores beside the state
-            "config": json.loads(config.to_json_best_effort()),
-            "seeds": b.seeds,
-            "task_meta": b.task.checkpoint_meta(),
-        }
+        self.extra = {"config": json.loads(config.to_json_best_effort()), "seeds": b.seeds,
+                      "task_meta": b.task.checkpoint_meta()}  # beside each state  # fmt: skip
         self.steps, self.first = int(config.steps), start + 1
         self.profile = tuple(config.get("profile_steps", ()))
         self.last_logged = self.last_loss = self.compile_s = None

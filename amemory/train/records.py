@@ -33,11 +33,7 @@ def jsonable(x: Any) -> Any:
     if isinstance(x, (np.floating, float)):
         x = float(x)
         return x if math.isfinite(x) else None
-    if isinstance(x, (np.integer,)):
-        return int(x)
-    if isinstance(x, np.bool_):
-        return bool(x)
-    return x
+    return x.item() if isinstance(x, (np.integer, np.bool_)) else x
 
 
 def _number(v: Any) -> bool:
