@@ -92,23 +92,16 @@ def main(argv: list[str]) -> int:
     try:
         with noise.held():  # Orbax's thread noise: a failure is reported in one line below
             summary = train(config, args.workdir, resume=args.resume, allow_changed=allow)
-    except (ValueError, guard.WorkdirBusyError) as e:
-        parser.fail(e)
+    except (ValueError, OSError, guard.WorkdirBusyError) as e:  # OSError: read-only, full disk
+        cannot = isinstance(e, OSError) and not str(e).startswith("cannot write")
+        parser.fail(f"cannot write the run directory: {e}" if cannot else e)
         return guard.exit_code(e)
-    except OSError as e:  # read-only or full disk: the message names the path
-        parser.fail(
-            ("" if str(e).startswith("cannot write") else "cannot write the run directory: ")
-            + str(e)
-        )
-        return guard.EXIT_CONFIG
     except (guard.NonFiniteLossError, guard.DivergenceError, guard.RunInterrupted) as e:
         sys.stderr.write(f"amemory train: {e}\n")
         return guard.exit_code(e)
     except KeyboardInterrupt:  # a second Ctrl-C while the first one's save was running
-        sys.stderr.write(
-            "amemory train: aborted by a second Ctrl-C; the checkpoints already on disk are "
-            "intact (Orbax writes atomically)\n"
-        )
+        sys.stderr.write("amemory train: aborted by a second Ctrl-C; the checkpoints already "
+                         "on disk are intact (Orbax writes atomically)\n")  # fmt: skip
         return guard.EXIT_INTERRUPTED
     brief = {k: v for k, v in summary.items() if k != "final_eval"}
     brief["final_eval"] = {
