@@ -148,12 +148,11 @@ class Checkpointer:
 
         Args:
           target: ``TrainState`` of arrays or ``jax.ShapeDtypeStruct`` (with shardings).
-          data: also read this process's input position; a step without one is damaged.
-          accept: ``(step, extra) -> {field: [old, new]}``, the config changes allowed
-            (raise ``ValueError`` to refuse). An allowed ``*dtype`` field lets leaves be
-            cast; an allowed ``optimizer.*`` field lets the optimizer state differ: then
-            params, step and key are restored and the optimizer state comes from ``fresh()``
-            (a fresh ``TrainState``), its ``count`` leaves set to the step.
+          data: also read this process's input position (a step without one is damaged).
+          accept: ``(step, extra) -> {field: [old, new]}``, the allowed config changes
+            (``ValueError`` refuses). An allowed ``*dtype`` field lets leaves be cast; an
+            allowed ``optimizer.*`` field takes the optimizer state from ``fresh()`` (a
+            fresh ``TrainState``), its ``count`` leaves set to the step.
 
         Raises:
           ValueError: refused by ``accept``; the newest readable checkpoint does not fit

@@ -1,16 +1,10 @@
 """``amemory train``: train a transformer or an associative memory from a config file.
 
-    amemory train --config experiments/configs/lm.py --workdir runs/lm_muon \\
-        --config.optimizer.name=muon --config.steps=2000
-    amemory train --config experiments/configs/memory.py:full --workdir runs/mem
-    amemory train --config experiments/configs/lm.py --workdir runs/lm_muon --resume
+    amemory train --config experiments/configs/memory.py:full --workdir runs/mem \\
+        --config.optimizer.name=muon --config.steps=2000 [--resume]
 
-``--config PATH[:ARG]`` names a file with ``get_config(ARG)``; every ``--config.a.b=VALUE``
-(or ``--config.a.b VALUE``) overrides one field. The run directory is ``--workdir``.
-
-Exit status (``amemory.train.guard``): 0 done; 1 non-finite loss; 2 bad config, data,
-workdir or resume; 3 diverged; 4 workdir in use by another run; 75 stopped by SIGTERM
-(checkpoint saved: rerun with ``--resume``); 130 stopped by SIGINT (likewise).
+``--config PATH[:ARG]`` names a file with ``get_config(ARG)``; ``--config.a.b=VALUE`` (or
+``--config.a.b VALUE``) overrides one field. Exit statuses: ``docs/reliability.md``.
 """
 
 from __future__ import annotations

@@ -1,6 +1,5 @@
 """``amemory sample``: continue a text prompt with a trained run's model (KV-cache decoding).
 
-    amemory sample --workdir runs/lm_muon --prompt "ROMEO:" --max-new-tokens 100
     amemory sample --workdir runs/lm_muon --prompt "To be" --temperature 0.8 --top-k 40 --seed 1
 
 Reads a language-model run of ``amemory train`` (config.json, the corpus's cached tokenizer,
