@@ -91,9 +91,8 @@ class Checkpointer:
         for name in self.unfinished if jax.process_index() == 0 else ():
             shutil.rmtree(self.directory / name)  # a save killed before Orbax renamed it
         self._unconfirmed = False  # an asynchronous save whose outcome is not yet known
-        self._manager = _manager(
-            self.directory, max_to_keep=max_to_keep, enable_async_checkpointing=async_save
-        )
+        options = {"max_to_keep": max_to_keep, "enable_async_checkpointing": async_save}
+        self._manager = _manager(self.directory, **options)
 
     def __getattr__(self, name: str) -> Any:
         if name == "_manager":  # not yet set (failed __init__)

@@ -64,12 +64,9 @@ class WorkdirLock:
         fd = os.open(self.workdir, os.O_RDONLY | os.O_DIRECTORY)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            info = {
-                "pid": os.getpid(),
-                "host": socket.gethostname(),
-                "processes": self.processes,
-                "started": _dt.datetime.now().astimezone().isoformat(timespec="seconds"),
-            }
+            started = _dt.datetime.now().astimezone().isoformat(timespec="seconds")
+            info = {"pid": os.getpid(), "host": socket.gethostname(),
+                    "processes": self.processes, "started": started}  # fmt: skip
             self.path.write_text(json.dumps(info) + "\n")
         except OSError as e:
             os.close(fd)
