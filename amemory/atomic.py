@@ -1,13 +1,9 @@
 """Atomic file writes: a reader sees the old file or the new one, never a torn one.
 
-Every result amemory writes (summaries, configs, reports, figures, tokenizer and token
-caches) goes through this module: a temporary sibling is written and ``fsync``-ed, then
-``os.replace``-d over the destination (atomic on POSIX within one directory), and the
-directory is ``fsync``-ed so the rename survives a crash. A process killed mid-write
-leaves at most a stray ``.<name>.tmp*`` file, which later writes ignore.
-
-Source: the POSIX ``rename(2)`` guarantees and SQLite's "Atomic Commit" notes.
-This module imports nothing of amemory, so every layer may use it.
+A temporary sibling is written and ``fsync``-ed, ``os.replace``-d over the destination
+(atomic on POSIX within one directory), and the directory ``fsync``-ed; a kill leaves at
+most a stray ``.<name>.tmp*`` file. Source: POSIX ``rename(2)``, SQLite's "Atomic Commit".
+Imports nothing of amemory, so every layer may use it.
 """
 
 from __future__ import annotations
@@ -53,12 +49,7 @@ def _replace_with(path: str | os.PathLike, write: Any, suffix: str = "") -> path
 
 
 def write_bytes(path: str | os.PathLike, data: bytes) -> pathlib.Path:
-    """Atomically replace ``path`` with ``data`` (parents created). Returns the path.
-
-    Raises:
-      OSError: the directory cannot be created or written (read-only, full disk);
-        ``path`` is then unchanged.
-    """
+    """Atomically replace ``path`` with ``data`` (parents created); OSError leaves it as it was."""
     return _replace_with(path, lambda f: f.write(data))
 
 
@@ -68,12 +59,8 @@ def write_text(path: str | os.PathLike, text: str) -> pathlib.Path:
 
 
 def write_json(path: str | os.PathLike, obj: Any, *, indent: int | None = 2) -> pathlib.Path:
-    """Atomically replace ``path`` with ``json.dumps(obj, indent=indent)`` and a newline.
-
-    Raises:
-      TypeError: ``obj`` is not JSON-serialisable (nothing is written).
-      OSError: as :func:`write_bytes`.
-    """
+    """Atomically replace ``path`` with ``json.dumps(obj, indent=indent)`` and a newline
+    (TypeError, nothing written, when ``obj`` is not JSON-serialisable)."""
     return write_text(path, json.dumps(obj, indent=indent) + "\n")
 
 

@@ -1,16 +1,10 @@
 """Checkpoints: an Orbax ``CheckpointManager`` with digests and a verified, fail-safe restore.
 
-One checkpoint step holds up to three items: ``state`` (the ``TrainState``, restored
-against an abstract target so optax states come back as NamedTuples with the target's
-sharding); ``extra`` (JSON: the run config, ``task_meta`` such as ``model.scan_layers``,
-the integrity digest of :mod:`amemory.train.integrity`); ``data`` (the Grain position
-after the saved step's batch, one JSON file per process, when the task reads data).
-
-Saves are asynchronous and atomic (Orbax writes ``<step>.orbax-checkpoint-tmp`` and renames
-it), so a process killed mid-save leaves the previous step as the latest; a
-:class:`Checkpointer` removes such unfinished directories when it starts. Multi-process runs
-call every method on every process. ``restore_intact`` restores the newest step that fits the
-run and reads back intact, moving aside only proven damage.
+A step holds ``state`` (the ``TrainState``), ``extra`` (JSON: config, ``task_meta``, the
+digest of :mod:`amemory.train.integrity`) and ``data`` (the Grain position after the saved
+step's batch, one file per process). Orbax saves asynchronously and atomically (a
+``<step>.orbax-checkpoint-tmp`` directory, then a rename); multi-process runs call every
+method on every process.
 """
 
 from __future__ import annotations
@@ -45,15 +39,11 @@ class CheckpointWriteError(OSError):
 
 
 class IncompatibleCheckpointError(ValueError):
-    """A checkpoint this run refuses (a config error; nothing is moved): its leaves do not fit
-    the model/optimizer, the resume contract refused it, or it reads back intact but cannot
-    be restored into this run."""
+    """A checkpoint this run refuses (leaves that do not fit, the resume contract); not moved."""
 
 
 class Restored(NamedTuple):
-    """What :meth:`Checkpointer.restore_intact` found: the step, its ``TrainState`` and JSON
-    extras, ``skipped`` ``[(path moved to, reason)]`` for newer rejected steps, ``data`` this
-    process's input position (or None), ``notes`` one-line warnings of the restore."""
+    """:meth:`Checkpointer.restore_intact`'s result; ``skipped``: ``[(moved to, reason)]``."""
 
     step: int
     state: state_lib.TrainState
@@ -85,19 +75,11 @@ def _manager(directory: pathlib.Path, read_only: bool = False, **options) -> ocp
 
 class Checkpointer:
     """Orbax ``CheckpointManager`` for ``TrainState`` + JSON extras; the manager's own methods
-    (``latest_step``, ``all_steps``, ``reached_preemption``, ...) are reached through it.
-
-    Args:
-      directory: checkpoint root (created if missing); usually ``workdir/checkpoints``.
-      max_to_keep: number of most recent steps kept on disk.
-      async_save: write arrays in a background thread (default True).
-
-    Attributes:
-      unfinished: names of the unfinished step directories found at start (removed).
+    (``latest_step``, ``all_steps``, ``reached_preemption``) are reached through it.
+    ``unfinished`` names the unfinished step directories found (and removed) at start.
 
     Raises:
-      CheckpointWriteError: ``directory`` cannot be created or written (a regular file,
-        a read-only file system), before anything is trained.
+      CheckpointWriteError: ``directory`` cannot be created or written, before training.
     """
 
     def __init__(self, directory: str | pathlib.Path, *, max_to_keep: int = 3, async_save=True):
@@ -109,9 +91,8 @@ class Checkpointer:
         for name in self.unfinished if jax.process_index() == 0 else ():
             shutil.rmtree(self.directory / name)  # a save killed before Orbax renamed it
         self._unconfirmed = False  # an asynchronous save whose outcome is not yet known
-        self._manager = _manager(
-            self.directory, max_to_keep=max_to_keep, enable_async_checkpointing=async_save
-        )
+        options = {"max_to_keep": max_to_keep, "enable_async_checkpointing": async_save}
+        self._manager = _manager(self.directory, **options)
 
     def __getattr__(self, name: str) -> Any:
         if name == "_manager":  # not yet set (failed __init__)
@@ -123,9 +104,8 @@ class Checkpointer:
         return self.directory / str(step)
 
     def save(self, step: int, state: Any, extra: dict, data: bytes | None = None) -> None:
-        """Start saving ``state``, JSON ``extra`` (plus ``"integrity"``: its digest) and this
-        process's input position ``data`` (a Grain ``get_state()``, or None) as ``step``;
-        returns early (arrays are written in the background).
+        """Start saving ``state``, JSON ``extra`` (plus its digest) and this process's input
+        position ``data`` (or None) as ``step``; arrays are written in the background.
 
         Raises:
           NonFiniteStateError: ``state`` holds NaN/inf (nothing is written).
@@ -152,7 +132,7 @@ class Checkpointer:
         moved = []
         for step in (s for s in steps if s in self.all_steps()):
             moved.append(reject(self.path(step), reason, move=jax.process_index() == 0))
-            _barrier(f"amemory_reject_{step}")
+            _all_agree(True)  # a barrier: the move is done before any process reloads
             self._manager.reload()
         return moved
 
@@ -161,28 +141,21 @@ class Checkpointer:
     ) -> Restored:
         """Restore the newest checkpoint that reads back intact, rejecting newer damaged ones.
 
-        From the newest step down, a step's JSON extras go to ``accept`` (the resume
-        contract) and its recorded leaves are compared with ``target`` before its arrays are
-        read; a refusal or mismatch raises and moves nothing. The arrays are then read and
-        checked against their digest; a step is moved aside (:meth:`reject`) only on proven
-        damage (it fails to read also as stored on one device, its digest differs, NaN/inf).
+        From the newest step down, ``accept`` and the recorded leaves judge a step before its
+        arrays are read (a refusal moves nothing); a step is moved aside only on proven
+        damage (it fails to read also as stored, its digest differs, NaN/inf).
 
         Args:
           target: ``TrainState`` of arrays or ``jax.ShapeDtypeStruct`` (with shardings).
-          data: also read this process's input position; a step without one is damaged.
-          accept: ``(step, extra) -> {field: [old, new]}``, the config changes allowed
-            (raise ``ValueError`` to refuse). An allowed ``*dtype`` field lets leaves be
-            cast; an allowed ``optimizer.*`` field lets the optimizer state differ: then
-            params, step and key are restored and the optimizer state comes from ``fresh()``
-            (a fresh ``TrainState``), its ``count`` leaves set to the step.
-
-        Returns:
-          :class:`Restored` (step, state, extra, skipped, data, notes).
+          data: also read this process's input position (a step without one is damaged).
+          accept: ``(step, extra) -> {field: [old, new]}``, the allowed config changes
+            (``ValueError`` refuses). An allowed ``*dtype`` field lets leaves be cast; an
+            allowed ``optimizer.*`` field takes the optimizer state from ``fresh()`` (a
+            fresh ``TrainState``), its ``count`` leaves set to the step.
 
         Raises:
           ValueError: refused by ``accept``; the newest readable checkpoint does not fit
-            ``target`` (names the leaf) or reads intact but cannot be restored into it;
-            or no checkpoint is intact (lists each one's reason).
+            ``target`` (names the leaf); or no checkpoint is intact (lists the reasons).
         """
         skipped: list[tuple[pathlib.Path, str]] = []
         for step in sorted(self.all_steps(), reverse=True):
@@ -212,7 +185,7 @@ class Checkpointer:
 
     def check_errors(self) -> None:
         """Raise the ``CheckpointWriteError`` of a finished asynchronous save that failed
-        (does not block; single-process runs: hosts finish at different times)."""
+        (does not block; single-process runs only)."""
         if jax.process_count() == 1 and self._unconfirmed:
             if not self._manager.is_saving_in_progress():
                 self._unconfirmed = False
@@ -245,8 +218,8 @@ def _writing(directory: pathlib.Path):
 
 
 def _diagnose(manager: ocp.CheckpointManager, step: int, error: Exception) -> str | None:
-    """Why ``step`` is damaged, given the ``error`` its restore raised, or None when it reads
-    back intact (re-read as stored on one device, digest checked): not damage."""
+    """Why ``step`` is damaged given its restore's ``error``, or None when a plain re-read
+    (as stored, digest checked) succeeds."""
     if isinstance(error, CorruptCheckpointError):
         return str(error)
     try:
@@ -257,10 +230,9 @@ def _diagnose(manager: ocp.CheckpointManager, step: int, error: Exception) -> st
 
 
 def _compare(saved: dict, target: Any, where: pathlib.Path, cast: bool, fresh_opt: bool) -> bool:
-    """Compare saved leaf metadata ``{name: (shape, dtype)}`` with ``target`` by name, shape and
-    dtype. ``cast`` allows dtype differences; ``fresh_opt`` any difference under
-    ``opt_state`` (then returns True). Raises ``IncompatibleCheckpointError`` naming the
-    first differing leaf."""
+    """Compare saved leaf metadata with ``target`` by name, shape and dtype (``cast``: any
+    dtype; ``fresh_opt``: any difference under ``opt_state``, then True). Raises
+    ``IncompatibleCheckpointError`` naming the first differing leaf."""
     problems = []  # (leaf name, how it differs)
     for n, leaf in leaf_names(target).items():
         s, shape, dtype = saved.get(n), tuple(np.shape(leaf)), np.dtype(leaf.dtype)
@@ -320,13 +292,6 @@ def _read_checked(ckpt: Checkpointer, step: int, target: Any, data: bool, accept
     return jax.tree_util.tree_unflatten(treedef, leaves), extra, position, notes
 
 
-def _barrier(name: str) -> None:
-    if jax.process_count() > 1:
-        from jax.experimental import multihost_utils
-
-        multihost_utils.sync_global_devices(name)
-
-
 def _all_agree(ok: bool) -> bool:
     """True when ``ok`` holds on every process (one small all-gather when there are several)."""
     if jax.process_count() == 1:
@@ -337,16 +302,14 @@ def _all_agree(ok: bool) -> bool:
 
 
 def _has_input_state(step_dir: pathlib.Path) -> bool:
-    """Whether ``step_dir`` holds this process's input position (Grain writes one file per
-    process: ``data/process_<i>-of-<n>.json``)."""
+    """Whether ``step_dir`` holds this process's input position (Grain's file per process)."""
     i, n = jax.process_index(), jax.process_count()
     return (step_dir / "data" / f"process_{i}-of-{n}.json").is_file()
 
 
 class _InputState:
-    """A saved or restored Grain iterator state in the shape Grain's Orbax handler wants: the
-    loop saves the state recorded when the saved step's batch was read (the live iterator is
-    ahead by the prefetched batches) and sets the restored one on its iterator itself."""
+    """A Grain iterator state as Grain's Orbax handler wants it (the live iterator is ahead
+    by the prefetched batches, so the loop saves the one recorded with the step's batch)."""
 
     def __init__(self, state: bytes | None):
         self.state = state
@@ -357,18 +320,13 @@ class _InputState:
     def set_state(self, state: bytes) -> None:
         self.state = state
 
-    def start_prefetch(self) -> None:
+    def start_prefetch(self) -> None:  # called by Grain's restore
         pass
 
 
 def load_params(directory: str | pathlib.Path, step: int | None = None) -> Any:
-    """Parameters of a saved run as a nested dict of numpy arrays (no target needed; reads
-    only: nothing is created or removed). The tree is restored as stored (list indices
-    become string keys such as ``"0"``); pass it through ``leaf_names`` to compare by name.
-
-    Args:
-      directory: a run's ``checkpoints/`` directory.
-      step: checkpoint step; None = the latest.
+    """Parameters of a run's ``checkpoints/`` at ``step`` (None: the latest) as a nested dict
+    of numpy arrays, read only; the stored tree (list indices are keys like ``"0"``).
 
     Raises:
       ValueError: the directory holds no checkpoint (or not ``step``).
@@ -390,8 +348,7 @@ def load_params(directory: str | pathlib.Path, step: int | None = None) -> Any:
 
 
 def _layout(manager: ocp.CheckpointManager, step: int) -> dict[str, Any]:
-    """``{leaf name: array metadata (shape, dtype)}`` of ``step`` (CorruptCheckpointError
-    when it does not read)."""
+    """``{leaf name: array metadata}`` of ``step`` (CorruptCheckpointError when unreadable)."""
     try:
         meta = manager.item_metadata(step)["state"]
     except Exception as e:  # noqa: BLE001 - a missing or unreadable _METADATA file
@@ -403,9 +360,8 @@ def _layout(manager: ocp.CheckpointManager, step: int) -> dict[str, Any]:
 
 
 def _read_as_stored(manager: ocp.CheckpointManager, step: int, sharding: Any = None):
-    """``(state, extra, input position)`` of ``step`` with the stored tree (nested dicts),
-    shapes and dtypes; leaf ``name`` placed with ``sharding(name)``, else like the ``step``
-    leaf, else on the first local device."""
+    """``(state, extra, input position)`` of ``step`` as stored; leaf ``name`` placed with
+    ``sharding(name)``, else like the ``step`` leaf, else on the first local device."""
     dev = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
     where = sharding or (lambda name: None)
     other = where("step") or dev

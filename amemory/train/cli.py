@@ -1,16 +1,10 @@
 """``amemory train``: train a transformer or an associative memory from a config file.
 
-    amemory train --config experiments/configs/lm.py --workdir runs/lm_muon \\
-        --config.optimizer.name=muon --config.steps=2000
-    amemory train --config experiments/configs/memory.py:full --workdir runs/mem
-    amemory train --config experiments/configs/lm.py --workdir runs/lm_muon --resume
+    amemory train --config experiments/configs/memory.py:full --workdir runs/mem \\
+        --config.optimizer.name=muon --config.steps=2000 [--resume]
 
-``--config PATH[:ARG]`` names a file with ``get_config(ARG)``; every ``--config.a.b=VALUE``
-(or ``--config.a.b VALUE``) overrides one field. The run directory is ``--workdir``.
-
-Exit status (``amemory.train.guard``): 0 done; 1 non-finite loss; 2 bad config, data,
-workdir or resume; 3 diverged; 4 workdir in use by another run; 75 stopped by SIGTERM
-(checkpoint saved: rerun with ``--resume``); 130 stopped by SIGINT (likewise).
+``--config PATH[:ARG]`` names a file with ``get_config(ARG)``; ``--config.a.b=VALUE`` (or
+``--config.a.b VALUE``) overrides one field. Exit statuses: ``docs/reliability.md``.
 """
 
 from __future__ import annotations
@@ -55,17 +49,13 @@ def main(argv: list[str]) -> int:
         "starts at step 0 only if the workdir records no training",
     )
     parser.add_argument(
-        "--allow-changed",
-        action="append",
-        default=[],
-        metavar="FIELD[,FIELD]",
+        "--allow-changed", action="append", default=[], metavar="FIELD[,FIELD]",
         help="with --resume: config fields that may differ from the checkpoint's (repeatable)",
-    )
+    )  # fmt: skip
     parser.add_argument(
-        "--print-config",
-        action="store_true",
+        "--print-config", action="store_true",
         help="print the resolved config, each field with its comment, and exit",
-    )
+    )  # fmt: skip
     args, rest = parser.parse_known_args(argv)
     from amemory.train import lock
 
@@ -96,23 +86,16 @@ def main(argv: list[str]) -> int:
     try:
         with noise.held():  # Orbax's thread noise: a failure is reported in one line below
             summary = train(config, args.workdir, resume=args.resume, allow_changed=allow)
-    except (ValueError, guard.WorkdirBusyError) as e:
-        parser.fail(e)
+    except (ValueError, OSError, guard.WorkdirBusyError) as e:  # OSError: read-only, full disk
+        cannot = isinstance(e, OSError) and not str(e).startswith("cannot write")
+        parser.fail(f"cannot write the run directory: {e}" if cannot else e)
         return guard.exit_code(e)
-    except OSError as e:  # read-only or full disk: the message names the path
-        parser.fail(
-            ("" if str(e).startswith("cannot write") else "cannot write the run directory: ")
-            + str(e)
-        )
-        return guard.EXIT_CONFIG
     except (guard.NonFiniteLossError, guard.DivergenceError, guard.RunInterrupted) as e:
         sys.stderr.write(f"amemory train: {e}\n")
         return guard.exit_code(e)
     except KeyboardInterrupt:  # a second Ctrl-C while the first one's save was running
-        sys.stderr.write(
-            "amemory train: aborted by a second Ctrl-C; the checkpoints already on disk are "
-            "intact (Orbax writes atomically)\n"
-        )
+        sys.stderr.write("amemory train: aborted by a second Ctrl-C; the checkpoints already "
+                         "on disk are intact (Orbax writes atomically)\n")  # fmt: skip
         return guard.EXIT_INTERRUPTED
     brief = {k: v for k, v in summary.items() if k != "final_eval"}
     brief["final_eval"] = {

@@ -1,18 +1,10 @@
 """Run guards: the policy of a run's stops, health and resume contract.
 
-One :class:`RunGuard` wraps a training run (``amemory.train.loop.run``); the loop calls it
-where the loss reaches the host (``check_finite``, ``observe_log``), at each save
-(``save``: never NaN/inf), after every step (``stop_requested``, then ``stop``), on resume
-(``restore``: the newest intact checkpoint that passes :func:`check_resume`) and for any
-other stop (``fail``: names the newest healthy checkpoint). The guarantees are the table of
-``docs/reliability.md``, each with its test.
-
-A checkpoint is *healthy* when a train record after it had a finite loss the divergence
-test did not flag, or the step that failed after it had such a loss (computed on the
-checkpoint's parameters) after a healthy record; non-finite and divergence stops name the
-newest healthy one and move newer ones to ``checkpoints-rejected/``. Multi-process runs
-leave SIGTERM to JAX's preemption service (Orbax ``CheckpointManager.reached_preemption``:
-every host stops at the same step).
+One :class:`RunGuard` wraps a training run; the guarantees are the table of
+``docs/reliability.md``, each with its test. A checkpoint is *healthy* when a train record
+after it had a finite loss the divergence test did not flag, or the step that failed after
+it had such a loss after a healthy record; non-finite and divergence stops name the newest
+healthy one and move newer ones to ``checkpoints-rejected/``.
 """
 
 from __future__ import annotations
@@ -37,8 +29,7 @@ EXIT_DIVERGED = 3
 EXIT_PREEMPTED = 75  # SIGTERM / preemption notice: sysexits.h EX_TEMPFAIL, "retry later"
 EXIT_INTERRUPTED = 130  # SIGINT: 128 + 2, the shell's convention for Ctrl-C
 
-# Config fields that may differ on resume (they change what is logged or how it runs, not
-# what is computed). A dotted prefix covers its whole group. Everything else must match.
+# Config fields (or dotted group prefixes) that may differ on resume: not what is computed.
 RESUME_FREE = (
     "steps", "log_every", "eval_every", "spectrum_every", "spectrum_roles",
     "checkpoint_every", "keep_checkpoints", "progress", "parallel", "divergence",
@@ -48,8 +39,7 @@ RESUME_FREE = (
 
 
 class NonFiniteLossError(RuntimeError):
-    """The training loss (or the state to be saved) became NaN or infinite; the message names
-    the step and the newest healthy checkpoint."""
+    """The loss (or the state to be saved) became NaN/inf; names the step and healthy checkpoint."""
 
     exit_code = EXIT_NONFINITE
 
@@ -61,13 +51,9 @@ class DivergenceError(RuntimeError):
 
 
 class RunInterrupted(KeyboardInterrupt):
-    """The run stopped on SIGTERM/SIGINT/preemption after saving; ``--resume`` continues it.
+    """The run stopped on SIGTERM/SIGINT/preemption after saving ``step`` to ``checkpoint``.
 
-    A ``KeyboardInterrupt``, so that callers' ``except Exception`` blocks (``amemory
-    reproduce`` records a failed stage and goes on) do not swallow a stop request.
-
-    Attributes: ``reason`` (``"SIGTERM"``, ``"SIGINT"`` or ``"preemption"``), ``step`` (the
-    step saved), ``checkpoint`` (its directory), ``exit_code`` (130 for SIGINT, else 75).
+    A ``KeyboardInterrupt``, so that callers' ``except Exception`` blocks do not swallow it.
     """
 
     def __init__(self, reason: str, step: int, checkpoint: str, finished: bool = False):
@@ -82,18 +68,13 @@ class RunInterrupted(KeyboardInterrupt):
 
 
 def exit_code(error: BaseException) -> int:
-    """``amemory train``'s exit status for an exception raised by ``train``: its class's
-    ``exit_code``, else ``EXIT_CONFIG``."""
+    """``amemory train``'s exit status for an exception of ``train`` (default ``EXIT_CONFIG``)."""
     return getattr(error, "exit_code", EXIT_CONFIG)
 
 
 class StopSignals:
-    """SIGTERM / SIGINT handlers that only set ``requested`` (restored on exit).
-
-    Installed from the main thread of a single-process run only (a multi-process run
-    leaves SIGTERM to JAX's preemption service). After the first signal a second SIGINT
-    raises ``KeyboardInterrupt`` at once (the user insists).
-    """
+    """SIGTERM / SIGINT handlers (main thread only) that set ``requested``; restored on exit.
+    After the first signal a second SIGINT raises ``KeyboardInterrupt`` at once."""
 
     def __init__(self, enabled: bool = True):
         self.requested: str | None = None
@@ -119,24 +100,13 @@ class StopSignals:
 class DivergenceMonitor:
     """The divergence test on the losses and gradient norms of train records.
 
-    Per seed, at each train record (loss ``L``, global gradient norm ``g``):
-
-    * *high*: ``L > loss_factor * m`` and ``L > L_0``, where ``m`` is the smallest
-      loss of the earlier records and ``L_0`` the first one. The second condition
-      keeps a sampled loss that has dropped near zero (a memorised task) from counting
-      as divergence; a blow-up passes both.
-    * *dead*: ``g == 0`` exactly and ``L > 0``: no parameter can move again, though
-      the loss is not zero (a loss of exactly 0 with a zero gradient is convergence).
-
-    The run diverged when a seed is high, or dead, at ``patience`` consecutive records.
-    (A stop on a loss far above its best, as loss-spike guards in large-model training
-    do; big_vision stops on a non-finite loss only. The thresholds are ours.)
-    A record is *healthy* when no seed is high or dead and every gradient norm is finite.
-
-    Args:
-      loss_factor: the multiple of the running minimum, > 1.
-      patience: consecutive records, >= 1.
-      enabled: False turns the test off (``observe`` still reports health).
+    Per seed, at each train record (loss ``L`` in nats, global gradient norm ``g``):
+    *high*: ``L > loss_factor * m`` and ``L > L_0`` (``m`` the smallest earlier loss,
+    ``L_0`` the first; a loss memorised near zero is not a blow-up); *dead*: ``g == 0``
+    and ``L > 0``. The run diverged when a seed is high, or dead, at ``patience``
+    consecutive records; a record is *healthy* when no seed is high or dead and every
+    gradient norm is finite. The thresholds are ours (big_vision stops on NaN only).
+    ``enabled=False`` turns the test off (``observe`` still reports health).
     """
 
     def __init__(self, loss_factor: float = 10.0, patience: int = 3, enabled: bool = True):
@@ -152,26 +122,20 @@ class DivergenceMonitor:
         return (loss > self.loss_factor * self.best) & (loss > self.first)
 
     def observe(self, step: int, loss: Any, grad_norm: Any) -> tuple[bool, str | None]:
-        """Take one train record; return ``(healthy, divergence message or None)``.
-
-        Args:
-          step: the record's step.
-          loss: scalar or ``[S]`` (seeds) finite losses, nats.
-          grad_norm: same shape, global L2 gradient norms (None: the dead test is skipped).
-        """
+        """One train record (``loss``: scalar or ``[S]`` nats; ``grad_norm``: same shape or
+        None); returns ``(healthy, divergence message or None)``."""
         loss = np.atleast_1d(np.asarray(loss, np.float64))
-        gn = None if grad_norm is None else np.atleast_1d(np.asarray(grad_norm, np.float64))
+        gn = np.asarray(1.0 if grad_norm is None else grad_norm, np.float64)  # None: not dead
         high = self.high_loss(loss)
         if self.first is None:
             self.first, self.best = loss.copy(), loss.copy()
             self.high = self.dead = np.zeros(loss.shape, int)  # replaced, never updated in place
             self.since = np.full(loss.shape, step)
-        dead = (gn == 0) & (loss > 0) if gn is not None else np.zeros(loss.shape, bool)
+        dead = (gn == 0) & (loss > 0)
         self.since = np.where((self.high == 0) & (self.dead == 0), step, self.since)
         self.high, self.dead = np.where(high, self.high + 1, 0), np.where(dead, self.dead + 1, 0)
         self.best = np.minimum(self.best, loss)
-        blown = ~np.isfinite(gn) if gn is not None else np.zeros(loss.shape, bool)
-        healthy = not bool(np.any(high | dead | blown))
+        healthy = not bool(np.any(high | dead | ~np.isfinite(gn)))
         for s in range(loss.size) if self.enabled else ():
             seed = f" (seed index {s})" if loss.size > 1 else ""
             if self.high[s] >= self.patience:
@@ -200,37 +164,21 @@ def _covered(field: str, names: Any) -> bool:
     return any(field == n or field.startswith(n + ".") for n in names)
 
 
-def config_changes(saved: dict, current: dict) -> dict[str, tuple[Any, Any]]:
-    """``{field: (saved value, current value)}`` for every leaf field that differs between
-    two JSON config dicts; a field missing on one side shows as ``"<absent>"``."""
-    a, b, absent = _flat(saved), _flat(current), "<absent>"
-    return {k: (a.get(k, absent), b.get(k, absent)) for k in sorted(set(a) | set(b))
-            if a.get(k, absent) != b.get(k, absent)}  # fmt: skip
-
-
 def check_resume(
     saved: dict, current: dict, *, step: int, checkpoint: str, allow_changed: Any = ()
 ) -> tuple[dict, dict]:
-    """The resume contract: what may differ between a checkpoint's config and the new one.
+    """The resume contract between the checkpoint's JSON config ``saved`` and ``current``.
 
-    Fields that change what a run computes (everything outside ``RESUME_FREE``) must be
-    equal, unless listed in ``allow_changed`` (a field or a group prefix). ``steps`` may
-    grow but not drop below the checkpoint's ``step``.
-
-    Args:
-      saved / current: JSON config dicts of the checkpoint and of this run.
-      step: the checkpoint's step; checkpoint: its path (for messages).
-      allow_changed: field names (dotted) the user changes on purpose.
-
-    Returns:
-      ``(allowed, free)``: the changes permitted by ``allow_changed`` and the changes of
-      ``RESUME_FREE`` fields, each ``{field: [old, new]}`` (for the metrics event).
+    Fields outside ``RESUME_FREE`` must be equal unless named (or their group) in
+    ``allow_changed``; ``steps`` may not drop below the checkpoint's ``step``. Returns
+    ``(allowed, free)``, the permitted and the ``RESUME_FREE`` changes, ``{field: [old, new]}``.
 
     Raises:
       ValueError: an ``allow_changed`` name that is no config field; ``steps`` below
         ``step``; or changed fields, each with both values and how to allow it.
     """
-    fields = set(_flat(saved)) | set(_flat(current))
+    a, b, absent = _flat(saved), _flat(current), "<absent>"  # a field missing on one side
+    fields = sorted(set(a) | set(b))
     unknown = [n for n in allow_changed if not any(_covered(f, [n]) for f in fields)]
     if unknown:
         raise ValueError(
@@ -243,9 +191,10 @@ def check_resume(
             f"config.steps={steps} is smaller than the step of the checkpoint being resumed "
             f"({step}, {checkpoint}); pass --config.steps >= {step}"
         )
-    changes = config_changes(saved, current)
-    free = {k: list(v) for k, v in changes.items() if _covered(k, RESUME_FREE)}
-    allowed = {k: list(v) for k, v in changes.items() if k not in free}
+    changes = {k: [a.get(k, absent), b.get(k, absent)] for k in fields
+               if a.get(k, absent) != b.get(k, absent)}  # fmt: skip
+    free = {k: v for k, v in changes.items() if _covered(k, RESUME_FREE)}
+    allowed = {k: v for k, v in changes.items() if k not in free}
     refused = {k: v for k, v in allowed.items() if not _covered(k, allow_changed)}
     if refused:
         listing = "; ".join(
@@ -260,8 +209,8 @@ def check_resume(
 
 
 def _contract(guard: RunGuard, ckpt: Any, meta: dict, changes: dict):
-    """``accept(step, extra)`` for ``Checkpointer.restore_intact``: the layout fields of
-    ``meta`` must equal the checkpoint's ``task_meta``, then :func:`check_resume`."""
+    """``accept(step, extra)`` for ``restore_intact``: ``meta`` must equal the checkpoint's
+    ``task_meta``, then :func:`check_resume`."""
     current = json.loads(guard.config.to_json_best_effort())
 
     def accept(step: int, extra: dict) -> dict:
@@ -283,13 +232,11 @@ def _contract(guard: RunGuard, ckpt: Any, meta: dict, changes: dict):
 
 
 def _say(text: str) -> None:
-    sys.stderr.write(f"amemory train: {text}\n")
-    sys.stderr.flush()
+    print(f"amemory train: {text}", file=sys.stderr, flush=True)
 
 
 def process_count() -> int:
-    """``jax.process_count()``; a ValueError naming ``JAX_PLATFORMS`` when it names a backend
-    this host cannot start (a TPU run launched on a CPU host)."""
+    """``jax.process_count()``; ValueError naming ``JAX_PLATFORMS`` if its backend cannot start."""
     import jax
 
     try:
@@ -301,9 +248,8 @@ def process_count() -> int:
 
 
 def _no_checkpoint(workdir: pathlib.Path, ckpt: Any, is_main: bool) -> None:
-    """``--resume`` found no checkpoint: a one-line note when ``workdir`` records no training
-    (a preemptible loop's first launch), else a ValueError naming what it holds and the way
-    out, touching nothing (unfinished saves aside: the Checkpointer removed them)."""
+    """``--resume`` found no checkpoint: a note when ``workdir`` records no training, else a
+    ValueError naming what it holds and the way out, touching nothing."""
     log, rejected = workdir / "metrics.jsonl", pathlib.Path(f"{ckpt.directory}-rejected")
     held = [f"{log} records training steps"] if log.is_file() and (
         b'"kind": "train"' in log.read_bytes()) else []  # fmt: skip
@@ -322,8 +268,7 @@ def _no_checkpoint(workdir: pathlib.Path, ckpt: Any, is_main: bool) -> None:
 
 
 def _newest_healthy(ckpt: Any, healthy_through: int | None) -> tuple[str, int | None]:
-    """``(text naming the newest healthy checkpoint, its step or None)``; newer checkpoints
-    are moved aside, so ``--resume`` continues from it."""
+    """``(text naming the newest healthy checkpoint, its step or None)``; newer ones move aside."""
     ckpt.wait()
     h, steps = healthy_through, ckpt.all_steps()
     good = max((s for s in steps if h is not None and s < h), default=None)
@@ -341,16 +286,10 @@ def _newest_healthy(ckpt: Any, healthy_through: int | None) -> tuple[str, int | 
 
 
 class RunGuard:
-    """This module's policy for one run: use as ``with RunGuard(...) as g:``.
+    """This module's policy for one run: ``with RunGuard(config, workdir, allow_changed) as g:``.
 
-    Entering takes the workdir lock (process 0; every process learns the outcome) and
-    installs the stop signals; leaving undoes both, and raises ``RunInterrupted`` when a
-    stop signal arrived after the last step's check (the run finished and was saved).
-
-    Args:
-      config: the run ConfigDict (``divergence``: ``enabled``, ``loss_factor``, ``patience``).
-      workdir: the run directory.
-      allow_changed: fields the resume contract lets differ (``--allow-changed``).
+    Entering takes the workdir lock and installs the stop signals; leaving undoes both, and
+    raises ``RunInterrupted`` when a signal arrived after the last step's check.
 
     Raises:
       ValueError: ``JAX_PLATFORMS`` names a backend this host cannot start. On enter:
@@ -384,14 +323,8 @@ class RunGuard:
             raise RunInterrupted(late, step, str(self._ckpt.path(step)), finished=True)
 
     def restore(self, ckpt: Any, target: Any, *, data=False, meta=None, fresh=None) -> tuple:
-        """Newest intact checkpoint of ``ckpt`` into ``target`` (``Checkpointer.restore_intact``
-        with the resume contract of :func:`_contract`).
-
-        Returns ``(step, state, extra, input position or None)``; damaged checkpoints
-        (``checkpoint_rejected``), config changes (``config_changed``) and restore warnings
-        (``restore_note``) are reported on stderr and as events. Raises ValueError as
-        ``restore_intact`` and :func:`check_resume`.
-        """
+        """``ckpt.restore_intact`` with the resume contract: ``(step, state, extra, position)``;
+        rejections, config changes and notes go to stderr and the log. Raises ValueError."""
         changes: dict = {}
         accept = _contract(self, ckpt, meta or {}, changes)
         found = ckpt.restore_intact(target, data=data, accept=accept, fresh=fresh)
@@ -412,7 +345,6 @@ class RunGuard:
         return found.step, found.state, found.extra, found.data
 
     def resume_without_checkpoint(self, ckpt: Any) -> None:
-        """``--resume`` found no checkpoint: see :func:`_no_checkpoint`."""
         _no_checkpoint(self.workdir, ckpt, self._lock.is_main)
 
     def attach(self, ckpt: Any, log: Any) -> None:
@@ -423,8 +355,7 @@ class RunGuard:
         self._pending.clear()
 
     def fail(self, error: type, step: int, what: str, event: dict) -> NoReturn:
-        """Log ``event`` at ``step`` and raise ``error``: ``what`` and the newest healthy
-        checkpoint (newer ones are moved aside, so ``--resume`` continues from it)."""
+        """Log ``event`` and raise ``error``: ``what`` and the newest healthy checkpoint."""
         where, good = _newest_healthy(self._ckpt, self.healthy_through)
         if self._log is not None:
             healthy = str(self._ckpt.path(good)) if good is not None else None
@@ -432,16 +363,14 @@ class RunGuard:
         raise error(f"{what}; {where}")
 
     def confirm_by_failed_step(self, step: int, loss: Any) -> None:
-        """A step failed with a non-finite gradient or update: when its ``loss`` (per seed, on
-        the parameters of ``step - 1``) is finite and not high, and the last train record was
-        healthy, checkpoints up to ``step - 1`` count as healthy."""
+        """``step`` failed: checkpoints before it are healthy when its ``loss`` (per seed) is
+        finite and not high and the last train record was healthy."""
         ok = np.all(np.isfinite(loss)) and not np.any(self.monitor.high_loss(loss))
         if ok and self.healthy_through is not None and self.healthy_through == self._last_record:
             self.healthy_through = int(step)
 
     def check_finite(self, step: int, loss: Any) -> None:
-        """Stop on a NaN/inf loss (any seed): ``NonFiniteLossError`` naming ``step`` and the
-        newest healthy checkpoint."""
+        """``NonFiniteLossError`` on a NaN/inf loss (any seed)."""
         loss = np.asarray(loss)
         if not np.all(np.isfinite(loss)):
             values = [x if math.isfinite(x) else None for x in np.atleast_1d(loss).tolist()]
@@ -449,8 +378,7 @@ class RunGuard:
                       f"step {step}", {"event": "nonfinite", "loss": values})  # fmt: skip
 
     def observe_log(self, step: int, loss: Any, grad_norm: Any = None) -> None:
-        """One train record: mark health; ``NonFiniteLossError`` on NaN/inf, ``DivergenceError``
-        when the divergence test fires (says which rule since which step)."""
+        """One train record: mark health; ``NonFiniteLossError`` or ``DivergenceError``."""
         self.check_finite(step, loss)
         healthy, message = self.monitor.observe(step, loss, grad_norm)
         self._last_record = int(step)
@@ -459,11 +387,8 @@ class RunGuard:
             self.fail(DivergenceError, step, message + " (config.divergence sets the test)",
                       {"event": "diverged", "message": message})  # fmt: skip
 
-    def save(
-        self, ckpt: Any, step: int, state: Any, extra: dict, data: bytes | None = None
-    ) -> None:
-        """``ckpt.save`` (with input position ``data``) that never writes NaN/inf (checked on
-        the device first): ``NonFiniteLossError`` naming the leaves, nothing written."""
+    def save(self, ckpt: Any, step: int, state: Any, extra: dict, data=None) -> None:
+        """``ckpt.save`` that never writes NaN/inf: ``NonFiniteLossError`` naming the leaves."""
         from amemory.train.integrity import NonFiniteStateError
 
         try:
@@ -472,9 +397,8 @@ class RunGuard:
             self.fail(NonFiniteLossError, step, str(e), {"event": "nonfinite", "state": e.counts})
 
     def stop_requested(self, step: int) -> bool:
-        """True when the run should save ``step`` and stop (call after every step): a signal
-        arrived, or (several processes) JAX's preemption service reached its sync point at
-        ``step`` on every host. ``CheckpointWriteError``: an asynchronous save failed."""
+        """Whether to save ``step`` and stop: a signal, or JAX's preemption sync point (several
+        processes). ``CheckpointWriteError``: an asynchronous save failed."""
         if self._ckpt is not None:
             self._ckpt.check_errors()  # a background save that failed: report it now
             if self.processes > 1 and self._ckpt.reached_preemption(step):
@@ -482,8 +406,7 @@ class RunGuard:
         return self._signals.requested is not None
 
     def stop(self, ckpt: Any, step: int) -> NoReturn:
-        """After the loop wrote the metrics of ``step`` and saved it: wait for the save, log a
-        ``stopped`` event, raise ``RunInterrupted`` (``amemory train`` exits 75 or 130)."""
+        """After ``step`` was logged and saved: wait, log ``stopped``, raise ``RunInterrupted``."""
         ckpt.wait()
         reason, path = self._signals.requested or "preemption", str(ckpt.path(step))
         if self._log is not None:

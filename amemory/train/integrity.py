@@ -1,10 +1,5 @@
 """Checkpoint integrity: a per-leaf digest computed on the device, its check, and the move
-of a damaged step aside.
-
-Orbax checks each TensorStore shard's index but not the array bytes, so a checkpoint
-stores :func:`state_digest` of its state (``extra["integrity"]``) and a restore checks it
-(:func:`verify`); proven damage is moved to ``<checkpoints>-rejected/`` (:func:`reject`).
-"""
+of a damaged step aside (Orbax checks no array bytes)."""
 
 from __future__ import annotations
 
@@ -20,10 +15,7 @@ DIGEST = "u32sum+u32possum/v1"
 
 
 class NonFiniteStateError(RuntimeError):
-    """``save`` was asked to write a state with NaN/inf values; nothing was written.
-
-    Attributes: ``step`` (not saved); ``counts`` ``{leaf name: non-finite entries}`` (> 0).
-    """
+    """``save`` was asked to write NaN/inf; ``counts``: ``{leaf name: non-finite entries}``."""
 
     def __init__(self, step: int, counts: dict[str, int]):
         self.step, self.counts = int(step), dict(counts)
@@ -71,22 +63,12 @@ def _digest_tree(tree: Any) -> Any:
 
 
 def state_digest(state: Any) -> tuple[dict[str, list[int]], dict[str, int]]:
-    """Per-leaf digest and non-finite count of a (device) pytree, computed on the device.
+    """``({leaf name: [sum, weighted sum]}, {leaf name: non-finite count > 0})`` of a pytree.
 
-    For leaf words ``w_i`` (the bit pattern as uint32, i = 1..n in row-major order)
-    the digest is ``[sum_i w_i, sum_i i * w_i]`` modulo 2**32: any single changed
-    word changes the first sum, a swap of two words the second. The sums are exact
-    integer reductions, so they do not depend on sharding, device count or reduction
-    order; only 3 integers per leaf reach the host. A Fletcher-style checksum (J. G.
-    Fletcher, "An Arithmetic Checksum for Serial Transmissions", IEEE Trans. Commun.
-    30(1), 1982) over 32-bit words.
-
-    Args:
-      state: pytree of arrays (numpy or jax, any sharding whose reduction is replicated).
-
-    Returns:
-      ``({leaf name: [sum, weighted sum]}, {leaf name: non-finite count > 0})`` with the
-      names of :func:`leaf_names`.
+    For leaf words ``w_i`` (the bit pattern as uint32, i = 1..n row-major) the digest is
+    ``[sum_i w_i, sum_i i * w_i]`` modulo 2**32, exact integer reductions on the device
+    (independent of sharding and reduction order). A Fletcher-style checksum (J. G.
+    Fletcher, IEEE Trans. Commun. 30(1), 1982) over 32-bit words.
     """
     out = leaf_names(jax.device_get(_digest_tree(state)))
     digest = {k: [int(v[0]), int(v[1])] for k, v in out.items()}
@@ -94,11 +76,7 @@ def state_digest(state: Any) -> tuple[dict[str, list[int]], dict[str, int]]:
 
 
 def record(state: Any, step: int) -> dict:
-    """``extra["integrity"]`` for saving ``state`` as ``step``.
-
-    Raises:
-      NonFiniteStateError: ``state`` holds NaN/inf.
-    """
+    """``extra["integrity"]`` of ``state`` saved as ``step``; ``NonFiniteStateError`` on NaN/inf."""
     digest, bad = state_digest(state)
     if bad:
         raise NonFiniteStateError(step, bad)
@@ -106,13 +84,8 @@ def record(state: Any, step: int) -> dict:
 
 
 def verify(state: Any, extra: dict) -> bool:
-    """Check a restored ``state`` against the digest saved in ``extra`` and for finiteness;
-    False when ``extra`` holds no digest (written before digests: finiteness only).
-
-    Raises:
-      CorruptCheckpointError: naming the first leaf whose digest differs, or the leaves
-        holding NaN/inf and how many.
-    """
+    """Check a restored ``state`` against ``extra``'s digest and for NaN/inf; False when
+    ``extra`` holds no digest. ``CorruptCheckpointError`` names the first bad leaf."""
     digest, bad = state_digest(state)
     if bad:
         raise CorruptCheckpointError(f"non-finite values restored in {_worst(bad)}")
@@ -127,9 +100,8 @@ def verify(state: Any, extra: dict) -> bool:
 
 
 def reject(step_dir: pathlib.Path, reason: str, move: bool = True) -> pathlib.Path:
-    """Move the checkpoint ``step_dir`` to ``<its parent>-rejected/<step>[.n]`` with a
-    ``REASON.txt``; returns the new path (``move=False``: only the path, for the processes
-    other than 0 of a multi-process run)."""
+    """Move ``step_dir`` to ``<its parent>-rejected/<step>[.n]`` with a ``REASON.txt``; the new
+    path (``move=False``: only the path, for processes other than 0)."""
     root = step_dir.parent.with_name(step_dir.parent.name + "-rejected")
     dest, n = root / step_dir.name, 0
     while dest.exists():

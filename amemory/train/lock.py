@@ -1,10 +1,8 @@
 """The workdir lock: one live run per run directory.
 
-The run directory itself is held with ``fcntl.flock`` for the whole run by the run's
-process 0 (``amemory.train.guard.RunGuard``), so deleting ``run.lock`` lets no second
-run in; ``run.lock`` records the holder's PID, host, start time and process count for
-the message a second run prints. ``amemory train`` probes the lock before it imports
-JAX (:func:`probe_workdir`), so that failure takes a fraction of a second.
+Process 0 holds the run directory itself with ``fcntl.flock`` (deleting ``run.lock`` lets no
+second run in); ``run.lock`` records the holder's PID, host, start and process count for the
+message. :func:`probe_workdir` checks it before ``amemory train`` imports JAX.
 """
 
 from __future__ import annotations
@@ -27,35 +25,29 @@ class WorkdirBusyError(RuntimeError):
     exit_code = EXIT_BUSY
 
 
-def holder_info(path: pathlib.Path) -> dict:
-    """What the lock file at ``path`` says about its holder (empty if unreadable)."""
+def _holder(workdir: pathlib.Path) -> dict:
+    """What ``workdir``'s lock file says about its holder (empty if unreadable)."""
     try:
-        return json.loads(path.read_text() or "{}")
+        return json.loads((workdir / LOCK_NAME).read_text() or "{}")
     except (OSError, ValueError):
         return {}
 
 
-def busy_message(workdir: pathlib.Path, info: dict) -> str:
+def _busy(workdir: pathlib.Path, info: dict | None = None) -> WorkdirBusyError:
     """The one-line error naming the holder of ``workdir``'s lock."""
+    info = _holder(workdir) if info is None else info
     who = f"pid {info.get('pid', '?')} on host {info.get('host', '?')}"
     since = f", started {info['started']}" if info.get("started") else ""
-    return (
+    return WorkdirBusyError(
         f"workdir {workdir} is in use by another run ({who}{since}); wait for it to "
         f"finish or stop it, or choose another --workdir (lock: {workdir / LOCK_NAME})"
     )
 
 
 class WorkdirLock:
-    """An exclusive ``fcntl.flock`` on the run directory for the life of a run.
-
-    ``flock`` locks belong to the open file, so the kernel drops the lock when the
-    holder exits or is killed (SIGKILL included): a lock can never go stale. On network
-    file systems ``flock`` is as reliable as their lock support (NFSv4 is; some FUSE
-    mounts are not).
-
-    Args:
-      workdir: the run directory (created if missing).
-      processes: ``jax.process_count()`` of the holder (recorded).
+    """An exclusive ``fcntl.flock`` on the run directory (created if missing) for a run of
+    ``processes`` processes. The kernel drops it when the holder dies (SIGKILL included),
+    so it never goes stale; on network file systems it is as good as their lock support.
 
     Raises (``acquire``):
       WorkdirBusyError: another process holds the lock (names its PID and host).
@@ -72,25 +64,19 @@ class WorkdirLock:
         fd = os.open(self.workdir, os.O_RDONLY | os.O_DIRECTORY)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            info = {
-                "pid": os.getpid(),
-                "host": socket.gethostname(),
-                "processes": self.processes,
-                "started": _dt.datetime.now().astimezone().isoformat(timespec="seconds"),
-            }
+            started = _dt.datetime.now().astimezone().isoformat(timespec="seconds")
+            info = {"pid": os.getpid(), "host": socket.gethostname(),
+                    "processes": self.processes, "started": started}  # fmt: skip
             self.path.write_text(json.dumps(info) + "\n")
-        except BlockingIOError:
+        except OSError as e:
             os.close(fd)
-            raise WorkdirBusyError(busy_message(self.workdir, holder_info(self.path))) from None
-        except OSError:
-            os.close(fd)
-            raise
+            raise _busy(self.workdir) if isinstance(e, BlockingIOError) else e from None
         self._fd = fd
         return self
 
     def acquire_everywhere(self) -> None:
-        """``acquire`` on process 0 of a (multi-process) JAX run; every process raises its
-        error (the others a ``WorkdirBusyError``) when it fails."""
+        """``acquire`` on process 0; when it fails every process raises (the others a
+        ``WorkdirBusyError``)."""
         import jax
         import numpy as np
 
@@ -105,7 +91,7 @@ class WorkdirLock:
 
             ok = multihost_utils.broadcast_one_to_all(np.int32(error is None))
             if not int(ok) and error is None:
-                error = WorkdirBusyError(busy_message(self.workdir, holder_info(self.path)))
+                error = _busy(self.workdir)
         if error is not None:
             raise error
 
@@ -123,25 +109,19 @@ class WorkdirLock:
 
 
 def probe_workdir(workdir: str | os.PathLike) -> None:
-    """Fail fast (before JAX is imported) if a single-process run holds ``workdir``.
-
-    A multi-process holder is left to the full check in ``RunGuard`` (its other processes
-    share the directory). Does nothing when the directory does not exist.
-
-    Raises:
-      WorkdirBusyError: as :class:`WorkdirLock`.
-    """
-    path = pathlib.Path(workdir).absolute() / LOCK_NAME
+    """``WorkdirBusyError`` (before JAX is imported) when a single-process run holds ``workdir``;
+    a multi-process holder is left to ``RunGuard``'s full check."""
+    workdir = pathlib.Path(workdir).absolute()
     try:
-        fd = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY)
+        fd = os.open(workdir, os.O_RDONLY | os.O_DIRECTORY)
     except OSError:
         return
     try:
         fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
         fcntl.flock(fd, fcntl.LOCK_UN)
     except BlockingIOError:
-        info = holder_info(path)
+        info = _holder(workdir)
         if int(info.get("processes", 1)) == 1:
-            raise WorkdirBusyError(busy_message(path.parent, info)) from None
+            raise _busy(workdir, info) from None
     finally:
         os.close(fd)

@@ -1,17 +1,11 @@
-"""``train(config, workdir)``: the training loop for every task.
+"""``train(config, workdir)``: the training loop for every task (run directory and
+metrics schema: ``docs/metrics.md``).
 
-The run directory (config.json, metrics.jsonl, TensorBoard events, a profile trace,
-checkpoints/, summary.json, run.lock) and the schema of every metrics.jsonl record are in
-``docs/metrics.md``.
-
-The loop never waits for the device between log steps: metrics are reduced on the
-device (:mod:`amemory.train.engine`) and read every ``config.log_every`` steps; the
-steps in between run under ``jax.transfer_guard_device_to_host("disallow_explicit")``
-(every line of the loop but the sync points), so an accidental device-to-host copy there
-is an error. Batches are read by the task's Grain iterator and put on the devices
-``PREFETCH`` steps ahead. The host syncs only at the points of :class:`_SyncPoints`: log,
-evaluation, spectrum, checkpoint, profile, and the guards of :mod:`amemory.train.guard`
-(stop signals, divergence, the resume contract) run there.
+Metrics are reduced on the device and read only at the points of :class:`_SyncPoints`
+(log, evaluation, spectrum, checkpoint, profile, the guards of :mod:`amemory.train.guard`);
+the steps in between run under ``jax.transfer_guard_device_to_host("disallow_explicit")``,
+so an accidental device-to-host copy is an error. Batches are put on the devices
+``PREFETCH`` steps ahead.
 """
 
 from __future__ import annotations
@@ -43,12 +37,9 @@ PREFETCH = 2  # batches put on the devices ahead of the step that uses them
 
 
 class _Feed:
-    """Training batches on the devices ``depth`` steps ahead of their use.
-
-    Each item is ``(placed batch, input position after it)``; the position (the Grain
-    iterator's ``get_state()``) is what a checkpoint of that step must store. Tasks
-    without input give ``(None, None)``.
-    """
+    """Training batches on the devices ``depth`` steps ahead: ``(placed batch, the Grain
+    position after it)``, what a checkpoint of that step stores; ``(None, None)`` without
+    input."""
 
     def __init__(self, it: Iterator | None, put, depth: int):
         self.it, self.put = it, put
@@ -60,14 +51,12 @@ class _Feed:
         return self.put(next(self.it)), self.it.get_state()
 
     def get(self) -> tuple[Any, bytes | None]:
-        """The next step's batch and position."""
         return self.queue.popleft()
 
-    def refill(self) -> None:
-        """Read one more batch (call after dispatching the step, to overlap with it)."""
+    def refill(self) -> None:  # after dispatching the step, to overlap with it
         self.queue.append(self._read())
 
-    def peek(self) -> Any:
+    def peek(self) -> Any:  # the next batch
         return self.queue[0][0]
 
 
@@ -90,25 +79,13 @@ def train(
     config: ConfigDict, workdir: str | pathlib.Path, *, resume: bool = False,
     allow_changed: tuple[str, ...] = (),
 ) -> dict:  # fmt: skip
-    """Train ``config`` and write the run directory ``workdir``; return the summary dict.
+    """Train ``config`` (a run ConfigDict; missing engine fields take their defaults) in the
+    run directory ``workdir``; return the summary dict (also ``summary.json``).
 
     Args:
-      config: run ConfigDict (``experiments/configs/lm.py`` or ``memory.py``); the
-        engine fields of ``amemory.train.config.ENGINE_DEFAULTS`` are added if missing.
-      workdir: run directory (created); holds config.json, metrics.jsonl, TensorBoard
-        events, checkpoints/, summary.json.
-      resume: continue exactly (parameters, optimizer state, key, input position) from the
-        newest intact checkpoint in ``workdir`` (damaged ones are moved aside); fields that
-        change what a run computes must equal the checkpoint's (``guard.check_resume``).
-        A workdir with checkpoints needs it; with it and no checkpoint the run starts at
-        step 0 only where the workdir records no training (else a ValueError).
-      allow_changed: config fields that may differ from the checkpoint's config on
-        resume (recorded in metrics.jsonl as a ``config_changed`` event).
-
-    Returns:
-      summary dict: workdir, task, optimizer, mode, seeds, steps, n_params,
-      final_train_loss, final_eval, tokens_per_s (median), wall_s, compile_s,
-      resumed_from, last_checkpoint.
+      resume: continue exactly from the newest intact checkpoint in ``workdir``, under the
+        resume contract (``guard.check_resume``); needed when it holds checkpoints.
+      allow_changed: config fields that may differ from the checkpoint's on resume.
 
     Raises:
       ValueError: bad config (names the field and allowed values), data not found, or a
@@ -127,17 +104,13 @@ def run(
     config: ConfigDict, workdir: str | pathlib.Path, *, resume: bool = False,
     allow_changed: tuple[str, ...] = (), task: tasks.Task | None = None,
 ) -> tuple[dict, TrainState]:  # fmt: skip
-    """``train``, also returning the final ``TrainState`` as numpy arrays (host copy).
-
-    ``task`` replaces the task ``config`` describes (``amemory.train.tasks.build``): any
-    object with the :class:`~amemory.train.tasks.Task` interface.
-    """
+    """``train``, also returning the final ``TrainState`` on the host; ``task`` (any object
+    with the :class:`~amemory.train.tasks.Task` interface) replaces the config's task."""
     t_start = time.perf_counter()
     config = ConfigDict(config.to_dict()) if isinstance(config, ConfigDict) else config
     config_lib.with_engine_defaults(config)
     config_lib.validate(config)
     parallel.initialize_distributed(config.parallel)
-    # lock, stop signals and the guards around the whole run
     with guard_lib.RunGuard(config, workdir, allow_changed) as g:
         return _run(config, workdir, resume, task, g, t_start)
 
@@ -167,24 +140,15 @@ def _run(
         final_step = int(np.asarray(final_host.step).ravel()[0])
         if not points.last_eval:
             points.last_eval = _evaluate(b.engine, b.task, state, b.multi)
-        summary = {
-            "workdir": str(workdir),
-            "task": b.task.kind,
-            "optimizer": config.optimizer.name,
-            "muon_roles": config.optimizer.muon_roles,
-            "mode": place.mode,
-            "seeds": b.seeds,
-            "steps": final_step,
-            "n_params": b.n_params,
-            "final_train_loss": points.last_loss,
-            "final_eval": points.last_eval,
-            "tokens_per_s": float(np.median(points.throughput)) if points.throughput else None,
-            "compile_s": points.compile_s,
-            "wall_s": time.perf_counter() - t_start,
-            "resumed_from": resumed,
-            "last_checkpoint": str(ckpt.path(points.last_saved)) if points.last_saved else None,
-        }
-        summary = jsonable(summary)
+        summary = jsonable(dict(
+            workdir=str(workdir), task=b.task.kind, optimizer=config.optimizer.name,
+            muon_roles=config.optimizer.muon_roles, mode=place.mode, seeds=b.seeds,
+            steps=final_step, n_params=b.n_params, final_train_loss=points.last_loss,
+            final_eval=points.last_eval,
+            tokens_per_s=float(np.median(points.throughput)) if points.throughput else None,
+            compile_s=points.compile_s, wall_s=time.perf_counter() - t_start, resumed_from=resumed,
+            last_checkpoint=str(ckpt.path(points.last_saved)) if points.last_saved else None,
+        ))  # fmt: skip
         log.write("event", final_step, event="end", wall_s=summary["wall_s"])
     if jax.process_index() == 0:
         atomic.write_json(workdir / "summary.json", summary)
@@ -259,29 +223,21 @@ def _train_steps(config, b, state, inputs, start, points, g, closing) -> TrainSt
 
 
 class _SyncPoints:
-    """The host-side points of the loop, one method each: log (the only read of the
-    metrics), the non-finite check, evaluation, spectrum, checkpoint save, profiling, and
-    the stop on a signal; the guard ``g`` (``amemory.train.guard.RunGuard``) judges health,
-    divergence and what a stop message names."""
+    """The host-side points of the loop, one method each; the guard ``g`` (``RunGuard``)
+    judges health, divergence and what a stop message names."""
 
     def __init__(self, config, workdir, b: engine_lib.Built, ckpt, log, start: int, g):
         self.config, self.workdir, self.engine, self.task = config, workdir, b.engine, b.task
         self.ckpt, self.log, self.multi, self.g = ckpt, log, b.multi, g
-        self.extra = {  # what every checkpoint stores beside the state
-            "config": json.loads(config.to_json_best_effort()),
-            "seeds": b.seeds,
-            "task_meta": b.task.checkpoint_meta(),
-        }
-        self.last_logged: int | None = None
-        self.steps = int(config.steps)
+        self.extra = {"config": json.loads(config.to_json_best_effort()), "seeds": b.seeds,
+                      "task_meta": b.task.checkpoint_meta()}  # beside each state  # fmt: skip
+        self.steps, self.first = int(config.steps), start + 1
         self.profile = tuple(config.get("profile_steps", ()))
-        self.last_loss: Any = None
+        self.last_logged = self.last_loss = self.compile_s = None
         self.last_eval: dict = {}
-        self.throughput: list[float] = []
-        self.compile_s: float | None = None
+        self.throughput: list[float] = []  # tokens/s of each log interval
         self.last_saved: int | None = start or None
         self.mark = (time.perf_counter(), start)  # (time, step) when the device was idle
-        self.first = start + 1
         self.tracing = False
 
     def _due(self, s: int, every: int) -> bool:
@@ -333,13 +289,8 @@ class _SyncPoints:
         return acc
 
     def check_finite(self, acc: dict, s: int) -> None:
-        """The non-finite check: raise when a step up to ``s`` had a non-finite loss,
-        gradient or parameters (``acc``: the host accumulator's ``bad_step`` and
-        ``bad_loss``, per seed).
-
-        Raises:
-          NonFiniteLossError: naming the first bad step and the newest healthy checkpoint.
-        """
+        """``NonFiniteLossError`` when a step up to ``s`` had a non-finite loss, gradient or
+        parameters (``acc``: the host accumulator's per-seed ``bad_step``, ``bad_loss``)."""
         bad = np.asarray(acc["bad_step"]).ravel()
         if (bad < 0).all():
             return
@@ -378,8 +329,7 @@ class _SyncPoints:
         self.last_saved = s
 
     def stop(self, s: int, state: TrainState, acc: dict, position: bytes | None, bar) -> None:
-        """A stop was requested after step ``s``: write its metrics, save it (after the
-        non-finite check; synchronously) and raise ``RunInterrupted``."""
+        """A stop after step ``s``: log and save it (if not yet), raise ``RunInterrupted``."""
         with jax.transfer_guard_device_to_host("allow"):
             if self.last_logged != s:
                 acc = self.log_point(s, acc, bar)

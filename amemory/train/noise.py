@@ -1,11 +1,7 @@
-"""Orbax's noise: what its background threads print when a checkpoint read or write fails.
-
-A failed TensorStore read makes Orbax's reader threads print tracebacks and the whole
-TensorStore spec (about 150 lines) to file descriptor 2 and leave "Event loop is closed"
-errors to ``sys.unraisablehook``; a failed save makes its writer threads log absl ERROR
-tracebacks. The exception itself reaches the caller, which reports it in one line, so
-:func:`held` keeps that noise back while a block runs and writes it out only when the
-block turned out well.
+"""Orbax's noise: what its background threads print when a checkpoint read or write fails
+(tracebacks and TensorStore specs on fd 2, "Event loop is closed" unraisables, absl ERROR
+logs). The caller reports the exception in one line, so :func:`held` keeps the noise back
+and writes it out only when the block turned out well.
 """
 
 from __future__ import annotations
@@ -54,10 +50,8 @@ def _settle(fd_file, hold: Hold, quiet_s: float = 0.3, max_s: float = 3.0) -> No
 
 @contextlib.contextmanager
 def held(fd: bool = False) -> Iterator[Hold]:
-    """Hold absl ERROR logs and unraisable exceptions (with ``fd``: also whatever is written
-    to file descriptor 2) while the block runs; yields the :class:`Hold` whose ``replay``
-    decides what happens to them. Without a usable fd 2 (embedded interpreters) ``fd`` is
-    ignored."""
+    """Hold absl ERROR logs, unraisable exceptions and (``fd``, when usable) file descriptor 2
+    while the block runs; yields the :class:`Hold` whose ``replay`` decides their fate."""
     hold, absl, previous_hook = Hold(), logging.getLogger("absl"), sys.unraisablehook
     saved = None
     if fd:

@@ -1,20 +1,8 @@
-"""Run records: ``metrics.jsonl`` and the same scalars as TensorBoard events.
-
-:class:`RunLog` is the one writer of a run's records (process 0 only). Every record goes
-to ``metrics.jsonl`` (schema: ``docs/metrics.md``) and each of its scalars to a
-TensorBoard event file in the run directory (``tensorboardX``, no TensorFlow), so
-``tensorboard --logdir runs/`` compares runs. Tags are ``<kind>/<field>`` (``train/loss``,
-``eval/loss/bucket_0``, ``spectrum/spectrum/vo/entropy``; events: ``event/<event>/<field>``);
-in multi-seed runs a per-seed list becomes one tag per seed, ``<tag>/seed_<seed>``.
-Lists that are not per-seed values (per-class losses) and strings stay in the jsonl only.
-
-On resume, records after the restored step are dropped from the jsonl, and TensorBoard is
-told to purge events from that step on (``purge_step``), so both show one history; lines of
-the jsonl that do not read are moved to ``metrics.jsonl.unreadable`` with a warning.
-
-Events are written in the caller's thread (tensorboardX's ``EventsWriter``: its
-``SummaryWriter``'s thread blocks the run on a full disk), so a failed write is one
-``OSError`` naming the file.
+"""Run records: ``metrics.jsonl`` (schema: ``docs/metrics.md``) and its scalars as
+TensorBoard events (``tensorboardX``'s ``EventsWriter``, in the caller's thread, so a full
+disk is one ``OSError``). Tags are ``<kind>/<field>`` (events: ``event/<event>/<field>``);
+a per-seed list becomes ``<tag>/seed_<seed>``; other lists and strings stay in the jsonl.
+On resume both are cut back to the restored step.
 """
 
 from __future__ import annotations
@@ -45,11 +33,7 @@ def jsonable(x: Any) -> Any:
     if isinstance(x, (np.floating, float)):
         x = float(x)
         return x if math.isfinite(x) else None
-    if isinstance(x, (np.integer,)):
-        return int(x)
-    if isinstance(x, np.bool_):
-        return bool(x)
-    return x
+    return x.item() if isinstance(x, (np.integer, np.bool_)) else x
 
 
 def _number(v: Any) -> bool:
@@ -57,12 +41,8 @@ def _number(v: Any) -> bool:
 
 
 def scalars(record: dict[str, Any], seeds: Sequence[int] | None) -> Iterator[tuple[str, float]]:
-    """``(tag, value)`` of every scalar of a jsonl record (see the module docstring).
-
-    Args:
-      record: a jsonl record (``kind``, ``step``, fields; values already JSON-able).
-      seeds: the run's seeds when it is multi-seed (per-seed lists), else None.
-    """
+    """``(tag, value)`` of every scalar of a JSON-able jsonl ``record`` (``seeds``: the seeds
+    of a multi-seed run, else None)."""
     kind = record["kind"]
     prefix = f"event/{record.get('event')}" if kind == "event" else kind
     for name, v in record.items():
@@ -77,31 +57,20 @@ def scalars(record: dict[str, Any], seeds: Sequence[int] | None) -> Iterator[tup
                     yield f"{tag}/seed_{s}", float(x)
 
 
-#: Seconds between fsyncs of the TensorBoard event file (a write still reaches the OS
-#: buffer at once; ``close`` syncs the rest). A sync per record cost a disk flush per step
-#: at ``log_every = 1``.
+#: Seconds between fsyncs of the TensorBoard event file (one per record cost a disk flush
+#: per step at ``log_every = 1``).
 TB_SYNC_SECS = 10.0
 
 
 class RunLog:
-    """``metrics.jsonl`` + TensorBoard writer of one run (a no-op on processes other than 0).
+    """``metrics.jsonl`` + TensorBoard writer of one run in ``workdir`` (only if ``enabled``).
 
-    Args:
-      workdir: run directory; the jsonl is ``workdir/metrics.jsonl``, events go to
-        ``workdir/events.out.tfevents.*``.
-      enabled: write (process 0) or not.
-      keep_until: on resume, the restored step: jsonl records after it are dropped and
-        TensorBoard events from ``keep_until + 1`` on are purged. None: a fresh run.
-      seeds: the seeds of a multi-seed run (per-seed scalar tags), or None.
+    ``keep_until``: on resume, the restored step (jsonl records after it are dropped, lines
+    that do not read moved to ``metrics.jsonl.unreadable``, TensorBoard events after it
+    purged); None for a fresh run. ``seeds``: a multi-seed run's seeds, or None.
     """
 
-    def __init__(
-        self,
-        workdir: pathlib.Path,
-        enabled: bool,
-        keep_until: int | None,
-        seeds: Sequence[int] | None = None,
-    ):
+    def __init__(self, workdir: pathlib.Path, enabled: bool, keep_until: int | None, seeds=None):
         self.path, self.enabled, self.seeds = workdir / "metrics.jsonl", enabled, seeds
         if not enabled:
             return
@@ -143,8 +112,7 @@ class RunLog:
             self.write("event", keep_until, event="log_lines_unreadable", lines=unreadable)
 
     def write(self, kind: str, step: int, **fields: Any) -> dict[str, Any]:
-        """Append one record (``kind``, ``step`` = optimizer steps completed, fields); an
-        OSError (a full disk) names the file it could not write."""
+        """Append one record (``step``: optimizer steps completed); OSError names the file."""
         rec = {"kind": kind, "step": int(step), **jsonable(fields)}
         if not self.enabled:
             return rec

@@ -1,14 +1,10 @@
 """``amemory sample``: continue a text prompt with a trained run's model (KV-cache decoding).
 
-    amemory sample --workdir runs/lm_muon --prompt "ROMEO:" --max-new-tokens 100
     amemory sample --workdir runs/lm_muon --prompt "To be" --temperature 0.8 --top-k 40 --seed 1
 
-Reads the run directory written by ``amemory train`` (a language model on a text
-corpus): ``config.json`` (model and tokenizer settings), the tokenizer cached beside the
-corpus (``amemory.data.corpus``), and the parameters of the newest checkpoint (or
-``--step``). Decoding is :func:`amemory.models.decode.generate`: the prompt is prefilled
-into a KV cache, then one token per step; ``--temperature 0`` is greedy and
-deterministic; otherwise the draws follow ``--seed``. An empty prompt starts a new
+Reads a language-model run of ``amemory train`` (config.json, the corpus's cached tokenizer,
+the newest checkpoint or ``--step``) and decodes with :func:`amemory.models.decode.generate`;
+``--temperature 0`` is greedy, else the draws follow ``--seed``; an empty prompt starts a new
 document (the end-of-text token).
 """
 
@@ -24,17 +20,8 @@ from amemory.cli import Parser
 
 
 def load_run(workdir: str | pathlib.Path, *, step: int | None = None, seed_index: int = 0):
-    """Model, parameters and tokenizer of a trained language-model run.
-
-    Args:
-      workdir: a run directory of ``amemory train`` (config.json, checkpoints/).
-      step: checkpoint step (None = the newest).
-      seed_index: which seed of a multi-seed run (``config.seeds``) to load.
-
-    Returns:
-      ``(graphdef, params, tokenizer, corpus)``: ``params`` one seed's nested dict of
-      arrays; ``tokenizer`` a ``tokenizers.Tokenizer``; ``corpus`` the
-      ``amemory.data.corpus.Corpus`` (for ``eot_id``).
+    """``(graphdef, params, tokenizer, corpus)`` of a language-model run at ``step`` (None: the
+    newest); ``params`` the nested arrays of seed ``seed_index`` of a multi-seed run.
 
     Raises:
       ValueError: no config.json or checkpoint, a run that is not a language model on a
@@ -86,9 +73,8 @@ def sample_text(
     workdir: str | pathlib.Path, prompt: str, max_new_tokens: int, *, temperature: float = 1.0,
     top_k: int = 0, seed: int = 0, step: int | None = None, seed_index: int = 0,
 ) -> str:  # fmt: skip
-    """The prompt and its continuation by a trained run, decoded together as text.
-
-    (See the module docstring; a word-level tokenizer re-spaces the prompt.)
+    """The prompt and its continuation by a trained run, decoded together as text (a
+    word-level tokenizer re-spaces the prompt).
 
     Raises:
       ValueError: as :func:`load_run`, or bad decoding options (names the option; a
@@ -104,14 +90,9 @@ def sample_text(
     graphdef, params, tok, data = load_run(workdir, step=step, seed_index=seed_index)
     ids = tok.encode(prompt, add_special_tokens=False).ids if prompt else [data.eot_id]
     out = decode.generate(
-        graphdef,
-        params,
-        jnp.asarray([ids], jnp.int32),
-        int(max_new_tokens),
-        key=jax.random.PRNGKey(seed),
-        temperature=float(temperature),
-        top_k=int(top_k),
-    )
+        graphdef, params, jnp.asarray([ids], jnp.int32), int(max_new_tokens),
+        key=jax.random.PRNGKey(seed), temperature=float(temperature), top_k=int(top_k),
+    )  # fmt: skip
     start = 0 if prompt else 1  # an empty prompt's end-of-text token is not printed
     return tok.decode([int(i) for i in out[0, start:]], skip_special_tokens=False)
 

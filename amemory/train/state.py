@@ -1,9 +1,5 @@
-"""``TrainState``: everything on the device that one training step reads and writes.
-
-The data position (how far the input pipeline has read) lives on the host; the
-checkpoint stores it next to this state (see ``amemory.train.checkpoint``), so a
-restored run continues with exactly the next batch.
-"""
+"""``TrainState``: everything on the device that one training step reads and writes (the
+input position lives on the host; the checkpoint stores it beside this state)."""
 
 from __future__ import annotations
 
@@ -13,10 +9,7 @@ import jax
 
 
 class TrainState(NamedTuple):
-    """Pytree carried from step to step (a NamedTuple, so Orbax and ``jax.tree`` see its fields).
-
-    In a multi-seed run every leaf has a leading seed axis ``[S, ...]``.
-    """
+    """Pytree carried from step to step (multi-seed: every leaf has a seed axis ``[S, ...]``)."""
 
     step: jax.Array  # [] int32: optimizer steps completed
     params: Any  # nested dict of arrays (model parameters)
