@@ -33,13 +33,9 @@ from amemory.optim.distributed import auto_sharded
 from amemory.optim.orthogonalize import COEFFICIENT_SETS, PRECONDITIONINGS, newton_schulz
 
 __all__ = [
-    "MuonDimensionNumbers",
-    "MuonState",
-    "muon",
-    "orthogonalize_via_newton_schulz",
-    "scale_by_muon",
-    "scale_by_shape",
-]
+    "MuonDimensionNumbers", "MuonState", "muon", "orthogonalize_via_newton_schulz",
+    "scale_by_muon", "scale_by_shape",
+]  # fmt: skip
 
 WeightDimNumOrFn = Any  # MuonDimensionNumbers | tree of them (None: Adam) | callable(params)
 

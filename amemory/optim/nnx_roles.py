@@ -45,13 +45,9 @@ from amemory.optim._paths import path_keys
 from amemory.optim.routing import Roles
 
 __all__ = [
-    "HEAD_NAMES",
-    "NnxLayers",
-    "nnx_layers",
-    "nnx_matrix_axes",
-    "nnx_per_head_matrix_axes",
+    "HEAD_NAMES", "NnxLayers", "nnx_layers", "nnx_matrix_axes", "nnx_per_head_matrix_axes",
     "nnx_role",
-]
+]  # fmt: skip
 
 _ATTENTION = {"query": "q", "key": "k", "value": "v", "out": "o"}
 #: The roles this module gives, and the groups a routing spec may name (``hidden``: every

@@ -35,18 +35,10 @@ import jax.numpy as jnp
 import numpy as np
 
 __all__ = [
-    "COEFFICIENT_SETS",
-    "NORMS",
-    "NS_EPS_MODES",
-    "NS_METHODS",
-    "PRECONDITIONINGS",
-    "coefficient_table",
-    "newton_schulz",
-    "norm_ball_lmo",
-    "orthogonality_error",
-    "polar",
+    "COEFFICIENT_SETS", "NORMS", "NS_EPS_MODES", "NS_METHODS", "PRECONDITIONINGS",
+    "coefficient_table", "newton_schulz", "norm_ball_lmo", "orthogonality_error", "polar",
     "singular_value_range",
-]
+]  # fmt: skip
 
 # Keller Jordan's quintic: maximal slope at zero (3.4445) while keeping the
 # iterates bounded; converged singular values oscillate in about [0.68, 1.13].

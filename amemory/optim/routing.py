@@ -36,16 +36,9 @@ import optax
 from amemory.optim._paths import path_keys, path_str
 
 __all__ = [
-    "REST",
-    "Roles",
-    "RoutingRow",
-    "format_routing_table",
-    "label_params",
-    "parse_roles",
-    "parse_spec",
-    "routed",
-    "routing_table",
-]
+    "REST", "Roles", "RoutingRow", "format_routing_table", "label_params", "parse_roles",
+    "parse_spec", "routed", "routing_table",
+]  # fmt: skip
 
 REST = "rest"
 NONE = "none"
