@@ -172,19 +172,11 @@ def scale_by_muon(
     """
     table, steps = _resolve_table(ns_coeffs, ns_steps)
     opts = MuonOptions(
-        momentum=beta,
-        momentum_form="ema",
-        nesterov=nesterov,
-        bias_correction=True,
-        ns_coeffs=table,
-        ns_steps=steps,
-        ns_eps=eps,
-        ns_eps_mode="add",
-        preconditioning=preconditioning,
-        nuclear_scale="leaf" if adaptive else "none",
-        shape_scale="none",
-        mu_dtype=mu_dtype,
-    )
+        momentum=beta, momentum_form="ema", nesterov=nesterov, bias_correction=True,
+        ns_coeffs=table, ns_steps=steps, ns_eps=eps, ns_eps_mode="add",
+        preconditioning=preconditioning, nuclear_scale="leaf" if adaptive else "none",
+        shape_scale="none", mu_dtype=mu_dtype,
+    )  # fmt: skip
 
     def with_axes(tree):
         dims = weight_dimension_numbers
@@ -304,34 +296,25 @@ def muon(
             is_leaf=_is_spec,
         )
 
+    direction = scale_by_muon(
+        ns_coeffs=ns_coeffs, ns_steps=ns_steps, beta=beta, eps=eps, mu_dtype=mu_dtype,
+        nesterov=nesterov, adaptive=adaptive, preconditioning=preconditioning,
+        weight_dimension_numbers=muon_dims,
+    )  # fmt: skip
+    adam = optax.adamw(
+        learning_rate=adam_learning_rate, b1=adam_b1, b2=adam_b2, eps=eps,
+        eps_root=adam_eps_root, weight_decay=adam_weight_decay, mu_dtype=mu_dtype,
+        nesterov=nesterov,
+    )  # fmt: skip
     return optax.partition(
         transforms={
             "muon": optax.chain(
-                scale_by_muon(
-                    ns_coeffs=ns_coeffs,
-                    ns_steps=ns_steps,
-                    beta=beta,
-                    eps=eps,
-                    mu_dtype=mu_dtype,
-                    nesterov=nesterov,
-                    adaptive=adaptive,
-                    preconditioning=preconditioning,
-                    weight_dimension_numbers=muon_dims,
-                ),
+                direction,
                 scale_by_shape(weight_dimension_numbers=muon_dims, consistent_rms=consistent_rms),
                 _decay(weight_decay, weight_decay_mask),
                 optax.scale_by_learning_rate(learning_rate),
             ),
-            "adam": optax.adamw(
-                learning_rate=adam_learning_rate,
-                b1=adam_b1,
-                b2=adam_b2,
-                eps=eps,
-                eps_root=adam_eps_root,
-                weight_decay=adam_weight_decay,
-                mu_dtype=mu_dtype,
-                nesterov=nesterov,
-            ),
+            "adam": adam,
         },
         param_labels=labels,
     )
