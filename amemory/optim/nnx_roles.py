@@ -1,32 +1,23 @@
 """Roles and matrix axes of models built from standard ``flax.nnx`` layers (foreign models).
 
-For a ``flax.nnx`` model that is not amemory's own (``models.role_of``), :func:`nnx_layers`
-reads each layer once and gives a ``role`` function (for ``optim.routed``) and a
-``matrix_axes`` function (for Muon) that agree: a kernel with role ``dense``, ``head`` or
-``q|k|v|o`` has a matrix ``(fan_in, fan_out)``, nothing else does. ``Linear``
-``[in, out]``; ``LinearGeneral`` ``[*batch, *in, *out]``; ``Einsum`` from its string
-(kernel axes summed over are ``fan_in``, axes it adds to the output ``fan_out``, the rest
-batch axes: ``"BTD,NDH->BTNH"`` ``[N, D, H]`` is ``(D, N*H)``); ``Conv``/``ConvTranspose``
-``[*k, c_in, c_out]`` is ``(prod(k) * c_in, c_out)`` (Keller Jordan's CIFAR-10
-speedruns); ``MultiHeadAttention`` ``query|key|value`` ``[d, H, d_h]`` are ``q|k|v``
-``(d, H*d_h)``, ``out`` ``[H, d_h, d]`` is ``o``; ``Embed``, norm ``scale`` and any
-``bias`` have roles but no matrix; ``nnx.LoRA`` (also inside ``nnx.LoRALinear``)
-``lora_a [in, r]`` / ``lora_b [r, out]`` have roles ``lora_a`` / ``lora_b`` and are matrices
-(in no group: a ``"rest"`` rule sends both to Adam, ``{"hidden+lora_b": muon(...)}`` sends
-B to Muon); any other parameter is a ``ValueError`` naming it.
+:func:`nnx_layers` reads each layer once and gives a ``role`` function (for
+``optim.routed``) and a ``matrix_axes`` function (for Muon) that agree: a kernel with role
+``dense``, ``head`` or ``q|k|v|o`` has a matrix ``(fan_in, fan_out)``, nothing else does.
+``Linear`` ``[in, out]``; ``LinearGeneral`` ``[*batch, *in, *out]``; ``Einsum`` from its
+string (kernel axes summed over are ``fan_in``, axes it adds to the output ``fan_out``:
+``"BTD,NDH->BTNH"`` ``[N, D, H]`` is ``(D, N*H)``); ``Conv``/``ConvTranspose`` ``[*k, c_in,
+c_out]`` is ``(prod(k) * c_in, c_out)``; ``MultiHeadAttention`` ``query|key|value`` ``[d,
+H, d_h]`` are ``q|k|v`` ``(d, H*d_h)``, ``out`` ``[H, d_h, d]`` is ``o``; ``Embed``, norm
+``scale`` and ``bias`` have roles but no matrix; ``nnx.LoRA`` ``lora_a [in, r]`` / ``lora_b
+[r, out]`` are matrices with roles ``lora_a`` / ``lora_b`` (in no group); any other
+parameter is a ``ValueError`` naming it. Layers stacked by ``nnx.vmap`` / ``nnx.scan`` get
+their leading axes as batch axes (one matrix per layer); other extra axes raise.
 
-Layers stacked by ``nnx.vmap`` / ``nnx.scan`` (Flax's scan-over-layers idiom, nested stacks
-too): a kernel with more leading axes than its layer declares (``Linear(in, out)`` with
-kernel ``[L, in, out]``) gets them as batch axes, one matrix per layer; a kernel whose
-trailing axes do not match its layer's declared shape (the layer axis not leading) is a
-``ValueError`` naming it.
-
-The output layer gets role ``head`` (Muon's authors route it to Adam): the
-``Linear``/``LinearGeneral``/``Einsum`` defined last among the model's own attributes, one
-under :data:`HEAD_NAMES` at the top (``head``/``lm_head`` anywhere), or those named by
-``heads=``; when none is found a warning names the kernel that goes to Muon.
-:func:`nnx_role` / :func:`nnx_matrix_axes` read the table from a path alone (Linear,
-MultiHeadAttention, Embed, norms). Example: docs/own-models.md.
+The output layer gets role ``head``: the ``Linear``/``LinearGeneral``/``Einsum`` defined
+last among the model's own attributes, one under :data:`HEAD_NAMES` at the top, or those
+named by ``heads=``; when none is found a warning names the kernel that goes to Muon.
+:func:`nnx_role` / :func:`nnx_matrix_axes` read the table from a path alone. Example:
+docs/own-models.md.
 
 Source: the parameter names and kernel layouts of ``flax.nnx`` 0.12; Jordan (2024),
 https://kellerjordan.github.io/posts/muon/ (output layer and embeddings to Adam; conv

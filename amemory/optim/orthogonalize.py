@@ -10,9 +10,7 @@ the nearest semi-orthogonal (semi-unitary) matrix, with directions of zero
 singular value kept at zero. Newton-Schulz (NS) approximates it with odd matrix
 polynomials ``X <- a X + b (X X^H) X + c (X X^H)^2 X`` that only need matmuls.
 Each step maps every singular value ``s`` through the scalar polynomial
-``p(s) = a s + b s^3 + c s^5`` and leaves the singular vectors unchanged, so the
-quality of an NS output is fully described by where the scalar iteration sends
-the pre-conditioned singular values.
+``p(s) = a s + b s^3 + c s^5`` and leaves the singular vectors unchanged.
 
 Sources: Keller Jordan, "Muon: An optimizer for hidden layers" (2024),
 https://kellerjordan.github.io/posts/muon/ (coefficients 3.4445, -4.7750,
@@ -233,9 +231,7 @@ def newton_schulz(
         ``max |X|``: the output does not depend on the input's scale, down to subnormal
         inputs), ``"add"`` (``||X|| + eps``: Keller Jordan, optax) or ``"clamp"``
         (``max(||X||, eps)``: torch.optim.Muon). In every mode the norm is computed
-        after an exact power-of-two rescale, so its sum of squares cannot underflow
-        (fp32 underflows below entries of about 1e-20; Emerging-Optimizers reduces in
-        fp64 instead, ``normalize_in_double``).
+        after an exact power-of-two rescale, so its sum of squares cannot underflow.
       dtype: compute dtype (e.g. ``jnp.bfloat16`` on GPU/TPU, as in the PyTorch
         reference); ``None`` keeps ``x.dtype`` (at least float32). The result is cast
         back to ``x.dtype``.
@@ -250,12 +246,9 @@ def newton_schulz(
       gram_restarts: step indices (0-based) before which the Gram form restarts.
         ``None``: Dao-AILab's ``(2,)`` (a restart after the second step) when the compute
         dtype has fewer than 32 bits, ``(2, 4)`` otherwise. Each restart costs two
-        ``k x k x l`` matmuls and removes the error ``R`` accumulates: without restarts
-        the float32 Gram form is 10 to 1000 times further from a float64 reference than
-        the direct form on ill-conditioned inputs (worst with Polar Express); with
-        ``(2, 4)`` it is within a factor 2 of the direct form and, at 5 steps, still
-        needs fewer FLOPs for ``l >= 2k`` (``11 + 6 l / k`` against ``5 + 10 l / k``
-        units of ``k^3``). Measured errors: docs/peers.md, "Gram Newton-Schulz in fp32".
+        ``k x k x l`` matmuls and removes the error ``R`` accumulates (at 5 steps with
+        ``(2, 4)``: ``11 + 6 l / k`` against the direct form's ``5 + 10 l / k`` units of
+        ``k^3``). Measured errors: docs/peers.md, "Gram Newton-Schulz in fp32".
 
     Returns:
       ``[..., m, n]`` array of ``x.dtype``.
@@ -331,8 +324,7 @@ def _ns(x, eps, table, factor, cdtype, method, preconditioning, restarts, eps_mo
     return X.astype(out_dtype)
 
 
-# One compiled program per shape and static options: eager calls do not dispatch op by
-# op, and inside an outer ``jit`` the call is inlined.
+# One compiled program per shape and static options (inlined inside an outer ``jit``).
 _STATIC = ("factor", "cdtype", "method", "preconditioning", "restarts", "eps_mode")
 _ns_static = jax.jit(_ns, static_argnames=("table",) + _STATIC)
 _ns_dynamic = jax.jit(_ns, static_argnames=_STATIC)
@@ -363,7 +355,7 @@ def _gram_ns(
         if i + 1 < n and (i + 1) not in restarts:
             RZ = R @ Z + a * R
             R = Z @ RZ + a * RZ
-            if low_precision:  # keep R exactly Hermitian (float16: error 0.196 -> 0.178)
+            if low_precision:  # keep R exactly Hermitian
                 R = 0.5 * (R + _ht(R))
     return Q @ X
 
@@ -375,15 +367,13 @@ def polar(x: jax.Array, *, rtol: float | None = None) -> jax.Array:
     directions are dropped (the output has the rank of ``x``), so
     rank-deficient inputs, e.g. gradients with ``1^T G = 0``, keep their null
     space. A zero matrix maps to zero. Complex inputs give the unitary polar factor.
-
-    Works in the input dtype: with ``jax.config.update("jax_enable_x64", True)``
-    a float64 input gives a float64 result.
+    Works in the input dtype (float64 under ``jax_enable_x64``).
 
     Args:
       x: ``[..., m, n]`` real or complex array.
       rtol: relative threshold for zero singular values; default ``max(m, n) *
-        finfo(dtype).eps`` (numpy's ``matrix_rank`` rule: ``1.2e-4 * s_max`` in float32
-        at ``K = 1000``, so use float64 for spectra spanning many decades).
+        finfo(dtype).eps`` (numpy's ``matrix_rank`` rule; use float64 for spectra spanning
+        many decades).
 
     Returns:
       ``[..., m, n]`` array of ``x.dtype`` with singular values in ``{0, 1}``.

@@ -1,22 +1,19 @@
 """Route parameters to transformations by role (built on ``optax.partition``).
 
 Every trainable parameter has one role, given by ``role_fn(path, leaf)`` or
-``role_fn(path)``; ``path`` is a tuple of keys such as ``("layers", 3, "attn", "v",
+``role_fn(path)`` with ``path`` a tuple of keys such as ``("layers", 3, "attn", "v",
 "kernel")`` (``_paths.path_keys``: the same at ``init`` and ``update`` under
-``flax.nnx.Optimizer``). Each key is a ``str`` (an ``int`` for a list index) that also
-has the attributes of a ``jax.tree_util`` key entry (``.key``, ``.name``; ``.idx`` on
-indices), so ``path[-1] == "kernel"`` and ``any(k.key == "kernel" for k in path)`` both
-work. A rule set maps role specs to transformations::
+``flax.nnx.Optimizer``). A rule set maps role specs to transformations::
 
     routed({"vo+ffn": muon(0.02), "rest": optax.adam(3e-4)}, role_fn)
 
 A spec is a role, a group, or several joined with ``+``; ``"none"`` names no role;
 ``"rest"`` claims every role no other rule claims. The vocabulary (roles and groups) is
-the model's, not this module's: a :class:`Roles` role function carries it
-(``amemory.models.roles.role_of``, ``amemory.optim.nnx_role``), and specs and roles are
-checked against it; with a plain function a role is any string and a rule that claims no
-parameter is an error. A parameter whose role no rule claims, or a role claimed by two
-rules, is a ``ValueError`` listing the roles: nothing is ever routed by a silent default.
+the model's: a :class:`Roles` role function carries it (``amemory.models.roles.role_of``,
+``amemory.optim.nnx_role``) and specs and roles are checked against it; with a plain
+function a role is any string and a rule that claims no parameter is an error. A parameter
+whose role no rule claims, or a role claimed by two rules, is a ``ValueError``: nothing is
+ever routed by a silent default.
 
 Source: Wang et al. 2025 (arXiv 2509.26030) Sec. 6 component ablation (Muon on Q, K,
 V, O, W_in, W_out, W_gate, the rest Adam).
@@ -226,10 +223,7 @@ def routed(
     Args:
       rules: ``{spec: transform}``; specs as in :func:`parse_spec`, or ``"rest"``.
       role_fn: ``(path keys tuple, leaf) -> role``, or a :class:`Roles` (whose vocabulary
-        checks the specs and roles). ``path``: a tuple of ``str`` / ``int`` keys
-        (``("l1", "kernel")``, flax ``traverse_util``'s form, ``nnx`` ``value`` keys
-        removed) whose entries also carry ``jax.tree_util``'s ``.key`` / ``.name`` /
-        ``.idx``: a role_fn written for either form works.
+        checks the specs and roles); ``path`` as :func:`amemory.optim.path_keys` gives it.
 
     Returns:
       ``optax.GradientTransformation`` whose state is ``optax.partition``'s.
@@ -238,9 +232,7 @@ def routed(
       ValueError: unknown spec token, a role claimed twice (at construction), a
         parameter whose role no rule claims (at ``init``, before compilation), or a
         parameter that ``role_fn`` labels differently at ``update`` than at ``init``
-        (names it; ``role_fn`` sees the same normalised path at both, nnx ``value``
-        keys removed, so only a ``role_fn`` that depends on more than the path can);
-        with a plain ``role_fn``, a rule that claims no parameter (at ``init``).
+        (names it); with a plain ``role_fn``, a rule that claims no parameter (at ``init``).
 
     Example:
       >>> import jax.numpy as jnp, optax
