@@ -1,12 +1,10 @@
 """Autoregressive decoding with a KV cache, and sampling.
 
 The cache is a list with one dict of arrays per layer, shaped by the attention kind's
-``cache_spec`` (:mod:`amemory.models.attention`): MHA caches keys and values
-``[B, L, H_kv, d_h]`` (``2 H_kv d_h`` numbers per token and layer; ``H_kv = H`` unless
-``n_kv_heads`` sets MQA / GQA), MLA caches the latent
-``c_kv [B, L, d_c]`` and the RoPE key ``[B, L, d_R]`` (``d_c + d_R`` numbers; DeepSeek-V2,
-arXiv 2405.04434, Sec. 2.1.2). :func:`extend` runs S new tokens through the model at
-positions ``pos..pos+S-1``; its logits equal those rows of the full forward pass
+``cache_spec`` (:mod:`amemory.models.attention`: MHA keys and values ``[B, L, H_kv, d_h]``,
+MLA the latent ``c_kv [B, L, d_c]`` and RoPE key ``[B, L, d_R]``; DeepSeek-V2, arXiv
+2405.04434, Sec. 2.1.2). :func:`extend` runs S new tokens through the model at positions
+``pos..pos+S-1``; its logits equal those rows of the full forward pass
 (``transformer.apply``) of the whole sequence, with the MoE dropless.
 
 :func:`generate` prefills the prompt in one ``extend`` and then decodes one token per
@@ -45,12 +43,8 @@ def _check_config(config: Any) -> None:
 
 
 def init_cache(config: Any, batch: int, length: int) -> list[dict[str, jax.Array]]:
-    """Zero KV cache for ``batch`` sequences of up to ``length`` tokens (compute dtype).
-
-    Args:
-      config: a ``TransformerConfig``.
-      batch: B.
-      length: L, the longest sequence (prompt + new tokens) the cache holds.
+    """Zero KV cache for ``batch`` (B) sequences of up to ``length`` (L: prompt + new)
+    tokens of a ``TransformerConfig``, in the compute dtype.
 
     Returns:
       list (one per layer) of dicts of zero arrays, shapes from ``cache_spec``.

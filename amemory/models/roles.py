@@ -24,7 +24,6 @@ from __future__ import annotations
 from typing import Any
 
 import jax
-import numpy as np
 
 from amemory.optim import Roles, path_keys
 
@@ -65,19 +64,10 @@ _KERNELS: dict[tuple[str, ...], str] = {
 _STACKED: dict[tuple[str, ...], str] = {("mlp", "experts", r): f"expert_{r}" for r in FFN_ROLES}
 
 
-def _key_name(entry: Any) -> str | int:
-    if isinstance(entry, str):
-        return int(entry) if entry.isdigit() else entry
-    if isinstance(entry, (int, np.integer)) and not isinstance(entry, bool):
-        return int(entry)
-    raise ValueError(f"unrecognised path entry {entry!r}")
-
-
 def _normalise_path(path: Any) -> tuple[str | int, ...]:
-    """Path keys, with ``amemory.optim``'s normalisation (nnx ``value`` keys dropped)."""
-    if isinstance(path, str):
-        path = path.split("/")
-    return tuple(_key_name(p) for p in path_keys(tuple(path)))
+    """``amemory.optim.path_keys`` (nnx ``value`` keys dropped) with digit strings as ints."""
+    keys = path_keys(tuple(path.split("/") if isinstance(path, str) else path))
+    return tuple(int(k) if isinstance(k, int) or k.isdigit() else k for k in keys)
 
 
 def _role_of(path: Any, leaf: Any = None) -> str:
@@ -85,12 +75,10 @@ def _role_of(path: Any, leaf: Any = None) -> str:
 
     Args:
       path: a tuple of keys such as ``("layers", 3, "attn", "v", "kernel")`` (ints or digit
-        strings for list indices; ``jax.tree_util`` key entries are accepted, so this works
-        inside ``tree_map_with_path``, also on ``nnx.state(model)`` whose paths end in an
-        ``nnx.Variable``'s ``value`` key), or the string ``"layers/3/attn/v/kernel"``. The
-        layer index may be absent (scanned layers: ``"layers/attn/v/kernel"``).
-      leaf: ignored; accepted so that ``role_of`` is directly a ``role_fn(path, leaf)`` for
-        ``amemory.optim.routing``.
+        strings for list indices; ``jax.tree_util`` key paths, ``nnx.state`` ones included),
+        or the string ``"layers/3/attn/v/kernel"``; the layer index may be absent (scanned
+        layers: ``"layers/attn/v/kernel"``).
+      leaf: ignored (``role_of`` is directly a ``role_fn(path, leaf)``).
 
     Returns:
       one of :data:`ROLES` (see the module docstring).
@@ -144,11 +132,9 @@ def matrix_axes(path: Any, leaf: Any = None) -> tuple[int, int] | None:
     """Matrix axes ``(fan_in_axis, fan_out_axis)`` of a parameter, for Muon's ``matrix_axes``.
 
     Kernels and embedding tables are matrices in their last two axes ``[..., fan_in,
-    fan_out]``; any leading axis (the layer axis ``[L]`` of the stacked layout, the expert
-    axis ``[E]`` of a mixture of experts) is a batch axis, so each layer's (and expert's)
-    matrix is orthogonalised on its own. Norm scales and biases are
-    not matrices (None), even when stacked to ``[L, D]``; routing one to Muon is an error
-    raised by ``amemory.optim`` with the leaf's path.
+    fan_out]``; leading axes (layers ``[L]`` stacked, experts ``[E]``) are batch axes, so
+    each layer's (and expert's) matrix is orthogonalised on its own. Norm scales and biases
+    are not matrices (None), even when stacked to ``[L, D]``.
 
     Args:
       path: a parameter path, as for :func:`role_of`.

@@ -81,14 +81,6 @@ def check_unit_interval(name: str, value: Any) -> None:
             raise ValueError(f"{name} must be in [0, 1), got {value!r}")
 
 
-def _check_static(name: str, value: Any) -> None:
-    if isinstance(value, jax.core.Tracer):
-        raise ValueError(
-            f"{name} must be static (a Python value); with optax.inject_hyperparams pass "
-            f"static_args=({name!r},)"
-        )
-
-
 @dataclasses.dataclass(frozen=True)
 class MuonOptions:
     """Every option of the Muon family, validated once (frozen; raises ``ValueError``).
@@ -110,10 +102,8 @@ class MuonOptions:
       ns_coeffs: ``"jordan"``, ``"polar_express"``, ``"dion"`` or an array ``[steps, 3]``.
       ns_steps: NS steps; ``None``: 5, or the length of an array ``ns_coeffs``. Static.
       ns_eps: guards the norm division before NS (1e-7 Keller/torch, 1e-8 optax).
-      ns_eps_mode: ``"relative"`` (eps relative to ``max |U|``: the update does not
-        depend on the gradient's scale, down to 1e-30 and below), ``"add"``
-        (``||U|| + eps``: Keller, optax) or ``"clamp"`` (``max(||U||, eps)``:
-        torch.optim.Muon); the presets set the peer's.
+      ns_eps_mode: ``"relative"`` (the update does not depend on the gradient's scale),
+        ``"add"`` (Keller, optax) or ``"clamp"`` (torch.optim.Muon): see ``newton_schulz``.
       ns_dtype: NS compute dtype: ``None`` (momentum's dtype, at least fp32), a dtype or
         its name (``"bfloat16"``), or ``"auto"`` (bf16 on GPU/TPU, fp32 on CPU).
       ns_method: ``"auto"`` (the Gram form when ``fan_max >= 2 fan_min``, except
@@ -136,8 +126,7 @@ class MuonOptions:
         heads))`` first splits ``axis`` into ``[heads, size / heads]`` (per-head Muon).
       batch_leaves: orthogonalise same-shape leaves in one batched call (same result).
       ns_mesh: ``(mesh, axis)`` for sharded ``jit``: the device mesh and the mesh axis
-        name (or tuple of names) along which parameters are split (FSDP); other mesh
-        axes replicate them. Used by the owner layout (``distributed``).
+        name(s) along which parameters are split (FSDP), for the owner layout.
       distributed: where orthogonalisation runs on the mesh: ``"owner"`` (each device
         orthogonalises a share of whole matrices, :mod:`amemory.optim.distributed`),
         ``"gspmd"`` (XLA's partitioner: collectives inside every NS step of a sharded
@@ -189,7 +178,11 @@ class MuonOptions:
         if self.bias_correction and self.momentum_form != "ema":
             raise ValueError("bias_correction=True needs momentum_form='ema' (optax convention)")
         for name in ("ns_coeffs", "ns_steps", "gram_restarts", "ns_dtype", "mu_dtype"):
-            _check_static(name, getattr(self, name))
+            if isinstance(getattr(self, name), jax.core.Tracer):
+                raise ValueError(
+                    f"{name} must be static (a Python value); with optax.inject_hyperparams "
+                    f"pass static_args=({name!r},)"
+                )
         if self.ns_steps is not None and (
             isinstance(self.ns_steps, bool) or not isinstance(self.ns_steps, int | np.integer)
         ):
