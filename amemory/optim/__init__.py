@@ -2,16 +2,14 @@
 
 Imports nothing of amemory outside this package (and nothing of Flax).
 
-- ``orthogonalize``: matrix kernels (Newton-Schulz with coefficient sets,
-  pre-conditionings and the Gram form; exact polar factor; norm-ball LMOs; orthogonality
-  error, singular-value range).
+- ``orthogonalize``: matrix kernels (Newton-Schulz, exact polar factor, norm-ball LMOs,
+  orthogonality error, singular-value range).
 - ``muon``: ``scale_by_muon``/``muon``; ``MuonOptions`` holds every option of the family.
 - ``normuon``: NorMuon (per-neuron second moment) and AdaMuon (per-entry).
 - ``hyperball``: MuonH and AdamH (fixed-norm weights); ``qk_clip``: QK-Clip (MuonClip).
 - ``contrib``: a drop-in for ``optax.contrib.muon`` on amemory's kernels.
 - ``sign``: ``signgd``, ``signum``. Adam is ``optax.adam``/``optax.adamw``.
-- ``distributed``: the owner layout for parameters sharded over a device mesh
-  (``ns_mesh=(mesh, "fsdp")``: whole matrices per device), ``describe_layout``.
+- ``distributed``: the owner layout for parameters sharded over a device mesh.
 - ``routing``: roles -> transforms (``routed``, ``routing_table``), model-agnostic;
   ``nnx_roles``: roles and matrix axes of standard ``flax.nnx`` layers.
 - ``presets``: peer-faithful Muon settings (``muon(lr, preset=NAME)``);

@@ -1,11 +1,10 @@
 """Leaves as stacks of matrices, and their batched orthogonalisation (Muon family internals).
 
 :func:`leaf_layouts` maps every leaf to a stack ``[batch, fan_in, fan_out]`` under the
-``matrix_axes`` rule of :mod:`amemory.optim.muon`; :func:`group_stacks` groups stacks by
-wide shape (tall matrices transposed); :func:`orthogonalize` is the one dispatcher of the
-direction (owner layout, batched Newton-Schulz / polar, norm-ball LMO), one batched call
-per group: the same result as per-leaf calls. Source: Jordan (2024)
-https://kellerjordan.github.io/posts/muon/ (NS on the wide side).
+``matrix_axes`` rule of :mod:`amemory.optim.muon`; :func:`orthogonalize` is the one
+dispatcher of the direction, one batched call per wide shape (same result as per-leaf
+calls). Source: Jordan (2024) https://kellerjordan.github.io/posts/muon/ (NS on the wide
+side).
 """
 
 from __future__ import annotations
@@ -209,18 +208,16 @@ def orthogonalize(
 ) -> tuple[list[jax.Array], list[jax.Array] | None, Any]:
     """The direction of every leaf: the LMO of ``opts.norm``'s ball, batched by shape.
 
-    ``norm="spectral"`` orthogonalises (Newton-Schulz or polar, ``opts.orth_fn``) in the
-    owner layout when ``opts.layout`` is set (``distributed``), else one batched call per
-    group of :func:`group_stacks`; other norms are elementwise. Then the nuclear scaling
-    (``opts.nuclear_scale``) and the optional ``post`` step (NorMuon / AdaMuon's
-    normalisation: ``post(o [b, fan_in, fan_out], v, tall=False) -> (o', v')`` with
-    ``v = post_state[i]``; in the owner layout it runs on each matrix's owner, with
+    ``norm="spectral"`` orthogonalises (``opts.orth_fn``) in the owner layout when
+    ``opts.layout`` is set, else one batched call per group of :func:`group_stacks`; other
+    norms are elementwise. Then the nuclear scaling and the optional ``post`` step (NorMuon
+    / AdaMuon: ``post(o [b, fan_in, fan_out], v, tall=False) -> (o', v')`` with ``v =
+    post_state[i]``; in the owner layout it runs on each matrix's owner, with
     ``post_state`` an ``OwnerStacks``).
 
     Args:
       mats: one ``[b_i, fan_in_i, fan_out_i]`` stack per leaf (``Layout.to_matrix``).
-      layouts: the leaves' :class:`Layout` (same order).
-      opts: a ``MuonOptions``.
+      layouts: the leaves' :class:`Layout` (same order); ``opts``: a ``MuonOptions``.
 
     Returns:
       ``(directions per leaf [b, fan_in, fan_out], per-leaf [] float32 orthogonality error
@@ -293,8 +290,7 @@ def check_ns_mesh(ns_mesh: Any) -> None:
 
 def _resolve_dtype(ns_dtype: Any, ns_mesh: Any = None) -> Any:
     """``"auto"`` -> bf16 unless the target devices (``ns_mesh``'s, else the ``set_mesh``
-    mesh's: a TPU topology compiled ahead of time on a CPU host gets bf16, else the default
-    backend's) are CPUs (then None: fp32). Call at trace time."""
+    mesh's, else the default backend's) are CPUs (then None: fp32). Call at trace time."""
     if not (isinstance(ns_dtype, str) and ns_dtype == "auto"):
         return ns_dtype
     if ns_mesh is not None:

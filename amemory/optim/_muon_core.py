@@ -1,10 +1,8 @@
 """The Muon family's options object and the steps its ``update_fn`` s are written with.
 
-:class:`MuonOptions` holds every option of the family once (fields, defaults, allowed
-values, validation); the public factories take its fields as keyword arguments through
-:func:`with_options`, which writes them into each factory's signature (for
-``inspect.signature``, ``help`` and ``optax.inject_hyperparams``). Adding an option is one
-field here. Each ``update_fn`` reads, as optax's ``scale_by_muon`` does: :func:`momentum`,
+:class:`MuonOptions` holds every option of the family once; the public factories take its
+fields as keyword arguments through :func:`with_options` (adding an option is one field
+here). Each ``update_fn`` reads, as optax's ``scale_by_muon`` does: :func:`momentum`,
 ``_matrices.orthogonalize``, its own normalisation (NorMuon / AdaMuon), :func:`scale`.
 
 Sources: Jordan (2024) https://kellerjordan.github.io/posts/muon/ ; Liu et al., arXiv
@@ -127,11 +125,9 @@ class MuonOptions:
       batch_leaves: orthogonalise same-shape leaves in one batched call (same result).
       ns_mesh: ``(mesh, axis)`` for sharded ``jit``: the device mesh and the mesh axis
         name(s) along which parameters are split (FSDP), for the owner layout.
-      distributed: where orthogonalisation runs on the mesh: ``"owner"`` (each device
-        orthogonalises a share of whole matrices, :mod:`amemory.optim.distributed`),
-        ``"gspmd"`` (XLA's partitioner: collectives inside every NS step of a sharded
-        matrix) or ``"auto"`` (``"owner"`` when ``ns_mesh`` has more than one device).
-        Same update either way; only ``norm="spectral"`` orthogonalises.
+      distributed: ``"owner"`` (each device orthogonalises a share of whole matrices,
+        :mod:`amemory.optim.distributed`), ``"gspmd"`` (XLA's partitioner: collectives in
+        every NS step) or ``"auto"`` (``"owner"`` when ``ns_mesh`` has several devices).
       diagnostics: keep each leaf's orthogonality error and update RMS of the last update
         in the state (read with ``amemory.optim.collect_diagnostics``).
     """
@@ -268,9 +264,8 @@ def momentum(
 ) -> tuple[list[jax.Array], list[jax.Array]]:
     """Momentum and the matrix to orthogonalise, per leaf (compute dtype >= fp32).
 
-    ``count`` is the incremented step count. The formulas are in
-    :func:`amemory.optim.scale_by_muon`'s docstring; bias corrections are computed in the
-    real dtype of ``g`` (complex parameters work). ``presign``: ``U <- sign(U)``.
+    ``count`` is the incremented step count; the formulas are in
+    :func:`amemory.optim.scale_by_muon`'s docstring (bias corrections in ``g``'s real dtype).
 
     Returns:
       ``(new momentum per leaf in its state dtype, U per leaf in the compute dtype)``.

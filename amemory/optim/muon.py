@@ -138,9 +138,8 @@ def muon(
       learning_rate: float or optax schedule (units: spectral-norm-ish step per
         update for ``shape_scale="none"``; see ``shape_scale_factor``).
       preset: ``None`` (the :class:`MuonOptions` defaults) or a name in
-        ``amemory.optim.PRESETS`` (``"jordan"``, ``"moonlight"``, ``"torch"``,
-        ``"optax"``, ``"wang2025"``); every option passed explicitly (``None``
-        included) overrides the preset's.
+        ``amemory.optim.PRESETS``; every option passed explicitly (``None`` included)
+        overrides the preset's.
       weight_decay: decoupled weight decay ``wd`` (``None``: the preset's, else 0).
       weight_decay_mask: optax mask tree/callable for the decay.
       **options: any :class:`MuonOptions` field; an option not passed takes the preset's

@@ -99,9 +99,8 @@ class NnxLayers:
         return Roles(self._role, *_VOCAB)
 
     def _role(self, path: Any, leaf: Any = None) -> str:
-        """The role of one parameter (``path``: a key path or ``"a/b/kernel"``). From a
-        path alone a 2-D kernel at the model top not named in :data:`HEAD_NAMES` is
-        ``"dense"`` with a warning: the path cannot tell whether it computes the logits.
+        """The role of one parameter (``path``: a key path or ``"a/b/kernel"``); a 2-D kernel
+        at the model top read from its path alone is ``"dense"`` with a warning.
 
         Raises:
           ValueError: a parameter outside the table, or a kernel whose matrix its path
@@ -160,11 +159,8 @@ def _stacked(axes: Any, extra: int) -> Any:
 
 
 def _extra(name: str, shape: tuple, declared: tuple) -> int:
-    """How many leading (stacked-layer) axes ``shape`` has beyond the layer's ``declared``.
-
-    Raises:
-      ValueError: the trailing axes of ``shape`` are not ``declared`` (names the leaf).
-    """
+    """How many leading (stacked-layer) axes ``shape`` has beyond the layer's ``declared``;
+    ``ValueError`` naming the leaf if its trailing axes are not ``declared``."""
     extra = len(shape) - len(declared)
     if extra < 0 or tuple(shape[extra:]) != tuple(declared):
         raise ValueError(

@@ -103,10 +103,8 @@ COEFFICIENT_SETS: dict[str, tuple[tuple[tuple[float, float, float], ...], float]
 PRECONDITIONINGS = ("frobenius", "spectral", "aol", "schatten")
 #: Forms of the iteration (see :func:`newton_schulz`).
 NS_METHODS = ("auto", "direct", "gram")
-#: How ``eps`` guards the norm division: ``"add"`` ``X / (||X|| + eps)`` (Keller Jordan,
-#: optax), ``"clamp"`` ``X / max(||X||, eps)`` (torch.optim.Muon) or ``"relative"``
-#: ``X / (||X|| + eps 2^e)`` with ``2^e`` the power of two at or above ``max |X|``
-#: (scale-invariant at every scale: ``NS(2^j X) == NS(X)`` bit for bit; zero maps to zero).
+#: How ``eps`` guards the norm division (see :func:`newton_schulz`); ``"relative"`` is
+#: scale-invariant at every scale: ``NS(2^j X) == NS(X)`` bit for bit.
 NS_EPS_MODES = ("add", "clamp", "relative")
 #: Unit balls whose linear-minimisation oracle :func:`norm_ball_lmo` returns.
 NORMS = ("spectral", "sign", "colnorm", "rownorm")
@@ -216,9 +214,8 @@ def newton_schulz(
     - ``"schatten"``: ``X0 = X / ||X X^H||_F^(1/2)`` (the Schatten-4 norm), folded into
       the first step the same way (Grishina et al., arXiv 2506.10935).
 
-    Each step is ``X <- a X + (b A + c A^2) X`` with ``A = X X^H``.
-
-    The output singular-value band of each coefficient set is in docs/peers.md.
+    Each step is ``X <- a X + (b A + c A^2) X`` with ``A = X X^H`` (the output band of each
+    coefficient set: docs/peers.md).
 
     Args:
       x: ``[..., m, n]`` real or complex array; leading axes are batch axes.
@@ -238,10 +235,9 @@ def newton_schulz(
       method: ``"direct"`` iterates on ``X`` (3 matmuls a step, two of them
         ``k x k x l``); ``"gram"`` iterates on the ``k x k`` Gram matrix ``R = X X^H``
         and applies the accumulated polynomial to ``X`` only at the restarts and at the
-        end (4 ``k^3`` matmuls a step plus 2 ``k x k x l`` per restart: fewer FLOPs when
-        ``l >= 2k``; Gram Newton-Schulz, Zhang, Amsel, Chen, Dao 2026, see ``_gram_ns``).
-        ``"auto"``: ``"gram"`` when ``l >= 2k`` and the compute dtype is not bfloat16
-        (where one restart does not keep it accurate: docs/peers.md), else ``"direct"``.
+        end (4 ``k^3`` matmuls a step plus 2 ``k x k x l`` per restart; Gram Newton-Schulz,
+        Zhang, Amsel, Chen, Dao 2026). ``"auto"``: ``"gram"`` when ``l >= 2k`` and the
+        compute dtype is not bfloat16 (docs/peers.md), else ``"direct"``.
       preconditioning: ``"frobenius"``, ``"spectral"``, ``"aol"`` or ``"schatten"``.
       gram_restarts: step indices (0-based) before which the Gram form restarts.
         ``None``: Dao-AILab's ``(2,)`` (a restart after the second step) when the compute
@@ -273,13 +269,10 @@ def newton_schulz(
         method = "gram" if l >= 2 * k and jnp.dtype(cdtype) != jnp.bfloat16 else "direct"
     if gram_restarts is None:
         gram_restarts = (2,) if jnp.finfo(cdtype).bits < 32 else (2, 4)
-    restarts = tuple(int(i) for i in gram_restarts)
+    static = (factor, cdtype, method, preconditioning, tuple(map(int, gram_restarts)), eps_mode)
     if isinstance(table, np.ndarray):  # static: part of the compiled program
-        static_table = tuple(tuple(float(v) for v in row) for row in table)
-        return _ns_static(
-            x, eps, static_table, factor, cdtype, method, preconditioning, restarts, eps_mode
-        )
-    return _ns_dynamic(x, eps, table, factor, cdtype, method, preconditioning, restarts, eps_mode)
+        return _ns_static(x, eps, tuple(map(tuple, table.tolist())), *static)
+    return _ns_dynamic(x, eps, table, *static)
 
 
 def _ns(x, eps, table, factor, cdtype, method, preconditioning, restarts, eps_mode):
