@@ -78,14 +78,10 @@ def extend(
 ) -> tuple[jax.Array, list]:
     """Run S new tokens through the model with the cache (pure; jit it).
 
-    Args:
-      graphdef, params: from ``transformer.init`` (one seed).
-      tokens: int ``[B, S]``, the tokens at positions ``pos..pos+S-1``.
-      cache: from :func:`init_cache` (or a previous call), length ``>= pos + S``.
-      pos: int scalar (may be traced), number of tokens already in the cache.
-
-    Returns:
-      ``(logits [B, S, V] float32, cache)`` with the new tokens' keys/latents written.
+    ``graphdef, params`` from ``transformer.init`` (one seed); ``tokens`` int ``[B, S]`` at
+    positions ``pos..pos+S-1``; ``cache`` from :func:`init_cache` (or a previous call),
+    length ``>= pos + S``; ``pos`` int scalar (may be traced), the tokens already cached.
+    Returns ``(logits [B, S, V] float32, cache)`` with the new keys/latents written.
     """
     model = nnx.merge(graphdef, params)
     return model.extend(tokens, cache, jnp.asarray(pos, jnp.int32))

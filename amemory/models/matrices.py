@@ -106,8 +106,7 @@ def vo_maps(params: Mapping[str, Any], config: Any, *, per_head: bool = True):
     measures isotropy of VO.
 
     Args:
-      params: parameter dict from :func:`init`, either layout (a leading seed axis is
-        carried through).
+      params: parameter dict from :func:`init`, either layout (seed axes carried through).
       config: its ``TransformerConfig`` (for the head split).
       per_head: return per-head maps (rank <= Dh each) or the per-layer sum.
 

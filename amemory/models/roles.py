@@ -117,14 +117,8 @@ role_of = Roles(_role_of, ROLES, GROUPS)
 
 
 def param_roles(params: Any) -> Any:
-    """Same-structure pytree of role strings for every leaf of ``params``.
-
-    Suitable as ``role_fn`` source for ``amemory.optim.routing``; works on params with a
-    leading seed axis too (roles depend only on paths).
-
-    Raises:
-      ValueError: naming the first leaf whose role cannot be determined.
-    """
+    """Same-structure pytree of role strings for every leaf of ``params`` (seed axes too:
+    roles depend only on paths). Raises ``ValueError`` naming the first leaf without one."""
     return jax.tree_util.tree_map_with_path(role_of, params)
 
 
@@ -136,12 +130,8 @@ def matrix_axes(path: Any, leaf: Any = None) -> tuple[int, int] | None:
     each layer's (and expert's) matrix is orthogonalised on its own. Norm scales and biases
     are not matrices (None), even when stacked to ``[L, D]``.
 
-    Args:
-      path: a parameter path, as for :func:`role_of`.
-      leaf: ignored (the callable form of ``amemory.optim``'s ``matrix_axes``).
-
-    Raises:
-      ValueError: if the path is not a parameter of the Transformer.
+    ``path`` as for :func:`role_of`; ``leaf`` ignored (the callable form of Muon's
+    ``matrix_axes``). Raises ``ValueError`` if the path is not a Transformer parameter.
     """
     del leaf
     return None if role_of(path) in ("norm", "bias") else (-2, -1)

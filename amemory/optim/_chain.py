@@ -48,12 +48,8 @@ def decoupled(
       wd: the weight decay, ``>= 0`` (float, array, or schedule; ``None``: 0).
       weight_decay_mask: optax mask (tree or callable) of the leaves that decay.
 
-    Returns:
-      ``optax.GradientTransformation`` (an ``optax.chain``; its state is ``(direction
-      state(s)..., weight-decay state, learning-rate state)``).
-
-    Raises:
-      ValueError: a negative Python-number ``wd``.
+    Returns an ``optax.chain`` with state ``(direction state(s)..., weight-decay state,
+    learning-rate state)``; raises ``ValueError`` for a negative Python-number ``wd``.
     """
     wd = 0.0 if wd is None else wd
     if isinstance(wd, int | float) and not wd >= 0:

@@ -117,12 +117,9 @@ def orthogonalize_via_newton_schulz(
     optax's: ``ns_coeffs`` ``(3,)`` (repeated ``ns_steps`` times) or ``(n, 3)``;
     ``dimension_numbers`` names the reduction (fan-in) and output axes of a non-2-D ``x``.
 
-    Returns:
-      The orthogonalised array, same shape and dtype as ``x``.
-
-    Raises:
-      ValueError: ``x`` not 2-D and no ``dimension_numbers``, bad ``ns_coeffs`` shape,
-        unknown ``preconditioning``.
+    Returns the orthogonalised array (shape and dtype of ``x``); raises ``ValueError``
+    for ``x`` not 2-D without ``dimension_numbers``, a bad ``ns_coeffs`` shape or an unknown
+    ``preconditioning``.
     """
     if x.ndim != 2 and not _is_dim(dimension_numbers):
         raise ValueError(
@@ -163,12 +160,9 @@ def scale_by_muon(
     ``adaptive``, ``O <- <U, O> O`` summed over the leaf (arXiv 2409.20325). No shape
     scaling (that is :func:`scale_by_shape`). Arguments as optax's.
 
-    Returns:
-      ``optax.GradientTransformation`` with state ``MuonState(count, mu, ns_coeffs)``.
-
-    Raises:
-      ValueError: bad ``ns_coeffs``/``preconditioning`` (at construction); a leaf that is
-        not a matrix under its dimension numbers (at ``init``, naming it).
+    Returns a transformation with state ``MuonState(count, mu, ns_coeffs)``; raises
+    ``ValueError`` for bad ``ns_coeffs``/``preconditioning`` (at construction) or a leaf
+    that is not a matrix under its dimension numbers (at ``init``, naming it).
     """
     table, steps = _resolve_table(ns_coeffs, ns_steps)
     opts = MuonOptions(
@@ -207,10 +201,7 @@ def scale_by_shape(
 
     ``sqrt(max(1, fan_out / fan_in))`` (Jordan), or with ``consistent_rms = r``,
     ``r * sqrt(max(fan_in, fan_out))`` (Moonlight's RMS matching); fans are the products
-    of the reduction and output axes of each leaf's dimension numbers.
-
-    Returns:
-      a stateless ``optax.GradientTransformation``.
+    of the reduction and output axes of each leaf's dimension numbers. Stateless.
     """
 
     def update_fn(updates, state, params=None):
@@ -258,9 +249,6 @@ def muon(
     ``nesterov`` shared), as in optax. The state is optax's: ``PartitionState`` with
     ``"muon"`` (``(MuonState, EmptyState, weight-decay state, lr state)``) and ``"adam"``.
     Arguments as optax's (``ns_coeffs`` may also be ``"standard"`` or ``"dion"``).
-
-    Returns:
-      ``optax.GradientTransformation``.
 
     Raises:
       ValueError: an unknown ``ns_coeffs`` preset or bad coefficient shape, an unknown

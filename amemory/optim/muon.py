@@ -78,13 +78,9 @@ def scale_by_muon(**options: Any) -> optax.GradientTransformation:
         a callable ``matrix_axes`` or a dtype object ``ns_dtype`` in ``static_args``
         (they would be taken for schedules).
 
-    Returns:
-      ``optax.GradientTransformation`` with state :class:`MuonState`. Updates have
-      the gradient's shapes and dtypes.
-
-    Raises:
-      ValueError: bad option (lists allowed values); a leaf that is not a matrix
-        (names path and shape), raised by ``init`` before any compilation.
+    Returns a transformation with state :class:`MuonState` whose updates have the
+    gradients' shapes and dtypes. Raises ``ValueError`` for a bad option (lists allowed
+    values) or, at ``init`` before any compilation, a leaf that is not a matrix (names it).
 
     Example:
       >>> import jax.numpy as jnp, optax
@@ -151,8 +147,7 @@ def muon(
       (``momentum``, ``ns_eps``, ``rms_scale``).
 
     Raises:
-      ValueError: unknown preset or option name (lists the allowed ones), or a
-        bad option value.
+      ValueError: unknown preset or option name (lists the allowed ones), or a bad value.
 
     Example:
       >>> import jax.numpy as jnp

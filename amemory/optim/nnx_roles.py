@@ -218,8 +218,7 @@ def nnx_layers(model: Any, *, heads: tuple[str, ...] | None = None) -> NnxLayers
         (module doc), ``()`` declares there is none (a tied embedding).
 
     Returns:
-      :class:`NnxLayers`; use ``.role`` as ``role_fn`` and ``.matrix_axes`` as Muon's
-      ``matrix_axes``.
+      :class:`NnxLayers` (``.role`` is a ``role_fn``, ``.matrix_axes`` Muon's).
 
     Raises:
       ValueError: ``heads`` names a layer without a kernel (lists those with one); an

@@ -365,14 +365,10 @@ def polar(x: jax.Array, *, rtol: float | None = None) -> jax.Array:
     Args:
       x: ``[..., m, n]`` real or complex array.
       rtol: relative threshold for zero singular values; default ``max(m, n) *
-        finfo(dtype).eps`` (numpy's ``matrix_rank`` rule; use float64 for spectra spanning
-        many decades).
+        finfo(dtype).eps`` (numpy's ``matrix_rank`` rule).
 
-    Returns:
-      ``[..., m, n]`` array of ``x.dtype`` with singular values in ``{0, 1}``.
-
-    Raises:
-      ValueError: ``x.ndim < 2`` or a negative ``rtol``.
+    Returns ``[..., m, n]`` of ``x.dtype`` with singular values in ``{0, 1}``; raises
+    ``ValueError`` for ``x.ndim < 2`` or a negative ``rtol``.
 
     Source: the notation ``msgn`` of docs/science.md; Wang et al. 2025 (arXiv 2509.26030),
     Li et al. 2026 (arXiv 2602.05725).
@@ -414,11 +410,8 @@ def norm_ball_lmo(x: jax.Array, norm: str, *, eps: float = 1e-7) -> jax.Array:
       norm: one of :data:`NORMS`.
       eps: added to the vector norms of ``colnorm``/``rownorm`` (zero maps to zero).
 
-    Returns:
-      ``[..., fan_in, fan_out]`` array of ``x.dtype``.
-
-    Raises:
-      ValueError: unknown ``norm`` or ``x.ndim < 2``.
+    Returns ``[..., fan_in, fan_out]`` of ``x.dtype``; raises ``ValueError`` for an unknown
+    ``norm`` or ``x.ndim < 2``.
 
     Source: Pethick et al., "Training Deep Learning Models with Norm-Constrained LMOs"
     (Scion), arXiv 2502.07529, Sec. 3, Table 1; reference code github.com/LIONS-EPFL/scion.
@@ -446,11 +439,7 @@ def orthogonality_error(o: jax.Array) -> jax.Array:
     Args:
       o: ``[..., m, n]`` real or complex array (usually an NS or polar output).
 
-    Returns:
-      ``[...]`` real float array (dimensionless).
-
-    Raises:
-      ValueError: ``o.ndim < 2``.
+    Returns ``[...]`` real, dimensionless; raises ``ValueError`` for ``o.ndim < 2``.
     """
     _check_matrix(o, "orthogonality_error")
     o32 = o.astype(jnp.result_type(o.dtype, jnp.float32))
@@ -461,17 +450,9 @@ def orthogonality_error(o: jax.Array) -> jax.Array:
 
 
 def singular_value_range(o: jax.Array) -> tuple[jax.Array, jax.Array]:
-    """Smallest and largest of the ``min(m, n)`` singular values of each matrix.
-
-    Args:
-      o: ``[..., m, n]`` real or complex array.
-
-    Returns:
-      ``(s_min, s_max)``, each ``[...]``, real, in at least fp32.
-
-    Raises:
-      ValueError: ``o.ndim < 2``.
-    """
+    """``(s_min, s_max)``, each ``[...]`` real in at least fp32: the smallest and largest of
+    the ``min(m, n)`` singular values of each matrix of ``o [..., m, n]`` (real or complex).
+    Raises ``ValueError`` for ``o.ndim < 2``."""
     _check_matrix(o, "singular_value_range")
     s = jnp.linalg.svd(o.astype(jnp.result_type(o.dtype, jnp.float32)), compute_uv=False)
     return jnp.min(s, axis=-1), jnp.max(s, axis=-1)

@@ -171,11 +171,8 @@ def _roles(params: Any, role_fn: RoleFn) -> tuple[list, list, Any, list[str]]:
 
 
 def label_params(params: Any, role_fn: RoleFn) -> Any:
-    """Same-structure pytree of role strings.
-
-    Args:
-      params: parameter pytree (arrays or ``jax.ShapeDtypeStruct``).
-      role_fn: ``(path keys tuple, leaf) -> role``, or a :class:`Roles`.
+    """Same-structure pytree of role strings of ``params`` (arrays or ShapeDtypeStructs)
+    under ``role_fn`` (``(path keys tuple, leaf) -> role``, or a :class:`Roles`).
 
     Raises:
       ValueError: a role outside the vocabulary of a :class:`Roles` (names the parameter).
