@@ -70,12 +70,8 @@ class MLAConfig:
     q_rank: int = 0
 
     def resolve(self, head_dim: int) -> MLAConfig:
-        """A copy with None fields set from ``head_dim`` and every field validated.
-
-        Raises:
-          ValueError: a width that is not a positive integer (``q_rank`` may be 0), or
-            an odd ``rope_dim``.
-        """
+        """A copy with None fields set from ``head_dim``; ``ValueError`` for a width that is
+        not a positive integer (``q_rank`` may be 0) or an odd ``rope_dim``."""
         out = MLAConfig(
             kv_rank=4 * head_dim if self.kv_rank is None else self.kv_rank,
             rope_dim=2 * max(1, head_dim // 4) if self.rope_dim is None else self.rope_dim,

@@ -147,13 +147,9 @@ def generate(
       temperature: 0 = greedy; else softmax temperature.
       top_k: keep the k largest logits before drawing (0 = all).
 
-    Returns:
-      int32 ``[B, P + N]``: the prompt followed by the new tokens.
-
-    Raises:
-      ValueError: empty prompt, ``N < 1``, negative temperature / top_k, or ``P + N``
-        beyond ``max_len`` with learned positions (RoPE models extrapolate past the
-        trained length; their cache is sized ``P + N``).
+    Returns int32 ``[B, P + N]``, the prompt followed by the new tokens; raises
+    ``ValueError`` for an empty prompt, ``N < 1``, negative temperature / top_k, or ``P + N``
+    beyond ``max_len`` with learned positions (RoPE models extrapolate past it).
     """
     prompt = jnp.asarray(prompt, jnp.int32)
     if prompt.ndim != 2 or prompt.shape[1] < 1:

@@ -80,11 +80,8 @@ def _role_of(path: Any, leaf: Any = None) -> str:
         layers: ``"layers/attn/v/kernel"``).
       leaf: ignored (``role_of`` is directly a ``role_fn(path, leaf)``).
 
-    Returns:
-      one of :data:`ROLES` (see the module docstring).
-
-    Raises:
-      ValueError: if the path is not a parameter of :class:`Transformer`.
+    Returns one of :data:`ROLES`; raises ``ValueError`` if the path is not a parameter of
+    :class:`Transformer`.
     """
     p = _normalise_path(path)
     bad = ValueError(f"cannot classify parameter path {'/'.join(map(str, p))!r}; roles: {ROLES}")

@@ -148,16 +148,10 @@ def matrix_layout(x: Any, matrix_axes: MatrixAxes, path: tuple = (), spec: tuple
 
 
 def leaf_layouts(tree: Any, matrix_axes: MatrixAxes) -> tuple[list[Any], Any, list[Layout]]:
-    """Flatten ``tree`` and lay out every leaf as a matrix stack.
-
-    Returns:
-      ``(leaves, treedef, layouts)``; ``layouts[i]`` describes ``leaves[i]``.
-
-    Raises:
-      ValueError: a leaf that is not a matrix under ``matrix_axes`` (names its path
-        and shape), or a malformed ``matrix_axes``. Runs on shapes only, so it
-        raises before any compilation.
-    """
+    """Flatten ``tree`` and lay out every leaf as a matrix stack: ``(leaves, treedef,
+    layouts)``, ``layouts[i]`` describing ``leaves[i]``. Raises ``ValueError`` (on shapes
+    only, before any compilation) for a leaf that is not a matrix under ``matrix_axes``
+    (names its path and shape) or a malformed ``matrix_axes``."""
     leaves_with_path, treedef = jax.tree_util.tree_flatten_with_path(tree)
     leaves = [x for _, x in leaves_with_path]
     specs = EXPLICIT_SPECS.get()

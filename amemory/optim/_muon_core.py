@@ -236,16 +236,10 @@ class MuonOptions:
 
 
 def init_state(params: Any, opts: MuonOptions) -> tuple[list[Layout], Any, dict[str, Any]]:
-    """Validate every leaf and make the state fields shared by the family.
-
-    Returns:
-      ``(layouts, treedef, fields)`` with ``fields`` = ``count`` ([] int32 zero), ``mu``
-      (zeros like ``params`` in ``mu_dtype``) and ``diagnostics`` (None, or
-      ``{"ortho_error", "update_rms"}`` trees of [] float32 zeros).
-
-    Raises:
-      ValueError: a leaf that is not a matrix (names path and shape).
-    """
+    """Validate every leaf (``ValueError`` naming a non-matrix) and make the family's state
+    fields: ``(layouts, treedef, fields)`` with ``fields`` = ``count`` ([] int32 zero),
+    ``mu`` (zeros like ``params`` in ``mu_dtype``) and ``diagnostics`` (None, or
+    ``{"ortho_error", "update_rms"}`` trees of [] float32 zeros)."""
     leaves, treedef, layouts = leaf_layouts(params, opts.matrix_axes)
     mu = treedef.unflatten([jnp.zeros_like(x, opts.mu_dtype or _dtype(x)) for x in leaves])
     diag = None
@@ -299,11 +293,8 @@ def scale(
     errors: list[jax.Array] | None,
     treedef: Any,
 ) -> tuple[Any, dict[str, Any] | None]:
-    """Shape-scale the directions ``[batch, fan_in, fan_out]`` back into updates.
-
-    Returns:
-      ``(updates tree in the gradients' shapes and dtypes, diagnostics or None)``.
-    """
+    """Shape-scale the directions ``[batch, fan_in, fan_out]`` back into updates: ``(updates
+    tree in the gradients' shapes and dtypes, diagnostics or None)``."""
     out = []
     for o, g, lay in zip(mats, grads, layouts, strict=True):
         factor = shape_scale_factor(opts.shape_scale, lay.fan_in, lay.fan_out, opts.rms_scale)
@@ -332,10 +323,8 @@ def with_options(*, defaults: dict[str, Any] | None = None, unset_defaults: bool
     followed by each field as a keyword-only parameter (default: ``defaults`` or the
     field's default, or :data:`UNSET` with ``unset_defaults``), so ``help`` shows them and
     ``optax.inject_hyperparams`` binds and injects them. ``fn`` receives every option as a
-    keyword (unset ones as :data:`UNSET`).
-
-    Raises (from the wrapper):
-      ValueError: an unknown keyword (lists the allowed ones).
+    keyword (unset ones as :data:`UNSET`); the wrapper raises ``ValueError`` for an unknown
+    keyword (lists the allowed ones).
     """
     defaults = defaults or {}
 

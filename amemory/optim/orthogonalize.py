@@ -121,13 +121,9 @@ def coefficient_table(coeffs: str | Any = "jordan", steps: int = 5) -> tuple[Any
         (e.g. optimizer state under ``jit``) is kept as a jax array.
       steps: number of NS steps, ``>= 1``.
 
-    Returns:
-      ``(table, factor)``: ``table`` ``[steps, 3]`` of ``(a, b, c)`` triples (float64
-      numpy, or a jax array for traced input), ``factor`` the pre-normalisation factor.
-
-    Raises:
-      ValueError: unknown name (lists the allowed ones), bad ``steps``, or a
-        user table of the wrong shape.
+    Returns ``(table [steps, 3] of (a, b, c) triples, pre-normalisation factor)``, the
+    table float64 numpy (a jax array for traced input). Raises ``ValueError`` for an unknown
+    name (lists the allowed ones), bad ``steps``, or a user table of the wrong shape.
     """
     if isinstance(steps, bool) or not isinstance(steps, int | np.integer) or steps < 1:
         raise ValueError(f"steps must be an int >= 1, got {steps!r}")
@@ -206,11 +202,10 @@ def newton_schulz(
     - ``"frobenius"``: ``X0 = X / (factor ||X||_F + eps)`` (Jordan 2024; every peer).
     - ``"spectral"``: ``X0 = X / (factor ||X||_2 + eps)`` with the exact spectral norm
       (an SVD: slow, but the most accurate start).
-    - ``"aol"``: no norm division; the first step uses ``A = X X^H`` to rescale the rows
-      of ``X`` by ``s_i = (sum_j |A_ij| + eps)^(-1/2)`` (an "almost orthogonal layer"
-      bound: ``||diag(s) X||_2 <= 1``) and ``A <- diag(s) A diag(s)``, so the rescale
-      costs no matmul and the start is tighter than Frobenius: at equal error one step
-      fewer (Boissin et al., "Turbo-Muon", arXiv 2512.04632, Sec. 3).
+    - ``"aol"``: no norm division; the first step's ``A = X X^H`` rescales the rows of
+      ``X`` by ``s_i = (sum_j |A_ij| + eps)^(-1/2)`` (``||diag(s) X||_2 <= 1``) and ``A <-
+      diag(s) A diag(s)``: no extra matmul, a tighter start (Boissin et al., "Turbo-Muon",
+      arXiv 2512.04632, Sec. 3).
     - ``"schatten"``: ``X0 = X / ||X X^H||_F^(1/2)`` (the Schatten-4 norm), folded into
       the first step the same way (Grishina et al., arXiv 2506.10935).
 
