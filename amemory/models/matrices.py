@@ -152,11 +152,10 @@ def hidden_matrices(
     head's ``W_V`` for ``"vo"`` when ``n_kv_heads < n_heads``.
 
     Returns:
-      ``{"layers/i/<role>": [..., d_out, d_in]}`` (``W = kernel.T``) for every role of
-      :data:`HIDDEN_ROLES` present (MHA, MLA, dense FFN, routed experts ``[..., E, d_out,
-      d_in]``, shared experts), plus ``"layers/i/vo"`` ``[..., D, D]`` when
-      ``include_vo``: the value-output product paper A analyses, ``W_O W_V`` (MHA) or
-      ``W_O W_uv W_dkv`` (MLA; not a role). Leading seed axes are carried through.
+      ``{"layers/i/<role>": [..., d_out, d_in]}`` for every role of :data:`HIDDEN_ROLES`
+      present (routed experts ``[..., E, d_out, d_in]``), plus ``"layers/i/vo"`` ``[..., D,
+      D]`` when ``include_vo``: the value-output product paper A analyses, ``W_O W_V``
+      (MHA) or ``W_O W_uv W_dkv`` (MLA; not a role).
 
     Raises:
       ValueError: if params is not a Transformer parameter dict, or ``include_vo`` with

@@ -12,11 +12,10 @@ here; :data:`GROUPS` names sets of roles for routing specs):
   ``norm`` (normalisation scales and biases), ``bias`` (biases of Linear layers),
   ``dense`` (a Linear kernel whose place the path does not tell: foreign models).
 
-Paths are matched on their module names, never on the layer index: ``layers/3/attn/v/kernel``
-and a scanned layout ``layers/attn/v/kernel`` (leaves with a leading layer axis) both read
-``v``. :data:`role_of` is a ``amemory.optim.routing.Roles`` (the classifier with this
-vocabulary), directly a ``role_fn`` for ``amemory.optim.routed``; a path it cannot classify
-is a ValueError, never a silent default.
+Paths are matched on their module names, never on the layer index (``layers/3/attn/v/kernel``
+and the scanned ``layers/attn/v/kernel`` both read ``v``). :data:`role_of` is an
+``amemory.optim.routing.Roles`` with this vocabulary, directly a ``role_fn`` for
+``amemory.optim.routed``; a path it cannot classify is a ValueError.
 """
 
 from __future__ import annotations

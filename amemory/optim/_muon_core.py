@@ -97,17 +97,15 @@ class MuonOptions:
         ``"rownorm"`` (see ``orthogonalize.norm_ball_lmo``). Only ``"spectral"``
         orthogonalises; the NS options below apply to it.
       orthogonalizer: ``"newton_schulz"`` or ``"polar"`` (exact, SVD; float64 under x64).
-      ns_coeffs: ``"jordan"``, ``"polar_express"``, ``"dion"`` or an array ``[steps, 3]``.
+      ns_coeffs: a name of ``COEFFICIENT_SETS`` or an array ``[steps, 3]``.
       ns_steps: NS steps; ``None``: 5, or the length of an array ``ns_coeffs``. Static.
       ns_eps: guards the norm division before NS (1e-7 Keller/torch, 1e-8 optax).
       ns_eps_mode: ``"relative"`` (the update does not depend on the gradient's scale),
         ``"add"`` (Keller, optax) or ``"clamp"`` (torch.optim.Muon): see ``newton_schulz``.
       ns_dtype: NS compute dtype: ``None`` (momentum's dtype, at least fp32), a dtype or
         its name (``"bfloat16"``), or ``"auto"`` (bf16 on GPU/TPU, fp32 on CPU).
-      ns_method: ``"auto"`` (the Gram form when ``fan_max >= 2 fan_min``, except
-        in bfloat16), ``"direct"`` or ``"gram"`` (see ``orthogonalize.newton_schulz``).
-      preconditioning: ``"frobenius"``, ``"spectral"``, ``"aol"`` (Turbo-Muon) or
-        ``"schatten"`` (see ``orthogonalize.newton_schulz``).
+      ns_method: ``"auto"``, ``"direct"`` or ``"gram"`` (see ``newton_schulz``).
+      preconditioning: ``"frobenius"``, ``"spectral"``, ``"aol"`` or ``"schatten"`` (ditto).
       gram_restarts: steps before which the Gram form restarts; ``None``: ``(2,)``
         (Dao-AILab) below 32-bit compute, ``(2, 4)`` in float32 (see ``newton_schulz``).
       presign: orthogonalise ``sign(U)`` instead of ``U`` (AdaMuon's sign stabilisation).

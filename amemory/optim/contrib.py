@@ -4,10 +4,8 @@ Same names, signatures, defaults, state trees and semantics as ``optax.contrib``
 ``muon``, ``scale_by_muon``, ``scale_by_shape``, ``orthogonalize_via_newton_schulz``,
 ``MuonDimensionNumbers`` and ``MuonState`` (optax's own classes: dimension-number trees
 and checkpoints move unchanged): switching is ``from amemory.optim import contrib``.
-What differs: same-shape matrices are orthogonalised in one batched call (tall ones
-transposed; the Gram form for aspect ratio >= 2), in at least float32 (optax iterates in
-the momentum's dtype). ``tests/test_optim_contrib.py`` runs optax's own Muon tests
-against this module.
+What differs: same-shape matrices are orthogonalised in one batched call (the Gram form
+for aspect ratio >= 2), in at least float32 (optax iterates in the momentum's dtype).
 
 Source: optax 0.2.8 ``optax/contrib/_muon.py`` (API and semantics); Jordan (2024)
 https://kellerjordan.github.io/posts/muon/ ; Liu et al. arXiv 2502.16982

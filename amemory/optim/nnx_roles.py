@@ -222,9 +222,8 @@ def nnx_layers(model: Any, *, heads: tuple[str, ...] | None = None) -> NnxLayers
 
     Raises:
       ValueError: ``heads`` names a layer without a kernel (lists those with one); an
-        Einsum kernel with no axis summed over or added to the output (no matrix); a
-        kernel (or LoRA matrix) whose trailing axes are not its layer's declared shape
-        (names it).
+        Einsum kernel with no matrix view; a kernel (or LoRA matrix) whose trailing axes
+        are not its layer's declared shape (names it).
     """
     from flax import nnx  # only here: amemory.optim imports no Flax at module level
 
