@@ -173,11 +173,9 @@ def generate_memory(
 ) -> dict[str, int]:
     """XLA's buffer assignment of the whole :func:`generate` program (compiled, not run).
 
-    Returns:
-      bytes of ``arguments`` (parameters, prompt, key), ``outputs``, ``temporaries`` (the
-      cache and every intermediate) and ``total`` = their sum minus aliased bytes: the
-      peak device memory of decoding ``batch`` sequences of ``prompt_len +
-      max_new_tokens`` tokens, independent of machine load.
+    Returns bytes of ``arguments`` (parameters, prompt, key), ``outputs``, ``temporaries``
+    (the cache and every intermediate) and ``total`` = their sum minus aliased bytes: the
+    peak device memory of decoding ``batch`` sequences of ``prompt_len + max_new_tokens``.
     """
     prompt = jax.ShapeDtypeStruct((batch, prompt_len), jnp.int32)
     key = jax.eval_shape(lambda: jax.random.key(0))

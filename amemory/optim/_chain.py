@@ -1,11 +1,9 @@
 """The one way amemory turns a direction into an optimizer: decoupled weight decay, then lr.
 
-Every optimizer of :mod:`amemory.optim` and the SGD of ``amemory.train`` applies
-``theta <- theta - lr * (u + wd * theta)`` with ``u`` the direction of its ``scale_by_*``
-transform: the decay is added to the direction, never to the gradient (so it is not
-sign-ed, orthogonalised or normalised), and multiplied by the learning rate, as
-optax.contrib.muon, torch.optim.Muon and Keller Jordan's reference do. Source: Loshchilov
-& Hutter, arXiv 1711.05101 (AdamW); optax 0.2.8 ``add_decayed_weights``.
+Every optimizer of :mod:`amemory.optim` applies ``theta <- theta - lr * (u + wd * theta)``
+with ``u`` its ``scale_by_*`` direction: the decay is added to the direction, never to the
+gradient, and multiplied by the learning rate, as optax.contrib.muon, torch.optim.Muon and
+Keller Jordan's reference do. Source: Loshchilov & Hutter, arXiv 1711.05101 (AdamW).
 """
 
 from __future__ import annotations

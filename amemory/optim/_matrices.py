@@ -175,15 +175,11 @@ def group_stacks(
     by_orientation: bool = False,
     dtypes: Sequence[Any] | None = None,
 ) -> dict[tuple, list[int]]:
-    """Group the leaves' matrix stacks for batched orthogonalisation: the one place where
-    tall matrices join wide ones.
-
-    Returns:
-      ``{(rows, cols[, tall]): [leaf index, ...]}`` in leaf order, with ``rows <= cols``
-      the wide shape; ``tall`` is in the key with ``by_orientation`` (a second moment per
-      output neuron needs one orientation per stack), then the dtype when ``dtypes`` is
-      given; ``batch_leaves=False``: one group per leaf, keyed ``(index,)``.
-    """
+    """Group the leaves' matrix stacks for batched orthogonalisation (the one place where
+    tall matrices join wide ones): ``{(rows, cols[, tall][, dtype]): [leaf index, ...]}``
+    in leaf order, ``rows <= cols`` the wide shape, ``tall`` with ``by_orientation`` (a
+    second moment per output neuron needs one orientation per stack), the dtype with
+    ``dtypes``; ``batch_leaves=False``: one group per leaf, keyed ``(index,)``."""
     groups: dict[tuple, list[int]] = {}
     for i, lay in enumerate(layouts):
         rows, cols = sorted((lay.fan_in, lay.fan_out))

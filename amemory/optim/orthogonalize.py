@@ -13,15 +13,8 @@ Each step maps every singular value ``s`` through the scalar polynomial
 ``p(s) = a s + b s^3 + c s^5`` and leaves the singular vectors unchanged.
 
 Sources: Keller Jordan, "Muon: An optimizer for hidden layers" (2024),
-https://kellerjordan.github.io/posts/muon/ (coefficients 3.4445, -4.7750,
-2.0315); Amsel et al., "The Polar Express", arXiv 2505.16932, Algorithm 1
-(per-step coefficients, safety factor 1.01); Ahn et al., "Dion", arXiv 2504.05295
-(the per-step table optax 0.2.8 ships as ``ns_coeffs="dion"``); Boissin et al.,
-"Turbo-Muon", arXiv 2512.04632 (AOL pre-conditioning); Grishina et al., arXiv
-2506.10935 (Schatten-4 pre-conditioning); Zhang, Amsel, Chen, Dao, "Gram
-Newton-Schulz" (Dao-AILab, 2026, github.com/Dao-AILab/gram-newton-schulz);
-Pethick et al., "Training Deep Learning Models with Norm-Constrained LMOs" (Scion),
-arXiv 2502.07529, Sec. 3 and Table 1.
+https://kellerjordan.github.io/posts/muon/ ; each coefficient set and function below
+names its own (paper and arXiv id, or the peer's repository).
 """
 
 from __future__ import annotations
@@ -38,8 +31,7 @@ __all__ = [
     "singular_value_range",
 ]  # fmt: skip
 
-# Keller Jordan's quintic: maximal slope at zero (3.4445) while keeping the
-# iterates bounded; converged singular values oscillate in about [0.68, 1.13].
+# Keller Jordan's quintic (2024): maximal slope at zero while keeping the iterates bounded.
 _JORDAN = (3.4445, -4.7750, 2.0315)
 
 # Polar Express, degree 5 (Amsel et al. 2025, Algorithm 1). The first seven
