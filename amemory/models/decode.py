@@ -46,11 +46,8 @@ def init_cache(config: Any, batch: int, length: int) -> list[dict[str, jax.Array
     """Zero KV cache for ``batch`` (B) sequences of up to ``length`` (L: prompt + new)
     tokens of a ``TransformerConfig``, in the compute dtype.
 
-    Returns:
-      list (one per layer) of dicts of zero arrays, shapes from ``cache_spec``.
-
-    Raises:
-      ValueError: for a non-positive ``batch`` or ``length``, or a non-config.
+    Returns a list (one per layer) of dicts of zero arrays shaped by ``cache_spec``; raises
+    ``ValueError`` for a non-positive ``batch`` or ``length``, or a non-config.
     """
     _check_config(config)
     if batch < 1 or length < 1:
@@ -62,11 +59,8 @@ def init_cache(config: Any, batch: int, length: int) -> list[dict[str, jax.Array
 
 def cache_bytes_per_token(config: Any, *, per_layer: bool = False) -> int:
     """Bytes of KV cache one token occupies: ``2 H_kv d_h`` (MHA) or ``d_c + d_R`` (MLA) numbers
-    per layer, times the compute dtype's size, times ``n_layers`` unless ``per_layer``.
-
-    Raises:
-      ValueError: for a non-config.
-    """
+    per layer, times the compute dtype's size, times ``n_layers`` unless ``per_layer``
+    (``ValueError`` for a non-config)."""
     _check_config(config)
     spec = ATTENTIONS[config.attention].cache_spec(config, 1, 1)
     numbers = sum(int(np.prod(s)) for s in spec.values())
@@ -90,14 +84,9 @@ def extend(
 def sample_logits(
     logits: jax.Array, key: jax.Array, temperature: float = 1.0, top_k: int = 0
 ) -> jax.Array:
-    """Next tokens ``[B]`` int32 from logits ``[B, V]``.
-
-    ``temperature == 0``: argmax (deterministic). Otherwise a categorical draw from
-    ``softmax(logits / temperature)`` over the ``top_k`` largest logits (all when 0).
-
-    Raises:
-      ValueError: for a negative temperature or top_k.
-    """
+    """Next tokens ``[B]`` int32 from logits ``[B, V]``: argmax at ``temperature == 0``, else
+    a categorical draw from ``softmax(logits / temperature)`` over the ``top_k`` largest
+    logits (all when 0). Raises ``ValueError`` for a negative temperature or top_k."""
     if temperature < 0 or top_k < 0:
         raise ValueError(f"temperature and top_k must be >= 0, got {temperature}, {top_k}")
     if temperature == 0:

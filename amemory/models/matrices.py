@@ -130,15 +130,9 @@ def vo_maps(params: Mapping[str, Any], config: Any, *, per_head: bool = True):
 
 
 def ffn_matrices(params: Mapping[str, Any]) -> dict[str, jax.Array]:
-    """FFN matrices stacked over layers, in the ``y = W x`` convention (either layout).
-
-    Returns:
-      ``{"w_in": [..., L, F, D], "w_out": [..., L, D, F]}`` plus ``"w_gate": [..., L, F, D]``
-      for SwiGLU models.
-
-    Raises:
-      ValueError: if params is not a Transformer parameter dict.
-    """
+    """FFN matrices stacked over layers (either layout): ``{"w_in": [..., L, F, D], "w_out":
+    [..., L, D, F]}`` plus ``"w_gate": [..., L, F, D]`` for SwiGLU models. Raises
+    ``ValueError`` if params is not a Transformer parameter dict."""
     out = {r: _kernels(params, "mlp", r) for r in FFN_ROLES}
     return {r: _math(k) for r, k in out.items() if k is not None}
 

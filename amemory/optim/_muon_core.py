@@ -88,8 +88,7 @@ class MuonOptions:
 
     Attributes:
       momentum: ``beta`` in ``[0, 1)``.
-      momentum_form: ``"ema"`` (``M <- beta M + (1 - beta) G``) or ``"sum"``
-        (``M <- beta M + G``).
+      momentum_form: ``"ema"`` (``M <- beta M + (1 - beta) G``) or ``"sum"`` (``M <- beta M + G``).
       nesterov: use the Nesterov look-ahead ``U`` (see ``scale_by_muon``).
       bias_correction: optax.contrib.muon's Adam-style bias correction (``"ema"`` only).
       norm: the unit ball whose LMO gives the direction (Scion, arXiv 2502.07529):

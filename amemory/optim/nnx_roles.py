@@ -119,11 +119,8 @@ class NnxLayers:
         return role
 
     def matrix_axes(self, path: Any, leaf: Any) -> tuple[Any, Any] | None:
-        """``matrix_axes`` for Muon: a kernel's ``(in_axes, out_axes)``, else None.
-
-        Raises:
-          ValueError: as :meth:`_role`.
-        """
+        """``matrix_axes`` for Muon: a kernel's ``(in_axes, out_axes)``, else None (raises
+        ``ValueError`` as :meth:`_role`)."""
         return self._lookup(_keys(path), leaf)[1]
 
     def per_head_matrix_axes(self, path: Any, leaf: Any) -> tuple[Any, Any] | None:

@@ -113,10 +113,8 @@ def parse_roles(spec: str, vocab: Roles, field: str = "optimizer.muon_roles") ->
     """Expand a config role spec like ``"vo+ffn"`` into a tuple of roles of ``vocab``.
 
     As :func:`parse_spec`; a config spec may also name ``"all"`` (every role of ``vocab``).
-
-    Raises:
-      ValueError: naming ``field``, the unknown name and the allowed roles and groups,
-        on an unknown name or a non-string spec.
+    Raises ``ValueError`` naming ``field``, the unknown name and the allowed roles and
+    groups, on an unknown name or a non-string spec.
     """
     if not isinstance(spec, str) or not spec:
         raise ValueError(f"{field}={spec!r}: expected a role spec string like 'vo+ffn'")
@@ -265,10 +263,8 @@ def routing_table(
     """The resolved routing, one :class:`RoutingRow` per parameter leaf, for logs.
 
     ``weight_decay``: a same-structure tree of each leaf's decay coefficient (0 where the
-    decay mask leaves it out), shown as the rows' ``wd``; None leaves ``wd`` None.
-
-    Raises:
-      ValueError: as :func:`routed`.
+    decay mask leaves it out), shown as the rows' ``wd``; None leaves ``wd`` None. Raises
+    ``ValueError`` as :func:`routed`.
     """
     labels, treedef, paths, leaves, roles = _labels_and_paths(params, rules, role_fn)
     _check_claimed(rules, labels, roles, role_fn)
