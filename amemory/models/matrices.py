@@ -110,11 +110,9 @@ def vo_maps(params: Mapping[str, Any], config: Any, *, per_head: bool = True):
       config: its ``TransformerConfig`` (for the head split).
       per_head: return per-head maps (rank <= Dh each) or the per-layer sum.
 
-    Returns:
-      ``[..., n_layers, n_heads, D, D]`` if ``per_head`` else ``[..., n_layers, D, D]``.
-
-    Raises:
-      ValueError: if params is not a Transformer parameter dict.
+    Returns ``[..., n_layers, n_heads, D, D]`` if ``per_head`` else ``[..., n_layers, D,
+    D]``; raises ``ValueError`` for ``attention`` other than ``"mha"`` or params that are
+    not a Transformer parameter dict.
     """
     if config.attention != "mha":
         raise ValueError(f"vo_maps needs attention='mha', got {config.attention!r}")

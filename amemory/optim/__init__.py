@@ -14,9 +14,8 @@ Imports nothing of amemory outside this package (and nothing of Flax).
   ``nnx_roles``: roles and matrix axes of standard ``flax.nnx`` layers.
 - ``presets``: peer-faithful Muon settings (``muon(lr, preset=NAME)``);
   ``diagnostics``: ``collect_diagnostics``.
-- private: ``_muon_core`` (options, the shared update steps), ``_matrices`` (leaves as
-  matrix stacks, the orthogonalisation dispatcher), ``_chain`` (weight decay and learning
-  rate after a direction), ``_paths`` (parameter paths).
+- private: ``_muon_core`` (options, shared update steps), ``_matrices`` (matrix stacks,
+  the orthogonalisation dispatcher), ``_chain`` (decay and lr), ``_paths`` (paths).
 """
 
 from collections.abc import Callable

@@ -71,9 +71,6 @@ def sgd(
 ) -> optax.GradientTransformation:
     """Heavy-ball SGD with decoupled decay: ``m <- momentum m + g``, ``u = m`` (Nesterov:
     ``u = g + momentum m``), ``theta <- theta - lr (u + wd theta)``; ``optax.sgd``'s direction.
-
-    Raises:
-      ValueError: a negative Python-number ``weight_decay``.
-    """
+    Raises ``ValueError`` for a negative Python-number ``weight_decay``."""
     direction = optax.trace(momentum, nesterov) if momentum != 0 else optax.identity()
     return decoupled(direction, learning_rate, weight_decay, weight_decay_mask)

@@ -88,10 +88,8 @@ def _norm_axes(axes: Any, ndim: int, where: str) -> tuple[int, ...]:
 def matrix_layout(x: Any, matrix_axes: MatrixAxes, path: tuple = (), spec: tuple = ()) -> Layout:
     """The :class:`Layout` of one array ``x`` under ``matrix_axes`` (see :func:`leaf_layouts`);
     ``spec``: its ``PartitionSpec`` where its type does not name it (``EXPLICIT_SPECS``).
-
-    Raises:
-      ValueError: ``x`` is not a matrix under ``matrix_axes`` (names ``path`` and shape).
-    """
+    Raises ``ValueError`` if ``x`` is not a matrix under ``matrix_axes`` (names ``path`` and
+    shape)."""
     shape = tuple(int(d) for d in np.shape(x))
     name = path_str(path)
     where = f"Muon leaf {name!r} with shape {shape}"

@@ -57,8 +57,7 @@ def shape_scale_factor(
     - ``"spectral"``: ``sqrt(fan_out / fan_in)`` (spectral-norm / muP scaling, Dion,
       Scion's normalised ``Spectral``).
 
-    Raises:
-      ValueError: unknown ``kind`` (lists the allowed ones).
+    Raises ``ValueError`` for an unknown ``kind`` (lists the allowed ones).
     """
     if kind == "none":
         return 1.0

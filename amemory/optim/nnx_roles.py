@@ -84,11 +84,9 @@ def _classify(keys: tuple, shape: tuple) -> tuple[str, Any]:
 
 @dataclasses.dataclass(frozen=True)
 class NnxLayers:
-    """Roles and matrix axes of a model's parameters (module table), from its layers.
-
-    ``kernels`` maps ``"path/to/kernel"`` to ``(role, (in_axes, out_axes))`` as read by
-    :func:`nnx_layers`; any other parameter is classified from its path and shape.
-    """
+    """Roles and matrix axes of a model's parameters: ``kernels`` maps ``"path/to/kernel"``
+    to ``(role, (in_axes, out_axes))`` as :func:`nnx_layers` read it; any other parameter
+    is classified from its path and shape."""
 
     kernels: dict[str, tuple[str, Any]]
 

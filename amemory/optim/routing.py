@@ -86,10 +86,8 @@ def parse_spec(spec: str, vocab: Roles | None = None) -> tuple[str, ...]:
     """Roles named by a spec: ``"vo+ffn" -> ("v", "o", "w_in", "w_gate", "w_out")``.
 
     Groups are ``vocab.groups``; without ``vocab`` every token is a role. ``"none"``
-    names no role. ``"rest"`` is not a spec (see :func:`routed`).
-
-    Raises:
-      ValueError: a token outside ``vocab`` (lists roles and groups).
+    names no role. ``"rest"`` is not a spec (see :func:`routed`). Raises ``ValueError`` for
+    a token outside ``vocab`` (lists roles and groups).
     """
     if not isinstance(spec, str) or not spec:
         raise ValueError(f"a routing spec must be a non-empty string, got {spec!r}")
@@ -220,14 +218,11 @@ def routed(
       role_fn: ``(path keys tuple, leaf) -> role``, or a :class:`Roles` (whose vocabulary
         checks the specs and roles); ``path`` as :func:`amemory.optim.path_keys` gives it.
 
-    Returns:
-      ``optax.GradientTransformation`` whose state is ``optax.partition``'s.
-
-    Raises:
-      ValueError: unknown spec token, a role claimed twice (at construction), a
-        parameter whose role no rule claims (at ``init``, before compilation), or a
-        parameter that ``role_fn`` labels differently at ``update`` than at ``init``
-        (names it); with a plain ``role_fn``, a rule that claims no parameter (at ``init``).
+    Returns a transformation with ``optax.partition``'s state. Raises ``ValueError`` for
+    an unknown spec token, a role claimed twice (at construction), a parameter whose role
+    no rule claims (at ``init``, before compilation), a parameter that ``role_fn`` labels
+    differently at ``update`` than at ``init`` (names it), or, with a plain ``role_fn``, a
+    rule that claims no parameter (at ``init``).
 
     Example:
       >>> import jax.numpy as jnp, optax
