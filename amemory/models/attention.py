@@ -12,8 +12,8 @@ Both classes have the same interface, selected by ``TransformerConfig.attention`
   the cache is updated in place (functionally). Prefill is ``extend`` of the prompt at
   ``pos = 0``, decoding is ``extend`` of one token.
 
-Every projection is a separate 2-D ``nnx.Linear`` kernel ``[d_in, d_out]`` whose name is
-its role (:mod:`amemory.models.roles`), so an optimizer router sees one matrix per role.
+Every projection is a separate 2-D ``nnx.Linear`` kernel ``[d_in, d_out]`` named by its
+role (:mod:`amemory.models.roles`).
 
 MLA (DeepSeek-AI 2024, "DeepSeek-V2", arXiv 2405.04434, Sec. 2.1.2-2.1.3, eqs. 9-19),
 with ``H`` heads of width ``d_h`` (= ``D / H``), latent width ``d_c``, query latent width
@@ -31,9 +31,8 @@ The cache holds only ``c_kv`` and ``k^R``: ``d_c + d_R`` numbers per token and l
 instead of MHA's ``2 H d_h``. At decode time ``W_uk`` is absorbed into the query
 (``q^C_h · k^C_h = (W_uk,h q^C_h) · c_kv``) and ``W_uv`` is applied after the weighted
 sum of latents (eq. 19 and the text after it), so keys and values are never expanded.
-RoPE cannot pass through the absorbed ``W_uk`` (it depends on the position), hence the
-separate RoPE part. DeepSeek-V2's released code also RMS-normalises ``c_kv`` and ``c_q``;
-the paper's equations do not, and neither do we.
+DeepSeek-V2's released code also RMS-normalises ``c_kv`` and ``c_q``; the paper does not,
+nor do we.
 """
 
 from __future__ import annotations
@@ -71,12 +70,8 @@ class MLAConfig:
     q_rank: int = 0
 
     def resolve(self, head_dim: int) -> MLAConfig:
-        """A copy with None fields set from ``head_dim`` and every field validated.
-
-        Raises:
-          ValueError: a width that is not a positive integer (``q_rank`` may be 0), or
-            an odd ``rope_dim``.
-        """
+        """A copy with None fields set from ``head_dim``; ``ValueError`` for a width that is
+        not a positive integer (``q_rank`` may be 0) or an odd ``rope_dim``."""
         out = MLAConfig(
             kv_rank=4 * head_dim if self.kv_rank is None else self.kv_rank,
             rope_dim=2 * max(1, head_dim // 4) if self.rope_dim is None else self.rope_dim,
@@ -222,12 +217,8 @@ class MLAttention(nnx.Module):
         }
 
     def extend(self, x: jax.Array, cache: dict, pos: jax.Array) -> tuple[jax.Array, dict]:
-        """Absorbed-projection attention of S new tokens through the latent cache.
-
-        ``W_uk`` is folded into the queries and ``W_uv`` applied after the weighted sum of
-        latents (DeepSeek-V2 Sec. 2.1.2), so per cached token only ``c_kv`` and ``k^R`` are
-        read. Returns ``(y [B, S, D], cache)``.
-        """
+        """Absorbed-projection attention of S new tokens ``x [B, S, D]`` through the latent
+        cache (module docstring; DeepSeek-V2 Sec. 2.1.2). Returns ``(y [B, S, D], cache)``."""
         c = self.config
         b, s, _ = x.shape
         h, dh, dc = c.n_heads, c.head_dim, c.mla_dims.kv_rank

@@ -1,12 +1,10 @@
 """Autoregressive decoding with a KV cache, and sampling.
 
 The cache is a list with one dict of arrays per layer, shaped by the attention kind's
-``cache_spec`` (:mod:`amemory.models.attention`): MHA caches keys and values
-``[B, L, H_kv, d_h]`` (``2 H_kv d_h`` numbers per token and layer; ``H_kv = H`` unless
-``n_kv_heads`` sets MQA / GQA), MLA caches the latent
-``c_kv [B, L, d_c]`` and the RoPE key ``[B, L, d_R]`` (``d_c + d_R`` numbers; DeepSeek-V2,
-arXiv 2405.04434, Sec. 2.1.2). :func:`extend` runs S new tokens through the model at
-positions ``pos..pos+S-1``; its logits equal those rows of the full forward pass
+``cache_spec`` (:mod:`amemory.models.attention`: MHA keys and values ``[B, L, H_kv, d_h]``,
+MLA the latent ``c_kv [B, L, d_c]`` and RoPE key ``[B, L, d_R]``; DeepSeek-V2, arXiv
+2405.04434, Sec. 2.1.2). :func:`extend` runs S new tokens through the model at positions
+``pos..pos+S-1``; its logits equal those rows of the full forward pass
 (``transformer.apply``) of the whole sequence, with the MoE dropless.
 
 :func:`generate` prefills the prompt in one ``extend`` and then decodes one token per
@@ -45,18 +43,11 @@ def _check_config(config: Any) -> None:
 
 
 def init_cache(config: Any, batch: int, length: int) -> list[dict[str, jax.Array]]:
-    """Zero KV cache for ``batch`` sequences of up to ``length`` tokens (compute dtype).
+    """Zero KV cache for ``batch`` (B) sequences of up to ``length`` (L: prompt + new)
+    tokens of a ``TransformerConfig``, in the compute dtype.
 
-    Args:
-      config: a ``TransformerConfig``.
-      batch: B.
-      length: L, the longest sequence (prompt + new tokens) the cache holds.
-
-    Returns:
-      list (one per layer) of dicts of zero arrays, shapes from ``cache_spec``.
-
-    Raises:
-      ValueError: for a non-positive ``batch`` or ``length``, or a non-config.
+    Returns a list (one per layer) of dicts of zero arrays shaped by ``cache_spec``; raises
+    ``ValueError`` for a non-positive ``batch`` or ``length``, or a non-config.
     """
     _check_config(config)
     if batch < 1 or length < 1:
@@ -68,11 +59,8 @@ def init_cache(config: Any, batch: int, length: int) -> list[dict[str, jax.Array
 
 def cache_bytes_per_token(config: Any, *, per_layer: bool = False) -> int:
     """Bytes of KV cache one token occupies: ``2 H_kv d_h`` (MHA) or ``d_c + d_R`` (MLA) numbers
-    per layer, times the compute dtype's size, times ``n_layers`` unless ``per_layer``.
-
-    Raises:
-      ValueError: for a non-config.
-    """
+    per layer, times the compute dtype's size, times ``n_layers`` unless ``per_layer``
+    (``ValueError`` for a non-config)."""
     _check_config(config)
     spec = ATTENTIONS[config.attention].cache_spec(config, 1, 1)
     numbers = sum(int(np.prod(s)) for s in spec.values())
@@ -84,14 +72,10 @@ def extend(
 ) -> tuple[jax.Array, list]:
     """Run S new tokens through the model with the cache (pure; jit it).
 
-    Args:
-      graphdef, params: from ``transformer.init`` (one seed).
-      tokens: int ``[B, S]``, the tokens at positions ``pos..pos+S-1``.
-      cache: from :func:`init_cache` (or a previous call), length ``>= pos + S``.
-      pos: int scalar (may be traced), number of tokens already in the cache.
-
-    Returns:
-      ``(logits [B, S, V] float32, cache)`` with the new tokens' keys/latents written.
+    ``graphdef, params`` from ``transformer.init`` (one seed); ``tokens`` int ``[B, S]`` at
+    positions ``pos..pos+S-1``; ``cache`` from :func:`init_cache` (or a previous call),
+    length ``>= pos + S``; ``pos`` int scalar (may be traced), the tokens already cached.
+    Returns ``(logits [B, S, V] float32, cache)`` with the new keys/latents written.
     """
     model = nnx.merge(graphdef, params)
     return model.extend(tokens, cache, jnp.asarray(pos, jnp.int32))
@@ -100,14 +84,9 @@ def extend(
 def sample_logits(
     logits: jax.Array, key: jax.Array, temperature: float = 1.0, top_k: int = 0
 ) -> jax.Array:
-    """Next tokens ``[B]`` int32 from logits ``[B, V]``.
-
-    ``temperature == 0``: argmax (deterministic). Otherwise a categorical draw from
-    ``softmax(logits / temperature)`` over the ``top_k`` largest logits (all when 0).
-
-    Raises:
-      ValueError: for a negative temperature or top_k.
-    """
+    """Next tokens ``[B]`` int32 from logits ``[B, V]``: argmax at ``temperature == 0``, else
+    a categorical draw from ``softmax(logits / temperature)`` over the ``top_k`` largest
+    logits (all when 0). Raises ``ValueError`` for a negative temperature or top_k."""
     if temperature < 0 or top_k < 0:
         raise ValueError(f"temperature and top_k must be >= 0, got {temperature}, {top_k}")
     if temperature == 0:
@@ -157,13 +136,9 @@ def generate(
       temperature: 0 = greedy; else softmax temperature.
       top_k: keep the k largest logits before drawing (0 = all).
 
-    Returns:
-      int32 ``[B, P + N]``: the prompt followed by the new tokens.
-
-    Raises:
-      ValueError: empty prompt, ``N < 1``, negative temperature / top_k, or ``P + N``
-        beyond ``max_len`` with learned positions (RoPE models extrapolate past the
-        trained length; their cache is sized ``P + N``).
+    Returns int32 ``[B, P + N]``, the prompt followed by the new tokens; raises
+    ``ValueError`` for an empty prompt, ``N < 1``, negative temperature / top_k, or ``P + N``
+    beyond ``max_len`` with learned positions (RoPE models extrapolate past it).
     """
     prompt = jnp.asarray(prompt, jnp.int32)
     if prompt.ndim != 2 or prompt.shape[1] < 1:
@@ -187,11 +162,9 @@ def generate_memory(
 ) -> dict[str, int]:
     """XLA's buffer assignment of the whole :func:`generate` program (compiled, not run).
 
-    Returns:
-      bytes of ``arguments`` (parameters, prompt, key), ``outputs``, ``temporaries`` (the
-      cache and every intermediate) and ``total`` = their sum minus aliased bytes: the
-      peak device memory of decoding ``batch`` sequences of ``prompt_len +
-      max_new_tokens`` tokens, independent of machine load.
+    Returns bytes of ``arguments`` (parameters, prompt, key), ``outputs``, ``temporaries``
+    (the cache and every intermediate) and ``total`` = their sum minus aliased bytes: the
+    peak device memory of decoding ``batch`` sequences of ``prompt_len + max_new_tokens``.
     """
     prompt = jax.ShapeDtypeStruct((batch, prompt_len), jnp.int32)
     key = jax.eval_shape(lambda: jax.random.key(0))

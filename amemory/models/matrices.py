@@ -1,12 +1,8 @@
 """The hidden matrices of a :mod:`amemory.models.transformer` parameter tree, for spectra,
 and the head layout of its attention kernels (:func:`head_view`, for per-head Muon and
-QK-Clip).
-
-:func:`hidden_matrices` (every block matrix by layer and role), :func:`vo_maps` (the
-value-output maps paper A measures) and :func:`ffn_matrices` read either parameter layout
-(per-layer ``layers/i/...`` or stacked ``layers/... [L, ...]``, :mod:`amemory.models.scan`)
-and carry leading seed axes through. Matrices are returned in the ``y = W x`` convention,
-``[..., d_out, d_in]`` (the Flax kernel transposed).
+QK-Clip). The readers take either parameter layout (per-layer ``layers/i/...`` or stacked
+``layers/... [L, ...]``, :mod:`amemory.models.scan`), carry leading seed axes through and
+return matrices ``[..., d_out, d_in]`` (``y = W x``: the Flax kernel transposed).
 """
 
 from __future__ import annotations
@@ -20,22 +16,18 @@ import jax.numpy as jnp
 from amemory.models.roles import FFN_ROLES, HIDDEN_ROLES, matrix_axes, role_of
 from amemory.models.scan import is_scanned
 
-#: Attention roles whose kernel concatenates the heads (head-major) along an axis (the
-#: output axis of the projections, the input axis of ``o``) -> (that axis, the power of
-#: QK-Clip's ``gamma`` the role's heads take so that a clipped head's logits scale by
-#: ``gamma``): MHA ``q``, ``k`` 0.5 each (Kimi K2, arXiv 2507.20534, Sec. 2.1); MLA 0.5 on
-#: the no-RoPE ``q``/``q_up`` and ``k_up``, 1 on ``q_rope``, 0 on the values (MaxText
-#: ``qk_clip_utils.py``); the shared ``k_rope`` has no heads.
+#: Attention roles whose kernel concatenates the heads (head-major) along an axis -> (that
+#: axis, the power of QK-Clip's ``gamma`` its heads take): MHA ``q``, ``k`` 0.5 each (Kimi
+#: K2, arXiv 2507.20534, Sec. 2.1); MLA 0.5 on the no-RoPE ``q``/``q_up`` and ``k_up``, 1 on
+#: ``q_rope``, 0 on values (MaxText ``qk_clip_utils.py``); the shared ``k_rope`` has no heads.
 HEADS = {
     **dict.fromkeys(("q", "k", "q_up", "k_up"), (-1, 0.5)), "q_rope": (-1, 1.0),
     **dict.fromkeys(("v", "v_up"), (-1, 0.0)), "o": (-2, 0.0),
 }  # fmt: skip
-#: With fewer K/V heads than query heads (``n_kv_heads``: MQA / GQA) a K head is shared by
-#: a group of query heads, as MLA's RoPE key is: QK-Clip puts all of ``gamma`` on the query
-#: head and leaves the shared key untouched (MaxText ``qk_clip_utils.py``'s rule for it).
+#: MQA / GQA (a K head shared by query heads, as MLA's RoPE key): all of ``gamma`` on the
+#: query head, the shared key untouched (MaxText ``qk_clip_utils.py``'s rule for it).
 GROUPED = {"q": 1.0, "k": 0.0}
-#: Roles whose kernels hold the K/V heads (``config.kv_heads`` of them).
-KV_ROLES = ("k", "v")
+KV_ROLES = ("k", "v")  # roles whose kernels hold the config.kv_heads K/V heads
 
 
 def head_view(config: Any):
@@ -114,16 +106,13 @@ def vo_maps(params: Mapping[str, Any], config: Any, *, per_head: bool = True):
     measures isotropy of VO.
 
     Args:
-      params: parameter dict from :func:`init`, either layout (a leading seed axis is
-        carried through).
+      params: parameter dict from :func:`init`, either layout (seed axes carried through).
       config: its ``TransformerConfig`` (for the head split).
       per_head: return per-head maps (rank <= Dh each) or the per-layer sum.
 
-    Returns:
-      ``[..., n_layers, n_heads, D, D]`` if ``per_head`` else ``[..., n_layers, D, D]``.
-
-    Raises:
-      ValueError: if params is not a Transformer parameter dict.
+    Returns ``[..., n_layers, n_heads, D, D]`` if ``per_head`` else ``[..., n_layers, D,
+    D]``; raises ``ValueError`` for ``attention`` other than ``"mha"`` or params that are
+    not a Transformer parameter dict.
     """
     if config.attention != "mha":
         raise ValueError(f"vo_maps needs attention='mha', got {config.attention!r}")
@@ -139,15 +128,9 @@ def vo_maps(params: Mapping[str, Any], config: Any, *, per_head: bool = True):
 
 
 def ffn_matrices(params: Mapping[str, Any]) -> dict[str, jax.Array]:
-    """FFN matrices stacked over layers, in the ``y = W x`` convention (either layout).
-
-    Returns:
-      ``{"w_in": [..., L, F, D], "w_out": [..., L, D, F]}`` plus ``"w_gate": [..., L, F, D]``
-      for SwiGLU models.
-
-    Raises:
-      ValueError: if params is not a Transformer parameter dict.
-    """
+    """FFN matrices stacked over layers (either layout): ``{"w_in": [..., L, F, D], "w_out":
+    [..., L, D, F]}`` plus ``"w_gate": [..., L, F, D]`` for SwiGLU models. Raises
+    ``ValueError`` if params is not a Transformer parameter dict."""
     out = {r: _kernels(params, "mlp", r) for r in FFN_ROLES}
     return {r: _math(k) for r, k in out.items() if k is not None}
 
@@ -157,16 +140,14 @@ def hidden_matrices(
 ) -> dict[str, jax.Array]:
     """Every hidden matrix by name, for spectrum logging (either layout).
 
-    ``config`` (the ``TransformerConfig``) is needed for ``"vo"`` with fewer K/V heads than
-    query heads (``n_kv_heads``): each query head's ``W_O^h`` pairs with its K/V head's
-    ``W_V``.
+    ``config`` (the ``TransformerConfig``) pairs each query head's ``W_O^h`` with its K/V
+    head's ``W_V`` for ``"vo"`` when ``n_kv_heads < n_heads``.
 
     Returns:
-      ``{"layers/i/<role>": [..., d_out, d_in]}`` (``W = kernel.T``) for every role of
-      :data:`HIDDEN_ROLES` present (MHA, MLA, dense FFN, routed experts ``[..., E, d_out,
-      d_in]``, shared experts), plus ``"layers/i/vo"`` ``[..., D, D]`` when
-      ``include_vo``: the value-output product paper A analyses, ``W_O W_V`` (MHA) or
-      ``W_O W_uv W_dkv`` (MLA; not a role). Leading seed axes are carried through.
+      ``{"layers/i/<role>": [..., d_out, d_in]}`` for every role of :data:`HIDDEN_ROLES`
+      present (routed experts ``[..., E, d_out, d_in]``), plus ``"layers/i/vo"`` ``[..., D,
+      D]`` when ``include_vo``: the value-output product paper A analyses, ``W_O W_V``
+      (MHA) or ``W_O W_uv W_dkv`` (MLA; not a role).
 
     Raises:
       ValueError: if params is not a Transformer parameter dict, or ``include_vo`` with

@@ -12,11 +12,10 @@ here; :data:`GROUPS` names sets of roles for routing specs):
   ``norm`` (normalisation scales and biases), ``bias`` (biases of Linear layers),
   ``dense`` (a Linear kernel whose place the path does not tell: foreign models).
 
-Paths are matched on their module names, never on the layer index: ``layers/3/attn/v/kernel``
-and a scanned layout ``layers/attn/v/kernel`` (leaves with a leading layer axis) both read
-``v``. :data:`role_of` is a ``amemory.optim.routing.Roles`` (the classifier with this
-vocabulary), directly a ``role_fn`` for ``amemory.optim.routed``; a path it cannot classify
-is a ValueError, never a silent default.
+Paths are matched on their module names, never on the layer index (``layers/3/attn/v/kernel``
+and the scanned ``layers/attn/v/kernel`` both read ``v``). :data:`role_of` is an
+``amemory.optim.routing.Roles`` with this vocabulary, directly a ``role_fn`` for
+``amemory.optim.routed``; a path it cannot classify is a ValueError.
 """
 
 from __future__ import annotations
@@ -24,7 +23,6 @@ from __future__ import annotations
 from typing import Any
 
 import jax
-import numpy as np
 
 from amemory.optim import Roles, path_keys
 
@@ -65,19 +63,10 @@ _KERNELS: dict[tuple[str, ...], str] = {
 _STACKED: dict[tuple[str, ...], str] = {("mlp", "experts", r): f"expert_{r}" for r in FFN_ROLES}
 
 
-def _key_name(entry: Any) -> str | int:
-    if isinstance(entry, str):
-        return int(entry) if entry.isdigit() else entry
-    if isinstance(entry, (int, np.integer)) and not isinstance(entry, bool):
-        return int(entry)
-    raise ValueError(f"unrecognised path entry {entry!r}")
-
-
 def _normalise_path(path: Any) -> tuple[str | int, ...]:
-    """Path keys, with ``amemory.optim``'s normalisation (nnx ``value`` keys dropped)."""
-    if isinstance(path, str):
-        path = path.split("/")
-    return tuple(_key_name(p) for p in path_keys(tuple(path)))
+    """``amemory.optim.path_keys`` (nnx ``value`` keys dropped) with digit strings as ints."""
+    keys = path_keys(tuple(path.split("/") if isinstance(path, str) else path))
+    return tuple(int(k) if isinstance(k, int) or k.isdigit() else k for k in keys)
 
 
 def _role_of(path: Any, leaf: Any = None) -> str:
@@ -85,18 +74,13 @@ def _role_of(path: Any, leaf: Any = None) -> str:
 
     Args:
       path: a tuple of keys such as ``("layers", 3, "attn", "v", "kernel")`` (ints or digit
-        strings for list indices; ``jax.tree_util`` key entries are accepted, so this works
-        inside ``tree_map_with_path``, also on ``nnx.state(model)`` whose paths end in an
-        ``nnx.Variable``'s ``value`` key), or the string ``"layers/3/attn/v/kernel"``. The
-        layer index may be absent (scanned layers: ``"layers/attn/v/kernel"``).
-      leaf: ignored; accepted so that ``role_of`` is directly a ``role_fn(path, leaf)`` for
-        ``amemory.optim.routing``.
+        strings for list indices; ``jax.tree_util`` key paths, ``nnx.state`` ones included),
+        or the string ``"layers/3/attn/v/kernel"``; the layer index may be absent (scanned
+        layers: ``"layers/attn/v/kernel"``).
+      leaf: ignored (``role_of`` is directly a ``role_fn(path, leaf)``).
 
-    Returns:
-      one of :data:`ROLES` (see the module docstring).
-
-    Raises:
-      ValueError: if the path is not a parameter of :class:`Transformer`.
+    Returns one of :data:`ROLES`; raises ``ValueError`` if the path is not a parameter of
+    :class:`Transformer`.
     """
     p = _normalise_path(path)
     bad = ValueError(f"cannot classify parameter path {'/'.join(map(str, p))!r}; roles: {ROLES}")
@@ -129,14 +113,8 @@ role_of = Roles(_role_of, ROLES, GROUPS)
 
 
 def param_roles(params: Any) -> Any:
-    """Same-structure pytree of role strings for every leaf of ``params``.
-
-    Suitable as ``role_fn`` source for ``amemory.optim.routing``; works on params with a
-    leading seed axis too (roles depend only on paths).
-
-    Raises:
-      ValueError: naming the first leaf whose role cannot be determined.
-    """
+    """Same-structure pytree of role strings for every leaf of ``params`` (seed axes too:
+    roles depend only on paths). Raises ``ValueError`` naming the first leaf without one."""
     return jax.tree_util.tree_map_with_path(role_of, params)
 
 
@@ -144,18 +122,12 @@ def matrix_axes(path: Any, leaf: Any = None) -> tuple[int, int] | None:
     """Matrix axes ``(fan_in_axis, fan_out_axis)`` of a parameter, for Muon's ``matrix_axes``.
 
     Kernels and embedding tables are matrices in their last two axes ``[..., fan_in,
-    fan_out]``; any leading axis (the layer axis ``[L]`` of the stacked layout, the expert
-    axis ``[E]`` of a mixture of experts) is a batch axis, so each layer's (and expert's)
-    matrix is orthogonalised on its own. Norm scales and biases are
-    not matrices (None), even when stacked to ``[L, D]``; routing one to Muon is an error
-    raised by ``amemory.optim`` with the leaf's path.
+    fan_out]``; leading axes (layers ``[L]`` stacked, experts ``[E]``) are batch axes, so
+    each layer's (and expert's) matrix is orthogonalised on its own. Norm scales and biases
+    are not matrices (None), even when stacked to ``[L, D]``.
 
-    Args:
-      path: a parameter path, as for :func:`role_of`.
-      leaf: ignored (the callable form of ``amemory.optim``'s ``matrix_axes``).
-
-    Raises:
-      ValueError: if the path is not a parameter of the Transformer.
+    ``path`` as for :func:`role_of`; ``leaf`` ignored (the callable form of Muon's
+    ``matrix_axes``). Raises ``ValueError`` if the path is not a Transformer parameter.
     """
     del leaf
     return None if role_of(path) in ("norm", "bias") else (-2, -1)

@@ -2,23 +2,20 @@
 
 Imports nothing of amemory outside this package (and nothing of Flax).
 
-- ``orthogonalize``: matrix kernels (Newton-Schulz with coefficient sets,
-  pre-conditionings and the Gram form; exact polar factor; norm-ball LMOs; orthogonality
-  error, singular-value range).
+- ``orthogonalize``: matrix kernels (Newton-Schulz, exact polar factor, norm-ball LMOs,
+  orthogonality error, singular-value range).
 - ``muon``: ``scale_by_muon``/``muon``; ``MuonOptions`` holds every option of the family.
 - ``normuon``: NorMuon (per-neuron second moment) and AdaMuon (per-entry).
 - ``hyperball``: MuonH and AdamH (fixed-norm weights); ``qk_clip``: QK-Clip (MuonClip).
 - ``contrib``: a drop-in for ``optax.contrib.muon`` on amemory's kernels.
 - ``sign``: ``signgd``, ``signum``. Adam is ``optax.adam``/``optax.adamw``.
-- ``distributed``: the owner layout for parameters sharded over a device mesh
-  (``ns_mesh=(mesh, "fsdp")``: whole matrices per device), ``describe_layout``.
+- ``distributed``: the owner layout for parameters sharded over a device mesh.
 - ``routing``: roles -> transforms (``routed``, ``routing_table``), model-agnostic;
   ``nnx_roles``: roles and matrix axes of standard ``flax.nnx`` layers.
 - ``presets``: peer-faithful Muon settings (``muon(lr, preset=NAME)``);
   ``diagnostics``: ``collect_diagnostics``.
-- private: ``_muon_core`` (options, the shared update steps), ``_matrices`` (leaves as
-  matrix stacks, the orthogonalisation dispatcher), ``_chain`` (weight decay and learning
-  rate after a direction), ``_paths`` (parameter paths).
+- private: ``_muon_core`` (options, shared update steps), ``_matrices`` (matrix stacks,
+  the orthogonalisation dispatcher), ``_chain`` (decay and lr), ``_paths`` (paths).
 """
 
 from collections.abc import Callable
@@ -119,65 +116,15 @@ OPTIMIZERS: dict[str, OptimizerInfo] = {
 }
 
 __all__ = [
-    "COEFFICIENT_SETS",
-    "DISTRIBUTED_MODES",
-    "HEAD_NAMES",
-    "MOMENTUM_FORMS",
-    "NORMS",
-    "NS_METHODS",
-    "NUCLEAR_SCALES",
-    "OPTIMIZERS",
-    "OptimizerInfo",
-    "ORTHOGONALIZERS",
-    "PRECONDITIONINGS",
-    "PRESETS",
-    "REST",
-    "Roles",
-    "SHAPE_SCALES",
-    "AdaMuonState",
-    "MuonOptions",
-    "MuonState",
-    "NnxLayers",
-    "NorMuonState",
-    "OwnerStacks",
-    "RoutingRow",
-    "adamh",
-    "adamuon",
-    "coefficient_table",
-    "collect_diagnostics",
-    "contrib",
-    "decoupled",
-    "describe_layout",
-    "format_routing_table",
-    "label_params",
-    "matrix_layout",
-    "muon",
-    "muonh",
-    "newton_schulz",
-    "nnx_layers",
-    "nnx_matrix_axes",
-    "nnx_per_head_matrix_axes",
-    "nnx_role",
-    "norm_ball_lmo",
-    "normuon",
-    "orthogonality_error",
-    "owner_state_shardings",
-    "parse_roles",
-    "parse_spec",
-    "path_keys",
-    "path_str",
-    "polar",
-    "preset_options",
-    "routed",
-    "routing_table",
-    "qk_clip",
-    "scale_by_adamuon",
-    "scale_by_hyperball",
-    "scale_by_muon",
-    "scale_by_normuon",
-    "sgd",
-    "shape_scale_factor",
-    "signgd",
-    "signum",
-    "singular_value_range",
-]
+    "COEFFICIENT_SETS", "DISTRIBUTED_MODES", "HEAD_NAMES", "MOMENTUM_FORMS", "NORMS", "NS_METHODS",
+    "NUCLEAR_SCALES", "OPTIMIZERS", "OptimizerInfo", "ORTHOGONALIZERS", "PRECONDITIONINGS",
+    "PRESETS", "REST", "Roles", "SHAPE_SCALES", "AdaMuonState", "MuonOptions", "MuonState",
+    "NnxLayers", "NorMuonState", "OwnerStacks", "RoutingRow", "adamh", "adamuon",
+    "coefficient_table", "collect_diagnostics", "contrib", "decoupled", "describe_layout",
+    "format_routing_table", "label_params", "matrix_layout", "muon", "muonh", "newton_schulz",
+    "nnx_layers", "nnx_matrix_axes", "nnx_per_head_matrix_axes", "nnx_role", "norm_ball_lmo",
+    "normuon", "orthogonality_error", "owner_state_shardings", "parse_roles", "parse_spec",
+    "path_keys", "path_str", "polar", "preset_options", "routed", "routing_table", "qk_clip",
+    "scale_by_adamuon", "scale_by_hyperball", "scale_by_muon", "scale_by_normuon", "sgd",
+    "shape_scale_factor", "signgd", "signum", "singular_value_range",
+]  # fmt: skip

@@ -1,11 +1,9 @@
 """The one way amemory turns a direction into an optimizer: decoupled weight decay, then lr.
 
-Every optimizer of :mod:`amemory.optim` and the SGD of ``amemory.train`` applies
-``theta <- theta - lr * (u + wd * theta)`` with ``u`` the direction of its ``scale_by_*``
-transform: the decay is added to the direction, never to the gradient (so it is not
-sign-ed, orthogonalised or normalised), and multiplied by the learning rate, as
-optax.contrib.muon, torch.optim.Muon and Keller Jordan's reference do. Source: Loshchilov
-& Hutter, arXiv 1711.05101 (AdamW); optax 0.2.8 ``add_decayed_weights``.
+Every optimizer of :mod:`amemory.optim` applies ``theta <- theta - lr * (u + wd * theta)``
+with ``u`` its ``scale_by_*`` direction: the decay is added to the direction, never to the
+gradient, and multiplied by the learning rate, as optax.contrib.muon, torch.optim.Muon and
+Keller Jordan's reference do. Source: Loshchilov & Hutter, arXiv 1711.05101 (AdamW).
 """
 
 from __future__ import annotations
@@ -48,12 +46,8 @@ def decoupled(
       wd: the weight decay, ``>= 0`` (float, array, or schedule; ``None``: 0).
       weight_decay_mask: optax mask (tree or callable) of the leaves that decay.
 
-    Returns:
-      ``optax.GradientTransformation`` (an ``optax.chain``; its state is ``(direction
-      state(s)..., weight-decay state, learning-rate state)``).
-
-    Raises:
-      ValueError: a negative Python-number ``wd``.
+    Returns an ``optax.chain`` with state ``(direction state(s)..., weight-decay state,
+    learning-rate state)``; raises ``ValueError`` for a negative Python-number ``wd``.
     """
     wd = 0.0 if wd is None else wd
     if isinstance(wd, int | float) and not wd >= 0:
@@ -77,9 +71,6 @@ def sgd(
 ) -> optax.GradientTransformation:
     """Heavy-ball SGD with decoupled decay: ``m <- momentum m + g``, ``u = m`` (Nesterov:
     ``u = g + momentum m``), ``theta <- theta - lr (u + wd theta)``; ``optax.sgd``'s direction.
-
-    Raises:
-      ValueError: a negative Python-number ``weight_decay``.
-    """
+    Raises ``ValueError`` for a negative Python-number ``weight_decay``."""
     direction = optax.trace(momentum, nesterov) if momentum != 0 else optax.identity()
     return decoupled(direction, learning_rate, weight_decay, weight_decay_mask)

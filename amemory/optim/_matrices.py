@@ -1,11 +1,10 @@
 """Leaves as stacks of matrices, and their batched orthogonalisation (Muon family internals).
 
 :func:`leaf_layouts` maps every leaf to a stack ``[batch, fan_in, fan_out]`` under the
-``matrix_axes`` rule of :mod:`amemory.optim.muon`; :func:`group_stacks` groups stacks by
-wide shape (tall matrices transposed); :func:`orthogonalize` is the one dispatcher of the
-direction (owner layout, batched Newton-Schulz / polar, norm-ball LMO), one batched call
-per group: the same result as per-leaf calls. Source: Jordan (2024)
-https://kellerjordan.github.io/posts/muon/ (NS on the wide side).
+``matrix_axes`` rule of :mod:`amemory.optim.muon`; :func:`orthogonalize` is the one
+dispatcher of the direction, one batched call per wide shape (same result as per-leaf
+calls). Source: Jordan (2024) https://kellerjordan.github.io/posts/muon/ (NS on the wide
+side).
 """
 
 from __future__ import annotations
@@ -89,10 +88,8 @@ def _norm_axes(axes: Any, ndim: int, where: str) -> tuple[int, ...]:
 def matrix_layout(x: Any, matrix_axes: MatrixAxes, path: tuple = (), spec: tuple = ()) -> Layout:
     """The :class:`Layout` of one array ``x`` under ``matrix_axes`` (see :func:`leaf_layouts`);
     ``spec``: its ``PartitionSpec`` where its type does not name it (``EXPLICIT_SPECS``).
-
-    Raises:
-      ValueError: ``x`` is not a matrix under ``matrix_axes`` (names ``path`` and shape).
-    """
+    Raises ``ValueError`` if ``x`` is not a matrix under ``matrix_axes`` (names ``path`` and
+    shape)."""
     shape = tuple(int(d) for d in np.shape(x))
     name = path_str(path)
     where = f"Muon leaf {name!r} with shape {shape}"
@@ -149,16 +146,10 @@ def matrix_layout(x: Any, matrix_axes: MatrixAxes, path: tuple = (), spec: tuple
 
 
 def leaf_layouts(tree: Any, matrix_axes: MatrixAxes) -> tuple[list[Any], Any, list[Layout]]:
-    """Flatten ``tree`` and lay out every leaf as a matrix stack.
-
-    Returns:
-      ``(leaves, treedef, layouts)``; ``layouts[i]`` describes ``leaves[i]``.
-
-    Raises:
-      ValueError: a leaf that is not a matrix under ``matrix_axes`` (names its path
-        and shape), or a malformed ``matrix_axes``. Runs on shapes only, so it
-        raises before any compilation.
-    """
+    """Flatten ``tree`` and lay out every leaf as a matrix stack: ``(leaves, treedef,
+    layouts)``, ``layouts[i]`` describing ``leaves[i]``. Raises ``ValueError`` (on shapes
+    only, before any compilation) for a leaf that is not a matrix under ``matrix_axes``
+    (names its path and shape) or a malformed ``matrix_axes``."""
     leaves_with_path, treedef = jax.tree_util.tree_flatten_with_path(tree)
     leaves = [x for _, x in leaves_with_path]
     specs = EXPLICIT_SPECS.get()
@@ -182,15 +173,11 @@ def group_stacks(
     by_orientation: bool = False,
     dtypes: Sequence[Any] | None = None,
 ) -> dict[tuple, list[int]]:
-    """Group the leaves' matrix stacks for batched orthogonalisation: the one place where
-    tall matrices join wide ones.
-
-    Returns:
-      ``{(rows, cols[, tall]): [leaf index, ...]}`` in leaf order, with ``rows <= cols``
-      the wide shape; ``tall`` is in the key with ``by_orientation`` (a second moment per
-      output neuron needs one orientation per stack), then the dtype when ``dtypes`` is
-      given; ``batch_leaves=False``: one group per leaf, keyed ``(index,)``.
-    """
+    """Group the leaves' matrix stacks for batched orthogonalisation (the one place where
+    tall matrices join wide ones): ``{(rows, cols[, tall][, dtype]): [leaf index, ...]}``
+    in leaf order, ``rows <= cols`` the wide shape, ``tall`` with ``by_orientation`` (a
+    second moment per output neuron needs one orientation per stack), the dtype with
+    ``dtypes``; ``batch_leaves=False``: one group per leaf, keyed ``(index,)``."""
     groups: dict[tuple, list[int]] = {}
     for i, lay in enumerate(layouts):
         rows, cols = sorted((lay.fan_in, lay.fan_out))
@@ -209,18 +196,16 @@ def orthogonalize(
 ) -> tuple[list[jax.Array], list[jax.Array] | None, Any]:
     """The direction of every leaf: the LMO of ``opts.norm``'s ball, batched by shape.
 
-    ``norm="spectral"`` orthogonalises (Newton-Schulz or polar, ``opts.orth_fn``) in the
-    owner layout when ``opts.layout`` is set (``distributed``), else one batched call per
-    group of :func:`group_stacks`; other norms are elementwise. Then the nuclear scaling
-    (``opts.nuclear_scale``) and the optional ``post`` step (NorMuon / AdaMuon's
-    normalisation: ``post(o [b, fan_in, fan_out], v, tall=False) -> (o', v')`` with
-    ``v = post_state[i]``; in the owner layout it runs on each matrix's owner, with
+    ``norm="spectral"`` orthogonalises (``opts.orth_fn``) in the owner layout when
+    ``opts.layout`` is set, else one batched call per group of :func:`group_stacks`; other
+    norms are elementwise. Then the nuclear scaling and the optional ``post`` step (NorMuon
+    / AdaMuon: ``post(o [b, fan_in, fan_out], v, tall=False) -> (o', v')`` with ``v =
+    post_state[i]``; in the owner layout it runs on each matrix's owner, with
     ``post_state`` an ``OwnerStacks``).
 
     Args:
       mats: one ``[b_i, fan_in_i, fan_out_i]`` stack per leaf (``Layout.to_matrix``).
-      layouts: the leaves' :class:`Layout` (same order).
-      opts: a ``MuonOptions``.
+      layouts: the leaves' :class:`Layout` (same order); ``opts``: a ``MuonOptions``.
 
     Returns:
       ``(directions per leaf [b, fan_in, fan_out], per-leaf [] float32 orthogonality error
@@ -293,8 +278,7 @@ def check_ns_mesh(ns_mesh: Any) -> None:
 
 def _resolve_dtype(ns_dtype: Any, ns_mesh: Any = None) -> Any:
     """``"auto"`` -> bf16 unless the target devices (``ns_mesh``'s, else the ``set_mesh``
-    mesh's: a TPU topology compiled ahead of time on a CPU host gets bf16, else the default
-    backend's) are CPUs (then None: fp32). Call at trace time."""
+    mesh's, else the default backend's) are CPUs (then None: fp32). Call at trace time."""
     if not (isinstance(ns_dtype, str) and ns_dtype == "auto"):
         return ns_dtype
     if ns_mesh is not None:

@@ -1,10 +1,8 @@
 """The Muon family's options object and the steps its ``update_fn`` s are written with.
 
-:class:`MuonOptions` holds every option of the family once (fields, defaults, allowed
-values, validation); the public factories take its fields as keyword arguments through
-:func:`with_options`, which writes them into each factory's signature (for
-``inspect.signature``, ``help`` and ``optax.inject_hyperparams``). Adding an option is one
-field here. Each ``update_fn`` reads, as optax's ``scale_by_muon`` does: :func:`momentum`,
+:class:`MuonOptions` holds every option of the family once; the public factories take its
+fields as keyword arguments through :func:`with_options` (adding an option is one field
+here). Each ``update_fn`` reads, as optax's ``scale_by_muon`` does: :func:`momentum`,
 ``_matrices.orthogonalize``, its own normalisation (NorMuon / AdaMuon), :func:`scale`.
 
 Sources: Jordan (2024) https://kellerjordan.github.io/posts/muon/ ; Liu et al., arXiv
@@ -59,8 +57,7 @@ def shape_scale_factor(
     - ``"spectral"``: ``sqrt(fan_out / fan_in)`` (spectral-norm / muP scaling, Dion,
       Scion's normalised ``Spectral``).
 
-    Raises:
-      ValueError: unknown ``kind`` (lists the allowed ones).
+    Raises ``ValueError`` for an unknown ``kind`` (lists the allowed ones).
     """
     if kind == "none":
         return 1.0
@@ -81,14 +78,6 @@ def check_unit_interval(name: str, value: Any) -> None:
             raise ValueError(f"{name} must be in [0, 1), got {value!r}")
 
 
-def _check_static(name: str, value: Any) -> None:
-    if isinstance(value, jax.core.Tracer):
-        raise ValueError(
-            f"{name} must be static (a Python value); with optax.inject_hyperparams pass "
-            f"static_args=({name!r},)"
-        )
-
-
 @dataclasses.dataclass(frozen=True)
 class MuonOptions:
     """Every option of the Muon family, validated once (frozen; raises ``ValueError``).
@@ -98,8 +87,7 @@ class MuonOptions:
 
     Attributes:
       momentum: ``beta`` in ``[0, 1)``.
-      momentum_form: ``"ema"`` (``M <- beta M + (1 - beta) G``) or ``"sum"``
-        (``M <- beta M + G``).
+      momentum_form: ``"ema"`` (``M <- beta M + (1 - beta) G``) or ``"sum"`` (``M <- beta M + G``).
       nesterov: use the Nesterov look-ahead ``U`` (see ``scale_by_muon``).
       bias_correction: optax.contrib.muon's Adam-style bias correction (``"ema"`` only).
       norm: the unit ball whose LMO gives the direction (Scion, arXiv 2502.07529):
@@ -107,19 +95,15 @@ class MuonOptions:
         ``"rownorm"`` (see ``orthogonalize.norm_ball_lmo``). Only ``"spectral"``
         orthogonalises; the NS options below apply to it.
       orthogonalizer: ``"newton_schulz"`` or ``"polar"`` (exact, SVD; float64 under x64).
-      ns_coeffs: ``"jordan"``, ``"polar_express"``, ``"dion"`` or an array ``[steps, 3]``.
+      ns_coeffs: a name of ``COEFFICIENT_SETS`` or an array ``[steps, 3]``.
       ns_steps: NS steps; ``None``: 5, or the length of an array ``ns_coeffs``. Static.
       ns_eps: guards the norm division before NS (1e-7 Keller/torch, 1e-8 optax).
-      ns_eps_mode: ``"relative"`` (eps relative to ``max |U|``: the update does not
-        depend on the gradient's scale, down to 1e-30 and below), ``"add"``
-        (``||U|| + eps``: Keller, optax) or ``"clamp"`` (``max(||U||, eps)``:
-        torch.optim.Muon); the presets set the peer's.
+      ns_eps_mode: ``"relative"`` (the update does not depend on the gradient's scale),
+        ``"add"`` (Keller, optax) or ``"clamp"`` (torch.optim.Muon): see ``newton_schulz``.
       ns_dtype: NS compute dtype: ``None`` (momentum's dtype, at least fp32), a dtype or
         its name (``"bfloat16"``), or ``"auto"`` (bf16 on GPU/TPU, fp32 on CPU).
-      ns_method: ``"auto"`` (the Gram form when ``fan_max >= 2 fan_min``, except
-        in bfloat16), ``"direct"`` or ``"gram"`` (see ``orthogonalize.newton_schulz``).
-      preconditioning: ``"frobenius"``, ``"spectral"``, ``"aol"`` (Turbo-Muon) or
-        ``"schatten"`` (see ``orthogonalize.newton_schulz``).
+      ns_method: ``"auto"``, ``"direct"`` or ``"gram"`` (see ``newton_schulz``).
+      preconditioning: ``"frobenius"``, ``"spectral"``, ``"aol"`` or ``"schatten"`` (ditto).
       gram_restarts: steps before which the Gram form restarts; ``None``: ``(2,)``
         (Dao-AILab) below 32-bit compute, ``(2, 4)`` in float32 (see ``newton_schulz``).
       presign: orthogonalise ``sign(U)`` instead of ``U`` (AdaMuon's sign stabilisation).
@@ -136,13 +120,10 @@ class MuonOptions:
         heads))`` first splits ``axis`` into ``[heads, size / heads]`` (per-head Muon).
       batch_leaves: orthogonalise same-shape leaves in one batched call (same result).
       ns_mesh: ``(mesh, axis)`` for sharded ``jit``: the device mesh and the mesh axis
-        name (or tuple of names) along which parameters are split (FSDP); other mesh
-        axes replicate them. Used by the owner layout (``distributed``).
-      distributed: where orthogonalisation runs on the mesh: ``"owner"`` (each device
-        orthogonalises a share of whole matrices, :mod:`amemory.optim.distributed`),
-        ``"gspmd"`` (XLA's partitioner: collectives inside every NS step of a sharded
-        matrix) or ``"auto"`` (``"owner"`` when ``ns_mesh`` has more than one device).
-        Same update either way; only ``norm="spectral"`` orthogonalises.
+        name(s) along which parameters are split (FSDP), for the owner layout.
+      distributed: ``"owner"`` (each device orthogonalises a share of whole matrices,
+        :mod:`amemory.optim.distributed`), ``"gspmd"`` (XLA's partitioner: collectives in
+        every NS step) or ``"auto"`` (``"owner"`` when ``ns_mesh`` has several devices).
       diagnostics: keep each leaf's orthogonality error and update RMS of the last update
         in the state (read with ``amemory.optim.collect_diagnostics``).
     """
@@ -189,7 +170,11 @@ class MuonOptions:
         if self.bias_correction and self.momentum_form != "ema":
             raise ValueError("bias_correction=True needs momentum_form='ema' (optax convention)")
         for name in ("ns_coeffs", "ns_steps", "gram_restarts", "ns_dtype", "mu_dtype"):
-            _check_static(name, getattr(self, name))
+            if isinstance(getattr(self, name), jax.core.Tracer):
+                raise ValueError(
+                    f"{name} must be static (a Python value); with optax.inject_hyperparams "
+                    f"pass static_args=({name!r},)"
+                )
         if self.ns_steps is not None and (
             isinstance(self.ns_steps, bool) or not isinstance(self.ns_steps, int | np.integer)
         ):
@@ -247,16 +232,10 @@ class MuonOptions:
 
 
 def init_state(params: Any, opts: MuonOptions) -> tuple[list[Layout], Any, dict[str, Any]]:
-    """Validate every leaf and make the state fields shared by the family.
-
-    Returns:
-      ``(layouts, treedef, fields)`` with ``fields`` = ``count`` ([] int32 zero), ``mu``
-      (zeros like ``params`` in ``mu_dtype``) and ``diagnostics`` (None, or
-      ``{"ortho_error", "update_rms"}`` trees of [] float32 zeros).
-
-    Raises:
-      ValueError: a leaf that is not a matrix (names path and shape).
-    """
+    """Validate every leaf (``ValueError`` naming a non-matrix) and make the family's state
+    fields: ``(layouts, treedef, fields)`` with ``fields`` = ``count`` ([] int32 zero),
+    ``mu`` (zeros like ``params`` in ``mu_dtype``) and ``diagnostics`` (None, or
+    ``{"ortho_error", "update_rms"}`` trees of [] float32 zeros)."""
     leaves, treedef, layouts = leaf_layouts(params, opts.matrix_axes)
     mu = treedef.unflatten([jnp.zeros_like(x, opts.mu_dtype or _dtype(x)) for x in leaves])
     diag = None
@@ -275,9 +254,8 @@ def momentum(
 ) -> tuple[list[jax.Array], list[jax.Array]]:
     """Momentum and the matrix to orthogonalise, per leaf (compute dtype >= fp32).
 
-    ``count`` is the incremented step count. The formulas are in
-    :func:`amemory.optim.scale_by_muon`'s docstring; bias corrections are computed in the
-    real dtype of ``g`` (complex parameters work). ``presign``: ``U <- sign(U)``.
+    ``count`` is the incremented step count; the formulas are in
+    :func:`amemory.optim.scale_by_muon`'s docstring (bias corrections in ``g``'s real dtype).
 
     Returns:
       ``(new momentum per leaf in its state dtype, U per leaf in the compute dtype)``.
@@ -311,11 +289,8 @@ def scale(
     errors: list[jax.Array] | None,
     treedef: Any,
 ) -> tuple[Any, dict[str, Any] | None]:
-    """Shape-scale the directions ``[batch, fan_in, fan_out]`` back into updates.
-
-    Returns:
-      ``(updates tree in the gradients' shapes and dtypes, diagnostics or None)``.
-    """
+    """Shape-scale the directions ``[batch, fan_in, fan_out]`` back into updates: ``(updates
+    tree in the gradients' shapes and dtypes, diagnostics or None)``."""
     out = []
     for o, g, lay in zip(mats, grads, layouts, strict=True):
         factor = shape_scale_factor(opts.shape_scale, lay.fan_in, lay.fan_out, opts.rms_scale)
@@ -344,10 +319,8 @@ def with_options(*, defaults: dict[str, Any] | None = None, unset_defaults: bool
     followed by each field as a keyword-only parameter (default: ``defaults`` or the
     field's default, or :data:`UNSET` with ``unset_defaults``), so ``help`` shows them and
     ``optax.inject_hyperparams`` binds and injects them. ``fn`` receives every option as a
-    keyword (unset ones as :data:`UNSET`).
-
-    Raises (from the wrapper):
-      ValueError: an unknown keyword (lists the allowed ones).
+    keyword (unset ones as :data:`UNSET`); the wrapper raises ``ValueError`` for an unknown
+    keyword (lists the allowed ones).
     """
     defaults = defaults or {}
 

@@ -1,16 +1,11 @@
 """Pytree key paths as plain tuples / strings: the one place parameter paths are normalised.
 
-Shared by routing (roles), Muon (``matrix_axes`` callables, error messages) and the
-diagnostics. ``flax.nnx.Optimizer(model, tx, wrt=nnx.Param)`` calls ``tx.init`` on
-``nnx.state(model)``, whose leaves sit inside ``nnx.Variable`` nodes, so their key paths
-end in an attribute key ``value`` (``l1/kernel/value``); it calls ``tx.update`` on pure
-arrays (``l1/kernel``). :func:`path_keys` drops that trailing attribute key, so a role
-function sees the same path at ``init`` and ``update``.
-
-Its entries are plain ``str`` / ``int`` keys (flax ``traverse_util``'s form: ``path[-1] ==
-"kernel"``, ``"/".join(map(str, path))``) that also answer to the attributes of
-``jax.tree_util`` key entries: ``.key`` (``DictKey``), ``.name`` (``GetAttrKey``) and, on
-indices, ``.idx`` (``SequenceKey``); so a role function written for either form works.
+``flax.nnx.Optimizer`` calls ``tx.init`` on ``nnx.state(model)``, whose key paths end in
+an attribute key ``value`` (``l1/kernel/value``), and ``tx.update`` on pure arrays
+(``l1/kernel``); :func:`path_keys` drops that key, so role and ``matrix_axes`` functions
+see one path at both. Its entries are ``str`` / ``int`` keys (flax ``traverse_util``'s
+form: ``path[-1] == "kernel"``) that also answer to ``jax.tree_util`` key entries'
+``.key``, ``.name`` and, on indices, ``.idx``: a role function written for either works.
 """
 
 from __future__ import annotations

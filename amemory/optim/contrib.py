@@ -4,10 +4,8 @@ Same names, signatures, defaults, state trees and semantics as ``optax.contrib``
 ``muon``, ``scale_by_muon``, ``scale_by_shape``, ``orthogonalize_via_newton_schulz``,
 ``MuonDimensionNumbers`` and ``MuonState`` (optax's own classes: dimension-number trees
 and checkpoints move unchanged): switching is ``from amemory.optim import contrib``.
-What differs: same-shape matrices are orthogonalised in one batched call (tall ones
-transposed; the Gram form for aspect ratio >= 2), in at least float32 (optax iterates in
-the momentum's dtype). ``tests/test_optim_contrib.py`` runs optax's own Muon tests
-against this module.
+What differs: same-shape matrices are orthogonalised in one batched call (the Gram form
+for aspect ratio >= 2), in at least float32 (optax iterates in the momentum's dtype).
 
 Source: optax 0.2.8 ``optax/contrib/_muon.py`` (API and semantics); Jordan (2024)
 https://kellerjordan.github.io/posts/muon/ ; Liu et al. arXiv 2502.16982
@@ -33,13 +31,9 @@ from amemory.optim.distributed import auto_sharded
 from amemory.optim.orthogonalize import COEFFICIENT_SETS, PRECONDITIONINGS, newton_schulz
 
 __all__ = [
-    "MuonDimensionNumbers",
-    "MuonState",
-    "muon",
-    "orthogonalize_via_newton_schulz",
-    "scale_by_muon",
-    "scale_by_shape",
-]
+    "MuonDimensionNumbers", "MuonState", "muon", "orthogonalize_via_newton_schulz",
+    "scale_by_muon", "scale_by_shape",
+]  # fmt: skip
 
 WeightDimNumOrFn = Any  # MuonDimensionNumbers | tree of them (None: Adam) | callable(params)
 
@@ -121,12 +115,9 @@ def orthogonalize_via_newton_schulz(
     optax's: ``ns_coeffs`` ``(3,)`` (repeated ``ns_steps`` times) or ``(n, 3)``;
     ``dimension_numbers`` names the reduction (fan-in) and output axes of a non-2-D ``x``.
 
-    Returns:
-      The orthogonalised array, same shape and dtype as ``x``.
-
-    Raises:
-      ValueError: ``x`` not 2-D and no ``dimension_numbers``, bad ``ns_coeffs`` shape,
-        unknown ``preconditioning``.
+    Returns the orthogonalised array (shape and dtype of ``x``); raises ``ValueError``
+    for ``x`` not 2-D without ``dimension_numbers``, a bad ``ns_coeffs`` shape or an unknown
+    ``preconditioning``.
     """
     if x.ndim != 2 and not _is_dim(dimension_numbers):
         raise ValueError(
@@ -167,28 +158,17 @@ def scale_by_muon(
     ``adaptive``, ``O <- <U, O> O`` summed over the leaf (arXiv 2409.20325). No shape
     scaling (that is :func:`scale_by_shape`). Arguments as optax's.
 
-    Returns:
-      ``optax.GradientTransformation`` with state ``MuonState(count, mu, ns_coeffs)``.
-
-    Raises:
-      ValueError: bad ``ns_coeffs``/``preconditioning`` (at construction); a leaf that is
-        not a matrix under its dimension numbers (at ``init``, naming it).
+    Returns a transformation with state ``MuonState(count, mu, ns_coeffs)``; raises
+    ``ValueError`` for bad ``ns_coeffs``/``preconditioning`` (at construction) or a leaf
+    that is not a matrix under its dimension numbers (at ``init``, naming it).
     """
     table, steps = _resolve_table(ns_coeffs, ns_steps)
     opts = MuonOptions(
-        momentum=beta,
-        momentum_form="ema",
-        nesterov=nesterov,
-        bias_correction=True,
-        ns_coeffs=table,
-        ns_steps=steps,
-        ns_eps=eps,
-        ns_eps_mode="add",
-        preconditioning=preconditioning,
-        nuclear_scale="leaf" if adaptive else "none",
-        shape_scale="none",
-        mu_dtype=mu_dtype,
-    )
+        momentum=beta, momentum_form="ema", nesterov=nesterov, bias_correction=True,
+        ns_coeffs=table, ns_steps=steps, ns_eps=eps, ns_eps_mode="add",
+        preconditioning=preconditioning, nuclear_scale="leaf" if adaptive else "none",
+        shape_scale="none", mu_dtype=mu_dtype,
+    )  # fmt: skip
 
     def with_axes(tree):
         dims = weight_dimension_numbers
@@ -219,10 +199,7 @@ def scale_by_shape(
 
     ``sqrt(max(1, fan_out / fan_in))`` (Jordan), or with ``consistent_rms = r``,
     ``r * sqrt(max(fan_in, fan_out))`` (Moonlight's RMS matching); fans are the products
-    of the reduction and output axes of each leaf's dimension numbers.
-
-    Returns:
-      a stateless ``optax.GradientTransformation``.
+    of the reduction and output axes of each leaf's dimension numbers. Stateless.
     """
 
     def update_fn(updates, state, params=None):
@@ -271,9 +248,6 @@ def muon(
     ``"muon"`` (``(MuonState, EmptyState, weight-decay state, lr state)``) and ``"adam"``.
     Arguments as optax's (``ns_coeffs`` may also be ``"standard"`` or ``"dion"``).
 
-    Returns:
-      ``optax.GradientTransformation``.
-
     Raises:
       ValueError: an unknown ``ns_coeffs`` preset or bad coefficient shape, an unknown
         ``preconditioning``, or a Muon leaf that is not a matrix.
@@ -308,34 +282,25 @@ def muon(
             is_leaf=_is_spec,
         )
 
+    direction = scale_by_muon(
+        ns_coeffs=ns_coeffs, ns_steps=ns_steps, beta=beta, eps=eps, mu_dtype=mu_dtype,
+        nesterov=nesterov, adaptive=adaptive, preconditioning=preconditioning,
+        weight_dimension_numbers=muon_dims,
+    )  # fmt: skip
+    adam = optax.adamw(
+        learning_rate=adam_learning_rate, b1=adam_b1, b2=adam_b2, eps=eps,
+        eps_root=adam_eps_root, weight_decay=adam_weight_decay, mu_dtype=mu_dtype,
+        nesterov=nesterov,
+    )  # fmt: skip
     return optax.partition(
         transforms={
             "muon": optax.chain(
-                scale_by_muon(
-                    ns_coeffs=ns_coeffs,
-                    ns_steps=ns_steps,
-                    beta=beta,
-                    eps=eps,
-                    mu_dtype=mu_dtype,
-                    nesterov=nesterov,
-                    adaptive=adaptive,
-                    preconditioning=preconditioning,
-                    weight_dimension_numbers=muon_dims,
-                ),
+                direction,
                 scale_by_shape(weight_dimension_numbers=muon_dims, consistent_rms=consistent_rms),
                 _decay(weight_decay, weight_decay_mask),
                 optax.scale_by_learning_rate(learning_rate),
             ),
-            "adam": optax.adamw(
-                learning_rate=adam_learning_rate,
-                b1=adam_b1,
-                b2=adam_b2,
-                eps=eps,
-                eps_root=adam_eps_root,
-                weight_decay=adam_weight_decay,
-                mu_dtype=mu_dtype,
-                nesterov=nesterov,
-            ),
+            "adam": adam,
         },
         param_labels=labels,
     )

@@ -2,23 +2,18 @@
 
 Muon (MomentUm Orthogonalized by Newton-Schulz) keeps a momentum buffer per matrix
 parameter and replaces each update by (an approximation of) its polar factor, rescaled by
-a shape-dependent factor (the formulas: :func:`scale_by_muon`). One option set spans the
-family (norm balls, pre-conditionings, the Gram form, nuclear scaling): every option is a
-field of :class:`amemory.optim.MuonOptions`. The update reads ``momentum ->
-orthogonalize -> scale`` (``_muon_core``; ``_matrices.orthogonalize`` batches same-shape
-matrices, tall ones transposed, into one call; ``ns_mesh`` selects the owner layout of
-``amemory.optim.distributed``).
+a shape-dependent factor (the formulas: :func:`scale_by_muon`; every option is a field of
+:class:`amemory.optim.MuonOptions`). The update reads ``momentum -> orthogonalize ->
+scale`` (``_muon_core``, ``_matrices``).
 
-Matrix convention. Every leaf is seen as a matrix ``[fan_in, fan_out]`` (plus
-optional batch axes), the layout of Flax ``Dense``/``nnx.Linear`` kernels
-(``y = x @ W``). ``matrix_axes=(in_axes, out_axes)`` picks the axes: the
-default for 2-D leaves is ``(0, 1)``; a PyTorch-style ``[d_out, d_in]`` weight
-(e.g. amemory.models.memory's ``W``) takes ``matrix_axes=(1, 0)``; stacked layers or
-experts ``[L, ..., fan_in, fan_out]`` take ``matrix_axes=(-2, -1)`` (every leading axis
-is a batch axis). Only the shape scaling depends on which side is fan_in:
-orthogonalisation commutes with transposition. A leaf that is not a matrix under this
-rule raises ``ValueError`` naming its path and shape: Muon never falls back to Adam;
-routing (``amemory.optim.routing``) decides which leaves reach it.
+Matrix convention. Every leaf is seen as a matrix ``[fan_in, fan_out]`` (plus optional
+batch axes), the layout of Flax ``nnx.Linear`` kernels (``y = x @ W``);
+``matrix_axes=(in_axes, out_axes)`` picks the axes: ``(0, 1)`` by default for 2-D leaves,
+``(1, 0)`` for a PyTorch-style ``[d_out, d_in]`` weight, ``(-2, -1)`` for stacked layers or
+experts ``[L, ..., fan_in, fan_out]`` (leading axes are batch axes). Only the shape scaling
+depends on which side is fan_in. A leaf that is not a matrix under this rule raises
+``ValueError`` naming its path and shape: Muon never falls back to Adam; routing
+(``amemory.optim.routing``) decides which leaves reach it.
 
 Sources: Jordan (2024) https://kellerjordan.github.io/posts/muon/ ; Liu et al.,
 "Muon is Scalable for LLM Training" (Moonlight), arXiv 2502.16982; optax
@@ -54,9 +49,7 @@ class MuonState(NamedTuple):
 
     count: jax.Array  # [] int32: number of updates applied so far
     mu: optax.Updates  # momentum, same tree/shapes as params, dtype mu_dtype (default param dtype)
-    # None, or {"ortho_error": tree of [] float32, "update_rms": tree of [] float32}: the last
-    # update's NS orthogonality error and the RMS of the returned direction (before lr)
-    diagnostics: Any
+    diagnostics: Any  # None, or {"ortho_error", "update_rms"}: trees of [] float32 (last update)
 
 
 @with_options()
@@ -85,13 +78,9 @@ def scale_by_muon(**options: Any) -> optax.GradientTransformation:
         a callable ``matrix_axes`` or a dtype object ``ns_dtype`` in ``static_args``
         (they would be taken for schedules).
 
-    Returns:
-      ``optax.GradientTransformation`` with state :class:`MuonState`. Updates have
-      the gradient's shapes and dtypes.
-
-    Raises:
-      ValueError: bad option (lists allowed values); a leaf that is not a matrix
-        (names path and shape), raised by ``init`` before any compilation.
+    Returns a transformation with state :class:`MuonState` whose updates have the
+    gradients' shapes and dtypes. Raises ``ValueError`` for a bad option (lists allowed
+    values) or, at ``init`` before any compilation, a leaf that is not a matrix (names it).
 
     Example:
       >>> import jax.numpy as jnp, optax
@@ -145,9 +134,8 @@ def muon(
       learning_rate: float or optax schedule (units: spectral-norm-ish step per
         update for ``shape_scale="none"``; see ``shape_scale_factor``).
       preset: ``None`` (the :class:`MuonOptions` defaults) or a name in
-        ``amemory.optim.PRESETS`` (``"jordan"``, ``"moonlight"``, ``"torch"``,
-        ``"optax"``, ``"wang2025"``); every option passed explicitly (``None``
-        included) overrides the preset's.
+        ``amemory.optim.PRESETS``; every option passed explicitly (``None`` included)
+        overrides the preset's.
       weight_decay: decoupled weight decay ``wd`` (``None``: the preset's, else 0).
       weight_decay_mask: optax mask tree/callable for the decay.
       **options: any :class:`MuonOptions` field; an option not passed takes the preset's
@@ -159,8 +147,7 @@ def muon(
       (``momentum``, ``ns_eps``, ``rms_scale``).
 
     Raises:
-      ValueError: unknown preset or option name (lists the allowed ones), or a
-        bad option value.
+      ValueError: unknown preset or option name (lists the allowed ones), or a bad value.
 
     Example:
       >>> import jax.numpy as jnp

@@ -1,32 +1,23 @@
 """Roles and matrix axes of models built from standard ``flax.nnx`` layers (foreign models).
 
-For a ``flax.nnx`` model that is not amemory's own (``models.role_of``), :func:`nnx_layers`
-reads each layer once and gives a ``role`` function (for ``optim.routed``) and a
-``matrix_axes`` function (for Muon) that agree: a kernel with role ``dense``, ``head`` or
-``q|k|v|o`` has a matrix ``(fan_in, fan_out)``, nothing else does. ``Linear``
-``[in, out]``; ``LinearGeneral`` ``[*batch, *in, *out]``; ``Einsum`` from its string
-(kernel axes summed over are ``fan_in``, axes it adds to the output ``fan_out``, the rest
-batch axes: ``"BTD,NDH->BTNH"`` ``[N, D, H]`` is ``(D, N*H)``); ``Conv``/``ConvTranspose``
-``[*k, c_in, c_out]`` is ``(prod(k) * c_in, c_out)`` (Keller Jordan's CIFAR-10
-speedruns); ``MultiHeadAttention`` ``query|key|value`` ``[d, H, d_h]`` are ``q|k|v``
-``(d, H*d_h)``, ``out`` ``[H, d_h, d]`` is ``o``; ``Embed``, norm ``scale`` and any
-``bias`` have roles but no matrix; ``nnx.LoRA`` (also inside ``nnx.LoRALinear``)
-``lora_a [in, r]`` / ``lora_b [r, out]`` have roles ``lora_a`` / ``lora_b`` and are matrices
-(in no group: a ``"rest"`` rule sends both to Adam, ``{"hidden+lora_b": muon(...)}`` sends
-B to Muon); any other parameter is a ``ValueError`` naming it.
+:func:`nnx_layers` reads each layer once and gives a ``role`` function (for
+``optim.routed``) and a ``matrix_axes`` function (for Muon) that agree: a kernel with role
+``dense``, ``head`` or ``q|k|v|o`` has a matrix ``(fan_in, fan_out)``, nothing else does.
+``Linear`` ``[in, out]``; ``LinearGeneral`` ``[*batch, *in, *out]``; ``Einsum`` from its
+string (kernel axes summed over are ``fan_in``, axes it adds to the output ``fan_out``:
+``"BTD,NDH->BTNH"`` ``[N, D, H]`` is ``(D, N*H)``); ``Conv``/``ConvTranspose`` ``[*k, c_in,
+c_out]`` is ``(prod(k) * c_in, c_out)``; ``MultiHeadAttention`` ``query|key|value`` ``[d,
+H, d_h]`` are ``q|k|v`` ``(d, H*d_h)``, ``out`` ``[H, d_h, d]`` is ``o``; ``Embed``, norm
+``scale`` and ``bias`` have roles but no matrix; ``nnx.LoRA`` ``lora_a [in, r]`` / ``lora_b
+[r, out]`` are matrices with roles ``lora_a`` / ``lora_b`` (in no group); any other
+parameter is a ``ValueError`` naming it. Layers stacked by ``nnx.vmap`` / ``nnx.scan`` get
+their leading axes as batch axes (one matrix per layer); other extra axes raise.
 
-Layers stacked by ``nnx.vmap`` / ``nnx.scan`` (Flax's scan-over-layers idiom, nested stacks
-too): a kernel with more leading axes than its layer declares (``Linear(in, out)`` with
-kernel ``[L, in, out]``) gets them as batch axes, one matrix per layer; a kernel whose
-trailing axes do not match its layer's declared shape (the layer axis not leading) is a
-``ValueError`` naming it.
-
-The output layer gets role ``head`` (Muon's authors route it to Adam): the
-``Linear``/``LinearGeneral``/``Einsum`` defined last among the model's own attributes, one
-under :data:`HEAD_NAMES` at the top (``head``/``lm_head`` anywhere), or those named by
-``heads=``; when none is found a warning names the kernel that goes to Muon.
-:func:`nnx_role` / :func:`nnx_matrix_axes` read the table from a path alone (Linear,
-MultiHeadAttention, Embed, norms). Example: docs/own-models.md.
+The output layer gets role ``head``: the ``Linear``/``LinearGeneral``/``Einsum`` defined
+last among the model's own attributes, one under :data:`HEAD_NAMES` at the top, or those
+named by ``heads=``; when none is found a warning names the kernel that goes to Muon.
+:func:`nnx_role` / :func:`nnx_matrix_axes` read the table from a path alone. Example:
+docs/own-models.md.
 
 Source: the parameter names and kernel layouts of ``flax.nnx`` 0.12; Jordan (2024),
 https://kellerjordan.github.io/posts/muon/ (output layer and embeddings to Adam; conv
@@ -45,13 +36,9 @@ from amemory.optim._paths import path_keys
 from amemory.optim.routing import Roles
 
 __all__ = [
-    "HEAD_NAMES",
-    "NnxLayers",
-    "nnx_layers",
-    "nnx_matrix_axes",
-    "nnx_per_head_matrix_axes",
+    "HEAD_NAMES", "NnxLayers", "nnx_layers", "nnx_matrix_axes", "nnx_per_head_matrix_axes",
     "nnx_role",
-]
+]  # fmt: skip
 
 _ATTENTION = {"query": "q", "key": "k", "value": "v", "out": "o"}
 #: The roles this module gives, and the groups a routing spec may name (``hidden``: every
@@ -97,11 +84,9 @@ def _classify(keys: tuple, shape: tuple) -> tuple[str, Any]:
 
 @dataclasses.dataclass(frozen=True)
 class NnxLayers:
-    """Roles and matrix axes of a model's parameters (module table), from its layers.
-
-    ``kernels`` maps ``"path/to/kernel"`` to ``(role, (in_axes, out_axes))`` as read by
-    :func:`nnx_layers`; any other parameter is classified from its path and shape.
-    """
+    """Roles and matrix axes of a model's parameters: ``kernels`` maps ``"path/to/kernel"``
+    to ``(role, (in_axes, out_axes))`` as :func:`nnx_layers` read it; any other parameter
+    is classified from its path and shape."""
 
     kernels: dict[str, tuple[str, Any]]
 
@@ -112,9 +97,8 @@ class NnxLayers:
         return Roles(self._role, *_VOCAB)
 
     def _role(self, path: Any, leaf: Any = None) -> str:
-        """The role of one parameter (``path``: a key path or ``"a/b/kernel"``). From a
-        path alone a 2-D kernel at the model top not named in :data:`HEAD_NAMES` is
-        ``"dense"`` with a warning: the path cannot tell whether it computes the logits.
+        """The role of one parameter (``path``: a key path or ``"a/b/kernel"``); a 2-D kernel
+        at the model top read from its path alone is ``"dense"`` with a warning.
 
         Raises:
           ValueError: a parameter outside the table, or a kernel whose matrix its path
@@ -133,11 +117,8 @@ class NnxLayers:
         return role
 
     def matrix_axes(self, path: Any, leaf: Any) -> tuple[Any, Any] | None:
-        """``matrix_axes`` for Muon: a kernel's ``(in_axes, out_axes)``, else None.
-
-        Raises:
-          ValueError: as :meth:`_role`.
-        """
+        """``matrix_axes`` for Muon: a kernel's ``(in_axes, out_axes)``, else None (raises
+        ``ValueError`` as :meth:`_role`)."""
         return self._lookup(_keys(path), leaf)[1]
 
     def per_head_matrix_axes(self, path: Any, leaf: Any) -> tuple[Any, Any] | None:
@@ -173,11 +154,8 @@ def _stacked(axes: Any, extra: int) -> Any:
 
 
 def _extra(name: str, shape: tuple, declared: tuple) -> int:
-    """How many leading (stacked-layer) axes ``shape`` has beyond the layer's ``declared``.
-
-    Raises:
-      ValueError: the trailing axes of ``shape`` are not ``declared`` (names the leaf).
-    """
+    """How many leading (stacked-layer) axes ``shape`` has beyond the layer's ``declared``;
+    ``ValueError`` naming the leaf if its trailing axes are not ``declared``."""
     extra = len(shape) - len(declared)
     if extra < 0 or tuple(shape[extra:]) != tuple(declared):
         raise ValueError(
@@ -235,14 +213,12 @@ def nnx_layers(model: Any, *, heads: tuple[str, ...] | None = None) -> NnxLayers
         (module doc), ``()`` declares there is none (a tied embedding).
 
     Returns:
-      :class:`NnxLayers`; use ``.role`` as ``role_fn`` and ``.matrix_axes`` as Muon's
-      ``matrix_axes``.
+      :class:`NnxLayers` (``.role`` is a ``role_fn``, ``.matrix_axes`` Muon's).
 
     Raises:
       ValueError: ``heads`` names a layer without a kernel (lists those with one); an
-        Einsum kernel with no axis summed over or added to the output (no matrix); a
-        kernel (or LoRA matrix) whose trailing axes are not its layer's declared shape
-        (names it).
+        Einsum kernel with no matrix view; a kernel (or LoRA matrix) whose trailing axes
+        are not its layer's declared shape (names it).
     """
     from flax import nnx  # only here: amemory.optim imports no Flax at module level
 

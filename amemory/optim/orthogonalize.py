@@ -10,20 +10,11 @@ the nearest semi-orthogonal (semi-unitary) matrix, with directions of zero
 singular value kept at zero. Newton-Schulz (NS) approximates it with odd matrix
 polynomials ``X <- a X + b (X X^H) X + c (X X^H)^2 X`` that only need matmuls.
 Each step maps every singular value ``s`` through the scalar polynomial
-``p(s) = a s + b s^3 + c s^5`` and leaves the singular vectors unchanged, so the
-quality of an NS output is fully described by where the scalar iteration sends
-the pre-conditioned singular values.
+``p(s) = a s + b s^3 + c s^5`` and leaves the singular vectors unchanged.
 
 Sources: Keller Jordan, "Muon: An optimizer for hidden layers" (2024),
-https://kellerjordan.github.io/posts/muon/ (coefficients 3.4445, -4.7750,
-2.0315); Amsel et al., "The Polar Express", arXiv 2505.16932, Algorithm 1
-(per-step coefficients, safety factor 1.01); Ahn et al., "Dion", arXiv 2504.05295
-(the per-step table optax 0.2.8 ships as ``ns_coeffs="dion"``); Boissin et al.,
-"Turbo-Muon", arXiv 2512.04632 (AOL pre-conditioning); Grishina et al., arXiv
-2506.10935 (Schatten-4 pre-conditioning); Zhang, Amsel, Chen, Dao, "Gram
-Newton-Schulz" (Dao-AILab, 2026, github.com/Dao-AILab/gram-newton-schulz);
-Pethick et al., "Training Deep Learning Models with Norm-Constrained LMOs" (Scion),
-arXiv 2502.07529, Sec. 3 and Table 1.
+https://kellerjordan.github.io/posts/muon/ ; each coefficient set and function below
+names its own (paper and arXiv id, or the peer's repository).
 """
 
 from __future__ import annotations
@@ -35,21 +26,12 @@ import jax.numpy as jnp
 import numpy as np
 
 __all__ = [
-    "COEFFICIENT_SETS",
-    "NORMS",
-    "NS_EPS_MODES",
-    "NS_METHODS",
-    "PRECONDITIONINGS",
-    "coefficient_table",
-    "newton_schulz",
-    "norm_ball_lmo",
-    "orthogonality_error",
-    "polar",
+    "COEFFICIENT_SETS", "NORMS", "NS_EPS_MODES", "NS_METHODS", "PRECONDITIONINGS",
+    "coefficient_table", "newton_schulz", "norm_ball_lmo", "orthogonality_error", "polar",
     "singular_value_range",
-]
+]  # fmt: skip
 
-# Keller Jordan's quintic: maximal slope at zero (3.4445) while keeping the
-# iterates bounded; converged singular values oscillate in about [0.68, 1.13].
+# Keller Jordan's quintic (2024): maximal slope at zero while keeping the iterates bounded.
 _JORDAN = (3.4445, -4.7750, 2.0315)
 
 # Polar Express, degree 5 (Amsel et al. 2025, Algorithm 1). The first seven
@@ -113,10 +95,8 @@ COEFFICIENT_SETS: dict[str, tuple[tuple[tuple[float, float, float], ...], float]
 PRECONDITIONINGS = ("frobenius", "spectral", "aol", "schatten")
 #: Forms of the iteration (see :func:`newton_schulz`).
 NS_METHODS = ("auto", "direct", "gram")
-#: How ``eps`` guards the norm division: ``"add"`` ``X / (||X|| + eps)`` (Keller Jordan,
-#: optax), ``"clamp"`` ``X / max(||X||, eps)`` (torch.optim.Muon) or ``"relative"``
-#: ``X / (||X|| + eps 2^e)`` with ``2^e`` the power of two at or above ``max |X|``
-#: (scale-invariant at every scale: ``NS(2^j X) == NS(X)`` bit for bit; zero maps to zero).
+#: How ``eps`` guards the norm division (see :func:`newton_schulz`); ``"relative"`` is
+#: scale-invariant at every scale: ``NS(2^j X) == NS(X)`` bit for bit.
 NS_EPS_MODES = ("add", "clamp", "relative")
 #: Unit balls whose linear-minimisation oracle :func:`norm_ball_lmo` returns.
 NORMS = ("spectral", "sign", "colnorm", "rownorm")
@@ -133,13 +113,9 @@ def coefficient_table(coeffs: str | Any = "jordan", steps: int = 5) -> tuple[Any
         (e.g. optimizer state under ``jit``) is kept as a jax array.
       steps: number of NS steps, ``>= 1``.
 
-    Returns:
-      ``(table, factor)``: ``table`` ``[steps, 3]`` of ``(a, b, c)`` triples (float64
-      numpy, or a jax array for traced input), ``factor`` the pre-normalisation factor.
-
-    Raises:
-      ValueError: unknown name (lists the allowed ones), bad ``steps``, or a
-        user table of the wrong shape.
+    Returns ``(table [steps, 3] of (a, b, c) triples, pre-normalisation factor)``, the
+    table float64 numpy (a jax array for traced input). Raises ``ValueError`` for an unknown
+    name (lists the allowed ones), bad ``steps``, or a user table of the wrong shape.
     """
     if isinstance(steps, bool) or not isinstance(steps, int | np.integer) or steps < 1:
         raise ValueError(f"steps must be an int >= 1, got {steps!r}")
@@ -218,17 +194,15 @@ def newton_schulz(
     - ``"frobenius"``: ``X0 = X / (factor ||X||_F + eps)`` (Jordan 2024; every peer).
     - ``"spectral"``: ``X0 = X / (factor ||X||_2 + eps)`` with the exact spectral norm
       (an SVD: slow, but the most accurate start).
-    - ``"aol"``: no norm division; the first step uses ``A = X X^H`` to rescale the rows
-      of ``X`` by ``s_i = (sum_j |A_ij| + eps)^(-1/2)`` (an "almost orthogonal layer"
-      bound: ``||diag(s) X||_2 <= 1``) and ``A <- diag(s) A diag(s)``, so the rescale
-      costs no matmul and the start is tighter than Frobenius: at equal error one step
-      fewer (Boissin et al., "Turbo-Muon", arXiv 2512.04632, Sec. 3).
+    - ``"aol"``: no norm division; the first step's ``A = X X^H`` rescales the rows of
+      ``X`` by ``s_i = (sum_j |A_ij| + eps)^(-1/2)`` (``||diag(s) X||_2 <= 1``) and ``A <-
+      diag(s) A diag(s)``: no extra matmul, a tighter start (Boissin et al., "Turbo-Muon",
+      arXiv 2512.04632, Sec. 3).
     - ``"schatten"``: ``X0 = X / ||X X^H||_F^(1/2)`` (the Schatten-4 norm), folded into
       the first step the same way (Grishina et al., arXiv 2506.10935).
 
-    Each step is ``X <- a X + (b A + c A^2) X`` with ``A = X X^H``.
-
-    The output singular-value band of each coefficient set is in docs/peers.md.
+    Each step is ``X <- a X + (b A + c A^2) X`` with ``A = X X^H`` (the output band of each
+    coefficient set: docs/peers.md).
 
     Args:
       x: ``[..., m, n]`` real or complex array; leading axes are batch axes.
@@ -241,29 +215,23 @@ def newton_schulz(
         ``max |X|``: the output does not depend on the input's scale, down to subnormal
         inputs), ``"add"`` (``||X|| + eps``: Keller Jordan, optax) or ``"clamp"``
         (``max(||X||, eps)``: torch.optim.Muon). In every mode the norm is computed
-        after an exact power-of-two rescale, so its sum of squares cannot underflow
-        (fp32 underflows below entries of about 1e-20; Emerging-Optimizers reduces in
-        fp64 instead, ``normalize_in_double``).
+        after an exact power-of-two rescale, so its sum of squares cannot underflow.
       dtype: compute dtype (e.g. ``jnp.bfloat16`` on GPU/TPU, as in the PyTorch
         reference); ``None`` keeps ``x.dtype`` (at least float32). The result is cast
         back to ``x.dtype``.
       method: ``"direct"`` iterates on ``X`` (3 matmuls a step, two of them
         ``k x k x l``); ``"gram"`` iterates on the ``k x k`` Gram matrix ``R = X X^H``
         and applies the accumulated polynomial to ``X`` only at the restarts and at the
-        end (4 ``k^3`` matmuls a step plus 2 ``k x k x l`` per restart: fewer FLOPs when
-        ``l >= 2k``; Gram Newton-Schulz, Zhang, Amsel, Chen, Dao 2026, see ``_gram_ns``).
-        ``"auto"``: ``"gram"`` when ``l >= 2k`` and the compute dtype is not bfloat16
-        (where one restart does not keep it accurate: docs/peers.md), else ``"direct"``.
+        end (4 ``k^3`` matmuls a step plus 2 ``k x k x l`` per restart; Gram Newton-Schulz,
+        Zhang, Amsel, Chen, Dao 2026). ``"auto"``: ``"gram"`` when ``l >= 2k`` and the
+        compute dtype is not bfloat16 (docs/peers.md), else ``"direct"``.
       preconditioning: ``"frobenius"``, ``"spectral"``, ``"aol"`` or ``"schatten"``.
       gram_restarts: step indices (0-based) before which the Gram form restarts.
         ``None``: Dao-AILab's ``(2,)`` (a restart after the second step) when the compute
         dtype has fewer than 32 bits, ``(2, 4)`` otherwise. Each restart costs two
-        ``k x k x l`` matmuls and removes the error ``R`` accumulates: without restarts
-        the float32 Gram form is 10 to 1000 times further from a float64 reference than
-        the direct form on ill-conditioned inputs (worst with Polar Express); with
-        ``(2, 4)`` it is within a factor 2 of the direct form and, at 5 steps, still
-        needs fewer FLOPs for ``l >= 2k`` (``11 + 6 l / k`` against ``5 + 10 l / k``
-        units of ``k^3``). Measured errors: docs/peers.md, "Gram Newton-Schulz in fp32".
+        ``k x k x l`` matmuls and removes the error ``R`` accumulates (at 5 steps with
+        ``(2, 4)``: ``11 + 6 l / k`` against the direct form's ``5 + 10 l / k`` units of
+        ``k^3``). Measured errors: docs/peers.md, "Gram Newton-Schulz in fp32".
 
     Returns:
       ``[..., m, n]`` array of ``x.dtype``.
@@ -288,13 +256,10 @@ def newton_schulz(
         method = "gram" if l >= 2 * k and jnp.dtype(cdtype) != jnp.bfloat16 else "direct"
     if gram_restarts is None:
         gram_restarts = (2,) if jnp.finfo(cdtype).bits < 32 else (2, 4)
-    restarts = tuple(int(i) for i in gram_restarts)
+    static = (factor, cdtype, method, preconditioning, tuple(map(int, gram_restarts)), eps_mode)
     if isinstance(table, np.ndarray):  # static: part of the compiled program
-        static_table = tuple(tuple(float(v) for v in row) for row in table)
-        return _ns_static(
-            x, eps, static_table, factor, cdtype, method, preconditioning, restarts, eps_mode
-        )
-    return _ns_dynamic(x, eps, table, factor, cdtype, method, preconditioning, restarts, eps_mode)
+        return _ns_static(x, eps, tuple(map(tuple, table.tolist())), *static)
+    return _ns_dynamic(x, eps, table, *static)
 
 
 def _ns(x, eps, table, factor, cdtype, method, preconditioning, restarts, eps_mode):
@@ -339,8 +304,7 @@ def _ns(x, eps, table, factor, cdtype, method, preconditioning, restarts, eps_mo
     return X.astype(out_dtype)
 
 
-# One compiled program per shape and static options: eager calls do not dispatch op by
-# op, and inside an outer ``jit`` the call is inlined.
+# One compiled program per shape and static options (inlined inside an outer ``jit``).
 _STATIC = ("factor", "cdtype", "method", "preconditioning", "restarts", "eps_mode")
 _ns_static = jax.jit(_ns, static_argnames=("table",) + _STATIC)
 _ns_dynamic = jax.jit(_ns, static_argnames=_STATIC)
@@ -371,7 +335,7 @@ def _gram_ns(
         if i + 1 < n and (i + 1) not in restarts:
             RZ = R @ Z + a * R
             R = Z @ RZ + a * RZ
-            if low_precision:  # keep R exactly Hermitian (float16: error 0.196 -> 0.178)
+            if low_precision:  # keep R exactly Hermitian
                 R = 0.5 * (R + _ht(R))
     return Q @ X
 
@@ -383,21 +347,15 @@ def polar(x: jax.Array, *, rtol: float | None = None) -> jax.Array:
     directions are dropped (the output has the rank of ``x``), so
     rank-deficient inputs, e.g. gradients with ``1^T G = 0``, keep their null
     space. A zero matrix maps to zero. Complex inputs give the unitary polar factor.
-
-    Works in the input dtype: with ``jax.config.update("jax_enable_x64", True)``
-    a float64 input gives a float64 result.
+    Works in the input dtype (float64 under ``jax_enable_x64``).
 
     Args:
       x: ``[..., m, n]`` real or complex array.
       rtol: relative threshold for zero singular values; default ``max(m, n) *
-        finfo(dtype).eps`` (numpy's ``matrix_rank`` rule: ``1.2e-4 * s_max`` in float32
-        at ``K = 1000``, so use float64 for spectra spanning many decades).
+        finfo(dtype).eps`` (numpy's ``matrix_rank`` rule).
 
-    Returns:
-      ``[..., m, n]`` array of ``x.dtype`` with singular values in ``{0, 1}``.
-
-    Raises:
-      ValueError: ``x.ndim < 2`` or a negative ``rtol``.
+    Returns ``[..., m, n]`` of ``x.dtype`` with singular values in ``{0, 1}``; raises
+    ``ValueError`` for ``x.ndim < 2`` or a negative ``rtol``.
 
     Source: the notation ``msgn`` of docs/science.md; Wang et al. 2025 (arXiv 2509.26030),
     Li et al. 2026 (arXiv 2602.05725).
@@ -439,11 +397,8 @@ def norm_ball_lmo(x: jax.Array, norm: str, *, eps: float = 1e-7) -> jax.Array:
       norm: one of :data:`NORMS`.
       eps: added to the vector norms of ``colnorm``/``rownorm`` (zero maps to zero).
 
-    Returns:
-      ``[..., fan_in, fan_out]`` array of ``x.dtype``.
-
-    Raises:
-      ValueError: unknown ``norm`` or ``x.ndim < 2``.
+    Returns ``[..., fan_in, fan_out]`` of ``x.dtype``; raises ``ValueError`` for an unknown
+    ``norm`` or ``x.ndim < 2``.
 
     Source: Pethick et al., "Training Deep Learning Models with Norm-Constrained LMOs"
     (Scion), arXiv 2502.07529, Sec. 3, Table 1; reference code github.com/LIONS-EPFL/scion.
@@ -471,11 +426,7 @@ def orthogonality_error(o: jax.Array) -> jax.Array:
     Args:
       o: ``[..., m, n]`` real or complex array (usually an NS or polar output).
 
-    Returns:
-      ``[...]`` real float array (dimensionless).
-
-    Raises:
-      ValueError: ``o.ndim < 2``.
+    Returns ``[...]`` real, dimensionless; raises ``ValueError`` for ``o.ndim < 2``.
     """
     _check_matrix(o, "orthogonality_error")
     o32 = o.astype(jnp.result_type(o.dtype, jnp.float32))
@@ -486,17 +437,9 @@ def orthogonality_error(o: jax.Array) -> jax.Array:
 
 
 def singular_value_range(o: jax.Array) -> tuple[jax.Array, jax.Array]:
-    """Smallest and largest of the ``min(m, n)`` singular values of each matrix.
-
-    Args:
-      o: ``[..., m, n]`` real or complex array.
-
-    Returns:
-      ``(s_min, s_max)``, each ``[...]``, real, in at least fp32.
-
-    Raises:
-      ValueError: ``o.ndim < 2``.
-    """
+    """``(s_min, s_max)``, each ``[...]`` real in at least fp32: the smallest and largest of
+    the ``min(m, n)`` singular values of each matrix of ``o [..., m, n]`` (real or complex).
+    Raises ``ValueError`` for ``o.ndim < 2``."""
     _check_matrix(o, "singular_value_range")
     s = jnp.linalg.svd(o.astype(jnp.result_type(o.dtype, jnp.float32)), compute_uv=False)
     return jnp.min(s, axis=-1), jnp.max(s, axis=-1)

@@ -38,12 +38,8 @@ def qk_clip(params: Any, max_logits: jax.Array, tau: float, head_view: HeadView)
       tau: the threshold, ``> 0``.
       head_view: the model's head layout of a leaf (see the module docstring).
 
-    Returns:
-      params of the same structure and dtypes; leaves of power 0 or without heads, and
-      every head with ``max_logit <= tau``, bit-identical.
-
-    Raises:
-      ValueError: ``tau <= 0``.
+    Returns params of the same structure and dtypes (leaves of power 0 or without heads,
+    and heads with ``max_logit <= tau``, bit-identical); raises ``ValueError`` for ``tau <= 0``.
     """
     if not tau > 0:
         raise ValueError(f"qk_clip tau must be > 0, got {tau!r}")

@@ -1,22 +1,19 @@
 """Route parameters to transformations by role (built on ``optax.partition``).
 
 Every trainable parameter has one role, given by ``role_fn(path, leaf)`` or
-``role_fn(path)``; ``path`` is a tuple of keys such as ``("layers", 3, "attn", "v",
+``role_fn(path)`` with ``path`` a tuple of keys such as ``("layers", 3, "attn", "v",
 "kernel")`` (``_paths.path_keys``: the same at ``init`` and ``update`` under
-``flax.nnx.Optimizer``). Each key is a ``str`` (an ``int`` for a list index) that also
-has the attributes of a ``jax.tree_util`` key entry (``.key``, ``.name``; ``.idx`` on
-indices), so ``path[-1] == "kernel"`` and ``any(k.key == "kernel" for k in path)`` both
-work. A rule set maps role specs to transformations::
+``flax.nnx.Optimizer``). A rule set maps role specs to transformations::
 
     routed({"vo+ffn": muon(0.02), "rest": optax.adam(3e-4)}, role_fn)
 
 A spec is a role, a group, or several joined with ``+``; ``"none"`` names no role;
 ``"rest"`` claims every role no other rule claims. The vocabulary (roles and groups) is
-the model's, not this module's: a :class:`Roles` role function carries it
-(``amemory.models.roles.role_of``, ``amemory.optim.nnx_role``), and specs and roles are
-checked against it; with a plain function a role is any string and a rule that claims no
-parameter is an error. A parameter whose role no rule claims, or a role claimed by two
-rules, is a ``ValueError`` listing the roles: nothing is ever routed by a silent default.
+the model's: a :class:`Roles` role function carries it (``amemory.models.roles.role_of``,
+``amemory.optim.nnx_role``) and specs and roles are checked against it; with a plain
+function a role is any string and a rule that claims no parameter is an error. A parameter
+whose role no rule claims, or a role claimed by two rules, is a ``ValueError``: nothing is
+ever routed by a silent default.
 
 Source: Wang et al. 2025 (arXiv 2509.26030) Sec. 6 component ablation (Muon on Q, K,
 V, O, W_in, W_out, W_gate, the rest Adam).
@@ -36,16 +33,9 @@ import optax
 from amemory.optim._paths import path_keys, path_str
 
 __all__ = [
-    "REST",
-    "Roles",
-    "RoutingRow",
-    "format_routing_table",
-    "label_params",
-    "parse_roles",
-    "parse_spec",
-    "routed",
-    "routing_table",
-]
+    "REST", "Roles", "RoutingRow", "format_routing_table", "label_params", "parse_roles",
+    "parse_spec", "routed", "routing_table",
+]  # fmt: skip
 
 REST = "rest"
 NONE = "none"
@@ -96,10 +86,8 @@ def parse_spec(spec: str, vocab: Roles | None = None) -> tuple[str, ...]:
     """Roles named by a spec: ``"vo+ffn" -> ("v", "o", "w_in", "w_gate", "w_out")``.
 
     Groups are ``vocab.groups``; without ``vocab`` every token is a role. ``"none"``
-    names no role. ``"rest"`` is not a spec (see :func:`routed`).
-
-    Raises:
-      ValueError: a token outside ``vocab`` (lists roles and groups).
+    names no role. ``"rest"`` is not a spec (see :func:`routed`). Raises ``ValueError`` for
+    a token outside ``vocab`` (lists roles and groups).
     """
     if not isinstance(spec, str) or not spec:
         raise ValueError(f"a routing spec must be a non-empty string, got {spec!r}")
@@ -123,10 +111,8 @@ def parse_roles(spec: str, vocab: Roles, field: str = "optimizer.muon_roles") ->
     """Expand a config role spec like ``"vo+ffn"`` into a tuple of roles of ``vocab``.
 
     As :func:`parse_spec`; a config spec may also name ``"all"`` (every role of ``vocab``).
-
-    Raises:
-      ValueError: naming ``field``, the unknown name and the allowed roles and groups,
-        on an unknown name or a non-string spec.
+    Raises ``ValueError`` naming ``field``, the unknown name and the allowed roles and
+    groups, on an unknown name or a non-string spec.
     """
     if not isinstance(spec, str) or not spec:
         raise ValueError(f"{field}={spec!r}: expected a role spec string like 'vo+ffn'")
@@ -181,11 +167,8 @@ def _roles(params: Any, role_fn: RoleFn) -> tuple[list, list, Any, list[str]]:
 
 
 def label_params(params: Any, role_fn: RoleFn) -> Any:
-    """Same-structure pytree of role strings.
-
-    Args:
-      params: parameter pytree (arrays or ``jax.ShapeDtypeStruct``).
-      role_fn: ``(path keys tuple, leaf) -> role``, or a :class:`Roles`.
+    """Same-structure pytree of role strings of ``params`` (arrays or ShapeDtypeStructs)
+    under ``role_fn`` (``(path keys tuple, leaf) -> role``, or a :class:`Roles`).
 
     Raises:
       ValueError: a role outside the vocabulary of a :class:`Roles` (names the parameter).
@@ -233,21 +216,13 @@ def routed(
     Args:
       rules: ``{spec: transform}``; specs as in :func:`parse_spec`, or ``"rest"``.
       role_fn: ``(path keys tuple, leaf) -> role``, or a :class:`Roles` (whose vocabulary
-        checks the specs and roles). ``path``: a tuple of ``str`` / ``int`` keys
-        (``("l1", "kernel")``, flax ``traverse_util``'s form, ``nnx`` ``value`` keys
-        removed) whose entries also carry ``jax.tree_util``'s ``.key`` / ``.name`` /
-        ``.idx``: a role_fn written for either form works.
+        checks the specs and roles); ``path`` as :func:`amemory.optim.path_keys` gives it.
 
-    Returns:
-      ``optax.GradientTransformation`` whose state is ``optax.partition``'s.
-
-    Raises:
-      ValueError: unknown spec token, a role claimed twice (at construction), a
-        parameter whose role no rule claims (at ``init``, before compilation), or a
-        parameter that ``role_fn`` labels differently at ``update`` than at ``init``
-        (names it; ``role_fn`` sees the same normalised path at both, nnx ``value``
-        keys removed, so only a ``role_fn`` that depends on more than the path can);
-        with a plain ``role_fn``, a rule that claims no parameter (at ``init``).
+    Returns a transformation with ``optax.partition``'s state. Raises ``ValueError`` for
+    an unknown spec token, a role claimed twice (at construction), a parameter whose role
+    no rule claims (at ``init``, before compilation), a parameter that ``role_fn`` labels
+    differently at ``update`` than at ``init`` (names it), or, with a plain ``role_fn``, a
+    rule that claims no parameter (at ``init``).
 
     Example:
       >>> import jax.numpy as jnp, optax
@@ -283,10 +258,8 @@ def routing_table(
     """The resolved routing, one :class:`RoutingRow` per parameter leaf, for logs.
 
     ``weight_decay``: a same-structure tree of each leaf's decay coefficient (0 where the
-    decay mask leaves it out), shown as the rows' ``wd``; None leaves ``wd`` None.
-
-    Raises:
-      ValueError: as :func:`routed`.
+    decay mask leaves it out), shown as the rows' ``wd``; None leaves ``wd`` None. Raises
+    ``ValueError`` as :func:`routed`.
     """
     labels, treedef, paths, leaves, roles = _labels_and_paths(params, rules, role_fn)
     _check_claimed(rules, labels, roles, role_fn)
