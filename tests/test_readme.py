@@ -21,6 +21,8 @@ import pytest
 REPO = pathlib.Path(__file__).resolve().parents[1]
 README = REPO / "README.md"
 PAGES = [README, *sorted((REPO / "docs").rglob("*.md"))]
+
+
 # Pages other branches of this round add; links to them resolve once they are merged.
 def _name(page: pathlib.Path) -> str:
     return page.relative_to(REPO).as_posix()
