@@ -56,7 +56,7 @@ ROWS = [
     (["sample", "--workdir", "{tmp}/lm_run", "--prompt", "x"], 2, ["no checkpoint", "lm_run/checkpoints"]),
     (["sample", "--workdir", "{tmp}/absent", "--prompt", "x"], 2, ["no config.json"]),
     (["sample", "--workdir", "{tmp}/lm_run", "--prompt", "x", "--top-k", "two"], 2, ["--top-k", "invalid int"]),
-    # reproduce, check, report, data, bench
+    # reproduce, check, report, data, bench, coordcheck
     (["reproduce", "--only", "no_such_stage"], 2, ["--only", "invalid choice"]),
     (["reproduce", "--scale", "huge"], 2, ["--scale", "quick"]),
     (["reproduce", "--set", "base.no_such_field=1"], 2, ["--set", "no_such_field"]),
@@ -65,6 +65,9 @@ ROWS = [
     (["data", "prepare", "--tokenizer", "morse"], 2, ["--tokenizer", "bpe"]),
     (["data", "stats", "{tmp}/absent.txt"], 2, ["absent.txt"]),
     (["bench", "no_such_bench"], 2, ["no_such_bench", "optim"]),
+    (["coordcheck", "--widths", "16,x"], 2, ["--widths"]),
+    (["coordcheck", "--widths", "64", "--out", "{tmp}/cc"], 2, ["--widths", ">= 2 widths"]),
+    (["coordcheck", "--variant", "nosuch", "--out", "{tmp}/cc"], 2, ["config.optimizer.name='nosuch'"]),
     (["no_such_command"], 2, ["no_such_command", "invalid choice"]),
 ]  # fmt: skip
 

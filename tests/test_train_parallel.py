@@ -126,8 +126,8 @@ def test_scanned_layers_train_like_per_layer(corpus, single, tmp_path):
     start = json.loads((tmp_path / "metrics.jsonl").read_text().splitlines()[0])
     rows = {row[0]: row for row in start["routing"]}
     assert rows["layers/attn/q/kernel"] == ["layers/attn/q/kernel", [2, 24, 24], "q", "muon",
-                                            "2 x (24, 24)"]  # fmt: skip
-    assert rows["layers/attn_norm/scale"][3:] == ["adam", ""]
+                                            "2 x (24, 24)", 0.0]  # fmt: skip
+    assert rows["layers/attn_norm/scale"][3:] == ["adam", "", 0.0]  # last: weight decay
     with pytest.raises(ValueError, match=r"config.model.scan_layers=False, this run has True"):
         run(cfg, wd, resume=True)
 

@@ -155,8 +155,10 @@ def coordcheck(config: Any, widths: Sequence[int], variants: Sequence[str] = VAR
       ValueError: fewer than 2 widths, ``steps < 1``, or a bad variant (see
         :func:`variant_config`).
     """
-    if len(widths) < 2 or steps < 1:
-        raise ValueError(f"coordcheck needs >= 2 widths and steps >= 1, got {widths}, {steps}")
+    if len(widths) < 2:
+        raise ValueError(f"--widths: coordcheck needs >= 2 widths, got {list(widths)}")
+    if steps < 1:
+        raise ValueError(f"--steps: must be >= 1, got {steps}")
     runs = {s: [variant_config(config, s, int(w), steps) for w in widths] for s in variants}
     out: dict[str, Any] = {"widths": list(widths), "steps": steps, "values": {}, "slopes": {}}
     for spec, cfgs in runs.items():

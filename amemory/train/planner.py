@@ -315,15 +315,24 @@ def model_flops_per_token(model_config: Any, params: Any, roles: Any, seq_len: i
     return 6 * n + attn
 
 
-def ns_flops(shape: tuple[int, ...], steps: int = 5, method: str = "auto") -> float:
+def ns_flops(
+    shape: tuple[int, ...], steps: int = 5, method: str = "auto", restarts: tuple[int, ...] = (2, 4)
+) -> float:
     """Matmul FLOPs (2 per multiply-add) of amemory's Newton-Schulz on one ``k x l`` matrix,
     ``k <= l``: ``"direct"`` ``steps (4 k^2 l + 2 k^3)`` (optax's too), ``"gram"`` the Gram
-    form without restart, ``"auto"`` the Gram form where ``l >= 2k`` (``ns_method="auto"``)."""
+    form restarted before the steps in ``restarts`` (``newton_schulz``'s float32 default
+    ``(2, 4)``; ``(2,)`` below 32 bits), ``"auto"`` the Gram form where ``l >= 2k``.
+
+    Gram form: ``R = X X^H`` and the final ``Q X`` (``4 k^2 l``), each restart ``Q X`` and a
+    new ``R`` (``4 k^2 l``), ``Z = bR + cR^2`` every step, ``Q Z`` and the two-product update
+    of ``R`` on every step that neither starts nor follows a restart (``2 k^3`` a product).
+    """
     k, l = sorted(shape)
     if method == "direct" or (method == "auto" and l < 2 * k):
         return steps * (4.0 * k * k * l + 2.0 * k**3)
-    per = 2.0 * k**3
-    return 4.0 * k * k * l + steps * per + (steps - 1) * per + (steps - 1) * 2 * per
+    per, n_restarts = 2.0 * k**3, sum(0 < i < steps for i in restarts)
+    plain = steps - 1 - n_restarts  # steps with a Q Z product and an R update
+    return 4.0 * k * k * l * (1 + n_restarts) + steps * per + 3 * plain * per
 
 
 def _advice(temporaries: bool) -> str:
